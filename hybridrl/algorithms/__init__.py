@@ -1,0 +1,73 @@
+"""RL algorithm functions on padded [B, R] tensors with a response mask, with verl's names and signatures.
+
+Modules: utils (masked statistics, chunked fp32 log-prob / entropy), advantages (estimators and the
+compute_advantage dispatcher), policy_loss (agg_loss, PPO clip-higher + dual-clip loss, entropy loss),
+value_loss (clipped value loss), kl (KL estimators, controllers, in-reward penalty). core_algos re-exports
+all of them under verl's module name (verl.trainer.ppo.core_algos).
+"""
+
+from hybridrl.algorithms.advantages import (
+    AdvantageEstimator,
+    compute_advantage,
+    compute_gae_advantage_return,
+    compute_grpo_outcome_advantage,
+    compute_reinforce_plus_plus_baseline_outcome_advantage,
+    compute_reinforce_plus_plus_outcome_advantage,
+    compute_remax_outcome_advantage,
+    compute_response_mask,
+    compute_rloo_outcome_advantage,
+)
+from hybridrl.algorithms.kl import (
+    KL_PENALTY_NAMES,
+    AdaptiveKLController,
+    FixedKLController,
+    apply_kl_penalty,
+    get_kl_controller,
+    kl_penalty,
+)
+from hybridrl.algorithms.policy_loss import (
+    LOSS_AGG_MODES,
+    agg_loss,
+    compute_entropy_loss,
+    compute_policy_loss,
+)
+from hybridrl.algorithms.utils import (
+    clip_by_value,
+    entropy_from_logits,
+    logprobs_from_logits,
+    masked_mean,
+    masked_sum,
+    masked_var,
+    masked_whiten,
+)
+from hybridrl.algorithms.value_loss import compute_value_loss
+
+__all__ = [
+    "AdvantageEstimator",
+    "compute_advantage",
+    "compute_gae_advantage_return",
+    "compute_grpo_outcome_advantage",
+    "compute_reinforce_plus_plus_baseline_outcome_advantage",
+    "compute_reinforce_plus_plus_outcome_advantage",
+    "compute_remax_outcome_advantage",
+    "compute_response_mask",
+    "compute_rloo_outcome_advantage",
+    "KL_PENALTY_NAMES",
+    "AdaptiveKLController",
+    "FixedKLController",
+    "apply_kl_penalty",
+    "get_kl_controller",
+    "kl_penalty",
+    "LOSS_AGG_MODES",
+    "agg_loss",
+    "compute_entropy_loss",
+    "compute_policy_loss",
+    "clip_by_value",
+    "entropy_from_logits",
+    "logprobs_from_logits",
+    "masked_mean",
+    "masked_sum",
+    "masked_var",
+    "masked_whiten",
+    "compute_value_loss",
+]

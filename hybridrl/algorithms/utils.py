@@ -1,0 +1,166 @@
+"""Masked statistics and memory-lean log-prob / entropy over logits (verl's torch_functional names).
+
+Shape legend: B batch, R response length, V vocabulary, N = rows after flattening the leading dims.
+
+Choices:
+- Every function upcasts bf16/fp16 inputs to fp32 and returns fp32: advantages, ratios and log-probs
+  differ in the third digit when kept in bf16, and an exp(log_prob - old_log_prob) of two bf16 numbers
+  is a wrong ratio, not a rounding detail. The upcast (`.float()`) keeps the autograd graph.
+- masked_mean adds 1e-8 to the denominator and masked_var / masked_whiten follow verl exactly
+  (Bessel correction over the masked count, whitening with rsqrt(var + 1e-8)), so numbers match verl.
+- logprobs_from_logits and entropy_from_logits are custom autograd functions that walk the rows in
+  chunks: forward keeps only the logits (already alive) and one fp32 value per row; backward
+  recomputes the softmax chunk by chunk. Peak extra memory is one fp32 chunk (about 256 MB by default)
+  instead of a full fp32 log_softmax of [N, V] (with V = 152k, 8k tokens → 5 GB). The gradient tensor
+  itself has the logits' dtype.
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = [
+    "masked_sum",
+    "masked_mean",
+    "masked_var",
+    "masked_whiten",
+    "logprobs_from_logits",
+    "entropy_from_logits",
+    "clip_by_value",
+]
+
+# rows per chunk are chosen so one fp32 chunk holds about this many elements (64 Mi → 256 MB)
+_CHUNK_ELEMENTS = 1 << 26
+
+
+def _to_fp32(x: torch.Tensor) -> torch.Tensor:
+    return x.float() if x.is_floating_point() and x.dtype != torch.float64 else x
+
+
+def _fp32_mask(mask: torch.Tensor) -> torch.Tensor:
+    # a bf16 mask would count 3000 tokens as 2992: counts are always taken in fp32 (bool/int stay exact)
+    return mask.float() if mask.is_floating_point() and mask.dtype != torch.float64 else mask
+
+
+def masked_sum(values: torch.Tensor, mask: torch.Tensor, axis=None) -> torch.Tensor:
+    values, mask = _to_fp32(values), _fp32_mask(mask)
+    return (values * mask).sum() if axis is None else (values * mask).sum(dim=axis)
+
+
+def masked_mean(values: torch.Tensor, mask: torch.Tensor, axis=None) -> torch.Tensor:
+    """sum(values * mask) / (sum(mask) + 1e-8); an all-zero mask gives 0, not NaN."""
+    mask = _fp32_mask(mask)
+    count = mask.sum() if axis is None else mask.sum(dim=axis)
+    return masked_sum(values, mask, axis) / (count + 1e-8)
+
+
+def masked_var(values: torch.Tensor, mask: torch.Tensor, unbiased: bool = True) -> torch.Tensor:
+    """Variance over the masked elements (all of them, one scalar), Bessel-corrected when unbiased."""
+    mean = masked_mean(values, mask)
+    variance = masked_mean((_to_fp32(values) - mean) ** 2, mask)
+    if unbiased:
+        count = _fp32_mask(mask).sum()
+        if count == 0:
+            raise ValueError("masked_var: the mask has no 1 entries; at least two are needed for an unbiased variance")
+        if count == 1:
+            raise ValueError("masked_var: the mask has a single 1 entry; the unbiased variance divides by "
+                             "count - 1 = 0 (need at least two valid tokens)")
+        variance = variance * (count / (count - 1))
+    return variance
+
+
+def masked_whiten(values: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True) -> torch.Tensor:
+    """(values - mean) / sqrt(var + 1e-8) with mean and unbiased var over the masked elements.
+    shift_mean=False adds the mean back (scale only). Positions outside the mask are transformed too."""
+    mean, var = masked_mean(values, mask), masked_var(values, mask)
+    whitened = (_to_fp32(values) - mean) * torch.rsqrt(var + 1e-8)
+    if not shift_mean:
+        whitened = whitened + mean
+    return whitened
+
+
+def clip_by_value(x: torch.Tensor, tensor_min: torch.Tensor, tensor_max: torch.Tensor) -> torch.Tensor:
+    """Element-wise clamp to [tensor_min, tensor_max] (tensors allowed as bounds)."""
+    return torch.max(torch.min(x, tensor_max), tensor_min)
+
+
+def _rows_per_chunk(vocab: int, chunk_size: int | None) -> int:
+    if chunk_size is not None:
+        if chunk_size <= 0:
+            raise ValueError(f"chunk_size must be a positive number of rows, got {chunk_size}")
+        return chunk_size
+    return max(1, _CHUNK_ELEMENTS // max(vocab, 1))
+
+
+class _LogProbFromLogits(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, logits_nv, labels_n, rows):
+        out_n = torch.empty(logits_nv.shape[0], dtype=torch.float32, device=logits_nv.device)
+        lse_n = torch.empty_like(out_n)
+        for s in range(0, logits_nv.shape[0], rows):
+            z = logits_nv[s:s + rows].float()
+            lse_n[s:s + rows] = torch.logsumexp(z, dim=-1)
+            out_n[s:s + rows] = z.gather(-1, labels_n[s:s + rows, None]).squeeze(-1) - lse_n[s:s + rows]
+        ctx.save_for_backward(logits_nv, labels_n, lse_n)
+        ctx.rows = rows
+        return out_n
+
+    @staticmethod
+    def backward(ctx, grad_n):
+        logits_nv, labels_n, lse_n = ctx.saved_tensors
+        grad_nv = torch.empty_like(logits_nv)
+        for s in range(0, logits_nv.shape[0], ctx.rows):
+            g = grad_n[s:s + ctx.rows, None].float()
+            p = torch.exp(logits_nv[s:s + ctx.rows].float() - lse_n[s:s + ctx.rows, None])
+            chunk = -p * g  # d logp / dz = onehot(label) - softmax
+            chunk.scatter_add_(-1, labels_n[s:s + ctx.rows, None], g)
+            grad_nv[s:s + ctx.rows] = chunk.to(grad_nv.dtype)
+        return grad_nv, None, None
+
+
+class _EntropyFromLogits(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, logits_nv, rows):
+        ent_n = torch.empty(logits_nv.shape[0], dtype=torch.float32, device=logits_nv.device)
+        lse_n = torch.empty_like(ent_n)
+        for s in range(0, logits_nv.shape[0], rows):
+            z = logits_nv[s:s + rows].float()
+            lse = torch.logsumexp(z, dim=-1)
+            p = torch.exp(z - lse[:, None])
+            lse_n[s:s + rows] = lse
+            ent_n[s:s + rows] = lse - (p * z).sum(-1)
+        ctx.save_for_backward(logits_nv, lse_n, ent_n)
+        ctx.rows = rows
+        return ent_n
+
+    @staticmethod
+    def backward(ctx, grad_n):
+        logits_nv, lse_n, ent_n = ctx.saved_tensors
+        grad_nv = torch.empty_like(logits_nv)
+        for s in range(0, logits_nv.shape[0], ctx.rows):
+            logp = logits_nv[s:s + ctx.rows].float() - lse_n[s:s + ctx.rows, None]
+            # dH/dz_k = -p_k * (log p_k + H)
+            chunk = -torch.exp(logp) * (logp + ent_n[s:s + ctx.rows, None]) * grad_n[s:s + ctx.rows, None].float()
+            grad_nv[s:s + ctx.rows] = chunk.to(grad_nv.dtype)
+        return grad_nv, None
+
+
+def logprobs_from_logits(logits: torch.Tensor, labels: torch.Tensor, chunk_size: int | None = None) -> torch.Tensor:
+    """log softmax(logits)[labels] in fp32: logits [..., V], labels [...] (int) → [...] fp32.
+
+    Computed as gather - logsumexp over chunks of `chunk_size` rows (default: ~64Mi elements a chunk)."""
+    if logits.shape[:-1] != labels.shape:
+        raise ValueError(f"logprobs_from_logits: logits {tuple(logits.shape)} must be labels {tuple(labels.shape)} + [V]")
+    lead = labels.shape
+    logits_nv = logits.reshape(-1, logits.shape[-1])
+    labels_n = labels.reshape(-1).long()
+    rows = _rows_per_chunk(logits.shape[-1], chunk_size)
+    return _LogProbFromLogits.apply(logits_nv, labels_n, rows).reshape(lead)
+
+
+def entropy_from_logits(logits: torch.Tensor, chunk_size: int | None = None) -> torch.Tensor:
+    """Entropy of softmax(logits) in fp32: [..., V] → [...] (logsumexp(z) - sum softmax(z) * z), chunked."""
+    lead = logits.shape[:-1]
+    logits_nv = logits.reshape(-1, logits.shape[-1])
+    rows = _rows_per_chunk(logits.shape[-1], chunk_size)
+    return _EntropyFromLogits.apply(logits_nv, rows).reshape(lead)

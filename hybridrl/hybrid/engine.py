@@ -1,0 +1,106 @@
+"""The hybrid engine: one context manager per rollout that owns the memory order of a step.
+
+Entry (hybrid, scheme B):
+  1. drop gradients (set_to_none) — they are dead between update and next backward;
+  2. optimizer state → CPU if optimizer_offload;
+  3. engine weights wake (empty), FSDP shards are streamed into them tensor by tensor (see reshard.py) — so no moment
+     holds a second full copy of the model beyond the tensor in flight;
+  4. FSDP params → CPU if param_offload (after the stream, which reads them);
+  5. KV cache allocated last: weights first, then KV, the order that avoids the well-known wake-up OOM.
+Exit: engine sleeps (KV + engine weights freed, prefix cache reset), cached blocks returned to the allocator,
+offloaded params come back (log-prob needs them); optimizer state comes back right before the update (`before_update`).
+
+Scheme A (`hybrid_engine: false`, the "FSDP + separate vLLM" baseline): the engine wakes once and stays resident with
+its own weights and KV; after every actor update its weights are re-synced from the FSDP shards. Same code path for
+the data flow, so the two schemes differ only in memory lifetime — what the benchmarks compare.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+import torch
+
+from hybridrl.hybrid.memory import track_phase
+from hybridrl.hybrid.reshard import FSDPToTPResharder
+
+
+def _empty_cache(device: torch.device):
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+class HybridEngine:
+    def __init__(self, module, optimizer, engine, *, device: torch.device, dtype: torch.dtype,
+                 hybrid: bool = True, param_offload: bool = False, optimizer_offload: bool = False,
+                 reshard_strategy: str = "slice"):
+        self.module, self.optimizer, self.engine = module, optimizer, engine
+        self.device, self.hybrid = device, hybrid
+        self.param_offload, self.optimizer_offload = param_offload, optimizer_offload
+        self.resharder = FSDPToTPResharder(module, engine, dtype, device, strategy=reshard_strategy)
+        self._resident_ready = False
+        self._weights_stale = True
+        self._optimizer_on_cpu = False
+
+    # ------------------------------------------------------------------ phases
+    @contextmanager
+    def rollout(self, metrics: dict):
+        """Yields the awake engine; fills `metrics` with reshard timing/bytes and per-phase memory."""
+        if self.hybrid:
+            with track_phase("reshard", metrics, self.device):
+                self._enter_hybrid(metrics)
+        else:
+            with track_phase("reshard", metrics, self.device):
+                self._enter_resident(metrics)
+        try:
+            with track_phase("gen", metrics, self.device):
+                yield self.engine
+        finally:
+            if self.hybrid:
+                self.engine.sleep()
+                _empty_cache(self.device)
+                if self.param_offload:
+                    from hybridrl.training.offload import load_fsdp_params
+
+                    load_fsdp_params(self.module, self.device)
+
+    def _enter_hybrid(self, metrics: dict):
+        if self.optimizer is not None:
+            self.optimizer.zero_grad(set_to_none=True)
+        if self.optimizer_offload and self.optimizer is not None and not self._optimizer_on_cpu:
+            from hybridrl.training.offload import offload_optimizer
+
+            offload_optimizer(self.optimizer)
+            self._optimizer_on_cpu = True
+        _empty_cache(self.device)
+        self.engine.wake_up(tags=("weights",))
+        metrics.update(self.resharder.reshard().metrics())
+        if self.param_offload:
+            from hybridrl.training.offload import offload_fsdp_params
+
+            offload_fsdp_params(self.module)
+        _empty_cache(self.device)
+        self.engine.wake_up(tags=("kv_cache",))
+
+    def _enter_resident(self, metrics: dict):
+        if not self._resident_ready:
+            self.engine.wake_up(tags=("weights",))
+            self.engine.wake_up(tags=("kv_cache",))
+            self._resident_ready = True
+        if self._weights_stale:
+            metrics.update(self.resharder.reshard().metrics())
+            self._weights_stale = False
+        else:
+            metrics["timing_s/reshard"] = 0.0
+
+    def before_update(self):
+        """Bring optimizer state back to the GPU right before the actor update (if it was offloaded)."""
+        if self._optimizer_on_cpu:
+            from hybridrl.training.offload import load_optimizer
+
+            load_optimizer(self.optimizer, self.device)
+            self._optimizer_on_cpu = False
+
+    def after_update(self):
+        """Weights changed: scheme A must re-sync its resident copy at the next rollout; hybrid re-streams anyway."""
+        self._weights_stale = True

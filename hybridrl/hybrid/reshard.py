@@ -1,0 +1,181 @@
+"""Resharding FSDP → TP: stream the actor's FSDP2 shards into the rollout engine, tensor by tensor.
+
+Two strategies, chosen per tensor:
+  slice  — each rank receives ONLY the piece of each tensor its TP shard needs, straight from the FSDP ranks that hold
+           it (one all_to_all_single per tensor inside the FSDP group). No rank ever materialises a full tensor, and
+           the bytes a rank receives are ~1/tp of the model instead of (W-1)/W of it.
+  gather — `DTensor.full_tensor()` (an all-gather) and let the engine slice. Used when the engine gives no slice
+           spec for a tensor (replicated norms), when the backend is not one all_to_all supports, or by request.
+
+Shapes legend: FSDP2 shards every parameter on dim 0 over the FSDP group with torch.chunk semantics (rank g holds
+rows [g*ceil(N/S), min(N, (g+1)*ceil(N/S))) ); a TP slice is a box (dim d, [start, start+length)).
+Everything is cast to the engine dtype BEFORE communication, so bf16 rollout moves half the bytes of fp32 masters.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+from torch.distributed.tensor import DTensor
+
+SliceSpec = tuple[int, int, int] | None  # (dim, start, length) or None = the whole tensor
+
+
+@dataclass
+class ReshardStats:
+    seconds: float = 0.0
+    bytes_received: int = 0  # bytes this rank received from other ranks
+    tensors: int = 0
+    strategy: str = ""
+    extra: dict = field(default_factory=dict)
+
+    def metrics(self) -> dict[str, float]:
+        gb = self.bytes_received / 1e9
+        return {
+            "timing_s/reshard": self.seconds,
+            "reshard/bytes_received_gb": gb,
+            "reshard/bandwidth_gb_s": gb / self.seconds if self.seconds > 0 else 0.0,
+            "reshard/tensors": float(self.tensors),
+        }
+
+
+def _row_range(n_rows: int, group_size: int, index: int) -> tuple[int, int]:
+    per = math.ceil(n_rows / group_size) if n_rows else 0
+    start = min(n_rows, index * per)
+    return start, min(n_rows, start + per)
+
+
+def _fsdp_group(param: DTensor):
+    """The process group FSDP shards this parameter over (the last mesh dim, 'fsdp' in 1-D and HSDP)."""
+    mesh = param.device_mesh
+    return mesh.get_group(mesh.ndim - 1), mesh.size(mesh.ndim - 1)
+
+
+def _box(shape: torch.Size, spec: SliceSpec) -> tuple[int, int, int]:
+    if spec is None:
+        return 0, 0, shape[0]
+    return spec
+
+
+def _piece(local: torch.Tensor, rows: tuple[int, int], box: tuple[int, int, int]) -> torch.Tensor:
+    """The part of this rank's rows that falls inside `box`, as a flat contiguous tensor."""
+    dim, start, length = box
+    r0, r1 = rows
+    if dim == 0:
+        lo, hi = max(r0, start), min(r1, start + length)
+        if hi <= lo:
+            return local.new_empty(0)
+        return local[lo - r0 : hi - r0].reshape(-1)
+    return local.narrow(dim, start, length).reshape(-1)
+
+
+def _piece_numel(shape: torch.Size, rows: tuple[int, int], box: tuple[int, int, int]) -> int:
+    dim, start, length = box
+    r0, r1 = rows
+    inner = math.prod(shape[1:]) if len(shape) > 1 else 1
+    if dim == 0:
+        return max(0, min(r1, start + length) - max(r0, start)) * inner
+    return (r1 - r0) * inner // shape[dim] * length
+
+
+class FSDPToTPResharder:
+    """Streams (hf_name, tensor) pairs for one engine from an FSDP2-wrapped HF model.
+
+    `specs_by_rank[name][g]` is the slice FSDP-group member g needs; it is exchanged once (all_gather_object) and cached,
+    since the TP layout does not change between steps.
+    """
+
+    def __init__(self, module: torch.nn.Module, engine, dtype: torch.dtype, device: torch.device, strategy: str = "slice"):
+        if strategy not in ("slice", "gather"):
+            raise ValueError(f"reshard strategy must be 'slice' or 'gather', got {strategy!r}")
+        self.module, self.engine, self.dtype, self.device = module, engine, dtype, device
+        self.strategy = strategy
+        self._specs: dict[str, list[SliceSpec]] | None = None
+        self.last = ReshardStats(strategy=strategy)
+
+    # -------------------------------------------------------------------- specs
+    def _exchange_specs(self) -> dict[str, list[SliceSpec]]:
+        mine: dict[str, SliceSpec] = {}
+        group, size = None, 1
+        for name, p in self.module.named_parameters():
+            mine[name] = self.engine.weight_shard_spec(name, tuple(p.shape))
+            if isinstance(p, DTensor) and group is None:
+                group, size = _fsdp_group(p)
+        if size == 1:
+            return {n: [s] for n, s in mine.items()}
+        gathered: list[dict] = [None] * size  # type: ignore[list-item]
+        dist.all_gather_object(gathered, mine, group=group)
+        return {n: [g[n] for g in gathered] for n in mine}
+
+    def _use_slice(self, p: torch.Tensor) -> bool:
+        if self.strategy != "slice" or not isinstance(p, DTensor):
+            return False
+        group, size = _fsdp_group(p)
+        return size > 1 and dist.get_backend(group) in ("nccl", "gloo")
+
+    # -------------------------------------------------------------------- streaming
+    def iter_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        if self._specs is None:
+            self._specs = self._exchange_specs()
+        stats = ReshardStats(strategy=self.strategy)
+        self.last = stats
+        for name, p in self.module.named_parameters():
+            if isinstance(p, DTensor):
+                local = p.to_local().detach().to(self.device, self.dtype, non_blocking=True)
+                if self._use_slice(p):
+                    tensor, received = self._slice_exchange(p, local, self._specs[name])
+                else:
+                    tensor = DTensor.from_local(local, p.device_mesh, p.placements, shape=p.shape,
+                                                stride=p.stride()).full_tensor()
+                    received = tensor.numel() - local.numel()
+            else:
+                tensor, received = p.detach().to(self.device, self.dtype), 0
+            stats.bytes_received += received * tensor.element_size()
+            stats.tensors += 1
+            yield name, tensor
+            del tensor
+
+    def _slice_exchange(self, p: DTensor, local: torch.Tensor, specs: list[SliceSpec]) -> tuple[torch.Tensor, int]:
+        group, size = _fsdp_group(p)
+        me = dist.get_rank(group)
+        shape = p.shape
+        rows = [_row_range(shape[0], size, g) for g in range(size)]
+        boxes = [_box(shape, s) for s in specs]
+        send = [_piece(local, rows[me], boxes[g]) for g in range(size)]
+        in_splits = [t.numel() for t in send]
+        out_splits = [_piece_numel(shape, rows[g], boxes[me]) for g in range(size)]
+        out = local.new_empty(sum(out_splits))
+        dist.all_to_all_single(out, torch.cat(send) if send else local.new_empty(0), out_splits, in_splits, group=group)
+        dim, start, length = boxes[me]
+        out_shape = list(shape)
+        out_shape[dim] = length
+        if dim == 0:
+            tensor = out.view(out_shape)
+        else:
+            # pieces arrive per source rank as [rows_g, ..., length, ...]: concatenate along dim 0
+            parts, offset = [], 0
+            for g in range(size):
+                piece_shape = list(out_shape)
+                piece_shape[0] = rows[g][1] - rows[g][0]
+                numel = out_splits[g]
+                parts.append(out[offset : offset + numel].view(piece_shape))
+                offset += numel
+            tensor = torch.cat(parts, dim=0)
+        return tensor, sum(out_splits) - out_splits[me]
+
+    def reshard(self) -> ReshardStats:
+        """Load the current actor weights into the engine; returns the stats of this reshard."""
+        sync = self.device.type == "cuda"
+        if sync:
+            torch.cuda.synchronize(self.device)
+        t0 = time.perf_counter()
+        self.engine.load_weights(self.iter_weights())
+        if sync:
+            torch.cuda.synchronize(self.device)
+        self.last.seconds = time.perf_counter() - t0
+        return self.last

@@ -1,0 +1,296 @@
+"""Atomic, resumable checkpoint directories with verl's layout.
+
+Layout under `root` (= trainer.default_local_dir):
+    global_step_N/                      one complete checkpoint (actor/, critic/, data.pt ... as written)
+    global_step_N/COMPLETE              marker, written last (JSON: step, file count, bytes)
+    latest_checkpointed_iteration.txt   "N" — the last committed step (verl reads the same file)
+
+Guarantee: a directory named `global_step_N` is always complete. Contents are written into
+`root/.tmp-global_step_N-<random>/`; commit fsyncs every file, writes COMPLETE (fsynced), renames the
+temp directory to `global_step_N` (one atomic rename on POSIX, same filesystem by construction),
+fsyncs `root`, and then replaces the tracker file atomically (temp file + fsync + os.replace). A crash
+before the rename leaves only a `.tmp-*` directory, removed when the next manager starts; a crash
+between rename and tracker update leaves the tracker on the previous (complete) step. Loading checks
+the marker, so a directory copied in by hand or by an older tool without it is refused, not trusted.
+
+Multi-rank use (one process commits, everybody writes):
+    driver / rank 0:  tmp = mgr.begin(step)          # path on a filesystem all writers see
+    every writer:     write its shards under tmp     # e.g. Ray workers: worker.save_checkpoint(tmp / "actor")
+    driver / rank 0:  mgr.commit(step)               # only after every writer returned; mgr.abort(step) on error
+With torch.distributed, `save_distributed(mgr, step, write_fn, group)` does exactly this: rank 0 begins,
+broadcasts the path, every rank calls write_fn(tmp, rank), failures are gathered, rank 0 commits or
+aborts, and every rank gets the final path (or the same RuntimeError). Construct the manager with
+`clean_stale=False` on ranks other than 0, and never point two concurrent runs at one root: startup
+cleanup deletes any `.tmp-*` directory it finds.
+
+Retention (`max_to_keep`, None = keep all): after a commit, the new checkpoint plus the
+max_to_keep - 1 highest other steps are kept; the rest of the complete `global_step_*` directories are
+deleted (counted in `num_deleted`). Directories without the marker are never deleted, only reported.
+Resume modes (trainer.resume_mode): `auto` = the tracker's step if that checkpoint is complete, else
+the highest complete step, else None; `disable` = None; `resume_path` = trainer.resume_from_path,
+which must be an existing, complete `global_step_N` directory.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import secrets
+import shutil
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+__all__ = ["CheckpointManager", "save_distributed", "step_of", "is_complete", "TRACKER_FILE", "COMPLETE_MARKER"]
+
+logger = logging.getLogger("hybridrl.checkpoint")
+
+TRACKER_FILE = "latest_checkpointed_iteration.txt"
+COMPLETE_MARKER = "COMPLETE"
+RESUME_MODES = ("auto", "disable", "resume_path")
+_STEP_DIR = re.compile(r"^global_step_(\d+)$")
+_TMP_PREFIX = ".tmp-"
+
+
+def step_of(path: str | os.PathLike) -> int:
+    """N from a `.../global_step_N` path; ValueError if the last component is not of that form."""
+    m = _STEP_DIR.match(Path(path).name)
+    if not m:
+        raise ValueError(f"checkpoint path {str(path)!r} must end in a 'global_step_<N>' directory")
+    return int(m.group(1))
+
+
+def is_complete(path: str | os.PathLike) -> bool:
+    return (Path(path) / COMPLETE_MARKER).is_file()
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:  # platforms / filesystems that cannot open directories
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _fsync_tree(root: Path) -> tuple[int, int]:
+    """fsync every file and directory under root; returns (number of files, total bytes)."""
+    n_files = n_bytes = 0
+    for dirpath, _, filenames in os.walk(root):
+        for name in filenames:
+            path = Path(dirpath) / name
+            with open(path, "rb") as f:
+                os.fsync(f.fileno())
+            n_files += 1
+            n_bytes += path.stat().st_size
+        _fsync_dir(Path(dirpath))
+    return n_files, n_bytes
+
+
+def _write_durable(path: Path, text: str) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+class CheckpointManager:
+    def __init__(self, root_dir: str | os.PathLike, max_to_keep: int | None = None, clean_stale: bool = True,
+                 fsync: bool = True):
+        if max_to_keep is not None and (isinstance(max_to_keep, bool) or not isinstance(max_to_keep, int)
+                                        or max_to_keep < 1):
+            raise ValueError(f"max_to_keep (trainer.max_actor_ckpt_to_keep) must be None (keep all) or an int >= 1, "
+                             f"got {max_to_keep!r}")
+        self.root = Path(root_dir)
+        self.max_to_keep = max_to_keep
+        self.fsync = fsync
+        self.num_deleted = 0
+        self.num_stale_removed = 0
+        self._pending: dict[int, Path] = {}
+        self.root.mkdir(parents=True, exist_ok=True)
+        if clean_stale:
+            self.num_stale_removed = self.clean_stale()
+
+    # ------------------------------------------------------------------ paths
+    def step_dir(self, step: int) -> Path:
+        return self.root / f"global_step_{int(step)}"
+
+    def complete_steps(self) -> list[int]:
+        """Steps of the complete `global_step_N` directories, ascending."""
+        steps = []
+        for p in self.root.iterdir():
+            m = _STEP_DIR.match(p.name)
+            if m and p.is_dir() and is_complete(p):
+                steps.append(int(m.group(1)))
+        return sorted(steps)
+
+    def clean_stale(self) -> int:
+        """Remove `.tmp-*` leftovers of interrupted saves; returns how many were removed."""
+        removed = 0
+        for p in self.root.iterdir():
+            if p.name.startswith(_TMP_PREFIX):
+                shutil.rmtree(p) if p.is_dir() else p.unlink()
+                removed += 1
+        if removed:
+            logger.warning("removed %d stale temporary checkpoint entries in %s", removed, self.root)
+        return removed
+
+    # ------------------------------------------------------------------ saving
+    def begin(self, step: int) -> Path:
+        """Create and return the temporary directory that step's contents go into."""
+        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+            raise ValueError(f"checkpoint step must be an int >= 0, got {step!r}")
+        if step in self._pending:
+            raise ValueError(f"checkpoint for step {step} already begun at {self._pending[step]}; commit or abort it")
+        tmp = self.root / f"{_TMP_PREFIX}global_step_{step}-{secrets.token_hex(4)}"
+        tmp.mkdir()
+        self._pending[step] = tmp
+        return tmp
+
+    def abort(self, step: int) -> None:
+        tmp = self._pending.pop(step, None)
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+    def commit(self, step: int) -> Path:
+        """Seal the begun temp directory as `global_step_N`, update the tracker, apply retention."""
+        tmp = self._pending.get(step)
+        if tmp is None:
+            raise ValueError(f"commit({step}): no checkpoint begun for that step (call begin({step}) first)")
+        if not tmp.is_dir():
+            self._pending.pop(step)
+            raise FileNotFoundError(f"commit({step}): temporary checkpoint directory {tmp} vanished before commit")
+        n_files, n_bytes = _fsync_tree(tmp) if self.fsync else (sum(1 for p in tmp.rglob("*") if p.is_file()), 0)
+        marker = json.dumps({"step": step, "files": n_files, "bytes": n_bytes, "time": time.time()})
+        _write_durable(tmp / COMPLETE_MARKER, marker)
+        final = self.step_dir(step)
+        old = None
+        if final.exists():  # re-saving a step (e.g. after resuming from it): swap, never expose a partial dir
+            old = self.root / f"{_TMP_PREFIX}old-global_step_{step}-{secrets.token_hex(4)}"
+            os.rename(final, old)
+        os.rename(tmp, final)
+        self._pending.pop(step)
+        _fsync_dir(self.root)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+        self._write_tracker(step)
+        self._apply_retention(keep_step=step)
+        return final
+
+    def save(self, step: int, write_fn: Callable[[Path], None]) -> Path:
+        """write_fn(tmp_dir) writes the contents; on any exception nothing named global_step_N appears."""
+        tmp = self.begin(step)
+        try:
+            write_fn(tmp)
+        except BaseException:
+            self.abort(step)
+            raise
+        return self.commit(step)
+
+    def _write_tracker(self, step: int) -> None:
+        tmp = self.root / f"{_TMP_PREFIX}tracker-{secrets.token_hex(4)}"
+        _write_durable(tmp, str(step))
+        os.replace(tmp, self.root / TRACKER_FILE)
+        _fsync_dir(self.root)
+
+    def _apply_retention(self, keep_step: int) -> None:
+        if self.max_to_keep is None:
+            return
+        others = [s for s in reversed(self.complete_steps()) if s != keep_step]
+        for s in others[self.max_to_keep - 1:]:
+            shutil.rmtree(self.step_dir(s))
+            self.num_deleted += 1
+            logger.info("retention (max_to_keep=%d): deleted %s", self.max_to_keep, self.step_dir(s))
+
+    # ------------------------------------------------------------------ loading
+    def read_tracker(self) -> int | None:
+        path = self.root / TRACKER_FILE
+        if not path.is_file():
+            return None
+        text = path.read_text(encoding="utf-8").strip()
+        if not text.isdigit():
+            logger.warning("%s holds %r, not a step number; ignoring it", path, text)
+            return None
+        return int(text)
+
+    def find_latest(self) -> Path | None:
+        """The tracker's checkpoint if complete, else the highest complete step, else None."""
+        tracked = self.read_tracker()
+        if tracked is not None and is_complete(self.step_dir(tracked)):
+            return self.step_dir(tracked)
+        steps = self.complete_steps()
+        if tracked is not None:
+            logger.warning("tracker points to step %d but %s is missing or incomplete; using %s", tracked,
+                           self.step_dir(tracked), f"step {steps[-1]}" if steps else "no checkpoint")
+        return self.step_dir(steps[-1]) if steps else None
+
+    def resolve_resume(self, resume_mode: str, resume_from_path: str | os.PathLike | None = None) -> Path | None:
+        """The checkpoint directory to resume from, or None to start fresh (see module docstring)."""
+        if resume_mode == "disable":
+            return None
+        if resume_mode == "auto":
+            return self.find_latest()
+        if resume_mode != "resume_path":
+            raise ValueError(f"trainer.resume_mode={resume_mode!r} is not one of {list(RESUME_MODES)}")
+        if not resume_from_path:
+            raise ValueError("trainer.resume_mode='resume_path' needs trainer.resume_from_path, which is unset")
+        path = Path(resume_from_path)
+        if not path.is_dir():
+            raise FileNotFoundError(f"trainer.resume_from_path={str(path)!r} does not exist or is not a directory")
+        step_of(path)  # must name its step, as in verl
+        if not is_complete(path):
+            raise ValueError(f"trainer.resume_from_path={str(path)!r} has no {COMPLETE_MARKER} marker: the checkpoint "
+                             "is incomplete (interrupted save) or was not written by hybridrl's CheckpointManager")
+        return path
+
+
+def save_distributed(manager: CheckpointManager | None, step: int, write_fn: Callable[[Path, int], None],
+                     group=None) -> Path:
+    """Collective save over a torch.distributed group (all ranks call it). Rank 0 of the group owns
+    `manager` (others may pass None); write_fn(tmp_dir, rank) writes that rank's part."""
+    import torch.distributed as dist
+
+    rank = dist.get_rank(group)
+    src = dist.get_global_rank(group, 0) if group is not None else 0
+    box = [None]
+    if rank == 0:
+        try:
+            if manager is None:
+                raise ValueError("save_distributed: rank 0 must pass its CheckpointManager, got None")
+            box[0] = {"tmp": str(manager.begin(step)), "error": None}
+        except Exception as e:  # broadcast the failure so the other ranks do not wait forever
+            box[0] = {"tmp": None, "error": f"rank 0 begin: {type(e).__name__}: {e}"}
+    dist.broadcast_object_list(box, src=src, group=group)
+    if box[0]["error"]:
+        raise RuntimeError(f"checkpoint step {step} not saved; {box[0]['error']}")
+    tmp = Path(box[0]["tmp"])
+    error = None
+    try:
+        write_fn(tmp, rank)
+    except Exception as e:  # gathered below so every rank fails together instead of hanging
+        error = f"rank {rank}: {type(e).__name__}: {e}"
+    errors = [None] * dist.get_world_size(group)
+    dist.all_gather_object(errors, error, group=group)
+    failed = [e for e in errors if e is not None]
+    outcome = [None]
+    if rank == 0:
+        try:
+            outcome[0] = {"error": None, "path": None}
+            if failed:
+                manager.abort(step)
+            else:
+                outcome[0]["path"] = str(manager.commit(step))
+        except Exception as e:  # tell the other ranks before raising, or they wait forever
+            outcome[0] = {"error": f"rank 0 commit: {type(e).__name__}: {e}", "path": None}
+    dist.broadcast_object_list(outcome, src=src, group=group)
+    if outcome[0]["error"]:
+        failed.append(outcome[0]["error"])
+    if failed:
+        raise RuntimeError(f"checkpoint step {step} not saved; failures: {failed}")
+    return Path(outcome[0]["path"])

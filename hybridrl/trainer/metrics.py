@@ -1,0 +1,250 @@
+"""Step metrics with verl's names (`critic/score/mean`, `timing_s/gen`, `perf/throughput`, `val-core/...`).
+
+The names are the contract: a verl user's dashboards must carry over, so they are copied, including
+verl's misspelled `compute_throughout_metrics` (with a correctly spelled alias).
+
+Choices, following verl's trainer/ppo/metric_utils.py unless stated:
+- sequence score / reward = sum over the response of `token_level_scores` / `token_level_rewards`,
+  statistics over the samples that were not aborted (response length 0); the aborted fraction is
+  reported as `response/aborted_ratio`, so excluded samples are counted, never silently dropped;
+- advantages / returns / values statistics over the response tokens only (`response_mask`);
+- `critic/vf_explained_var` = 1 - Var(returns - values) / (Var(returns) + 1e-5), unbiased variances;
+- lengths come from `attention_mask` ([B, P+R]): prompt = first P columns, response = last R;
+  `clip_ratio` = fraction of rows whose length equals the padded maximum (P or R), i.e. truncated;
+- throughput uses `meta_info["global_token_num"]` (per-sample token counts, verl) when present and
+  falls back to `attention_mask.sum()`; tokens / second / GPU;
+- validation: bootstrap as verl does (1000 resamples, `np.random.RandomState(seed)` — the same
+  numbers as verl's `np.random.seed` + `np.random.choice` loop, checked in tests, but vectorised and
+  without touching numpy's global RNG); majority vote ties go to the prediction seen first in the
+  resample, and the vote's value is that of its first occurrence (verl's `calc_maj_val`).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from hybridrl.protocol import DataProto
+
+__all__ = [
+    "compute_data_metrics",
+    "compute_timing_metrics",
+    "compute_throughout_metrics",
+    "compute_throughput_metrics",
+    "process_validation_metrics",
+    "flatten_validation_metrics",
+    "bootstrap_metric",
+    "reduce_metrics",
+]
+
+# Sections whose per-token time is reported, and which tokens they process (verl's table + old_log_prob).
+_RESPONSE_TOKEN_SECTIONS = ("gen",)
+_ALL_TOKEN_SECTIONS = ("old_log_prob", "ref", "values", "adv", "update_critic", "update_actor")
+
+
+def _require(batch: DataProto, keys: Sequence[str], fn: str) -> None:
+    missing = [k for k in keys if k not in batch.batch]
+    if missing:
+        raise ValueError(f"{fn}: batch lacks tensor keys {missing} (has {sorted(batch.batch)})")
+
+
+def _lengths(batch: DataProto) -> tuple[torch.Tensor, torch.Tensor, int, int]:
+    """(prompt_length [B], response_length [B], max prompt length P, max response length R) as floats."""
+    max_resp = batch.batch["responses"].shape[-1]
+    attn = batch.batch["attention_mask"]
+    if attn.shape[-1] <= max_resp:
+        raise ValueError(f"attention_mask has {attn.shape[-1]} columns but responses has {max_resp}: "
+                         "attention_mask must cover prompt + response ([B, P+R])")
+    prompt_len = attn[:, :-max_resp].sum(-1).float()
+    resp_len = attn[:, -max_resp:].sum(-1).float()
+    return prompt_len, resp_len, attn.shape[-1] - max_resp, max_resp
+
+
+def _stats(prefix: str, x: torch.Tensor) -> dict[str, float]:
+    x = x.detach().float()
+    return {f"{prefix}/mean": x.mean().item(), f"{prefix}/max": x.max().item(), f"{prefix}/min": x.min().item()}
+
+
+def compute_data_metrics(batch: DataProto, use_critic: bool = True) -> dict[str, float]:
+    """verl's data metrics: score, rewards, advantages, returns, (values, vf_explained_var), lengths."""
+    keys = ["token_level_scores", "token_level_rewards", "advantages", "returns", "responses",
+            "attention_mask", "response_mask"] + (["values"] if use_critic else [])
+    _require(batch, keys, "compute_data_metrics")
+    prompt_len, resp_len, max_prompt, max_resp = _lengths(batch)
+    aborted = resp_len == 0
+    if bool(aborted.all()):
+        raise ValueError(f"compute_data_metrics: all {len(aborted)} samples have an empty response (aborted); "
+                         "the rollout produced nothing to score")
+    kept = ~aborted
+    mask = batch.batch["response_mask"].bool()
+    returns = torch.masked_select(batch.batch["returns"], mask)
+
+    metrics = {
+        **_stats("critic/score", batch.batch["token_level_scores"].sum(-1)[kept]),
+        **_stats("critic/rewards", batch.batch["token_level_rewards"].sum(-1)[kept]),
+        **_stats("critic/advantages", torch.masked_select(batch.batch["advantages"], mask)),
+        **_stats("critic/returns", returns),
+    }
+    if use_critic:
+        values = torch.masked_select(batch.batch["values"], mask)
+        metrics.update(_stats("critic/values", values))
+        explained = 1.0 - torch.var(returns - values) / (torch.var(returns) + 1e-5)
+        metrics["critic/vf_explained_var"] = explained.item()
+    metrics.update(_stats("response_length", resp_len))
+    metrics["response_length/clip_ratio"] = (resp_len == max_resp).float().mean().item()
+    metrics["response/aborted_ratio"] = aborted.float().mean().item()
+    metrics.update(_stats("prompt_length", prompt_len))
+    metrics["prompt_length/clip_ratio"] = (prompt_len == max_prompt).float().mean().item()
+    return metrics
+
+
+def compute_timing_metrics(batch: DataProto, timing_raw: dict[str, float]) -> dict[str, float]:
+    """`timing_s/{name}` for every timed section; `timing_per_token_ms/{name}` for sections with a token count
+    (gen: response tokens; old_log_prob, ref, values, adv, update_critic, update_actor: prompt + response)."""
+    _require(batch, ["responses", "attention_mask"], "compute_timing_metrics")
+    prompt_len, resp_len, _, _ = _lengths(batch)
+    n_resp = resp_len.sum().item()
+    n_all = prompt_len.sum().item() + n_resp
+    tokens = {**{s: n_resp for s in _RESPONSE_TOKEN_SECTIONS}, **{s: n_all for s in _ALL_TOKEN_SECTIONS}}
+    out = {f"timing_s/{name}": float(sec) for name, sec in timing_raw.items()}
+    for name, sec in timing_raw.items():
+        if name in tokens and tokens[name] > 0:
+            out[f"timing_per_token_ms/{name}"] = float(sec) * 1000.0 / tokens[name]
+    return out
+
+
+def compute_throughout_metrics(batch: DataProto, timing_raw: dict[str, float], n_gpus: int) -> dict[str, float]:
+    """`perf/total_num_tokens`, `perf/time_per_step` (= timing_raw["step"]), `perf/throughput` (tokens/s/GPU)."""
+    if "step" not in timing_raw:
+        raise ValueError(f"compute_throughout_metrics: timing_raw needs a 'step' entry (the whole step's seconds); "
+                         f"has {sorted(timing_raw)}")
+    if not isinstance(n_gpus, int) or n_gpus < 1:
+        raise ValueError(f"compute_throughout_metrics: n_gpus must be a positive int, got {n_gpus!r}")
+    step_s = float(timing_raw["step"])
+    if step_s <= 0:
+        raise ValueError(f"compute_throughout_metrics: timing_raw['step'] must be > 0 seconds, got {step_s}")
+    if "global_token_num" in batch.meta_info:
+        total = int(sum(int(t) for t in batch.meta_info["global_token_num"]))
+    else:
+        _require(batch, ["attention_mask"], "compute_throughout_metrics")
+        total = int(batch.batch["attention_mask"].sum().item())
+    return {"perf/total_num_tokens": total, "perf/time_per_step": step_s,
+            "perf/throughput": total / (step_s * n_gpus)}
+
+
+compute_throughput_metrics = compute_throughout_metrics
+
+
+# ---------------------------------------------------------------------------------------------- validation
+def bootstrap_metric(data: Sequence[float], subset_size: int, reduce_fns=(np.max, np.min),
+                     n_bootstrap: int = 1000, seed: int = 42) -> list[tuple[float, float]]:
+    """(mean, std) over `n_bootstrap` resamples (with replacement, size `subset_size`) of each reduce_fn
+    applied row-wise (reduce_fn(matrix, axis=1))."""
+    idx = np.random.RandomState(seed).choice(len(data), size=(n_bootstrap, subset_size), replace=True)
+    rows = np.asarray(data, dtype=np.float64)[idx]
+    out = []
+    for fn in reduce_fns:
+        vals = fn(rows, axis=1)
+        out.append((float(np.mean(vals)), float(np.std(vals))))
+    return out
+
+
+def _bootstrap_majority(vals: Sequence[float], preds: Sequence[Any], subset_size: int,
+                        n_bootstrap: int = 1000, seed: int = 42) -> tuple[float, float]:
+    """Majority vote over `preds` in each resample; the value is that of the vote's first occurrence."""
+    idx = np.random.RandomState(seed).choice(len(vals), size=(n_bootstrap, subset_size), replace=True)
+    codes_of = {}
+    codes = np.array([codes_of.setdefault(p, len(codes_of)) for p in preds])[idx]  # [n_boot, subset]
+    k = len(codes_of)
+    onehot = codes[:, :, None] == np.arange(k)[None, None, :]                     # [n_boot, subset, k]
+    counts = onehot.sum(1)
+    first_pos = np.where(onehot.any(1), onehot.argmax(1), subset_size)              # first position of each vote
+    first_pos = np.where(counts == counts.max(1, keepdims=True), first_pos, subset_size + 1)
+    winner_pos = first_pos.min(1)                                                   # earliest among the tied maxima
+    maj = np.asarray(vals, dtype=np.float64)[idx[np.arange(n_bootstrap), winner_pos]]
+    return float(np.mean(maj)), float(np.std(maj))
+
+
+def _subset_sizes(n_resps: int) -> list[int]:
+    ns, n = [], 2
+    while n < n_resps:
+        ns.append(n)
+        n *= 2
+    return ns + [n_resps]
+
+
+def _per_prompt_metrics(var_vals: list, preds: list | None, seed: int) -> dict[str, float]:
+    n = len(var_vals)
+    metric = {f"mean@{n}": float(np.mean(var_vals))}
+    if n == 1:
+        return metric
+    metric[f"std@{n}"] = float(np.std(var_vals))
+    for size in _subset_sizes(n):
+        (bm, bs), (wm, ws) = bootstrap_metric(var_vals, size, (np.max, np.min), seed=seed)
+        metric[f"best@{size}/mean"], metric[f"best@{size}/std"] = bm, bs
+        metric[f"worst@{size}/mean"], metric[f"worst@{size}/std"] = wm, ws
+        if preds is not None:
+            metric[f"maj@{size}/mean"], metric[f"maj@{size}/std"] = _bootstrap_majority(var_vals, preds, size, seed=seed)
+    return metric
+
+
+def process_validation_metrics(data_sources: Sequence[str], sample_uids: Sequence[Any],
+                               infos_dict: dict[str, Sequence[Any]], seed: int = 42
+                               ) -> dict[str, dict[str, dict[str, float]]]:
+    """{data_source: {var_name: {metric: value}}}: per prompt (uid) mean@N, std@N, best@n/worst@n/maj@n
+    (bootstrap, n = 2, 4, ..., N), then averaged over the prompts of each data source. String-valued
+    variables (e.g. `pred`) are not scored; `pred`, when present, drives the majority vote."""
+    n = len(data_sources)
+    if len(sample_uids) != n:
+        raise ValueError(f"process_validation_metrics: {len(sample_uids)} uids for {n} data_sources")
+    bad = {k: len(v) for k, v in infos_dict.items() if len(v) != n}
+    if bad:
+        raise ValueError(f"process_validation_metrics: infos_dict lengths {bad} differ from {n} samples")
+
+    groups: dict = defaultdict(lambda: defaultdict(lambda: defaultdict(list)))  # src -> uid -> var -> values
+    for i, (src, uid) in enumerate(zip(data_sources, sample_uids)):
+        for var, vals in infos_dict.items():
+            groups[src][uid][var].append(vals[i])
+
+    per_src: dict = defaultdict(lambda: defaultdict(lambda: defaultdict(list)))  # src -> var -> metric -> [per uid]
+    for src, by_uid in groups.items():
+        for var2vals in by_uid.values():
+            preds = var2vals.get("pred")
+            for var, vals in var2vals.items():
+                if isinstance(vals[0], str):
+                    continue
+                for name, value in _per_prompt_metrics(vals, preds, seed).items():
+                    per_src[src][var][name].append(value)
+    return {src: {var: {name: float(np.mean(v)) for name, v in metrics.items()} for var, metrics in by_var.items()}
+            for src, by_var in per_src.items()}
+
+
+def flatten_validation_metrics(data_src2var2metric2val: dict[str, dict[str, dict[str, float]]]) -> dict[str, float]:
+    """verl's key layout: the core variable (`acc` if present, else `reward`) with mean/maj/best at the largest
+    N goes to `val-core/{data_source}/{var}/{metric}`; everything else to `val-aux/...`."""
+    out = {}
+    for src, var2metric in data_src2var2metric2val.items():
+        core_var = "acc" if "acc" in var2metric else "reward"
+        for var, metric2val in var2metric.items():
+            n_max = max(int(name.split("@")[-1].split("/")[0]) for name in metric2val)
+            for name, value in metric2val.items():
+                core = (var == core_var and name.startswith(("mean", "maj", "best")) and f"@{n_max}" in name)
+                out[f"{'val-core' if core else 'val-aux'}/{src}/{var}/{name}"] = value
+    return out
+
+
+def reduce_metrics(metrics: dict[str, Any]) -> dict[str, float]:
+    """Mean of each list of values (scalars and 0-d tensors pass through as floats)."""
+    out = {}
+    for key, values in metrics.items():
+        if isinstance(values, torch.Tensor):
+            values = values.detach().float().cpu().numpy()
+        arr = np.asarray(values, dtype=np.float64)
+        if arr.size == 0:
+            raise ValueError(f"reduce_metrics: metric {key!r} has no values to average")
+        out[key] = float(arr.mean())
+    return out

@@ -1,0 +1,189 @@
+"""CheckpointManager: atomic commit, crash safety, stale cleanup, retention, resume modes, multi-rank save."""
+
+import json
+import os
+import socket
+
+import pytest
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from hybridrl.trainer.checkpoint_manager import (
+    COMPLETE_MARKER,
+    TRACKER_FILE,
+    CheckpointManager,
+    save_distributed,
+    step_of,
+)
+
+
+def write_model(text):
+    def fn(tmp):
+        (tmp / "actor").mkdir()
+        (tmp / "actor" / "model.pt").write_text(text)
+    return fn
+
+
+def entries(root):
+    return sorted(p.name for p in root.iterdir())
+
+
+def test_save_commits_atomically_named_dir_with_marker_and_tracker(tmp_path):
+    mgr = CheckpointManager(tmp_path)
+    seen = []
+    path = mgr.save(3, lambda tmp: seen.append(tmp) or write_model("w3")(tmp))
+    assert seen[0].parent == tmp_path and seen[0].name.startswith(".tmp-global_step_3-")  # written elsewhere
+    assert path == tmp_path / "global_step_3" and step_of(path) == 3
+    assert (path / "actor" / "model.pt").read_text() == "w3" and (path / COMPLETE_MARKER).is_file()
+    assert (tmp_path / TRACKER_FILE).read_text() == "3"
+    assert entries(tmp_path) == ["global_step_3", TRACKER_FILE]  # no temp leftovers
+    assert mgr.find_latest() == path
+
+
+def test_crash_inside_write_fn_leaves_previous_latest_intact(tmp_path):
+    mgr = CheckpointManager(tmp_path)
+    mgr.save(1, write_model("w1"))
+
+    def crash(tmp):
+        write_model("half")(tmp)
+        raise OSError("disk full")
+
+    with pytest.raises(OSError, match="disk full"):
+        mgr.save(2, crash)
+    assert entries(tmp_path) == ["global_step_1", TRACKER_FILE]
+    assert (tmp_path / TRACKER_FILE).read_text() == "1"
+    assert (mgr.find_latest() / "actor" / "model.pt").read_text() == "w1"
+
+
+def test_killed_process_leftovers_are_cleaned_at_startup(tmp_path):
+    mgr = CheckpointManager(tmp_path)
+    mgr.save(1, write_model("w1"))
+    tmp = mgr.begin(2)  # the process "dies" here: nothing commits
+    write_model("half")(tmp)
+    (tmp_path / ".tmp-tracker-dead").write_text("2")
+    assert mgr.find_latest() == tmp_path / "global_step_1"
+    restarted = CheckpointManager(tmp_path)
+    assert restarted.num_stale_removed == 2
+    assert entries(tmp_path) == ["global_step_1", TRACKER_FILE]
+    assert CheckpointManager(tmp_path, clean_stale=False).num_stale_removed == 0
+
+
+def test_retention_keeps_newest_and_the_one_just_saved(tmp_path):
+    mgr = CheckpointManager(tmp_path, max_to_keep=2)
+    for step in (1, 2, 3, 4):
+        mgr.save(step, write_model(f"w{step}"))
+    assert entries(tmp_path) == ["global_step_3", "global_step_4", TRACKER_FILE]
+    assert mgr.num_deleted == 2
+    (tmp_path / "global_step_0").mkdir()  # not ours (no marker): reported by nobody, deleted by nobody
+    mgr.save(2, write_model("again"))  # e.g. resumed from an older step: the new save must survive
+    assert entries(tmp_path) == ["global_step_0", "global_step_2", "global_step_4", TRACKER_FILE]
+    assert mgr.find_latest() == tmp_path / "global_step_2"  # last saved, as the tracker says
+    with pytest.raises(ValueError, match="max_to_keep"):
+        CheckpointManager(tmp_path, max_to_keep=0)
+
+
+def test_resaving_a_step_replaces_it(tmp_path):
+    mgr = CheckpointManager(tmp_path)
+    mgr.save(5, write_model("old"))
+    mgr.save(5, write_model("new"))
+    assert (tmp_path / "global_step_5" / "actor" / "model.pt").read_text() == "new"
+    assert entries(tmp_path) == ["global_step_5", TRACKER_FILE]
+
+
+def test_find_latest_falls_back_when_tracker_is_stale_or_garbage(tmp_path):
+    mgr = CheckpointManager(tmp_path)
+    assert mgr.find_latest() is None
+    mgr.save(1, write_model("w1"))
+    mgr.save(2, write_model("w2"))
+    (tmp_path / TRACKER_FILE).write_text("9")  # points to a checkpoint that does not exist
+    assert mgr.find_latest() == tmp_path / "global_step_2"
+    (tmp_path / TRACKER_FILE).write_text("garbage")
+    assert mgr.find_latest() == tmp_path / "global_step_2"
+    (tmp_path / "global_step_7").mkdir()  # incomplete: never chosen
+    assert mgr.find_latest() == tmp_path / "global_step_2"
+
+
+def test_resume_modes(tmp_path):
+    mgr = CheckpointManager(tmp_path / "ckpt")
+    assert mgr.resolve_resume("auto") is None  # nothing saved yet: start fresh
+    p = mgr.save(4, write_model("w4"))
+    assert mgr.resolve_resume("auto") == p
+    assert mgr.resolve_resume("disable") is None
+    assert mgr.resolve_resume("resume_path", str(p)) == p
+    with pytest.raises(ValueError, match="resume_from_path"):
+        mgr.resolve_resume("resume_path", None)
+    missing = tmp_path / "nowhere" / "global_step_1"
+    with pytest.raises(FileNotFoundError, match=str(missing)):
+        mgr.resolve_resume("resume_path", missing)
+    with pytest.raises(ValueError, match="global_step_<N>"):
+        mgr.resolve_resume("resume_path", tmp_path)
+    partial = tmp_path / "global_step_9"
+    partial.mkdir()
+    with pytest.raises(ValueError, match="COMPLETE"):
+        mgr.resolve_resume("resume_path", partial)
+    with pytest.raises(ValueError, match="'sometimes'.*auto"):
+        mgr.resolve_resume("sometimes")
+
+
+def test_begin_commit_for_several_writers(tmp_path):
+    mgr = CheckpointManager(tmp_path)
+    tmp = mgr.begin(6)
+    for rank in range(2):  # e.g. two Ray workers writing their shards into the shared temp dir
+        (tmp / "actor").mkdir(exist_ok=True)
+        (tmp / "actor" / f"model_world_size_2_rank_{rank}.pt").write_text(str(rank))
+    assert not (tmp_path / "global_step_6").exists()
+    final = mgr.commit(6)
+    assert sorted(p.name for p in (final / "actor").iterdir()) == [
+        "model_world_size_2_rank_0.pt", "model_world_size_2_rank_1.pt"]
+    with pytest.raises(ValueError, match="begin\\(7\\)"):
+        mgr.commit(7)
+    with pytest.raises(ValueError, match=">= 0"):
+        mgr.begin(-1)
+
+
+# ------------------------------------------------------------------ two gloo ranks
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _dist_worker(rank, world, port, root):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        mgr = CheckpointManager(root, clean_stale=rank == 0) if rank == 0 else None
+
+        def write(tmp, r):
+            (tmp / f"shard_{r}.pt").write_text(str(r))
+
+        path = save_distributed(mgr, 1, write)
+        ok_files = sorted(p.name for p in path.iterdir())
+
+        def fail_on_rank1(tmp, r):
+            if r == 1:
+                raise OSError("rank 1 disk full")
+            write(tmp, r)
+
+        try:
+            save_distributed(mgr, 2, fail_on_rank1)
+            err = None
+        except RuntimeError as e:
+            err = str(e)
+        with open(os.path.join(os.path.dirname(root), f"result_{rank}.json"), "w") as f:
+            json.dump([str(path), ok_files, err], f)
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_save_distributed_two_gloo_ranks(tmp_path):
+    root = tmp_path / "ckpt"
+    root.mkdir()
+    mp.spawn(_dist_worker, args=(2, _free_port(), str(root)), nprocs=2, join=True)
+    for rank in range(2):
+        path, files, err = json.loads((tmp_path / f"result_{rank}.json").read_text())
+        assert path == str(root / "global_step_1")
+        assert files == [COMPLETE_MARKER, "shard_0.pt", "shard_1.pt"]
+        assert "rank 1 disk full" in err  # both ranks learn of the failure
+    assert entries(root) == ["global_step_1", TRACKER_FILE]
