@@ -155,6 +155,7 @@ class DataProto:
             if k in self.meta_info and not _meta_equal(self.meta_info[k], v):
                 raise ValueError(f"DataProto.union: meta_info key {k!r} differs ({self.meta_info[k]!r} vs {v!r})")
             self.meta_info[k] = v
+        self.check_consistency()  # an empty `other` with keys would otherwise leave 0-row entries behind
         return self
 
     @staticmethod
@@ -169,7 +170,7 @@ class DataProto:
         for i, d in enumerate(items):
             if set(d.batch) != keys or set(d.non_tensor_batch) != nkeys:
                 raise ValueError(f"DataProto.concat: item {i} has keys {d.keys()}, item 0 has {items[0].keys()}")
-        batch = {k: torch.cat([d.batch[k] for d in items], dim=0) for k in items[0].batch}
+        batch = {k: _cat_key(k, [d.batch[k] for d in items]) for k in items[0].batch}
         non_tensor = {k: np.concatenate([d.non_tensor_batch[k] for d in items]) for k in items[0].non_tensor_batch}
         meta: dict[str, Any] = {}
         for d in items:
@@ -240,10 +241,18 @@ class DataProto:
         return f"DataProto(len={len(self)}, batch={shapes}, non_tensor={list(self.non_tensor_batch)}, meta={list(self.meta_info)})"
 
 
+def _cat_key(key: str, tensors: list[torch.Tensor]) -> torch.Tensor:
+    if len({t.shape[1:] for t in tensors}) > 1:
+        raise ValueError(f"DataProto.concat: key {key!r} has different trailing shapes {[tuple(t.shape) for t in tensors]}")
+    return torch.cat(tensors, dim=0)
+
+
 def _meta_equal(a, b) -> bool:
     try:
         if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
             return torch.equal(torch.as_tensor(a), torch.as_tensor(b))
+        if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+            return bool(np.array_equal(a, b))
         return bool(a == b)
     except Exception:
         return False

@@ -17,3 +17,11 @@ def ray_local():
         ray.init(num_cpus=4, include_dashboard=False, log_to_driver=True, configure_logging=False)
     yield ray
     ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory):
+    """A tiny random Qwen2 model + trained BPE tokenizer (HF format), built once per test session."""
+    from hybridrl.assets.tiny_model import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("tiny_model") / "qwen2", arch="qwen2", seed=0)

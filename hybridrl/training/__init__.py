@@ -1,0 +1,16 @@
+"""FSDP2 training engine: mesh + per-block wrapping (fsdp), AdamW + schedule (optim), phase offload (offload),
+sequence packing and dynamic micro-batches (packing, micro_batches), the PPO actor and critic, sharded
+checkpoints (checkpoint) and their merge into a HF directory (merge)."""
+
+from hybridrl.training.actor import DataParallelPPOActor
+from hybridrl.training.checkpoint import load_checkpoint, save_checkpoint, save_hf_model
+from hybridrl.training.critic import DataParallelPPOCritic
+from hybridrl.training.fsdp import apply_fsdp, build_fsdp_model, build_training_mesh, load_hf_model
+from hybridrl.training.merge import merge_checkpoint
+from hybridrl.training.offload import load_fsdp_params, load_optimizer, offload_fsdp_params, offload_optimizer
+from hybridrl.training.optim import build_lr_scheduler, build_optimizer
+
+__all__ = ["DataParallelPPOActor", "DataParallelPPOCritic", "apply_fsdp", "build_fsdp_model", "build_training_mesh",
+           "load_hf_model", "build_optimizer", "build_lr_scheduler", "save_checkpoint", "load_checkpoint",
+           "save_hf_model", "merge_checkpoint", "offload_fsdp_params", "load_fsdp_params", "offload_optimizer",
+           "load_optimizer"]
