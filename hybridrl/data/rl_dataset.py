@@ -1,0 +1,158 @@
+"""RLHFDataset: verl-schema parquet files → tokenized, left-padded prompt rows.
+
+Choices:
+- Read with pyarrow (no pandas/datasets dependency); the arrow schema is checked before any row is used, so a
+  missing column or a wrong type fails at startup with the file and column named.
+  Required: `prompt` (data.prompt_key; list of {role, content} strings), `data_source` (string),
+  `reward_model` (struct with `ground_truth`). Optional: `ability` (string, default ""), `extra_info` (struct).
+  Other columns (e.g. `answer`) are ignored. A parquet as verl's examples/data_preprocess/gsm8k.py writes loads
+  unchanged.
+- Prompts are rendered with `apply_chat_template(messages, add_generation_prompt=True, tokenize=False)` and
+  tokenized without extra special tokens (the template already holds them) — once, at construction, because
+  filtering needs the lengths anyway.
+- Overlong prompts: `filter_overlong_prompts=True` drops them and counts them (`num_filtered`, logged);
+  otherwise `truncation` decides: error (ValueError naming the row) | left (keep the end) | right (keep the
+  start); truncated rows are counted in `num_truncated`.
+- Rows are left-padded to max_prompt_length with pad_token_id; position_ids = cumsum(mask) - 1 clipped at 0
+  (docs/CONTRACTS.md).
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import torch
+
+from hybridrl.data.dataloader import StatefulDataLoader  # re-exported: callers import it from here too
+from hybridrl.protocol import DataProto, collate_rows
+
+__all__ = ["RLHFDataset", "StatefulDataLoader", "collate_fn", "read_rows"]
+
+log = logging.getLogger(__name__)
+TRUNCATION_MODES = ("error", "left", "right")
+
+
+def _cfg(data_config, key, default):
+    if data_config is None:
+        return default
+    getter = getattr(data_config, "get", None)
+    value = getter(key, default) if getter else getattr(data_config, key, default)
+    return default if value is None else value
+
+
+def _is_string(t: pa.DataType) -> bool:
+    return pa.types.is_string(t) or pa.types.is_large_string(t)
+
+
+def _check_schema(path: str, schema: pa.Schema, prompt_key: str) -> None:
+    def fail(column, rule):
+        raise ValueError(f"{path}: column {column!r} {rule}; columns: {schema.names}")
+
+    for col in (prompt_key, "data_source", "reward_model"):
+        if col not in schema.names:
+            fail(col, "is missing (required by the verl data schema)")
+    t = schema.field(prompt_key).type
+    is_list = pa.types.is_list(t) or pa.types.is_large_list(t)
+    item = t.value_type if is_list else None
+    if not (is_list and pa.types.is_struct(item) and all(
+            item.get_field_index(k) >= 0 and _is_string(item.field(k).type) for k in ("role", "content"))):
+        fail(prompt_key, f"must be a list of {{role: string, content: string}}, got type {t}")
+    if not _is_string(schema.field("data_source").type):
+        fail("data_source", f"must be a string, got type {schema.field('data_source').type}")
+    t = schema.field("reward_model").type
+    if not (pa.types.is_struct(t) and t.get_field_index("ground_truth") >= 0):
+        fail("reward_model", f"must be a struct with a 'ground_truth' field, got type {t}")
+    if "ability" in schema.names and not _is_string(schema.field("ability").type):
+        fail("ability", f"must be a string, got type {schema.field('ability').type}")
+    if "extra_info" in schema.names and not pa.types.is_struct(schema.field("extra_info").type):
+        fail("extra_info", f"must be a struct, got type {schema.field('extra_info').type}")
+
+
+def read_rows(files, prompt_key: str = "prompt") -> list[dict]:
+    """All rows of one path or a list of paths, schema-checked; each row remembers its file."""
+    paths = [files] if isinstance(files, (str, Path)) else list(files)
+    if not paths:
+        raise ValueError("data files: empty list of parquet files")
+    rows = []
+    for p in paths:
+        path = Path(p).expanduser()
+        if not path.is_file():
+            raise FileNotFoundError(f"data file {str(p)!r} not found")
+        table = pq.read_table(path)
+        _check_schema(str(path), table.schema, prompt_key)
+        cols = [c for c in (prompt_key, "data_source", "reward_model", "ability", "extra_info") if c in table.schema.names]
+        for row in table.select(cols).to_pylist():
+            row["_file"] = str(path)
+            rows.append(row)
+    return rows
+
+
+class RLHFDataset(torch.utils.data.Dataset):
+    def __init__(self, files, tokenizer, data_config=None):
+        self.tokenizer = tokenizer
+        self.prompt_key = _cfg(data_config, "prompt_key", "prompt")
+        self.max_prompt_length = int(_cfg(data_config, "max_prompt_length", 1024))
+        self.filter_overlong_prompts = bool(_cfg(data_config, "filter_overlong_prompts", True))
+        self.truncation = _cfg(data_config, "truncation", "error")
+        self.return_raw_chat = bool(_cfg(data_config, "return_raw_chat", False))
+        if self.truncation not in TRUNCATION_MODES:
+            raise ValueError(f"data.truncation={self.truncation!r}: must be one of {TRUNCATION_MODES}")
+        if self.max_prompt_length <= 0:
+            raise ValueError(f"data.max_prompt_length={self.max_prompt_length}: must be > 0")
+        self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        if self.pad_token_id is None:
+            raise ValueError("tokenizer has neither a pad_token_id nor an eos_token_id to pad prompts with")
+        self.num_filtered = self.num_truncated = 0
+        self.rows: list[dict] = []
+        self.prompt_ids: list[list[int]] = []
+        for i, row in enumerate(read_rows(files, self.prompt_key)):
+            ids = self._tokenize(row)
+            if len(ids) > self.max_prompt_length:
+                if self.filter_overlong_prompts:
+                    self.num_filtered += 1
+                    continue
+                ids = self._truncate(ids, i, row["_file"])
+            row.setdefault("extra_info", None)
+            self.rows.append(row)
+            self.prompt_ids.append(ids)
+        if self.num_filtered:
+            log.warning("RLHFDataset: filtered %d prompts longer than data.max_prompt_length=%d (kept %d)",
+                        self.num_filtered, self.max_prompt_length, len(self.rows))
+
+    def _tokenize(self, row: dict) -> list[int]:
+        messages = [{"role": m["role"], "content": m["content"]} for m in row[self.prompt_key]]
+        text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def _truncate(self, ids: list[int], i: int, path: str) -> list[int]:
+        if self.truncation == "error":
+            raise ValueError(f"{path}: row {i} prompt has {len(ids)} tokens > data.max_prompt_length="
+                             f"{self.max_prompt_length}; set data.filter_overlong_prompts=true or "
+                             "data.truncation=left|right")
+        self.num_truncated += 1
+        return ids[-self.max_prompt_length:] if self.truncation == "left" else ids[:self.max_prompt_length]
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, idx: int) -> dict:
+        row, ids = self.rows[idx], self.prompt_ids[idx]
+        pad = self.max_prompt_length - len(ids)
+        input_ids = torch.tensor([self.pad_token_id] * pad + ids, dtype=torch.long)
+        attention_mask = torch.tensor([0] * pad + [1] * len(ids), dtype=torch.long)
+        position_ids = (attention_mask.cumsum(0) - 1).clamp(min=0)
+        extra_info = row["extra_info"] or {}
+        out = {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids,
+               "raw_prompt_ids": list(ids), "data_source": row["data_source"], "reward_model": row["reward_model"],
+               "extra_info": extra_info, "ability": row.get("ability") or "",
+               "index": extra_info.get("index", idx) if isinstance(extra_info, dict) else idx}
+        if self.return_raw_chat:
+            out["raw_prompt"] = row[self.prompt_key]
+        return out
+
+
+def collate_fn(rows: list[dict]) -> DataProto:
+    return collate_rows(rows)

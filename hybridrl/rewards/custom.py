@@ -1,0 +1,64 @@
+"""Loading a user's reward function from a Python file (`custom_reward_function.path` / `.name`).
+
+Returns a `CustomRewardFunction`: callable, and picklable as (path, name) so the reward manager's scorer
+worker process can load the same file again (a function imported from an arbitrary path cannot be pickled by
+reference). The file is imported and the function checked at construction, so a wrong path or name fails at
+startup, not at the first reward.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import sys
+from pathlib import Path
+
+__all__ = ["CustomRewardFunction", "load_custom_reward_function"]
+
+
+def _import_function(path: Path, name: str):
+    module_name = "hybridrl_custom_reward_" + hashlib.sha1(str(path).encode()).hexdigest()[:12]
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    if spec is None or spec.loader is None:
+        raise ValueError(f"custom_reward_function.path={str(path)!r}: not an importable Python file")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module
+    try:
+        spec.loader.exec_module(module)
+    except Exception as e:
+        sys.modules.pop(module_name, None)
+        raise ValueError(f"custom_reward_function.path={str(path)!r}: importing it failed: {e!r}") from e
+    fn = getattr(module, name, None)
+    if fn is None:
+        raise ValueError(f"custom_reward_function.name={name!r}: no such function in {str(path)!r}")
+    if not callable(fn):
+        raise ValueError(f"custom_reward_function.name={name!r} in {str(path)!r} is not callable")
+    return fn
+
+
+class CustomRewardFunction:
+    def __init__(self, path: str | Path, name: str = "compute_score"):
+        self.path = Path(path).expanduser().resolve()
+        self.name = name
+        if not self.path.is_file():
+            raise FileNotFoundError(f"custom_reward_function.path={str(path)!r}: file not found")
+        self._fn = _import_function(self.path, name)
+
+    def __call__(self, *args, **kwargs):
+        return self._fn(*args, **kwargs)
+
+    def __getstate__(self):
+        return {"path": str(self.path), "name": self.name}
+
+    def __setstate__(self, state):
+        self.__init__(state["path"], state["name"])
+
+    def __repr__(self) -> str:
+        return f"CustomRewardFunction({str(self.path)!r}, {self.name!r})"
+
+
+def load_custom_reward_function(path: str | Path | None, name: str = "compute_score") -> CustomRewardFunction | None:
+    """None when path is None (use the default scorer); otherwise the loaded function."""
+    if path is None:
+        return None
+    return CustomRewardFunction(path, name or "compute_score")

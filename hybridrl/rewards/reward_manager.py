@@ -1,0 +1,135 @@
+"""RewardManager: turn rollout responses into token-level scores [B, R] (verl's naive / batch managers).
+
+- Each response is decoded from its valid tokens (`responses` where `response_mask` is 1; special tokens
+  skipped) and scored with `compute_score(data_source, solution_str, ground_truth, extra_info)` (naive) or
+  once per batch with `compute_score(data_sources=, solution_strs=, ground_truths=, extra_infos=)` (batch).
+- The score goes on the last valid response token, zeros elsewhere. A scorer returning a dict contributes its
+  "score"; all its keys (like verl, "score" included) land in `reward_extra_info`, one entry per sample (None where
+  a sample had no such key).
+- A scorer that raises, returns a non-number, or overruns `timeout_s` gives 0 for that sample and is counted
+  (`reward/errors`, `reward/timeouts`); the run goes on. With a timeout the scorer runs in a worker process
+  that is replaced when it overruns (score_worker.py). In batch mode the deadline is timeout_s × batch size and
+  a failure zeroes (and counts) every sample of the batch. `timeout_s=None` scores in-process with no limit.
+- With the default scorer, an unknown data_source fails the call (a config error, not a sample error).
+- An empty response (no valid token) is still scored (on ""); its score cannot sit on a valid token, so it is
+  put at position 0 and counted in `reward/empty_responses`.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+
+import torch
+
+from hybridrl.protocol import DataProto
+from hybridrl.rewards.default import SCORERS, default_compute_score
+from hybridrl.rewards.score_worker import ScorerProcess
+
+__all__ = ["RewardManager", "default_compute_score_batch"]
+
+log = logging.getLogger(__name__)
+MODES = ("naive", "batch")
+
+
+def default_compute_score_batch(data_sources, solution_strs, ground_truths, extra_infos):
+    """The batch-mode form of default_compute_score (one call, a list back)."""
+    return [default_compute_score(ds, s, gt, ei)
+            for ds, s, gt, ei in zip(data_sources, solution_strs, ground_truths, extra_infos, strict=True)]
+
+
+class RewardManager:
+    def __init__(self, tokenizer, compute_score=None, reward_fn_key: str = "data_source",
+                 timeout_s: float | None = 10.0, mode: str = "naive", num_examine: int = 0):
+        if mode not in MODES:
+            raise ValueError(f"reward_model.reward_manager={mode!r}: must be one of {MODES}")
+        if timeout_s is not None and not (isinstance(timeout_s, (int, float)) and timeout_s > 0):
+            raise ValueError(f"reward_model.timeout_s={timeout_s!r}: must be a positive number or null (no limit)")
+        self.tokenizer, self.reward_fn_key, self.mode = tokenizer, reward_fn_key, mode
+        self.timeout_s, self.num_examine = timeout_s, num_examine
+        self.compute_score = compute_score or (default_compute_score if mode == "naive" else default_compute_score_batch)
+        self._worker = ScorerProcess(self.compute_score) if timeout_s is not None else None
+
+    def close(self) -> None:
+        if self._worker is not None:
+            self._worker.close()
+
+    # ------------------------------------------------------------------ scoring
+    def _call(self, args: tuple, kwargs: dict | None, budget_s: float | None) -> tuple[str, object]:
+        if self._worker is None:
+            try:
+                return "ok", self.compute_score(*args, **(kwargs or {}))
+            except Exception as e:
+                return "error", repr(e)
+        return self._worker.call(args, kwargs, budget_s)
+
+    def _score_all(self, sources, texts, truths, extras) -> list[tuple[str, object]]:
+        if self.mode == "naive":
+            return [self._call((ds, s, gt, ei), None, self.timeout_s)
+                    for ds, s, gt, ei in zip(sources, texts, truths, extras)]
+        budget = None if self.timeout_s is None else self.timeout_s * len(texts)
+        status, value = self._call((), {"data_sources": sources, "solution_strs": texts, "ground_truths": truths,
+                                        "extra_infos": extras}, budget)
+        if status == "ok" and (not isinstance(value, (list, tuple)) or len(value) != len(texts)):
+            status, value = "error", f"batch compute_score must return a list of {len(texts)} scores, got {value!r}"[:500]
+        return list(zip(["ok"] * len(texts), value)) if status == "ok" else [(status, value)] * len(texts)
+
+    @staticmethod
+    def _as_score(value) -> tuple[float, dict]:
+        extra = dict(value) if isinstance(value, dict) else {}
+        raw = value["score"] if isinstance(value, dict) else value
+        score = float(raw)  # TypeError / KeyError / ValueError are the caller's "error"
+        if math.isnan(score):
+            raise ValueError("score is NaN")
+        return score, extra
+
+    # ------------------------------------------------------------------ entry point
+    def __call__(self, data: DataProto) -> dict:
+        responses = data.batch["responses"]
+        bsz, resp_len = responses.shape
+        mask = data.batch.get("response_mask")
+        if mask is None:
+            mask = data.batch["attention_mask"][:, -resp_len:]
+        if self.reward_fn_key not in data.non_tensor_batch:
+            raise ValueError(f"data.reward_fn_key={self.reward_fn_key!r}: no such non-tensor key in the batch "
+                             f"(have {sorted(data.non_tensor_batch)})")
+        sources = [str(s) for s in data.non_tensor_batch[self.reward_fn_key]]
+        unknown = sorted(set(sources) - set(SCORERS))
+        if self.compute_score in (default_compute_score, default_compute_score_batch) and unknown:
+            raise ValueError(f"reward: no rule scorer for data_source(s) {unknown} (key {self.reward_fn_key!r}); "
+                             f"known: {sorted(SCORERS)}. Set custom_reward_function.path to score them.")
+        truths = [rm["ground_truth"] for rm in data.non_tensor_batch["reward_model"]]
+        extras = list(data.non_tensor_batch["extra_info"]) if "extra_info" in data.non_tensor_batch else [None] * bsz
+        valid = mask.bool().cpu()
+        texts = [self.tokenizer.decode(responses[i].cpu()[valid[i]].tolist(), skip_special_tokens=True)
+                 for i in range(bsz)]
+
+        reward = torch.zeros(bsz, resp_len, dtype=torch.float32)
+        errors = timeouts = empty = 0
+        extra_info: dict[str, list] = {}
+        for i, (status, value) in enumerate(self._score_all(sources, texts, truths, extras)):
+            score, extra = 0.0, {}
+            if status == "ok":
+                try:
+                    score, extra = self._as_score(value)
+                except (TypeError, KeyError, ValueError) as e:
+                    status, value = "error", f"unusable score {value!r}: {e!r}"[:500]
+            if status == "timeout":
+                timeouts += 1
+            elif status == "error":
+                errors += 1
+                if errors <= 3:
+                    log.warning("reward scorer failed on sample %d (data_source=%r): %s", i, sources[i], value)
+            for key, v in extra.items():
+                extra_info.setdefault(key, [None] * bsz)[i] = v
+            positions = valid[i].nonzero()
+            if len(positions) == 0:
+                empty += 1
+                reward[i, 0] = score
+            else:
+                reward[i, positions[-1, 0]] = score
+            if i < self.num_examine:
+                log.info("[reward] data_source=%s score=%s response=%r ground_truth=%r", sources[i], score,
+                         texts[i][-500:], truths[i])
+        metrics = {"reward/errors": errors, "reward/timeouts": timeouts, "reward/empty_responses": empty}
+        return {"reward_tensor": reward.to(responses.device), "reward_extra_info": extra_info, "metrics": metrics}

@@ -1,0 +1,100 @@
+import argparse
+import json
+
+import pytest
+import torch
+from tokenizers import Tokenizer
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+from hybridrl.assets import tiny_model
+from hybridrl.assets.cli import register
+from hybridrl.assets.tiny_model import SIZE_PRESETS, build_tiny_model, make_config, write_size_preset
+
+TEXTS = ["Compute 37 + 12 * 5. Show the intermediate steps", "Natalia sold 48/2 = <<48/2=24>>24 clips.\n#### 72",
+         "<answer>(1 + 2) / 3</answer>", "héllo wörld 日本語 🙂  tabs\tand\n\nnewlines  ", ""]
+
+
+def test_tiny_model_loads_offline_and_tokenizer_round_trips(tiny_model_dir):
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    raw = Tokenizer.from_file(str(tiny_model_dir / "tokenizer.json"))
+    for text in TEXTS:
+        ids = tok.encode(text, add_special_tokens=False)
+        assert tok.decode(ids) == text
+        assert raw.encode(text).ids == ids  # AutoTokenizer's rebuilt Qwen2Tokenizer agrees with the file
+        assert max(ids, default=0) < model.config.vocab_size
+    assert 256 < len(tok) <= 1024
+    assert tok.pad_token == "<|pad|>" and tok.eos_token == "<|im_end|>" and tok.pad_token_id != tok.eos_token_id
+    prompt = tok.apply_chat_template([{"role": "user", "content": "Compute 1 + 2."}], add_generation_prompt=True,
+                                     tokenize=False)
+    assert prompt == "<|im_start|>user\nCompute 1 + 2.<|im_end|>\n<|im_start|>assistant\n"
+    ids = tok.encode(prompt, add_special_tokens=False)
+    assert ids[0] == tok.convert_tokens_to_ids("<|im_start|>")
+    out = model(input_ids=torch.tensor([ids]))
+    assert out.logits.shape == (1, len(ids), model.config.vocab_size)
+    gen = json.loads((tiny_model_dir / "generation_config.json").read_text())
+    assert tok.convert_tokens_to_ids("<|im_end|>") in gen["eos_token_id"]
+
+
+@pytest.mark.parametrize("arch,model_type", [("llama", "llama"), ("qwen3", "qwen3")])
+def test_other_archs(tmp_path, arch, model_type):
+    path = build_tiny_model(tmp_path, arch=arch, layers=1, hidden=32, heads=4, kv_heads=2)
+    model = AutoModelForCausalLM.from_pretrained(path)
+    tok = AutoTokenizer.from_pretrained(path)
+    assert model.config.model_type == model_type and model.config.num_hidden_layers == 1
+    assert tok.decode(tok.encode(TEXTS[1], add_special_tokens=False)) == TEXTS[1]
+
+
+def test_deterministic_by_seed(tmp_path):
+    a, b, c = (build_tiny_model(tmp_path / name, layers=1, hidden=32, seed=seed)
+               for name, seed in (("a", 0), ("b", 0), ("c", 1)))
+    for f in ("model.safetensors", "tokenizer.json", "config.json"):
+        assert (a / f).read_bytes() == (b / f).read_bytes()
+    assert (a / "model.safetensors").read_bytes() != (c / "model.safetensors").read_bytes()
+
+
+@pytest.mark.parametrize("size", sorted(SIZE_PRESETS))
+def test_size_preset_config_only(tmp_path, size):
+    path = write_size_preset(tmp_path, size, weights=False)
+    cfg, spec = AutoConfig.from_pretrained(path), SIZE_PRESETS[size]
+    assert (cfg.hidden_size, cfg.num_hidden_layers, cfg.num_attention_heads, cfg.num_key_value_heads,
+            cfg.intermediate_size, cfg.vocab_size, cfg.tie_word_embeddings) == (
+        spec["hidden"], spec["layers"], spec["heads"], spec["kv_heads"], spec["intermediate"], spec["vocab_size"],
+        spec["tie"])
+    assert cfg.rope_parameters["rope_theta"] == spec["rope_theta"]
+    assert not list(path.glob("*.safetensors"))
+    tok = AutoTokenizer.from_pretrained(path)
+    assert len(tok) < cfg.vocab_size
+
+
+def test_random_weights_are_sharded_bf16_and_loadable(tmp_path, monkeypatch):
+    monkeypatch.setattr(tiny_model, "SHARD_BYTES", 20_000)
+    cfg = make_config("qwen2", hidden=32, layers=2, heads=4, kv_heads=2, intermediate=64, vocab_size=512,
+                      tie=False, dtype="bfloat16")
+    cfg.save_pretrained(tmp_path)
+    tiny_model._write_random_weights(cfg, tmp_path, seed=0)
+    index = json.loads((tmp_path / "model.safetensors.index.json").read_text())
+    assert len(set(index["weight_map"].values())) > 1
+    model = AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.bfloat16)
+    assert set(index["weight_map"]) == {n for n, _ in model.named_parameters()}
+    assert torch.equal(model.model.norm.weight, torch.ones(32, dtype=torch.bfloat16))
+    assert model.lm_head.weight.float().std().item() == pytest.approx(0.02, rel=0.1)
+
+
+def test_errors_name_the_value(tmp_path):
+    with pytest.raises(ValueError, match="arch='gpt9'"):
+        build_tiny_model(tmp_path, arch="gpt9")
+    with pytest.raises(ValueError, match="size='tiny-70b'"):
+        write_size_preset(tmp_path, "tiny-70b")
+    with pytest.raises(ValueError, match="divisible"):
+        build_tiny_model(tmp_path, hidden=30, heads=4)
+
+
+def test_cli_builds_model(tmp_path):
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["assets", "tiny-model", str(tmp_path), "--arch", "llama", "--layers", "1",
+                              "--hidden", "32", "--seed", "3"])
+    args.func(args)
+    cfg = AutoConfig.from_pretrained(tmp_path)
+    assert cfg.model_type == "llama" and cfg.num_hidden_layers == 1 and cfg.hidden_size == 32

@@ -1,0 +1,115 @@
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+from transformers import AutoTokenizer
+
+from hybridrl.data import RLHFDataset, StatefulDataLoader, make_task
+from hybridrl.protocol import DataProto
+
+INSTRUCTION = 'Let\'s think step by step and output the final answer after "####".'
+
+
+@pytest.fixture(scope="module")
+def tok(tiny_model_dir):
+    return AutoTokenizer.from_pretrained(tiny_model_dir)
+
+
+def write_verl_gsm8k(path, n=6):
+    """The exact layout verl's examples/data_preprocess/gsm8k.py writes (via HF datasets)."""
+    rows = [{"data_source": "openai/gsm8k",
+             "prompt": [{"role": "user", "content": f"Tom has {i} apples and buys {i + 2} more. How many? {INSTRUCTION}"}],
+             "ability": "math", "reward_model": {"style": "rule", "ground_truth": str(2 * i + 2)},
+             "extra_info": {"split": "train", "index": i, "answer": f"{i}+{i + 2}=<<{i}+{i + 2}={2 * i + 2}>>\n#### {2 * i + 2}",
+                            "question": f"Tom has {i} apples and buys {i + 2} more. How many?"}}
+            for i in range(n)]
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    return rows
+
+
+def test_verl_gsm8k_parquet_loads_unchanged(tmp_path, tok):
+    rows = write_verl_gsm8k(tmp_path / "gsm8k.parquet")
+    ds = RLHFDataset(str(tmp_path / "gsm8k.parquet"), tok, {"max_prompt_length": 96})
+    assert len(ds) == len(rows) and ds.num_filtered == 0
+    item = ds[2]
+    ids = item["raw_prompt_ids"]
+    rendered = tok.apply_chat_template(rows[2]["prompt"], add_generation_prompt=True, tokenize=False)
+    assert tok.decode(ids) == rendered
+    assert item["input_ids"].shape == (96,) and item["input_ids"][-len(ids):].tolist() == ids
+    assert item["input_ids"][: 96 - len(ids)].eq(tok.pad_token_id).all()
+    assert item["attention_mask"].sum() == len(ids)
+    assert item["position_ids"][-1] == len(ids) - 1 and item["position_ids"][0] == 0
+    assert item["reward_model"]["ground_truth"] == "6" and item["data_source"] == "openai/gsm8k"
+    assert item["index"] == 2 and item["ability"] == "math"
+
+
+def test_multiple_files_and_overlong_filter_counted(tmp_path, tok):
+    write_verl_gsm8k(tmp_path / "a.parquet", n=4)
+    long_row = {"data_source": "arith", "prompt": [{"role": "user", "content": "word " * 200}], "ability": "math",
+                "reward_model": {"style": "rule", "ground_truth": "1"}}
+    pq.write_table(pa.Table.from_pylist([long_row, {**long_row, "prompt": [{"role": "user", "content": "hi"}]}]),
+                   tmp_path / "b.parquet")
+    ds = RLHFDataset([tmp_path / "a.parquet", tmp_path / "b.parquet"], tok, {"max_prompt_length": 64})
+    assert len(ds) == 5 and ds.num_filtered == 1
+    assert ds[4]["extra_info"] == {} and ds[4]["index"] == 4  # no extra_info column: defaults
+
+
+@pytest.mark.parametrize("mode", ["left", "right", "error"])
+def test_truncation_modes(tmp_path, tok, mode):
+    row = {"data_source": "arith", "prompt": [{"role": "user", "content": "word " * 100}],
+           "reward_model": {"style": "rule", "ground_truth": "1"}}
+    pq.write_table(pa.Table.from_pylist([row]), tmp_path / "long.parquet")
+    cfg = {"max_prompt_length": 16, "filter_overlong_prompts": False, "truncation": mode}
+    if mode == "error":
+        with pytest.raises(ValueError, match="max_prompt_length=16"):
+            RLHFDataset(tmp_path / "long.parquet", tok, cfg)
+        return
+    ds = RLHFDataset(tmp_path / "long.parquet", tok, cfg)
+    ids = ds[0]["raw_prompt_ids"]
+    assert len(ids) == 16 and ds.num_truncated == 1 and ds[0]["attention_mask"].all()
+    start = tok.convert_tokens_to_ids("<|im_start|>")
+    assert (ids[0] == start) == (mode == "right")
+
+
+def test_schema_errors_name_file_and_column(tmp_path, tok):
+    good = {"data_source": "arith", "prompt": [{"role": "user", "content": "x"}],
+            "reward_model": {"style": "rule", "ground_truth": "1"}}
+    cases = {"missing.parquet": ({k: v for k, v in good.items() if k != "reward_model"}, "'reward_model' is missing"),
+             "prompt_str.parquet": ({**good, "prompt": "just a string"}, "'prompt' must be a list"),
+             "source_int.parquet": ({**good, "data_source": 3}, "'data_source' must be a string"),
+             "rm_no_gt.parquet": ({**good, "reward_model": {"style": "rule"}}, "'reward_model' must be a struct")}
+    for name, (row, message) in cases.items():
+        pq.write_table(pa.Table.from_pylist([row]), tmp_path / name)
+        with pytest.raises(ValueError, match=message) as err:
+            RLHFDataset(tmp_path / name, tok, {})
+        assert name in str(err.value)
+    with pytest.raises(FileNotFoundError, match="nothere.parquet"):
+        RLHFDataset(tmp_path / "nothere.parquet", tok, {})
+    with pytest.raises(ValueError, match="data.truncation='middle'"):
+        RLHFDataset(tmp_path / "missing.parquet", tok, {"truncation": "middle"})
+
+
+def test_loader_batches_and_resumes_exactly(tmp_path, tok):
+    paths = make_task("arith", tmp_path, 22, 0, seed=0)
+    ds = RLHFDataset(paths["train"], tok, {"max_prompt_length": 64})
+    loader = StatefulDataLoader(ds, batch_size=4, shuffle=True, seed=5)
+    assert len(loader) == 5 and loader.num_dropped_per_epoch == 2
+    it = iter(loader)
+    first = [next(it) for _ in range(2)]
+    assert isinstance(first[0], DataProto) and first[0].batch["input_ids"].shape == (4, 64)
+    assert set(first[0].non_tensor_batch) >= {"raw_prompt_ids", "data_source", "reward_model", "extra_info", "index"}
+    state = loader.state_dict()
+    rest = list(it) + list(loader)  # rest of epoch 0, then all of epoch 1
+    resumed = StatefulDataLoader(ds, batch_size=4, shuffle=True, seed=5)
+    resumed.load_state_dict(state)
+    again = list(resumed) + list(resumed)
+    assert len(again) == len(rest) == 3 + 5
+    for a, b in zip(again, rest):
+        assert torch.equal(a.batch["input_ids"], b.batch["input_ids"])
+        assert list(a.non_tensor_batch["index"]) == list(b.non_tensor_batch["index"])
+    epoch0 = [i for b in first + rest[:3] for i in b.non_tensor_batch["index"]]
+    assert len(set(epoch0)) == 20  # no row twice within an epoch
+    with pytest.raises(ValueError, match="seed"):
+        StatefulDataLoader(ds, batch_size=4, seed=6).load_state_dict(state)
+    with pytest.raises(ValueError, match="train_batch_size=64"):
+        StatefulDataLoader(ds, batch_size=64)

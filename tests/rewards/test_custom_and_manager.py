@@ -1,0 +1,126 @@
+import pickle
+import textwrap
+
+import pytest
+import torch
+from transformers import AutoTokenizer
+
+from hybridrl.protocol import DataProto
+from hybridrl.rewards import RewardManager, load_custom_reward_function
+
+SCORER_FILE = textwrap.dedent('''
+    import time
+
+    def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+        if "hang" in solution_str:
+            while True:
+                time.sleep(0.01)
+        if "boom" in solution_str:
+            raise RuntimeError("scorer exploded")
+        if "text" in solution_str:
+            return "not a number"
+        hit = float(solution_str.strip().endswith(ground_truth))
+        return {"score": hit, "acc": bool(hit), "length": len(solution_str)}
+
+    def batch_score(data_sources, solution_strs, ground_truths, extra_infos):
+        return [float(s.endswith(g)) for s, g in zip(solution_strs, ground_truths)]
+
+    not_a_function = 3
+''')
+
+
+@pytest.fixture
+def scorer_file(tmp_path):
+    path = tmp_path / "my_reward.py"
+    path.write_text(SCORER_FILE)
+    return path
+
+
+@pytest.fixture(scope="module")
+def tok(tiny_model_dir):
+    return AutoTokenizer.from_pretrained(tiny_model_dir)
+
+
+def make_batch(tok, texts, truths, data_source="arith", resp_len=24):
+    eos, pad = tok.convert_tokens_to_ids("<|im_end|>"), tok.pad_token_id
+    responses = torch.full((len(texts), resp_len), pad)
+    mask = torch.zeros(len(texts), resp_len, dtype=torch.long)
+    for i, t in enumerate(texts):
+        ids = (tok.encode(t, add_special_tokens=False) + [eos])[:resp_len]
+        responses[i, :len(ids)] = torch.tensor(ids)
+        mask[i, :len(ids)] = 1
+    return DataProto.from_dict({"responses": responses, "response_mask": mask},
+                               {"data_source": [data_source] * len(texts),
+                                "reward_model": [{"style": "rule", "ground_truth": g} for g in truths],
+                                "extra_info": [{"index": i} for i in range(len(texts))]})
+
+
+def test_load_custom_reward_function(scorer_file):
+    fn = load_custom_reward_function(scorer_file, "compute_score")
+    assert fn("x", "answer 7", "7")["score"] == 1.0
+    again = pickle.loads(pickle.dumps(fn))  # travels to the worker process as (path, name)
+    assert again("x", "answer 8", "7")["score"] == 0.0
+    assert load_custom_reward_function(None) is None
+
+
+def test_custom_reward_function_errors(scorer_file, tmp_path):
+    with pytest.raises(FileNotFoundError, match="nope.py"):
+        load_custom_reward_function(tmp_path / "nope.py", "compute_score")
+    with pytest.raises(ValueError, match="name='missing'"):
+        load_custom_reward_function(scorer_file, "missing")
+    with pytest.raises(ValueError, match="not callable"):
+        load_custom_reward_function(scorer_file, "not_a_function")
+    broken = tmp_path / "broken.py"
+    broken.write_text("def compute_score(:\n")
+    with pytest.raises(ValueError, match="importing it failed"):
+        load_custom_reward_function(broken)
+
+
+def test_manager_places_default_scores_on_last_valid_token(tok):
+    data = make_batch(tok, ["12 + 3 = 15\n#### 15", "#### 14", "", "#### 15 then #### 16"], ["15"] * 4)
+    out = RewardManager(tok, timeout_s=None)(data)
+    reward, mask = out["reward_tensor"], data.batch["response_mask"]
+    assert reward.shape == mask.shape
+    last = mask.sum(-1) - 1
+    assert reward[0, last[0]] == 1.0 and reward[0].sum() == 1.0
+    assert reward[1].abs().sum() == 0 and reward[3].abs().sum() == 0
+    assert reward[2, last[2]] == 0.0  # empty text (eos only) still scored, on its one valid token
+    assert out["metrics"] == {"reward/errors": 0, "reward/timeouts": 0, "reward/empty_responses": 0}
+
+
+def test_manager_dict_scores_errors_and_timeouts_in_worker(tok, scorer_file):
+    fn = load_custom_reward_function(scorer_file, "compute_score")
+    manager = RewardManager(tok, compute_score=fn, timeout_s=2.0)
+    try:
+        texts = ["result 7", "hang forever", "boom", "text", "result 8", "result 7"]
+        out = manager(make_batch(tok, texts, ["7"] * len(texts)))
+        scores = out["reward_tensor"].sum(-1).tolist()
+        assert scores == [1.0, 0.0, 0.0, 0.0, 0.0, 1.0]  # the run went on after the hang (worker replaced)
+        assert out["metrics"]["reward/timeouts"] == 1 and out["metrics"]["reward/errors"] == 2
+        assert out["reward_extra_info"]["acc"] == [True, None, None, None, False, True]
+        assert out["reward_extra_info"]["length"][4] == len("result 8")
+        assert manager._worker.restarts == 1
+    finally:
+        manager.close()
+
+
+def test_manager_batch_mode_and_empty_response(tok, scorer_file):
+    fn = load_custom_reward_function(scorer_file, "batch_score")
+    data = make_batch(tok, ["a 7", "b 8"], ["7", "7"])
+    data.batch["response_mask"][1] = 0  # an empty response: scored, placed at 0, counted
+    out = RewardManager(tok, compute_score=fn, timeout_s=None, mode="batch")(data)
+    assert out["reward_tensor"].sum(-1).tolist() == [1.0, 0.0]
+    assert out["metrics"]["reward/empty_responses"] == 1
+    default = RewardManager(tok, timeout_s=None, mode="batch")(make_batch(tok, ["#### 7", "#### 8"], ["7", "7"]))
+    assert default["reward_tensor"].sum(-1).tolist() == [1.0, 0.0]
+
+
+def test_manager_bad_settings(tok):
+    with pytest.raises(ValueError, match="reward_manager='prime'"):
+        RewardManager(tok, mode="prime")
+    with pytest.raises(ValueError, match="timeout_s"):
+        RewardManager(tok, timeout_s=-1)
+    with pytest.raises(ValueError, match="cannot be pickled"):
+        RewardManager(tok, compute_score=lambda *a: 1.0, timeout_s=1.0)
+    with pytest.raises(ValueError, match="no rule scorer"):  # unknown data_source is an error, not a 0
+        RewardManager(tok, timeout_s=None)(make_batch(tok, ["#### 1"], ["1"], data_source="mystery"))
