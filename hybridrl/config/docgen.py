@@ -1,0 +1,144 @@
+"""Generate docs/config.md from the packaged YAML files and their comments.
+
+    python -m hybridrl.config.docgen > docs/config.md
+
+The loaded YAML gives the keys (its order) and defaults; a line scan gives each key's comment (the
+inline `# ...`, else the comment lines right above it) and the default exactly as written (so
+`${...}` interpolations and `1.0e-6` show as in the file). Types and allowed values come from the same
+tables the validator uses, so the reference cannot disagree with what load_config accepts. A test
+compares the committed file with this output.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+from hybridrl.config.loader import CONFIG_DIR
+from hybridrl.config.schema import ALIASES, ENUMS, EXTRA_TYPES, NULL_DEFAULT_TYPES, NULLABLE, type_name
+
+_KEY = re.compile(r"^(\s*)([A-Za-z_][\w\-]*):(.*)$")
+
+
+def _split_comment(rest: str) -> tuple[str, str]:
+    quote = None
+    for i, ch in enumerate(rest):
+        if ch in "'\"":
+            quote = None if quote == ch else (quote or ch)
+        elif ch == "#" and quote is None and (i == 0 or rest[i - 1].isspace()):
+            return rest[:i].strip(), rest[i + 1:].strip()
+    return rest.strip(), ""
+
+
+def scan_yaml(text: str) -> tuple[str, dict[str, tuple[str, str]]]:
+    """(header comment, {dotted key: (default as written, comment)})."""
+    header: list[str] = []
+    pending: list[str] = []
+    stack: list[tuple[int, str]] = []
+    out: dict[str, tuple[str, str]] = {}
+    seen_key = False
+    for line in text.splitlines():
+        stripped = line.strip()
+        if not stripped:
+            pending = []
+            continue
+        if stripped.startswith("#"):
+            (pending if seen_key else header).append(stripped.lstrip("#").strip())
+            continue
+        m = _KEY.match(line)
+        if not m:
+            continue
+        seen_key = True
+        indent, key, rest = len(m.group(1)), m.group(2), m.group(3)
+        while stack and stack[-1][0] >= indent:
+            stack.pop()
+        path = ".".join([k for _, k in stack] + [key])
+        value, comment = _split_comment(rest)
+        out[path] = (value, comment or " ".join(pending))
+        pending = []
+        stack.append((indent, key))
+    return " ".join(header), out
+
+
+def _leaves(tree: dict, prefix: str = ""):
+    for k, v in tree.items():
+        if isinstance(v, dict) and v:
+            yield from _leaves(v, f"{prefix}{k}.")
+        else:
+            yield f"{prefix}{k}", v
+
+
+def _type_cell(path: str, resolved_default) -> str:
+    if resolved_default is None:
+        t = NULL_DEFAULT_TYPES.get(path)
+        name = f"{type_name(t)} or null" if t else "any"
+    else:
+        name = type_name(EXTRA_TYPES.get(path, type(resolved_default)))
+        if isinstance(resolved_default, list) and resolved_default:
+            name = f"list[{type_name(type(resolved_default[0]))}]"
+        name += " or null" if path in NULLABLE else ""
+    if path in ENUMS:
+        name += ": " + ", ".join(f"`{v}`" for v in ENUMS[path])
+    return name
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+def render_file(path: Path) -> str:
+    header, scanned = scan_yaml(path.read_text())
+    raw = OmegaConf.to_container(OmegaConf.load(path), resolve=False)
+    resolved = OmegaConf.to_container(OmegaConf.load(path), resolve=True)
+    resolved_leaves = dict(_leaves(resolved))
+    lines = [f"## {path.name}", ""]
+    if header:
+        lines += [header, ""]
+    section = None
+    for key, _ in _leaves(raw):
+        top = key.split(".")[0]
+        if top != section:
+            section = top
+            lines += ["", f"### {top}", "", "| key | default | type | meaning |", "|---|---|---|---|"]
+        written, comment = scanned.get(key, ("", ""))
+        if key in ALIASES:
+            comment += " (verl spellings accepted: " + ", ".join(f"`{a}` = `{c}`" for a, c in ALIASES[key].items()) + ")"
+        lines.append(f"| `{key}` | `{_cell(written)}` | {_cell(_type_cell(key, resolved_leaves[key]))} | "
+                     f"{_cell(comment.strip())} |")
+    return "\n".join(lines) + "\n"
+
+
+INTRO = """# Configuration reference
+
+Generated from `hybridrl/config/*.yaml` by `python -m hybridrl.config.docgen > docs/config.md`; do not
+edit by hand (`tests/config/test_docgen.py` fails when the two differ). Key names follow verl.
+
+Setting keys (later wins): the packaged defaults, then `--config FILE` (nested YAML like verl's; dotted
+keys such as `actor_rollout_ref.actor.fsdp_config.param_offload: false` are accepted too), then
+command-line overrides:
+
+- `a.b=value` sets an existing key; the value is YAML (`8`, `1e-6`, `true`, `null`, `[console,wandb]`).
+  An unknown key is an error that names the closest known key.
+- `+a.b=value` adds a key; allowed only inside free dicts (default `{}`, e.g.
+  `+actor_rollout_ref.model.override_config.attention_dropout=0.1`).
+- `++a.b=value` sets or adds.
+
+`hybridrl config check FILE [overrides]` validates a config (types, allowed values, batch arithmetic,
+mesh divisibility) and prints the device layout; `hybridrl config show` prints the resolved YAML.
+"""
+
+
+def render_all(config_dir: Path = CONFIG_DIR) -> str:
+    files = sorted(config_dir.glob("*.yaml"), key=lambda p: (p.stem != "ppo_trainer", p.name))
+    return INTRO + "".join("\n" + render_file(p) for p in files)
+
+
+def main() -> None:
+    sys.stdout.write(render_all())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,118 @@
+"""The device layout a config implies, derived once on the driver and printed before training.
+
+Mirrors verl's 3D-HybridEngine: the training mesh is FSDP over all ranks (`('fsdp',)`), or HSDP
+`('ddp','fsdp')` when `fsdp_size` is smaller than the world; the rollout mesh is `('dp','infer_tp')`
+with consecutive ranks in a TP group (they share a machine, and NVLink); Ulysses SP, when on, groups
+consecutive ranks as `('dp','sp')`. Batch sizes are given per GPU the way the workers will see them
+(verl normalises `ppo_mini_batch_size` by `× n / dp`). `derive_layout` runs `check_semantics` first, so
+a bad config raises ConfigError rather than dividing by zero.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from omegaconf import DictConfig, OmegaConf
+
+from hybridrl.config.validate import check_semantics
+
+__all__ = ["Layout", "derive_layout"]
+
+
+def _grid(rows: int, cols: int) -> list[list[int]]:
+    return [[r * cols + c for c in range(cols)] for r in range(rows)]
+
+
+@dataclass
+class Layout:
+    device: str
+    nnodes: int
+    n_gpus_per_node: int
+    world_size: int
+    training_mesh: list[int] | list[list[int]]  # 1-D FSDP, or 2-D HSDP [ddp][fsdp]
+    training_mesh_dims: tuple[str, ...]
+    ulysses_sp: int
+    sp_mesh: list[list[int]] | None  # [dp][sp] when ulysses_sp > 1
+    train_dp: int  # data-parallel size of training = world / ulysses_sp
+    rollout_tp: int
+    rollout_dp: int
+    rollout_mesh: list[list[int]]  # [dp][infer_tp]
+    train_batch_size: int  # prompts per step
+    n: int  # samples per prompt
+    num_mini_batches: int  # per PPO epoch
+    ppo_mini_batch_per_gpu: int  # rows (samples) per GPU per mini-batch
+    ppo_micro_batch_per_gpu: int | None  # None = dynamic batch size
+    grad_accum_steps: int | None
+    log_prob_micro_batch_per_gpu: int | None
+    ref_log_prob_micro_batch_per_gpu: int | None
+    rollout_prompts_per_dp: int
+    rollout_samples_per_dp: int
+    critic_mini_batch_per_gpu: int | None  # only with adv_estimator=gae
+
+    @staticmethod
+    def _mesh(device: str, mesh, dims) -> str:
+        return f"DeviceMesh('{device}', {mesh}, mesh_dim_names={dims})"
+
+    def __str__(self) -> str:
+        kind = "FSDP" if len(self.training_mesh_dims) == 1 else "HSDP"
+        micro = ("dynamic (token budget)" if self.ppo_micro_batch_per_gpu is None else
+                 f"{self.grad_accum_steps} micro-batches of {self.ppo_micro_batch_per_gpu}")
+        lines = [
+            f"world size      {self.world_size} ({self.nnodes} node(s) x {self.n_gpus_per_node} GPUs)",
+            f"training mesh   {self._mesh(self.device, self.training_mesh, self.training_mesh_dims)}"
+            f"  [{kind}, dp={self.train_dp}]",
+        ]
+        if self.sp_mesh is not None:
+            lines.append(f"ulysses mesh    {self._mesh(self.device, self.sp_mesh, ('dp', 'sp'))}")
+        lines += [
+            f"rollout mesh    {self._mesh(self.device, self.rollout_mesh, ('dp', 'infer_tp'))}"
+            f"  [dp={self.rollout_dp} x tp={self.rollout_tp}]",
+            f"per step        {self.train_batch_size} prompts x n={self.n} = {self.train_batch_size * self.n} samples, "
+            f"{self.num_mini_batches} mini-batch(es) per epoch",
+            f"rollout         {self.rollout_prompts_per_dp} prompts -> {self.rollout_samples_per_dp} samples per dp group",
+            f"actor update    {self.ppo_mini_batch_per_gpu} rows per GPU per mini-batch = {micro}",
+            f"log-prob        micro-batch per GPU: actor {self.log_prob_micro_batch_per_gpu}, "
+            f"ref {self.ref_log_prob_micro_batch_per_gpu} (None = dynamic)",
+        ]
+        if self.critic_mini_batch_per_gpu is not None:
+            lines.append(f"critic update   {self.critic_mini_batch_per_gpu} rows per GPU per mini-batch")
+        return "\n".join(lines)
+
+
+def derive_layout(config: DictConfig | dict) -> Layout:
+    """Meshes and per-GPU batch sizes implied by a (PPO) config; raises ConfigError if it is inconsistent."""
+    check_semantics(config)
+    c = OmegaConf.to_container(config, resolve=True) if isinstance(config, DictConfig) else config
+    t, actor, rollout, ref = c["trainer"], c["actor_rollout_ref"]["actor"], c["actor_rollout_ref"]["rollout"], \
+        c["actor_rollout_ref"]["ref"]
+    world = t["nnodes"] * t["n_gpus_per_node"]
+    fsdp = actor["fsdp_config"]["fsdp_size"]
+    if fsdp == -1 or fsdp == world:
+        training_mesh, dims = list(range(world)), ("fsdp",)
+    else:
+        training_mesh, dims = _grid(world // fsdp, fsdp), ("ddp", "fsdp")
+    sp = actor["ulysses_sequence_parallel_size"]
+    tp = rollout["tensor_model_parallel_size"]
+    n, tbs, mini = rollout["n"], c["data"]["train_batch_size"], actor["ppo_mini_batch_size"]
+    train_dp, rollout_dp = world // sp, world // tp
+    mini_per_gpu = mini * n // train_dp
+    micro = None if actor["use_dynamic_bsz"] else actor["ppo_micro_batch_size_per_gpu"]
+    critic_mini = None
+    if c["algorithm"]["adv_estimator"] == "gae":
+        critic_mini = c["critic"]["ppo_mini_batch_size"] * n // world
+    return Layout(
+        device="cpu" if t["device"] == "cpu" else "cuda",
+        nnodes=t["nnodes"], n_gpus_per_node=t["n_gpus_per_node"], world_size=world,
+        training_mesh=training_mesh, training_mesh_dims=dims,
+        ulysses_sp=sp, sp_mesh=_grid(train_dp, sp) if sp > 1 else None, train_dp=train_dp,
+        rollout_tp=tp, rollout_dp=rollout_dp, rollout_mesh=_grid(rollout_dp, tp),
+        train_batch_size=tbs, n=n, num_mini_batches=tbs // mini,
+        ppo_mini_batch_per_gpu=mini_per_gpu, ppo_micro_batch_per_gpu=micro,
+        grad_accum_steps=None if micro is None else mini_per_gpu // micro,
+        log_prob_micro_batch_per_gpu=None if rollout["log_prob_use_dynamic_bsz"] else
+        rollout["log_prob_micro_batch_size_per_gpu"],
+        ref_log_prob_micro_batch_per_gpu=None if ref["log_prob_use_dynamic_bsz"] else
+        ref["log_prob_micro_batch_size_per_gpu"],
+        rollout_prompts_per_dp=tbs // rollout_dp, rollout_samples_per_dp=tbs // rollout_dp * n,
+        critic_mini_batch_per_gpu=critic_mini,
+    )

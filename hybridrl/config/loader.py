@@ -1,0 +1,260 @@
+"""Load a config: packaged default YAML <- optional user YAML <- command-line overrides, then validate.
+
+Override syntax follows verl/Hydra so a verl command line carries over:
+  `a.b=c`    set an existing key (an unknown key is an error naming the closest known key);
+  `+a.b=c`   add a key that does not exist. Allowed only inside free dicts (keys whose default is `{}`,
+             e.g. `actor_rollout_ref.model.override_config`, forwarded to the HF model config): anywhere
+             else a new key would be ignored by the code, so it is an error rather than a silent no-op;
+  `++a.b=c`  set or add (same free-dict rule for adding).
+Values are parsed as YAML (ints, floats incl. `1e-6`, bools, `null`, lists `[a,b]`, dicts `{k: v}`); an
+empty value is the empty string. Interpolations (`${data.max_prompt_length}`) are resolved after all
+overrides, so overriding the source moves its dependants.
+
+A user YAML is nested like verl's; dotted keys inside it (`actor_rollout_ref.actor.fsdp_config.param_offload:
+False`, as the seed document writes them) are expanded. verl spellings in `schema.ALIASES` (rollout
+`vllm`, strategy `fsdp`) are rewritten to ours with a logged note. The deprecated global micro-batch keys
+(`ppo_micro_batch_size`, `log_prob_micro_batch_size`) are converted to their `_per_gpu` form by dividing by
+the data-parallel size, as verl does; setting both forms is an error.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from hybridrl.config.schema import ALIASES
+from hybridrl.config.validate import ConfigError, _closest, _leaf_paths, check_schema, check_semantics
+
+__all__ = ["load_config", "load_defaults", "parse_override", "Override", "CONFIG_DIR"]
+
+log = logging.getLogger("hybridrl.config")
+CONFIG_DIR = Path(__file__).resolve().parent
+_FLOAT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
+_MISSING = object()
+
+
+@dataclass(frozen=True)
+class Override:
+    kind: str  # "set" | "add" | "force"
+    key: str
+    value: Any
+
+
+def load_defaults(name: str = "ppo_trainer") -> DictConfig:
+    """The packaged `hybridrl/config/<name>.yaml`, interpolations not yet resolved."""
+    path = CONFIG_DIR / f"{name}.yaml"
+    if not path.is_file():
+        have = sorted(p.stem for p in CONFIG_DIR.glob("*.yaml"))
+        raise FileNotFoundError(f"no packaged config named {name!r} ({path} does not exist); have {have}")
+    return OmegaConf.load(path)
+
+
+def _fix_floats(v: Any) -> Any:
+    # PyYAML (YAML 1.1) reads `1e-6` as a string; every verl user writes learning rates that way
+    if isinstance(v, str) and _FLOAT.fullmatch(v):
+        return float(v)
+    if isinstance(v, list):
+        return [_fix_floats(x) for x in v]
+    if isinstance(v, dict):
+        return {k: _fix_floats(x) for k, x in v.items()}
+    return v
+
+
+def parse_override(text: str) -> Override:
+    """`a.b=1` / `+a.b=1` / `++a.b=1` -> Override; the value is parsed as YAML."""
+    key, sep, raw = text.partition("=")
+    kind = "force" if key.startswith("++") else "add" if key.startswith("+") else "set"
+    key = key.lstrip("+").strip()
+    if not sep or not key:
+        raise ConfigError([f"override {text!r} must look like key=value (or +key=value to add a key)"])
+    if key.startswith("~"):
+        raise ConfigError([f"override {text!r}: deleting keys (~key) is not supported; set the key to null"])
+    if raw == "":
+        return Override(kind, key, "")
+    try:
+        value = yaml.safe_load(raw)
+    except yaml.YAMLError:
+        value = raw  # e.g. an unbalanced bracket inside a path: keep the text as given
+    return Override(kind, key, _fix_floats(value))
+
+
+def _free_dict_prefix(key: str, schema: dict) -> str | None:
+    """The free dict (default `{}`) that `key` lies inside, if any."""
+    node, parts = schema, key.split(".")
+    for i, part in enumerate(parts[:-1]):
+        if not isinstance(node, dict) or part not in node:
+            return None
+        node = node[part]
+        if node == {}:
+            return ".".join(parts[: i + 1])
+    return None
+
+
+def _apply_override(cfg: DictConfig, ov: Override, schema: dict) -> None:
+    exists = OmegaConf.select(cfg, ov.key, default=_MISSING, throw_on_resolution_failure=False) is not _MISSING
+    free = _free_dict_prefix(ov.key, schema)
+    if ov.kind == "set" and not exists:
+        hint = _closest(ov.key, _siblings(ov.key, schema), _leaf_paths(schema))
+        msg = f"override '{ov.key}={ov.value}': unknown key '{ov.key}'"
+        msg += f"; did you mean '{hint}'?" if hint else ""
+        if free:
+            msg += f" (to add a key under the free dict '{free}', write +{ov.key}=...)"
+        raise ConfigError([msg])
+    if ov.kind == "add" and exists:
+        raise ConfigError([f"override '+{ov.key}': key '{ov.key}' already exists; write {ov.key}=... to change it"])
+    if not exists and not free:
+        frees = [p for p in _leaf_paths(schema) if _node(schema, p) == {}]
+        raise ConfigError([f"override '+{ov.key}': keys can be added only inside free dicts {frees}; "
+                           f"'{ov.key}' is not in the schema" + _hint(ov.key, schema)])
+    OmegaConf.update(cfg, ov.key, ov.value, merge=False, force_add=True)
+
+
+def _siblings(key: str, schema: dict) -> list[str]:
+    parent, _, _ = key.rpartition(".")
+    node = _node(schema, parent) if parent else schema
+    return [f"{parent}.{k}" if parent else k for k in node] if isinstance(node, dict) else []
+
+
+def _node(tree: dict, path: str):
+    for part in path.split("."):
+        if not isinstance(tree, dict) or part not in tree:
+            return None
+        tree = tree[part]
+    return tree
+
+
+def _hint(key: str, schema: dict) -> str:
+    hint = _closest(key, _siblings(key, schema), _leaf_paths(schema))
+    return f" (closest known key: '{hint}')" if hint else ""
+
+
+def _expand_dotted(tree: dict, where: str) -> dict:
+    """{'a.b': 1} -> {'a': {'b': 1}}; the same leaf given twice with different values is an error."""
+    out: dict = {}
+    for key, value in tree.items():
+        value = _expand_dotted(value, where) if isinstance(value, dict) else value
+        parts = str(key).split(".")
+        node = out
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ConfigError([f"{where}: key '{key}' goes inside '{part}', which is also set to a value"])
+        last = parts[-1]
+        if last in node and isinstance(node[last], dict) and isinstance(value, dict):
+            node[last] = _deep_merge(node[last], value, key, where)
+        elif last in node and node[last] != value:
+            raise ConfigError([f"{where}: key '{key}' is given twice ({node[last]!r} and {value!r})"])
+        else:
+            node[last] = value
+    return out
+
+
+def _deep_merge(a: dict, b: dict, key: str, where: str) -> dict:
+    out = dict(a)
+    for k, v in b.items():
+        if k in out and isinstance(out[k], dict) and isinstance(v, dict):
+            out[k] = _deep_merge(out[k], v, f"{key}.{k}", where)
+        elif k in out and out[k] != v:
+            raise ConfigError([f"{where}: key '{key}.{k}' is given twice ({out[k]!r} and {v!r})"])
+        else:
+            out[k] = v
+    return out
+
+
+def _read_user_yaml(config_file: str | Path) -> dict:
+    path = Path(config_file).expanduser()
+    if not path.is_file():
+        raise FileNotFoundError(f"config file {str(config_file)!r} does not exist")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        raise ConfigError([f"config file {str(path)!r} is not valid YAML: {e}"]) from e
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError([f"config file {str(path)!r} must hold a mapping of sections, got {type(data).__name__}"])
+    return _fix_floats(_expand_dotted(data, f"config file {str(path)!r}"))
+
+
+def _apply_aliases(cfg: DictConfig) -> None:
+    for key, table in ALIASES.items():
+        value = OmegaConf.select(cfg, key, default=None)
+        if isinstance(value, str) and value in table:
+            log.warning("config: %s=%s is read as %s=%s (hybridrl's engine for that role)", key, value, key, table[value])
+            OmegaConf.update(cfg, key, table[value], merge=False)
+
+
+def _normalize_micro_batches(cfg: DictConfig, user_keys: set[str]) -> None:
+    """verl's deprecated global micro-batch keys -> per-GPU keys (global // data-parallel size)."""
+    world = cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node
+    sp = cfg.actor_rollout_ref.actor.ulysses_sequence_parallel_size
+    if world <= 0 or sp <= 0 or world % sp:
+        return  # check_semantics reports it
+    pairs = [("actor_rollout_ref.actor.ppo_micro_batch_size", world // sp),
+             ("actor_rollout_ref.rollout.log_prob_micro_batch_size", world // sp),
+             ("actor_rollout_ref.ref.log_prob_micro_batch_size", world // sp),
+             ("critic.ppo_micro_batch_size", world)]
+    errors = []
+    for key, dp in pairs:
+        total = OmegaConf.select(cfg, key)
+        if total is None:
+            continue
+        per_gpu_key = f"{key}_per_gpu"
+        if per_gpu_key in user_keys and OmegaConf.select(cfg, per_gpu_key) is not None:
+            errors.append(f"'{key}' = {total} and '{per_gpu_key}' = {OmegaConf.select(cfg, per_gpu_key)} are both set; "
+                          f"set only one ('{key}' is the deprecated global form)")
+        elif total <= 0 or total % dp:
+            errors.append(f"'{key}' = {total} must be a positive multiple of the data-parallel size {dp}")
+        else:
+            log.warning("config: %s=%d (deprecated) is read as %s=%d (divided by dp=%d)", key, total, per_gpu_key,
+                        total // dp, dp)
+            OmegaConf.update(cfg, per_gpu_key, total // dp, merge=False)
+            OmegaConf.update(cfg, key, None, merge=False)
+    if errors:
+        raise ConfigError(errors)
+
+
+def load_config(config_file: str | Path | None = None, overrides: tuple[str, ...] | list[str] = (),
+                defaults: str = "ppo_trainer", validate: bool = True) -> DictConfig:
+    """Merge defaults, `config_file` and `overrides`, resolve interpolations, validate (ConfigError)."""
+    cfg = load_defaults(defaults)
+    schema = OmegaConf.to_container(cfg, resolve=True)
+    user_keys: set[str] = set()
+    if config_file is not None:
+        user = _read_user_yaml(config_file)
+        user_keys |= set(_leaf_paths(user))
+        try:
+            cfg = OmegaConf.merge(cfg, user)
+        except OmegaConfBaseException as e:
+            raise ConfigError([f"config file {str(config_file)!r} does not merge with the defaults: {e}"]) from e
+    errors: list[str] = []
+    for text in overrides:  # every bad override is reported, not only the first
+        try:
+            ov = parse_override(text)
+            user_keys.add(ov.key)
+            _apply_override(cfg, ov, schema)
+        except ConfigError as e:
+            errors += e.errors
+        except OmegaConfBaseException as e:
+            errors.append(f"override {text!r} cannot be applied: {e}")
+    if errors:
+        raise ConfigError(errors)
+    try:
+        OmegaConf.resolve(cfg)
+    except OmegaConfBaseException as e:
+        raise ConfigError([f"interpolation failed at '{getattr(e, 'full_key', '?')}': {e}"]) from e
+    _apply_aliases(cfg)
+    if validate:
+        check_schema(cfg, schema)
+        if defaults == "ppo_trainer":
+            _normalize_micro_batches(cfg, user_keys)
+            for w in check_semantics(cfg):
+                log.warning("config: %s", w)
+    return cfg

@@ -1,0 +1,92 @@
+"""What the default YAML cannot say about itself: types of null-default keys, allowed values, aliases.
+
+Choices:
+- The default YAML *is* the schema (key set and, for non-null defaults, the type), so a new key needs
+  no second declaration. Only keys whose default is `null` need an entry in `NULL_DEFAULT_TYPES`
+  (a test fails when one is missing), and keys that take more than one shape get `EXTRA_TYPES`.
+- Free dicts (default `{}`, e.g. `model.override_config`) take any keys: they are passed to HF configs.
+  Only there may `+key=value` add a key; anywhere else a new key is a typo and is an error.
+- Aliases keep a verl user's YAML working: `rollout.name: vllm` and `strategy: fsdp` are rewritten to
+  our names (`native`, `fsdp2`) by the loader, with a logged note, so downstream code sees one spelling.
+"""
+
+from __future__ import annotations
+
+_DTYPES = ("fp32", "float32", "bf16", "bfloat16", "fp16", "float16")
+_LOSS_AGG = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+_KL_TYPES = ("kl", "k1", "k2", "mse", "k3", "low_var_kl", "abs")
+
+# type of each key whose default is null (all of them are nullable)
+NULL_DEFAULT_TYPES: dict[str, type | tuple[type, ...]] = {
+    "data.tokenizer": str,
+    "data.val_batch_size": int,
+    "actor_rollout_ref.model.external_lib": str,
+    "actor_rollout_ref.actor.ppo_micro_batch_size": int,
+    "actor_rollout_ref.actor.clip_ratio_low": float,
+    "actor_rollout_ref.actor.clip_ratio_high": float,
+    "actor_rollout_ref.ref.log_prob_micro_batch_size": int,
+    "actor_rollout_ref.rollout.log_prob_micro_batch_size": int,
+    "critic.ppo_micro_batch_size": int,
+    "custom_reward_function.path": str,
+    "trainer.total_training_steps": int,
+    "trainer.ray_address": str,
+    "trainer.resume_from_path": str,
+    "trainer.max_actor_ckpt_to_keep": int,
+    "trainer.max_critic_ckpt_to_keep": int,
+}
+
+# keys that accept another shape besides their default's type
+EXTRA_TYPES: dict[str, tuple[type, ...]] = {
+    "data.train_files": (str, list),
+    "data.val_files": (str, list),
+    "trainer.logger": (list, str),
+}
+
+# keys that may be null although their default is not (per-GPU micro-batches: null with dynamic batch size,
+# as in verl; the semantic check then says which key is missing)
+NULLABLE: set[str] = {
+    "data.val_files",
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu",
+    "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu",
+    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu",
+    "critic.ppo_micro_batch_size_per_gpu",
+    "critic.forward_micro_batch_size_per_gpu",
+}
+
+ENUMS: dict[str, tuple[str, ...]] = {
+    "data.truncation": ("error", "left", "right"),
+    "actor_rollout_ref.actor.strategy": ("fsdp2",),
+    "critic.strategy": ("fsdp2",),
+    "actor_rollout_ref.actor.loss_agg_mode": _LOSS_AGG,
+    "critic.loss_agg_mode": _LOSS_AGG,
+    "actor_rollout_ref.actor.kl_loss_type": _KL_TYPES,
+    "algorithm.kl_penalty": _KL_TYPES,
+    "actor_rollout_ref.actor.optim.warmup_style": ("constant", "cosine"),
+    "critic.optim.warmup_style": ("constant", "cosine"),
+    "actor_rollout_ref.actor.fsdp_config.model_dtype": _DTYPES,
+    "actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype": _DTYPES,
+    "actor_rollout_ref.actor.fsdp_config.mixed_precision.reduce_dtype": _DTYPES,
+    "actor_rollout_ref.rollout.name": ("native", "hf"),
+    "actor_rollout_ref.rollout.mode": ("sync",),
+    "actor_rollout_ref.rollout.dtype": _DTYPES,
+    "reward_model.reward_manager": ("naive", "batch"),
+    "algorithm.adv_estimator": ("gae", "grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "remax"),
+    "algorithm.kl_ctrl.type": ("fixed", "adaptive"),
+    "trainer.logger": ("console", "file", "tensorboard", "wandb"),  # checked per entry
+    "trainer.resume_mode": ("auto", "disable", "resume_path"),
+    "trainer.device": ("auto", "cuda", "cpu"),
+}
+
+# verl spellings rewritten to ours at load (key -> {alias: canonical})
+ALIASES: dict[str, dict[str, str]] = {
+    "actor_rollout_ref.rollout.name": {"vllm": "native"},
+    "actor_rollout_ref.actor.strategy": {"fsdp": "fsdp2"},
+    "critic.strategy": {"fsdp": "fsdp2"},
+}
+
+
+def type_name(t: type | tuple[type, ...]) -> str:
+    names = {bool: "bool", int: "int", float: "float", str: "str", list: "list", dict: "dict"}
+    if isinstance(t, tuple):
+        return " | ".join(names.get(x, x.__name__) for x in t)
+    return names.get(t, t.__name__)

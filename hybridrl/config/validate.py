@@ -1,0 +1,269 @@
+"""Config validation, run at load time before any worker starts.
+
+Two passes, both collecting every problem before raising one `ConfigError` (a `ValueError`), so a user
+fixes a YAML in one round trip:
+- `check_schema`: unknown keys (named with the closest known key, difflib), types (from the default
+  YAML, or `schema.NULL_DEFAULT_TYPES` for null defaults), allowed values (`schema.ENUMS`).
+- `check_semantics` (PPO config only): positive sizes, batch arithmetic with the actual numbers, device
+  mesh divisibility, ranges. Critic keys are checked only when `algorithm.adv_estimator == gae`, as the
+  critic does not exist otherwise.
+Things verl allows but that are usually a mistake (KL in the loss *and* in the reward, GRPO with n=1)
+are returned as warnings, not errors. Ints are accepted where a float is expected (YAML `1` for `1.0`).
+"""
+
+from __future__ import annotations
+
+import difflib
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from hybridrl.config.schema import ENUMS, EXTRA_TYPES, NULL_DEFAULT_TYPES, NULLABLE, type_name
+
+__all__ = ["ConfigError", "check_schema", "check_semantics", "validate_config"]
+
+ACTOR = "actor_rollout_ref.actor"
+ROLLOUT = "actor_rollout_ref.rollout"
+REF = "actor_rollout_ref.ref"
+
+
+class ConfigError(ValueError):
+    """A bad config. `.errors` lists every problem found (each names its key)."""
+
+    def __init__(self, errors: list[str]):
+        self.errors = list(errors)
+        head = "invalid config" if len(errors) == 1 else f"invalid config ({len(errors)} problems)"
+        super().__init__(head + ":\n  - " + "\n  - ".join(self.errors))
+
+
+def _plain(cfg: DictConfig | dict) -> dict:
+    return OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else cfg
+
+
+def _leaf_paths(tree: dict, prefix: str = "") -> list[str]:
+    out = []
+    for k, v in tree.items():
+        p = f"{prefix}{k}"
+        out.append(p)
+        if isinstance(v, dict) and v:
+            out += _leaf_paths(v, p + ".")
+    return out
+
+
+def _closest(path: str, siblings: list[str], all_paths: list[str]) -> str | None:
+    """A misspelt key among its siblings; else the same key in another section; else a close key anywhere.
+    Compared on the last name only: full paths share long prefixes that make everything look close."""
+    leaf = path.rsplit(".", 1)[-1]
+    by_leaf = lambda paths: {p.rsplit(".", 1)[-1]: p for p in reversed(paths)}  # noqa: E731
+    near = difflib.get_close_matches(leaf, list(by_leaf(siblings)), n=1, cutoff=0.6)
+    if near:
+        return by_leaf(siblings)[near[0]]
+    same_leaf = [p for p in all_paths if p.rsplit(".", 1)[-1] == leaf]
+    if same_leaf:
+        return same_leaf[0]
+    near = difflib.get_close_matches(leaf, list(by_leaf(all_paths)), n=1, cutoff=0.75)
+    return by_leaf(all_paths)[near[0]] if near else None
+
+
+def _type_ok(value: Any, expected: type | tuple[type, ...]) -> bool:
+    for t in expected if isinstance(expected, tuple) else (expected,):
+        if t is bool and isinstance(value, bool):
+            return True
+        if t is int and isinstance(value, int) and not isinstance(value, bool):
+            return True
+        if t is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+            return True
+        if t in (str, list, dict) and isinstance(value, t):
+            return True
+    return False
+
+
+def check_schema(cfg: DictConfig | dict, schema: DictConfig | dict) -> None:
+    """Raise ConfigError listing unknown keys, wrong types and values outside their enum."""
+    user, ref = _plain(cfg), _plain(schema)
+    all_paths = _leaf_paths(ref)
+    errors: list[str] = []
+
+    def walk(u: dict, s: dict, prefix: str):
+        for key, value in u.items():
+            path = f"{prefix}{key}"
+            if key not in s:
+                hint = _closest(path, [f"{prefix}{k}" for k in s], all_paths)
+                errors.append(f"unknown key '{path}'" + (f"; did you mean '{hint}'?" if hint else ""))
+                continue
+            default = s[key]
+            if isinstance(default, dict):
+                if not isinstance(value, dict):
+                    errors.append(f"'{path}' must be a section (dict), got {value!r}")
+                elif default:  # an empty default dict is free-form (e.g. override_config)
+                    walk(value, default, path + ".")
+                continue
+            _check_leaf(path, value, default, errors)
+
+    walk(user, ref, "")
+    if errors:
+        raise ConfigError(errors)
+
+
+def _check_leaf(path: str, value: Any, default: Any, errors: list[str]) -> None:
+    if default is None:
+        expected = NULL_DEFAULT_TYPES.get(path)
+        if expected is None:  # a null key of a config without a type table entry: any type
+            return
+    else:
+        expected = type(default)
+    expected = EXTRA_TYPES.get(path, expected)
+    if value is None:
+        if default is not None and path not in NULLABLE:
+            errors.append(f"'{path}' must be {type_name(expected)}, got null")
+        return
+    if not _type_ok(value, expected):
+        errors.append(f"'{path}' must be {type_name(expected)}, got {value!r} ({type(value).__name__})")
+        return
+    if isinstance(value, list) and isinstance(default, list) and default:
+        elem_t = type(default[0])
+        bad = [v for v in value if not _type_ok(v, elem_t)]
+        if bad:
+            errors.append(f"'{path}' entries must be {type_name(elem_t)}, got {bad!r}")
+            return
+    allowed = ENUMS.get(path)
+    if allowed is not None:
+        for v in value if isinstance(value, list) else [value]:
+            if v not in allowed:
+                errors.append(f"'{path}' = {v!r} is not one of {list(allowed)}")
+
+
+def _get(tree: dict, path: str) -> Any:
+    for part in path.split("."):
+        tree = tree[part]
+    return tree
+
+
+def check_semantics(cfg: DictConfig | dict) -> list[str]:
+    """PPO/GRPO rules between keys. Raises ConfigError; returns warnings (strings)."""
+    c = _plain(cfg)
+    g = lambda p: _get(c, p)  # noqa: E731
+    errors: list[str] = []
+    warnings: list[str] = []
+
+    positive = ["data.train_batch_size", "data.max_prompt_length", "data.max_response_length",
+                "trainer.nnodes", "trainer.n_gpus_per_node", "trainer.total_epochs",
+                f"{ACTOR}.ppo_mini_batch_size", f"{ACTOR}.ppo_epochs", f"{ACTOR}.ulysses_sequence_parallel_size",
+                f"{ACTOR}.ppo_max_token_len_per_gpu", f"{ROLLOUT}.n", f"{ROLLOUT}.tensor_model_parallel_size",
+                f"{ROLLOUT}.block_size", f"{ROLLOUT}.max_num_seqs", f"{ROLLOUT}.max_num_batched_tokens",
+                f"{ROLLOUT}.val_kwargs.n", f"{ROLLOUT}.log_prob_max_token_len_per_gpu",
+                f"{REF}.log_prob_max_token_len_per_gpu"]
+    positive_or_null = ["data.val_batch_size", "trainer.total_training_steps", f"{ACTOR}.ppo_micro_batch_size_per_gpu",
+                        f"{ROLLOUT}.log_prob_micro_batch_size_per_gpu", f"{REF}.log_prob_micro_batch_size_per_gpu",
+                        f"{ACTOR}.ppo_micro_batch_size", f"{ROLLOUT}.log_prob_micro_batch_size",
+                        f"{REF}.log_prob_micro_batch_size"]
+    adv = g("algorithm.adv_estimator")
+    if adv == "gae":
+        positive += ["critic.ppo_mini_batch_size", "critic.ppo_epochs", "critic.ppo_max_token_len_per_gpu"]
+        positive_or_null += ["critic.ppo_micro_batch_size_per_gpu", "critic.forward_micro_batch_size_per_gpu",
+                             "critic.ppo_micro_batch_size"]
+    for p in positive:
+        if g(p) <= 0:
+            errors.append(f"'{p}' must be > 0, got {g(p)}")
+    for p in positive_or_null:
+        if g(p) is not None and g(p) <= 0:
+            errors.append(f"'{p}' must be > 0 or null, got {g(p)}")
+    if errors:  # the arithmetic below divides by these
+        raise ConfigError(errors)
+
+    gmu = g(f"{ROLLOUT}.gpu_memory_utilization")
+    if not 0 < gmu <= 1:
+        errors.append(f"'{ROLLOUT}.gpu_memory_utilization' must be in (0, 1], got {gmu}")
+    top_p = g(f"{ROLLOUT}.top_p")
+    if not 0 < top_p <= 1:
+        errors.append(f"'{ROLLOUT}.top_p' must be in (0, 1], got {top_p}")
+    if g(f"{ROLLOUT}.temperature") < 0:
+        errors.append(f"'{ROLLOUT}.temperature' must be >= 0, got {g(f'{ROLLOUT}.temperature')}")
+    if g("reward_model.enable"):
+        errors.append("'reward_model.enable' = true: model-based rewards are not implemented; "
+                      "use rule rewards or custom_reward_function.path")
+
+    nodes, per_node = g("trainer.nnodes"), g("trainer.n_gpus_per_node")
+    world = nodes * per_node
+    sp = g(f"{ACTOR}.ulysses_sequence_parallel_size")
+    tp = g(f"{ROLLOUT}.tensor_model_parallel_size")
+    n = g(f"{ROLLOUT}.n")
+    tbs = g("data.train_batch_size")
+    mini = g(f"{ACTOR}.ppo_mini_batch_size")
+    world_s = f"world size (trainer.nnodes × trainer.n_gpus_per_node = {nodes} × {per_node} = {world})"
+
+    if tp > per_node:
+        errors.append(f"'{ROLLOUT}.tensor_model_parallel_size' = {tp} must be <= trainer.n_gpus_per_node = {per_node} "
+                      "(a TP group may not span machines)")
+    elif world % tp:
+        errors.append(f"'{ROLLOUT}.tensor_model_parallel_size' = {tp} must divide the {world_s}")
+    elif tbs % (world // tp):
+        errors.append(f"'data.train_batch_size' = {tbs} must be divisible by the rollout dp size "
+                      f"(world {world} / tensor_model_parallel_size {tp} = {world // tp})")
+    if (tbs * n) % (mini * n):
+        errors.append(f"'data.train_batch_size' × rollout.n ({tbs} × {n} = {tbs * n}) must be divisible by "
+                      f"'{ACTOR}.ppo_mini_batch_size' × rollout.n ({mini} × {n} = {mini * n})")
+    _check_fsdp_size(f"{ACTOR}.fsdp_config.fsdp_size", g(f"{ACTOR}.fsdp_config.fsdp_size"), world, world_s, errors)
+    if world % sp:
+        errors.append(f"'{ACTOR}.ulysses_sequence_parallel_size' = {sp} must divide the {world_s}")
+    else:
+        _check_mini_batch(ACTOR, mini, n, world // sp, g(f"{ACTOR}.ppo_micro_batch_size_per_gpu"),
+                          g(f"{ACTOR}.use_dynamic_bsz"), errors)
+    if g(f"{ACTOR}.use_dynamic_bsz"):
+        _check_token_len(f"{ACTOR}.ppo_max_token_len_per_gpu", c, errors)
+    for sec in (ROLLOUT, REF):
+        if g(f"{sec}.log_prob_use_dynamic_bsz"):
+            _check_token_len(f"{sec}.log_prob_max_token_len_per_gpu", c, errors)
+        elif g(f"{sec}.log_prob_micro_batch_size_per_gpu") is None and g(f"{sec}.log_prob_micro_batch_size") is None:
+            errors.append(f"'{sec}.log_prob_micro_batch_size_per_gpu' is null: set it (or log_prob_use_dynamic_bsz)")
+
+    if adv == "gae":
+        _check_fsdp_size("critic.model.fsdp_config.fsdp_size", g("critic.model.fsdp_config.fsdp_size"), world,
+                         world_s, errors)
+        _check_mini_batch("critic", g("critic.ppo_mini_batch_size"), n, world,
+                          g("critic.ppo_micro_batch_size_per_gpu"), g("critic.use_dynamic_bsz"), errors)
+        if g("critic.use_dynamic_bsz"):
+            _check_token_len("critic.ppo_max_token_len_per_gpu", c, errors)
+
+    if g(f"{ACTOR}.use_kl_loss") and g("algorithm.use_kl_in_reward"):
+        warnings.append(f"'{ACTOR}.use_kl_loss' and 'algorithm.use_kl_in_reward' are both true: "
+                        "the KL penalty is applied twice (verl allows it; usually one is meant)")
+    if adv in ("grpo", "rloo") and n == 1:
+        warnings.append(f"'algorithm.adv_estimator' = {adv} with '{ROLLOUT}.n' = 1: every group has one sample, "
+                        "so every advantage is 0 (set rollout.n > 1)")
+    if errors:
+        raise ConfigError(errors)
+    return warnings
+
+
+def _check_fsdp_size(key: str, fsdp: int, world: int, world_s: str, errors: list[str]) -> None:
+    if fsdp != -1 and (fsdp <= 0 or world % fsdp):
+        errors.append(f"'{key}' = {fsdp} must be -1 (all ranks) or a positive divisor of the {world_s}")
+
+
+def _check_mini_batch(sec: str, mini: int, n: int, dp: int, micro: int | None, dynamic: bool,
+                      errors: list[str]) -> None:
+    rows = mini * n
+    if rows % dp:
+        errors.append(f"'{sec}.ppo_mini_batch_size' × rollout.n ({mini} × {n} = {rows}) must be divisible by "
+                      f"the data-parallel size {dp} (world size / ulysses_sequence_parallel_size)")
+    elif not dynamic and micro is not None and (rows // dp) % micro:
+        errors.append(f"per-GPU mini-batch ({rows} rows / dp {dp} = {rows // dp}) must be divisible by "
+                      f"'{sec}.ppo_micro_batch_size_per_gpu' = {micro}")
+    elif not dynamic and micro is None:
+        errors.append(f"'{sec}.ppo_micro_batch_size_per_gpu' is null: set it (or use_dynamic_bsz)")
+
+
+def _check_token_len(key: str, c: dict, errors: list[str]) -> None:
+    need = c["data"]["max_prompt_length"] + c["data"]["max_response_length"]
+    if _get(c, key) < need:
+        errors.append(f"'{key}' = {_get(c, key)} must be >= max_prompt_length + max_response_length = {need} "
+                      "with dynamic batch size (a single sequence must fit)")
+
+
+def validate_config(cfg: DictConfig | dict, defaults: str = "ppo_trainer") -> list[str]:
+    """Both passes against the packaged `<defaults>.yaml`; returns warnings, raises ConfigError."""
+    from hybridrl.config.loader import load_defaults
+
+    check_schema(cfg, load_defaults(defaults))
+    return check_semantics(cfg) if defaults == "ppo_trainer" else []

@@ -1,0 +1,143 @@
+"""load_config: merge order, verl-style overrides, user YAML forms, aliases, deprecated keys."""
+
+import logging
+
+import pytest
+from omegaconf import OmegaConf
+
+from hybridrl.config import ConfigError, load_config
+from hybridrl.config.loader import load_defaults, parse_override
+
+R = "actor_rollout_ref.rollout"
+A = "actor_rollout_ref.actor"
+
+
+def test_defaults_resolve_interpolations_after_overrides():
+    cfg = load_config(overrides=["data.max_prompt_length=1024"])
+    assert cfg[R.split(".")[0]].rollout.prompt_length == 1024
+    assert cfg.critic.ppo_mini_batch_size == cfg.actor_rollout_ref.actor.ppo_mini_batch_size
+    assert "${" not in OmegaConf.to_yaml(cfg)
+
+
+@pytest.mark.parametrize("text,value", [
+    ("a.b=3", 3), ("a.b=1e-6", 1e-6), ("a.b=2.5", 2.5), ("a.b=False", False), ("a.b=true", True),
+    ("a.b=null", None), ("a.b=[console,file]", ["console", "file"]), ("a.b=[0.9, 1e-3]", [0.9, 1e-3]),
+    ("a.b=~/data/x.parquet", "~/data/x.parquet"), ("a.b=", ""), ("a.b=x=y", "x=y"), ("a.b={k: 1}", {"k": 1}),
+])
+def test_override_values_are_parsed_as_yaml(text, value):
+    ov = parse_override(text)
+    assert (ov.kind, ov.key, ov.value) == ("set", "a.b", value)
+    assert type(ov.value) is type(value)
+
+
+def test_override_kinds_and_malformed():
+    assert parse_override("+a.b=1").kind == "add"
+    assert parse_override("++a.b=1").kind == "force"
+    with pytest.raises(ConfigError, match="key=value"):
+        parse_override("trainer.nnodes")
+    with pytest.raises(ConfigError, match="deleting"):
+        parse_override("~trainer.nnodes=1")
+
+
+def test_typed_overrides_land_in_config():
+    cfg = load_config(overrides=[f"{A}.optim.lr=3e-6", f"{A}.optim.betas=[0.8,0.95]", "trainer.logger=[console,file]",
+                                 f"{A}.fsdp_config.param_offload=True", "data.val_batch_size=null"])
+    assert cfg.actor_rollout_ref.actor.optim.lr == pytest.approx(3e-6)
+    assert list(cfg.actor_rollout_ref.actor.optim.betas) == [0.8, 0.95]
+    assert list(cfg.trainer.logger) == ["console", "file"]
+    assert cfg.actor_rollout_ref.actor.fsdp_config.param_offload is True
+    assert cfg.data.val_batch_size is None
+
+
+def test_plus_adds_only_inside_free_dicts():
+    cfg = load_config(overrides=["+actor_rollout_ref.model.override_config.attention_dropout=0.1",
+                                 "+actor_rollout_ref.model.override_config.rope_scaling.type=linear"])
+    oc = cfg.actor_rollout_ref.model.override_config
+    assert oc.attention_dropout == 0.1 and oc.rope_scaling.type == "linear"
+    with pytest.raises(ConfigError, match="free dicts") as e:
+        load_config(overrides=["+data.new_key=1"])
+    assert "data.new_key" in str(e.value)
+    with pytest.raises(ConfigError, match="already exists"):
+        load_config(overrides=["+data.seed=1"])
+    with pytest.raises(ConfigError, match=r"write \+actor_rollout_ref.model.override_config.x"):
+        load_config(overrides=["actor_rollout_ref.model.override_config.x=1"])
+
+
+def test_force_sets_or_adds():
+    cfg = load_config(overrides=["++data.seed=7", "++critic.model.override_config.k=v"])
+    assert cfg.data.seed == 7 and cfg.critic.model.override_config.k == "v"
+    with pytest.raises(ConfigError, match="trainer.nope"):
+        load_config(overrides=["++trainer.nope=1"])
+
+
+def test_unknown_override_names_closest_key_and_all_errors_are_reported():
+    with pytest.raises(ConfigError) as e:
+        load_config(overrides=[f"{R}.tensor_parallel_size=2", "trainer.n_gpu_per_node=2"])
+    msg = str(e.value)
+    assert f"did you mean '{R}.tensor_model_parallel_size'" in msg
+    assert "did you mean 'trainer.n_gpus_per_node'" in msg
+    assert len(e.value.errors) == 2
+
+
+def test_user_yaml_nested_and_dotted_keys(tmp_path):
+    f = tmp_path / "c.yaml"
+    f.write_text("trainer:\n  n_gpus_per_node: 4\n"
+                 "actor_rollout_ref.actor.fsdp_config.param_offload: True\n"
+                 "actor_rollout_ref.actor.optim:\n  lr: 2e-6\n")
+    cfg = load_config(f, ["trainer.nnodes=2"])
+    assert cfg.trainer.n_gpus_per_node == 4 and cfg.trainer.nnodes == 2
+    assert cfg.actor_rollout_ref.actor.fsdp_config.param_offload is True
+    assert cfg.actor_rollout_ref.actor.optim.lr == pytest.approx(2e-6)
+    assert cfg.actor_rollout_ref.actor.optim.weight_decay == 0.01  # untouched siblings kept
+
+
+def test_user_yaml_errors(tmp_path):
+    with pytest.raises(FileNotFoundError, match="nope.yaml"):
+        load_config(tmp_path / "nope.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("data: [1, 2\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(bad)
+    lst = tmp_path / "list.yaml"
+    lst.write_text("- 1\n- 2\n")
+    with pytest.raises(ConfigError, match="mapping"):
+        load_config(lst)
+    twice = tmp_path / "twice.yaml"
+    twice.write_text("data:\n  seed: 1\ndata.seed: 2\n")
+    with pytest.raises(ConfigError, match="data.seed"):
+        load_config(twice)
+    typo = tmp_path / "typo.yaml"
+    typo.write_text("actor_rollout_ref:\n  rollout:\n    tensor_model_parallel: 2\n")
+    with pytest.raises(ConfigError, match="tensor_model_parallel_size"):
+        load_config(typo)
+    with pytest.raises(FileNotFoundError, match="sft_nope"):
+        load_defaults("sft_nope")
+
+
+def test_seed_config_verbatim_with_vllm_alias(seed_yaml, caplog):
+    with caplog.at_level(logging.WARNING, logger="hybridrl.config"):
+        cfg = load_config(seed_yaml, [f"{A}.fsdp_config.param_offload=False", f"{A}.fsdp_config.optimizer_offload=False",
+                                      f"{R}.log_prob_micro_batch_size_per_gpu=8", f"{A}.strategy=fsdp"])
+    assert cfg.actor_rollout_ref.rollout.name == "native"
+    assert cfg.actor_rollout_ref.actor.strategy == "fsdp2"
+    assert cfg.data.train_batch_size == 60 and cfg.actor_rollout_ref.rollout.n == 12
+    assert any("vllm" in r.getMessage() and "native" in r.getMessage() for r in caplog.records)
+
+
+def test_deprecated_global_micro_batch_is_converted(caplog):
+    base = ["trainer.n_gpus_per_node=6", "data.train_batch_size=60", f"{A}.ppo_mini_batch_size=60", f"{R}.n=2"]
+    with caplog.at_level(logging.WARNING, logger="hybridrl.config"):
+        cfg = load_config(overrides=base + [f"{A}.ppo_micro_batch_size=12", f"{R}.log_prob_micro_batch_size=24"])
+    assert cfg.actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu == 2
+    assert cfg.actor_rollout_ref.actor.ppo_micro_batch_size is None
+    assert cfg.actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu == 4
+    assert sum("deprecated" in r.getMessage() for r in caplog.records) == 2
+    with pytest.raises(ConfigError, match="both set"):
+        load_config(overrides=base + [f"{A}.ppo_micro_batch_size=12", f"{A}.ppo_micro_batch_size_per_gpu=2"])
+    with pytest.raises(ConfigError, match=f"'{A}.ppo_micro_batch_size' = 13"):
+        load_config(overrides=base + [f"{A}.ppo_micro_batch_size=13"])
+
+
+def test_validate_false_skips_checks():
+    cfg = load_config(overrides=["data.train_batch_size=7"], validate=False)
+    assert cfg.data.train_batch_size == 7
