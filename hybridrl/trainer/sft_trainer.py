@@ -1,0 +1,305 @@
+"""SFT trainer: supervised fine-tuning on the verl-schema parquet, producing the HF model the RL run starts from.
+
+Choices:
+- Each example is rendered as chat_template(prompt, add_generation_prompt=True) + response + eos, tokenised
+  with `add_special_tokens=False` (the template carries the special tokens). Loss only on response + eos.
+- Batches use the RL layout (prompt left-padded, response right-padded), so the FSDP engine's
+  `forward_response_logits` (packed varlen attention when `model.use_remove_padding`) computes logits only at
+  the positions predicting response tokens; the loss is a token mean over the whole optimizer step on each rank,
+  accumulated exactly over micro-batches (training/micro_batches.py), then averaged across ranks by FSDP.
+- Over-long examples: `data.truncation` error (default) | left (drop the prompt's head) | right (drop the
+  response's tail); counted in `data/truncated`. Rows left over after the last full `train_batch_size` of an
+  epoch are skipped and counted in `data/dropped_rows`.
+- Runs in-process (CPU or one GPU: a one-rank gloo/nccl group is made and torn down) or under torchrun
+  (WORLD_SIZE > 1: the group is made from the environment). The final model is written with `save_hf_model`
+  to `{trainer.default_local_dir}/huggingface` (config, safetensors, tokenizer).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from omegaconf import DictConfig, OmegaConf
+
+from hybridrl.algorithms import logprobs_from_logits
+from hybridrl.protocol import DataProto
+from hybridrl.training.actor import clip_grad_norm
+from hybridrl.training.checkpoint import save_hf_model
+from hybridrl.training.fsdp import build_fsdp_model, build_training_mesh
+from hybridrl.training.micro_batches import loss_scale, make_micro_batches
+from hybridrl.training.optim import build_lr_scheduler, build_optimizer
+from hybridrl.training.packing import forward_response_logits
+
+__all__ = ["load_sft_config", "run_sft", "register", "main"]
+
+DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "config" / "sft_trainer.yaml"
+
+
+def load_sft_config(config=None, overrides: list[str] | None = None) -> DictConfig:
+    cfg = OmegaConf.load(DEFAULT_CONFIG)
+    if config is not None:
+        if isinstance(config, (str, Path)):
+            if not Path(config).exists():
+                raise FileNotFoundError(f"sft config file {config} not found")
+            config = OmegaConf.load(config)
+        cfg = OmegaConf.merge(cfg, config if isinstance(config, DictConfig) else OmegaConf.create(config))
+    if overrides:
+        cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist(list(overrides)))
+    return cfg
+
+
+# ---------------------------------------------------------------------------------------------- data
+def _field(row: dict, key: str, path: str):
+    value = row
+    for part in key.split("."):
+        if not isinstance(value, dict) or part not in value:
+            raise ValueError(f"data.response_key/prompt_key={key!r}: row of {path} has no {part!r} "
+                             f"(columns: {sorted(row)})")
+        value = value[part]
+    return value
+
+
+def _read_rows(files, prompt_key: str, response_key: str) -> list[tuple[list, str]]:
+    import pyarrow.parquet as pq
+
+    files = [files] if isinstance(files, str) else list(files)
+    rows = []
+    for f in files:
+        path = os.path.expanduser(f)
+        if not os.path.exists(path):
+            raise FileNotFoundError(f"data file {path} (from data.train_files/val_files) does not exist")
+        for row in pq.read_table(path).to_pylist():
+            prompt = _field(row, prompt_key, path)
+            if isinstance(prompt, str):
+                prompt = [{"role": "user", "content": prompt}]
+            rows.append((list(prompt), str(_field(row, response_key, path))))
+    if not rows:
+        raise ValueError(f"data files {files} hold no rows")
+    return rows
+
+
+def tokenize_examples(rows, tokenizer, max_length: int, truncation: str) -> tuple[list[tuple[list, list]], int]:
+    """-> ([(prompt_ids, response_ids_with_eos)], number truncated)."""
+    if truncation not in ("error", "left", "right"):
+        raise ValueError(f"data.truncation={truncation!r}: use error, left or right")
+    if tokenizer.eos_token_id is None:
+        raise ValueError("the tokenizer has no eos_token; SFT appends eos to every response")
+    out, truncated = [], 0
+    for i, (messages, response) in enumerate(rows):
+        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        p = tokenizer.encode(text, add_special_tokens=False)
+        r = tokenizer.encode(response, add_special_tokens=False) + [tokenizer.eos_token_id]
+        excess = len(p) + len(r) - max_length
+        if excess > 0:
+            if truncation == "error":
+                raise ValueError(f"example {i} has {len(p) + len(r)} tokens > data.max_length={max_length}; "
+                                 "raise max_length or set data.truncation=left|right")
+            truncated += 1
+            if truncation == "left":
+                p = p[excess:]
+            else:
+                r = r[: len(r) - excess]
+            if not p or not r:
+                raise ValueError(f"example {i}: data.max_length={max_length} leaves no prompt or no response")
+        out.append((p, r))
+    return out, truncated
+
+
+def collate(examples, pad_id: int) -> DataProto:
+    """RL layout: prompts left-padded to the longest prompt, responses right-padded to the longest response."""
+    P, R = max(len(p) for p, _ in examples), max(len(r) for _, r in examples)
+    n = len(examples)
+    prompts = torch.full((n, P), pad_id, dtype=torch.long)
+    responses = torch.full((n, R), pad_id, dtype=torch.long)
+    pmask, rmask = torch.zeros(n, P, dtype=torch.long), torch.zeros(n, R, dtype=torch.long)
+    for i, (p, r) in enumerate(examples):
+        prompts[i, P - len(p):], pmask[i, P - len(p):] = torch.tensor(p), 1
+        responses[i, : len(r)], rmask[i, : len(r)] = torch.tensor(r), 1
+    attn = torch.cat([pmask, rmask], 1)
+    return DataProto.from_dict({"input_ids": torch.cat([prompts, responses], 1), "attention_mask": attn,
+                                "position_ids": (attn.cumsum(1) - 1).clamp(min=0), "responses": responses,
+                                "response_mask": rmask.float()})
+
+
+# ---------------------------------------------------------------------------------------------- training
+def _nll(module, micro: DataProto, device, use_remove_padding: bool) -> torch.Tensor:
+    b = {k: v.to(device) for k, v in micro.batch.items()}
+    logits = forward_response_logits(module, b["input_ids"], b["attention_mask"], b["position_ids"],
+                                      b["responses"].shape[1], use_remove_padding)
+    return -logprobs_from_logits(logits.float(), b["responses"]) * b["response_mask"]   # [b, R]
+
+
+def _setup_dist(device_pref: str):
+    """Returns (device, world, rank, created_group)."""
+    use_cuda = torch.cuda.is_available() if device_pref == "auto" else device_pref == "cuda"
+    if device_pref not in ("auto", "cuda", "cpu"):
+        raise ValueError(f"trainer.device={device_pref!r}: use auto, cuda or cpu")
+    if use_cuda and not torch.cuda.is_available():
+        raise ValueError("trainer.device=cuda but no CUDA device is visible")
+    created = False
+    if not dist.is_initialized():
+        backend = "nccl" if use_cuda else "gloo"
+        if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+            dist.init_process_group(backend)
+        else:
+            import tempfile
+
+            from torch.distributed import FileStore
+
+            store = FileStore(os.path.join(tempfile.mkdtemp(prefix="hybridrl_sft_"), "store"), 1)
+            dist.init_process_group(backend, store=store, rank=0, world_size=1)
+        created = True
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if use_cuda:
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        return torch.device("cuda", torch.cuda.current_device()), world, rank, created
+    return torch.device("cpu"), world, rank, created
+
+
+def _all_mean(x: float, device) -> float:
+    t = torch.tensor([x], dtype=torch.float64, device=device)
+    dist.all_reduce(t)
+    return float(t.item()) / dist.get_world_size()
+
+
+def run_sft(config=None) -> dict:
+    cfg = load_sft_config(config)
+    from transformers import AutoTokenizer
+
+    device, world, rank, created = _setup_dist(cfg.trainer.device)
+    try:
+        return _train(cfg, device, world, rank, AutoTokenizer)
+    finally:
+        if created:
+            dist.destroy_process_group()
+
+
+def _train(cfg, device, world, rank, AutoTokenizer) -> dict:
+    d, m, o, t = cfg.data, cfg.model, cfg.optim, cfg.trainer
+    model_path = os.path.expanduser(m.partial_pretrain)
+    if not os.path.isdir(model_path):
+        raise FileNotFoundError(f"model.partial_pretrain={model_path} is not a directory")
+    tokenizer = AutoTokenizer.from_pretrained(model_path, trust_remote_code=m.trust_remote_code)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    examples, truncated = tokenize_examples(_read_rows(d.train_files, d.prompt_key, d.response_key), tokenizer,
+                                            int(d.max_length), d.truncation)
+    bsz, micro = int(d.train_batch_size), int(d.micro_batch_size_per_gpu)
+    if bsz <= 0 or bsz % world:
+        raise ValueError(f"data.train_batch_size={bsz} must be a positive multiple of the world size {world}")
+    if bsz > len(examples):
+        raise ValueError(f"data.train_batch_size={bsz} exceeds the {len(examples)} training examples")
+    steps_per_epoch = len(examples) // bsz
+    total_steps = int(t.total_training_steps or steps_per_epoch * int(t.total_epochs))
+
+    mesh = build_training_mesh(world, int(m.fsdp_config.fsdp_size), device.type)
+    model_cfg = {"path": model_path, "trust_remote_code": m.trust_remote_code, "override_config": m.override_config,
+                 "enable_gradient_checkpointing": m.enable_gradient_checkpointing,
+                 "use_remove_padding": m.use_remove_padding}
+    module = build_fsdp_model(model_cfg, OmegaConf.to_container(m.fsdp_config), mesh, device, role="causal_lm")
+    optim_cfg = {"lr": o.lr, "betas": list(o.betas), "weight_decay": o.weight_decay, "lr_warmup_steps": -1,
+                 "lr_warmup_steps_ratio": o.warmup_steps_ratio, "warmup_style": o.lr_scheduler,
+                 "min_lr_ratio": o.min_lr_ratio, "total_training_steps": total_steps}
+    optimizer = build_optimizer(module.parameters(), optim_cfg)
+    scheduler = build_lr_scheduler(optimizer, optim_cfg)
+
+    history: list[dict] = []
+    step = 0
+    gen = torch.Generator().manual_seed(int(t.seed))
+    per_rank = bsz // world
+    while step < total_steps:
+        order = torch.randperm(len(examples), generator=gen).tolist() if d.shuffle else list(range(len(examples)))
+        for s in range(steps_per_epoch):
+            if step >= total_steps:
+                break
+            rows = order[s * bsz: (s + 1) * bsz][rank * per_rank: (rank + 1) * per_rank]
+            batch = collate([examples[i] for i in rows], pad_id)
+            metrics = _train_step(module, optimizer, batch, micro, device, m.use_remove_padding, float(o.clip_grad))
+            metrics = {"train/loss": _all_mean(metrics["loss"], device), "train/grad_norm": metrics["grad_norm"],
+                       "train/lr": scheduler.get_last_lr()[0]}
+            scheduler.step()
+            step += 1
+            history.append(metrics)
+            if rank == 0 and t.log_freq and step % int(t.log_freq) == 0:
+                print(f"[sft] step {step}/{total_steps} " + " ".join(f"{k}={v:.4g}" for k, v in metrics.items()),
+                      file=sys.stderr)
+    result = dict(history[-1]) if history else {}
+    result.update({"train/loss_first": history[0]["train/loss"] if history else float("nan"),
+                   "training/global_step": step, "data/truncated": truncated,
+                   "data/dropped_rows": len(examples) - steps_per_epoch * bsz})
+    if d.val_files:
+        val, val_trunc = tokenize_examples(_read_rows(d.val_files, d.prompt_key, d.response_key), tokenizer,
+                                           int(d.max_length), d.truncation)
+        result["val/loss"] = _eval_loss(module, val[rank::world], pad_id, micro, device, m.use_remove_padding)
+        result["data/val_truncated"] = val_trunc
+    out_dir = Path(os.path.expanduser(t.default_local_dir)) / "huggingface"
+    save_hf_model(module, out_dir, hf_config=module.config, tokenizer=tokenizer, role="causal_lm",
+                  dtype=t.save_dtype)
+    result["hf_model_dir"] = str(out_dir)
+    return result
+
+
+def _train_step(module, optimizer, batch: DataProto, micro: int, device, use_remove_padding, clip) -> dict:
+    module.train()
+    optimizer.zero_grad(set_to_none=True)
+    total = float(batch.batch["response_mask"].sum().item())
+    loss_sum = 0.0
+    for mb in make_micro_batches(batch, False, micro, None, size_key="data.micro_batch_size_per_gpu")[0]:
+        nll = _nll(module, mb, device, use_remove_padding)
+        tokens = mb.batch["response_mask"].to(device)
+        loss = nll.sum() / tokens.sum().clamp(min=1)
+        (loss * loss_scale(tokens, total, "token-mean")).backward()
+        loss_sum += float(nll.sum().item())
+    grad_norm = clip_grad_norm(module, clip)
+    if torch.isfinite(torch.tensor(grad_norm)):
+        optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return {"loss": loss_sum / max(total, 1.0), "grad_norm": grad_norm}
+
+
+@torch.no_grad()
+def _eval_loss(module, examples, pad_id, micro, device, use_remove_padding) -> float:
+    module.eval()
+    nll_sum, tokens = 0.0, 0.0
+    count = torch.tensor([-(-len(examples) // micro)], device=device)
+    dist.all_reduce(count, op=dist.ReduceOp.MAX)     # every rank runs as many forwards (FSDP collectives)
+    for i in range(int(count.item())):
+        chunk = examples[i * micro: (i + 1) * micro]
+        mb = collate(chunk or examples[:1] or [([pad_id], [pad_id])], pad_id)
+        nll = _nll(module, mb, device, use_remove_padding)
+        if chunk:
+            nll_sum += float(nll.sum().item())
+            tokens += float(mb.batch["response_mask"].sum().item())
+    t = torch.tensor([nll_sum, tokens], dtype=torch.float64, device=device)
+    dist.all_reduce(t)
+    return float(t[0] / t[1].clamp(min=1))
+
+
+# ---------------------------------------------------------------------------------------------- CLI
+def _cli(args) -> int:
+    result = run_sft(load_sft_config(args.config, args.overrides))
+    print({k: v for k, v in result.items()})
+    return 0
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("sft", help="supervised fine-tuning (warm start for RL)")
+    p.add_argument("overrides", nargs="*", help="config overrides key=value (see hybridrl/config/sft_trainer.yaml)")
+    p.add_argument("--config", default=None, help="a YAML merged over the default sft config")
+    p.set_defaults(func=_cli)
+
+
+def main(argv=None) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="hybridrl")
+    register(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(["sft", *(sys.argv[1:] if argv is None else argv)])
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

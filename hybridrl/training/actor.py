@@ -1,0 +1,176 @@
+"""DataParallelPPOActor: log-probs and the PPO policy update on an FSDP2-sharded HF causal LM (verl's dp_actor).
+
+Shapes: B rows, R response length, V vocab.
+
+Choices:
+- `compute_log_prob` runs in micro-batches of `meta_info["micro_batch_size"]` (or token-balanced ones with
+  `use_dynamic_bsz` + `max_token_len`) under no_grad, moving each result to CPU at once so only one
+  micro-batch of logits is ever on the GPU; logits are divided by `meta_info["temperature"]`.
+- `update_policy`: ppo_epochs x mini-batches of `ppo_mini_batch_size` rows (already per rank) x micro-batches
+  of `ppo_micro_batch_size_per_gpu` (or dynamic), accumulating gradients with exact weights (micro_batches.py).
+  The loss is compute_policy_loss (clip-higher, dual-clip) - entropy_coeff * entropy + kl_loss_coef * KL(ref).
+- Gradients are clipped to `grad_clip`; a non-finite norm skips that optimizer step and is counted in
+  `actor/grad_norm_nonfinite_skips`. The lr scheduler steps once per `update_policy` call (one training step),
+  and `actor/lr` reports the lr that call used.
+- Metrics are verl's names, each the mean over micro-batches (grad_norm: over mini-batches with a finite norm).
+  `actor/entropy` is logged here only when entropy_coeff != 0 (it is then part of the loss); otherwise the
+  trainer gets it from `compute_log_prob(calculate_entropy=True)` as newer verl does.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import torch
+from torch.distributed.tensor import DTensor
+
+from hybridrl.algorithms import (
+    agg_loss,
+    compute_policy_loss,
+    entropy_from_logits,
+    kl_penalty,
+    logprobs_from_logits,
+)
+from hybridrl.protocol import DataProto
+from hybridrl.training.micro_batches import loss_scale, make_micro_batches, normaliser
+from hybridrl.training.packing import forward_response_logits, restore_order
+
+__all__ = ["DataParallelPPOActor", "clip_grad_norm"]
+
+
+def clip_grad_norm(module: torch.nn.Module, max_norm: float) -> float:
+    """Clip (DTensor-aware) and return the total norm before clipping as a float (may be inf/nan)."""
+    params = [p for p in module.parameters() if p.grad is not None]
+    norm = torch.nn.utils.clip_grad_norm_(params, max_norm=max_norm if max_norm and max_norm > 0 else float("inf"))
+    if isinstance(norm, DTensor):
+        norm = norm.full_tensor()
+    return float(norm.item())
+
+
+def _mean(values: dict[str, list[float]]) -> dict[str, float]:
+    return {k: sum(v) / len(v) for k, v in values.items() if v}
+
+
+class DataParallelPPOActor:
+    def __init__(self, config, module: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None,
+                 scheduler=None, use_remove_padding: bool | None = None):
+        self.config = config
+        self.module = module
+        self.optimizer = optimizer
+        self.scheduler = scheduler
+        self.use_remove_padding = bool(config.get("use_remove_padding", False) if use_remove_padding is None
+                                       else use_remove_padding)
+        self.device = next(module.parameters()).device
+        self.nonfinite_skips = 0
+
+    # ------------------------------------------------------------------ forward
+    def _forward_micro_batch(self, micro: DataProto, temperature: float, calculate_entropy: bool):
+        b = micro.batch
+        responses = b["responses"].to(self.device)
+        logits = forward_response_logits(self.module, b["input_ids"].to(self.device),
+                                         b["attention_mask"].to(self.device), b["position_ids"].to(self.device),
+                                         responses.shape[1], self.use_remove_padding, keep_only_needed=True)
+        logits = logits.float() / temperature
+        log_prob = logprobs_from_logits(logits, responses)
+        entropy = entropy_from_logits(logits) if calculate_entropy else None
+        return log_prob, entropy
+
+    def compute_log_prob(self, data: DataProto, calculate_entropy: bool = False):
+        """Returns (log_probs [B, R] on CPU, entropy [B, R] on CPU or None)."""
+        meta = data.meta_info
+        if "temperature" not in meta:
+            raise ValueError("compute_log_prob: meta_info['temperature'] is required (the rollout temperature)")
+        self.module.eval()
+        data = data.select(["responses", "input_ids", "attention_mask", "position_ids"])
+        micros, bins = make_micro_batches(data, bool(meta.get("use_dynamic_bsz", False)),
+                                          meta.get("micro_batch_size"), meta.get("max_token_len"),
+                                          size_key="log_prob_micro_batch_size_per_gpu",
+                                          token_key="log_prob_max_token_len_per_gpu")
+        log_probs, entropies = [], []
+        with torch.no_grad():
+            for micro in micros:
+                lp, ent = self._forward_micro_batch(micro, float(meta["temperature"]), calculate_entropy)
+                log_probs.append(lp.cpu())
+                if ent is not None:
+                    entropies.append(ent.cpu())
+        if bins is not None:
+            log_probs = [restore_order(log_probs, bins)]
+            entropies = [restore_order(entropies, bins)] if entropies else []
+        return torch.cat(log_probs), (torch.cat(entropies) if entropies else None)
+
+    # ------------------------------------------------------------------ update
+    def update_policy(self, data: DataProto) -> dict[str, float]:
+        cfg = self.config
+        if self.optimizer is None:
+            raise ValueError("update_policy needs an optimizer (this actor was built for log-probs only)")
+        if "temperature" not in data.meta_info:
+            raise ValueError("update_policy: meta_info['temperature'] is required (the rollout temperature)")
+        temperature = float(data.meta_info["temperature"])
+        use_kl_loss = bool(cfg.get("use_kl_loss", False))
+        keys = ["responses", "input_ids", "attention_mask", "position_ids", "response_mask", "old_log_probs",
+                "advantages"]
+        if use_kl_loss:
+            if "ref_log_prob" not in data.batch:
+                raise ValueError("actor.use_kl_loss=true needs 'ref_log_prob' in the batch (enable the reference "
+                                 "policy)")
+            keys.append("ref_log_prob")
+        data = data.select(keys)
+        mini_size = int(cfg.get("ppo_mini_batch_size"))
+        if mini_size <= 0:
+            raise ValueError(f"actor.ppo_mini_batch_size={mini_size} (rows per rank) must be > 0")
+        mode = cfg.get("loss_agg_mode", "token-mean")
+        entropy_coeff = float(cfg.get("entropy_coeff", 0.0))
+        metrics: dict[str, list[float]] = defaultdict(list)
+        lr = self.optimizer.param_groups[0]["lr"]
+        skips_before = self.nonfinite_skips
+        self.module.train()
+        for epoch in range(int(cfg.get("ppo_epochs", 1))):
+            epoch_data = data
+            if cfg.get("shuffle", False):
+                g = torch.Generator().manual_seed(int(cfg.get("seed", 0)) * 1000 + epoch)
+                epoch_data = data.select_idxs(torch.randperm(len(data), generator=g))
+            for mini in epoch_data.split(mini_size):
+                self._update_mini_batch(mini, temperature, mode, entropy_coeff, use_kl_loss, metrics)
+        if self.scheduler is not None:
+            self.scheduler.step()
+        out = {f"actor/{k}": v for k, v in _mean(metrics).items()}
+        out["actor/lr"] = lr
+        out["actor/grad_norm_nonfinite_skips"] = float(self.nonfinite_skips - skips_before)
+        return out
+
+    def _update_mini_batch(self, mini: DataProto, temperature, mode, entropy_coeff, use_kl_loss, metrics):
+        cfg = self.config
+        micros, _ = make_micro_batches(mini, bool(cfg.get("use_dynamic_bsz", False)),
+                                       cfg.get("ppo_micro_batch_size_per_gpu"), cfg.get("ppo_max_token_len_per_gpu"))
+        mini_norm = normaliser(mini.batch["response_mask"], mode)
+        self.optimizer.zero_grad(set_to_none=True)
+        for micro in micros:
+            b = {k: v.to(self.device) for k, v in micro.batch.items()}
+            mask = b["response_mask"]
+            log_prob, entropy = self._forward_micro_batch(micro, temperature, calculate_entropy=entropy_coeff != 0)
+            pg_loss, pg_clipfrac, ppo_kl, pg_clipfrac_lower = compute_policy_loss(
+                b["old_log_probs"], log_prob, b["advantages"], mask, cliprange=cfg.get("clip_ratio", 0.2),
+                cliprange_low=cfg.get("clip_ratio_low"), cliprange_high=cfg.get("clip_ratio_high"),
+                clip_ratio_c=float(cfg.get("clip_ratio_c", 3.0)), loss_agg_mode=mode)
+            policy_loss = pg_loss
+            if entropy is not None:
+                entropy_loss = agg_loss(entropy, mask, mode)
+                policy_loss = policy_loss - entropy_coeff * entropy_loss
+                metrics["entropy"].append(entropy_loss.item())
+            if use_kl_loss:
+                kld = kl_penalty(log_prob, b["ref_log_prob"], cfg.get("kl_loss_type", "low_var_kl"))
+                kl_loss = agg_loss(kld, mask, mode)
+                policy_loss = policy_loss + float(cfg.get("kl_loss_coef", 0.001)) * kl_loss
+                metrics["kl_loss"].append(kl_loss.item())
+            (policy_loss * loss_scale(mask, mini_norm, mode)).backward()
+            metrics["pg_loss"].append(pg_loss.item())
+            metrics["pg_clipfrac"].append(pg_clipfrac.item())
+            metrics["ppo_kl"].append(ppo_kl.item())
+            metrics["pg_clipfrac_lower"].append(pg_clipfrac_lower.item())
+        grad_norm = clip_grad_norm(self.module, float(cfg.get("grad_clip", 1.0) or 0.0))
+        if torch.isfinite(torch.tensor(grad_norm)):
+            self.optimizer.step()
+            metrics["grad_norm"].append(grad_norm)
+        else:
+            self.nonfinite_skips += 1
+        self.optimizer.zero_grad(set_to_none=True)

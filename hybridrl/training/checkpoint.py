@@ -1,0 +1,161 @@
+"""Sharded checkpoints of an FSDP2 model, its optimizer, lr scheduler and RNG states, into a GIVEN directory.
+
+Layout of `ckpt_dir` (the trainer's checkpoint manager owns temp-dir + rename and retention):
+  model/                         torch.distributed.checkpoint (DCP) of the model state dict (HF names, sharded)
+  optim/                         DCP of the optimizer state dict (keyed by parameter FQN)
+  extra_state_world_size_{W}_rank_{r}.pt   lr scheduler state, RNG states (python, numpy, torch, cuda), extras
+  huggingface/                   HF config (+ generation config) and tokenizer files
+  hybridrl_checkpoint.json       role (actor / critic), world size, master dtype: what `merge` needs
+
+Choices: DCP through `get/set_model_state_dict` and `get/set_optimizer_state_dict` writes each rank's shard in
+parallel and reshards on load, so a checkpoint taken on W ranks loads on any other count (model and
+optimizer; the RNG states then come from rank 0's file of the old run and the count is reported). The model
+state dict is saved flat (no "model." prefix) so `merge.py` reads it with the HF names directly.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import warnings
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+
+__all__ = ["save_checkpoint", "load_checkpoint", "save_hf_model", "CHECKPOINT_META"]
+
+CHECKPOINT_META = "hybridrl_checkpoint.json"
+_CONTENTS = ("model", "optimizer", "extra", "hf_model")
+
+
+def _rank_world():
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def _barrier():
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+
+
+def _check_contents(contents) -> set[str]:
+    bad = [c for c in contents if c not in _CONTENTS]
+    if bad:
+        raise ValueError(f"checkpoint.contents has {bad}; allowed: {list(_CONTENTS)}")
+    return set(contents)
+
+
+def _rng_state() -> dict:
+    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
+
+
+def _set_rng_state(state: dict) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])
+
+
+def save_checkpoint(ckpt_dir, module, optimizer=None, lr_scheduler=None, *, hf_config=None, tokenizer=None,
+                    role: str = "actor", contents=("model", "optimizer", "extra"), extra: dict | None = None) -> Path:
+    """Collective: every rank of the module's mesh calls it with the same directory."""
+    contents = _check_contents(contents)
+    ckpt_dir = Path(ckpt_dir)
+    rank, world = _rank_world()
+    if rank == 0:
+        ckpt_dir.mkdir(parents=True, exist_ok=True)
+    _barrier()
+    if "model" in contents:
+        dcp.save(get_model_state_dict(module), checkpoint_id=str(ckpt_dir / "model"))
+    if "optimizer" in contents:
+        if optimizer is None:
+            raise ValueError("checkpoint.contents has 'optimizer' but no optimizer was given")
+        dcp.save(get_optimizer_state_dict(module, optimizer), checkpoint_id=str(ckpt_dir / "optim"))
+    if "extra" in contents:
+        state = {"lr_scheduler": lr_scheduler.state_dict() if lr_scheduler is not None else None,
+                 "rng": _rng_state(), "extra": extra or {}}
+        torch.save(state, ckpt_dir / f"extra_state_world_size_{world}_rank_{rank}.pt")
+    if rank == 0:
+        hf_config = hf_config if hf_config is not None else getattr(module, "config", None)
+        if hf_config is not None:
+            hf_config.save_pretrained(ckpt_dir / "huggingface")
+        if tokenizer is not None:
+            tokenizer.save_pretrained(ckpt_dir / "huggingface")
+        master = next(module.parameters()).dtype
+        meta = {"role": role, "world_size": world, "master_dtype": str(master).replace("torch.", ""),
+                "contents": sorted(contents)}
+        (ckpt_dir / CHECKPOINT_META).write_text(json.dumps(meta, indent=2))
+    if "hf_model" in contents:
+        save_hf_model(module, ckpt_dir / "huggingface", hf_config=hf_config, tokenizer=tokenizer, role=role)
+    _barrier()
+    return ckpt_dir
+
+
+def load_checkpoint(ckpt_dir, module, optimizer=None, lr_scheduler=None, *,
+                    contents=("model", "optimizer", "extra")) -> dict:
+    """Collective. Restores what `contents` names; returns the saved `extra` dict ({} if none)."""
+    contents = _check_contents(contents) - {"hf_model"}
+    ckpt_dir = Path(ckpt_dir)
+    needed = {"model": ckpt_dir / "model", "optimizer": ckpt_dir / "optim"}
+    for what, path in needed.items():
+        if what in contents and not path.is_dir():
+            raise FileNotFoundError(f"checkpoint {ckpt_dir}: '{what}' requested but {path} does not exist")
+    if "model" in contents:
+        sd = get_model_state_dict(module)
+        dcp.load(sd, checkpoint_id=str(ckpt_dir / "model"))
+        set_model_state_dict(module, sd)
+    if "optimizer" in contents:
+        if optimizer is None:
+            raise ValueError("load_checkpoint: contents has 'optimizer' but no optimizer was given")
+        osd = get_optimizer_state_dict(module, optimizer)
+        dcp.load(osd, checkpoint_id=str(ckpt_dir / "optim"))
+        set_optimizer_state_dict(module, optimizer, osd)
+    if "extra" not in contents:
+        return {}
+    rank, world = _rank_world()
+    path = ckpt_dir / f"extra_state_world_size_{world}_rank_{rank}.pt"
+    same_layout = path.exists()
+    if not same_layout:
+        others = sorted(ckpt_dir.glob("extra_state_world_size_*_rank_0.pt"))
+        if not others:
+            raise FileNotFoundError(f"checkpoint {ckpt_dir}: no extra_state_world_size_*_rank_*.pt file")
+        path = others[0]
+        warnings.warn(f"checkpoint {ckpt_dir} was saved with another world size; scheduler state taken from "
+                      f"{path.name}, RNG states not restored", stacklevel=2)
+    state = torch.load(path, map_location="cpu", weights_only=False)
+    if lr_scheduler is not None and state.get("lr_scheduler") is not None:
+        lr_scheduler.load_state_dict(state["lr_scheduler"])
+    if same_layout:
+        _set_rng_state(state["rng"])
+    return state.get("extra", {})
+
+
+def save_hf_model(module, out_dir, *, hf_config=None, tokenizer=None, role: str = "actor",
+                  dtype=torch.bfloat16) -> Path:
+    """Collective: gather the full state dict (to CPU) and let rank 0 write a `from_pretrained` directory."""
+    from hybridrl.training.merge import write_hf_model
+
+    full = get_model_state_dict(module, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    rank, _ = _rank_world()
+    out_dir = Path(out_dir)
+    if rank == 0:
+        cfg = hf_config if hf_config is not None else module.config
+        write_hf_model(full, cfg, role, out_dir, dtype=dtype, tokenizer=tokenizer)
+    _barrier()
+    return out_dir
+

@@ -1,0 +1,139 @@
+"""FSDP2 wrapping of plain HF models: device mesh, per-block `fully_shard`, model init from a HF path.
+
+Choices:
+- Mesh: 1-D `('fsdp',)` over all ranks, or 2-D HSDP `('ddp','fsdp')` when 0 < fsdp_size < world size
+  (`fully_shard` replicates over `ddp` and shards over `fsdp`).
+- Wrapping follows torchtitan: `fully_shard` on every decoder block (the classes HF lists in
+  `_no_split_modules`), then on the root (embeddings, final norm, head). MixedPrecisionPolicy casts params to
+  `param_dtype` for compute and reduces grads in `reduce_dtype`; master weights stay in the load dtype (fp32).
+- Init: rank 0 reads the HF checkpoint on CPU; the other ranks build the same model on the meta device (no
+  memory). After sharding, `set_model_state_dict(full_state_dict=True, broadcast_from_rank0=True)` streams the
+  weights from rank 0 into every rank's shard, and buffers (rotary inv_freq, not in the state dict) are
+  broadcast too. So host memory holds one full copy per machine-rank-0 instead of one per GPU, and randomly
+  initialised heads (the critic's value head) are identical on all ranks.
+- Critic = `AutoModelForTokenClassification(num_labels=1)` (HF backbone + linear score head) with
+  classifier dropout forced to 0, so values are deterministic.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+__all__ = ["build_training_mesh", "apply_fsdp", "decoder_blocks", "load_hf_model", "build_fsdp_model",
+           "resolve_dtype"]
+
+_DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
+           "fp16": torch.float16, "float16": torch.float16}
+
+
+def resolve_dtype(name, key: str = "dtype") -> torch.dtype:
+    if isinstance(name, torch.dtype):
+        return name
+    if name not in _DTYPES:
+        raise ValueError(f"{key}={name!r} is not a dtype; use one of {sorted(_DTYPES)}")
+    return _DTYPES[name]
+
+
+def build_training_mesh(world_size: int, fsdp_size: int = -1, device_type: str = "cuda") -> DeviceMesh:
+    if fsdp_size == 0 or fsdp_size < -1:
+        raise ValueError(f"fsdp_config.fsdp_size={fsdp_size}: use -1 (all ranks) or a positive divisor of "
+                         f"the world size {world_size}")
+    if fsdp_size == -1 or fsdp_size >= world_size:
+        return init_device_mesh(device_type, (world_size,), mesh_dim_names=("fsdp",))
+    if world_size % fsdp_size:
+        raise ValueError(f"fsdp_config.fsdp_size={fsdp_size} must divide the world size {world_size}")
+    return init_device_mesh(device_type, (world_size // fsdp_size, fsdp_size), mesh_dim_names=("ddp", "fsdp"))
+
+
+def decoder_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
+    names = set(getattr(model, "_no_split_modules", None) or [])
+    blocks = [m for m in model.modules() if type(m).__name__ in names]
+    if not blocks:
+        raise ValueError(f"{type(model).__name__}: no decoder blocks found (its _no_split_modules is "
+                         f"{sorted(names)}); FSDP needs per-block wrapping")
+    return blocks
+
+
+def apply_fsdp(model: torch.nn.Module, mesh: DeviceMesh, param_dtype=torch.bfloat16, reduce_dtype=torch.float32,
+               reshard_after_forward: bool = True) -> torch.nn.Module:
+    mp = MixedPrecisionPolicy(param_dtype=resolve_dtype(param_dtype, "mixed_precision.param_dtype"),
+                              reduce_dtype=resolve_dtype(reduce_dtype, "mixed_precision.reduce_dtype"))
+    for block in decoder_blocks(model):
+        fully_shard(block, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard_after_forward)
+    fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard_after_forward)
+    return model
+
+
+def _model_class(role: str):
+    from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
+
+    if role == "critic":
+        return AutoModelForTokenClassification
+    if role in ("actor", "ref", "causal_lm"):
+        return AutoModelForCausalLM
+    raise ValueError(f"model role={role!r}: use actor, ref, causal_lm or critic")
+
+
+def load_hf_config(path: str, role: str = "actor", override_config: Mapping | None = None,
+                   trust_remote_code: bool = False):
+    from transformers import AutoConfig
+
+    cfg = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+    for k, v in dict(override_config or {}).items():
+        setattr(cfg, k, v)
+    if role == "critic":
+        cfg.num_labels = 1
+        cfg.classifier_dropout = 0.0
+    return cfg
+
+
+def load_hf_model(path: str, role: str = "actor", dtype=torch.float32, override_config: Mapping | None = None,
+                  trust_remote_code: bool = False, on_meta: bool = False) -> torch.nn.Module:
+    """The plain HF model, on CPU with weights (on_meta=False) or as an empty meta-device skeleton."""
+    cls = _model_class(role)
+    cfg = load_hf_config(path, role, override_config, trust_remote_code)
+    dtype = resolve_dtype(dtype, "fsdp_config.model_dtype")
+    if on_meta:
+        with torch.device("meta"):
+            return cls.from_config(cfg, dtype=dtype, trust_remote_code=trust_remote_code)
+    return cls.from_pretrained(path, config=cfg, dtype=dtype, trust_remote_code=trust_remote_code)
+
+
+def build_fsdp_model(model_cfg: Mapping, fsdp_cfg: Mapping, mesh: DeviceMesh, device: torch.device,
+                     role: str = "actor", use_varlen_attention: bool | None = None) -> torch.nn.Module:
+    """Load `model_cfg['path']` and return it sharded on `mesh`, weights on `device` (see module docstring)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    from hybridrl.training.packing import register_varlen_attention
+
+    device = torch.device(device)
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    common = dict(role=role, dtype=fsdp_cfg.get("model_dtype", "fp32"),
+                  override_config=model_cfg.get("override_config") or {},
+                  trust_remote_code=bool(model_cfg.get("trust_remote_code", False)))
+    model = load_hf_model(model_cfg["path"], on_meta=rank != 0, **common)
+    full_state = model.state_dict() if rank == 0 else None
+    if use_varlen_attention is None:
+        use_varlen_attention = bool(model_cfg.get("use_remove_padding", False))
+    if use_varlen_attention:
+        model.set_attn_implementation(register_varlen_attention())
+    if model_cfg.get("enable_gradient_checkpointing", False):
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if device.type == "cpu":
+        mp = {"param_dtype": torch.float32, "reduce_dtype": torch.float32}   # CPU kernels: fp32 everywhere
+    else:
+        mpc = fsdp_cfg.get("mixed_precision") or {}
+        mp = {"param_dtype": mpc.get("param_dtype", "bf16"), "reduce_dtype": mpc.get("reduce_dtype", "fp32")}
+    apply_fsdp(model, mesh, **mp)
+    model = model.to(device) if rank == 0 else model.to_empty(device=device)
+    set_model_state_dict(model, full_state or {},
+                         options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
+    if dist.is_initialized():
+        for buf in model.buffers():
+            dist.broadcast(buf, src=0)
+    return model

@@ -1,0 +1,82 @@
+"""Merge a sharded checkpoint (checkpoint.py layout) into a HF directory that `from_pretrained` loads.
+
+Choices: runs in one process without torch.distributed (`dcp.load(no_dist=True)` reads every shard). The
+model skeleton is built on the meta device from `huggingface/config.json` (no random init, no memory), only
+to learn the state-dict keys, shapes and dtypes; the loaded tensors are then assigned into it and written
+with `save_pretrained` (safetensors, sharded by HF when large, tied weights handled by HF). Output dtype is
+bf16 by default (what inference wants), fp32 on request. Tokenizer and generation-config files are copied.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import torch
+
+__all__ = ["merge_checkpoint", "write_hf_model", "register"]
+
+
+def _skeleton(hf_config, role: str):
+    from hybridrl.training.fsdp import _model_class
+
+    with torch.device("meta"):
+        return _model_class(role).from_config(hf_config, dtype=torch.float32)
+
+
+def write_hf_model(state_dict: dict, hf_config, role: str, out_dir, dtype=torch.bfloat16, tokenizer=None) -> Path:
+    from hybridrl.training.fsdp import resolve_dtype
+
+    dtype = resolve_dtype(dtype, "merge dtype")
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    model = _skeleton(hf_config, role)
+    expected = set(model.state_dict())
+    missing = sorted(expected - set(state_dict))
+    tied = set(getattr(model, "_tied_weights_keys", None) or [])
+    if [k for k in missing if k not in tied]:
+        raise ValueError(f"checkpoint is missing weights {missing[:5]} (of {len(missing)}) for {type(model).__name__}")
+    cast = {k: v.to(dtype) if v.is_floating_point() else v for k, v in state_dict.items() if k in expected}
+    model.load_state_dict(cast, strict=False, assign=True)
+    model.tie_weights()
+    model.config.dtype = dtype
+    model.save_pretrained(out_dir, state_dict=cast)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(out_dir)
+    return out_dir
+
+
+def merge_checkpoint(ckpt_dir, out_dir, dtype: str = "bfloat16") -> Path:
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint import DefaultLoadPlanner
+    from transformers import AutoConfig
+
+    from hybridrl.training.checkpoint import CHECKPOINT_META
+
+    ckpt_dir, out_dir = Path(ckpt_dir), Path(out_dir)
+    for need in (ckpt_dir / "model", ckpt_dir / "huggingface" / "config.json", ckpt_dir / CHECKPOINT_META):
+        if not need.exists():
+            raise FileNotFoundError(f"merge: {need} not found; is {ckpt_dir} a hybridrl checkpoint directory?")
+    meta = json.loads((ckpt_dir / CHECKPOINT_META).read_text())
+    hf_config = AutoConfig.from_pretrained(ckpt_dir / "huggingface")
+    model = _skeleton(hf_config, meta["role"])
+    master = getattr(torch, meta.get("master_dtype", "float32"))
+    state = {k: torch.empty(v.shape, dtype=master if v.is_floating_point() else v.dtype)
+             for k, v in model.state_dict().items()}
+    dcp.load(state, checkpoint_id=str(ckpt_dir / "model"), planner=DefaultLoadPlanner(allow_partial_load=True),
+             no_dist=True)
+    write_hf_model(state, hf_config, meta["role"], out_dir, dtype=dtype)
+    hf_src = ckpt_dir / "huggingface"
+    for f in hf_src.iterdir():
+        if f.is_file() and not (out_dir / f.name).exists():
+            shutil.copy2(f, out_dir / f.name)
+    return out_dir
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("merge", help="merge a sharded checkpoint into a HF model directory")
+    p.add_argument("ckpt_dir", help="checkpoint directory (holding model/, huggingface/, hybridrl_checkpoint.json)")
+    p.add_argument("out_dir", help="output HF directory")
+    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"], help="dtype of the weights")
+    p.set_defaults(func=lambda args: merge_checkpoint(args.ckpt_dir, args.out_dir, args.dtype) and 0)

@@ -1,0 +1,49 @@
+"""Micro-batching and gradient-accumulation weights shared by the actor, the critic and the SFT trainer.
+
+Choice: each micro-batch's loss is multiplied by its share of the mini-batch's normaliser (tokens for
+`token-mean`, non-empty sequences for the seq-mean modes, 1 for `seq-mean-token-sum-norm`, whose normaliser
+is the constant R), so the accumulated gradient equals the gradient of the loss aggregated over the whole
+mini-batch on this rank, for any micro-batch size or dynamic split (verl divides by the micro-batch count,
+which is exact only when all micro-batches hold the same number of tokens). Across ranks FSDP averages.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from hybridrl.protocol import DataProto
+from hybridrl.training.packing import rearrange_micro_batches
+
+__all__ = ["make_micro_batches", "loss_scale", "normaliser"]
+
+
+def normaliser(response_mask: torch.Tensor, loss_agg_mode: str) -> float:
+    if loss_agg_mode == "token-mean":
+        return float(response_mask.sum().item())
+    if loss_agg_mode in ("seq-mean-token-sum", "seq-mean-token-mean"):
+        return float((response_mask.sum(-1) > 0).sum().item())
+    if loss_agg_mode == "seq-mean-token-sum-norm":
+        return 1.0
+    raise ValueError(f"loss_agg_mode={loss_agg_mode!r} is not supported")
+
+
+def loss_scale(micro_mask: torch.Tensor, mini_norm: float, loss_agg_mode: str) -> float:
+    """Factor for a micro-batch's aggregated loss so that the sum over micro-batches is the mini-batch loss."""
+    if loss_agg_mode == "seq-mean-token-sum-norm":
+        return 1.0
+    return normaliser(micro_mask, loss_agg_mode) / mini_norm if mini_norm > 0 else 0.0
+
+
+def make_micro_batches(data: DataProto, use_dynamic_bsz: bool, micro_batch_size: int | None,
+                       max_token_len: int | None, size_key: str = "ppo_micro_batch_size_per_gpu",
+                       token_key: str = "ppo_max_token_len_per_gpu"):
+    """Returns (micro-batches, bins): bins are the row indices of each micro-batch (dynamic bsz) or None."""
+    if use_dynamic_bsz:
+        if max_token_len is None:
+            raise ValueError(f"use_dynamic_bsz=true needs {token_key}")
+        seq_lens = data.batch["attention_mask"].sum(-1).tolist()
+        bins = rearrange_micro_batches(seq_lens, int(max_token_len), key=token_key)
+        return [data.select_idxs(torch.tensor(b, dtype=torch.long)) for b in bins], bins
+    if micro_batch_size is None or int(micro_batch_size) <= 0:
+        raise ValueError(f"{size_key}={micro_batch_size} must be a positive integer")
+    return data.split(int(micro_batch_size)), None

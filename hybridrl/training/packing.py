@@ -1,0 +1,230 @@
+"""Sequence packing (`use_remove_padding`) and token-balanced micro-batches (`use_dynamic_bsz`).
+
+Shapes: B rows, S padded length, R response length, T packed (valid) tokens, V vocab / head width C.
+
+Choices:
+- Packing keeps only the valid tokens of a micro-batch, in row order, in one row [1, T]; position ids are the
+  batch's own (they restart per sequence: cumsum(mask) - 1), and the sequence boundaries travel as
+  `cu_seq_lens_q/k` (the FlashAttention kwarg names, which HF models pass down to the attention function).
+- Attention runs through our function registered with transformers' `AttentionInterface` under
+  `VARLEN_ATTN`: FlexAttention with a document mask on CUDA (compiled once), else SDPA with a block-diagonal
+  causal mask (flash-attn is not installed on our machines). Without `cu_seq_lens_q` it delegates to HF's SDPA
+  function, so the same model also runs the padded path. A matching mask function returns None when no 2-D
+  padding mask is given (packed or unpadded input: the attention function owns causality) and HF's SDPA mask
+  otherwise.
+- Only the positions that predict response tokens are sent through the head (`logits_to_keep` with an index
+  tensor for causal LMs), so the [T, V] logits of the prompt are never materialised.
+- Dynamic batching: greedy longest-first assignment into the fewest bins whose token sums fit
+  `max_token_len` (more bins while any overflows); the bin count is all-reduced (MAX) over the group so every
+  FSDP rank runs the same number of forwards (unequal counts would hang the collectives).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+VARLEN_ATTN = "hybridrl_varlen"
+
+__all__ = ["VARLEN_ATTN", "PackedInputs", "pack_inputs", "register_varlen_attention", "forward_response_logits",
+           "rearrange_micro_batches", "restore_order"]
+
+
+@dataclass
+class PackedInputs:
+    input_ids: torch.Tensor      # [1, T]
+    position_ids: torch.Tensor   # [1, T]
+    cu_seqlens: torch.Tensor     # [B+1] int32
+    max_seqlen: int
+    flat_index: torch.Tensor     # [T] index into the flattened [B*S] padded batch
+
+
+def pack_inputs(input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor) -> PackedInputs:
+    mask = attention_mask.bool()
+    lens = mask.sum(dim=1)
+    flat_index = mask.reshape(-1).nonzero(as_tuple=True)[0]
+    cu = F.pad(torch.cumsum(lens, 0, dtype=torch.int32), (1, 0))
+    return PackedInputs(input_ids.reshape(-1)[flat_index].unsqueeze(0),
+                        position_ids.reshape(-1)[flat_index].unsqueeze(0),
+                        cu, int(lens.max().item()) if lens.numel() else 0, flat_index)
+
+
+# ---------------------------------------------------------------------------------------------- attention
+def _doc_ids(cu_seqlens: torch.Tensor, total: int) -> torch.Tensor:
+    lens = (cu_seqlens[1:] - cu_seqlens[:-1]).long()
+    return torch.repeat_interleave(torch.arange(lens.numel(), device=cu_seqlens.device), lens, output_size=total)
+
+
+_compiled_flex = None
+
+
+def _flex_attention(query, key, value, cu_seqlens, scaling):
+    global _compiled_flex
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    if _compiled_flex is None:
+        _compiled_flex = torch.compile(flex_attention, dynamic=True)
+    total = query.shape[2]
+    # One block mask per forward: cached on the cu_seqlens tensor (the same object reaches every layer).
+    cached = getattr(cu_seqlens, "_hybridrl_block_mask", None)
+    if cached is None:
+        docs = _doc_ids(cu_seqlens, total)
+
+        def doc_causal(b, h, q_idx, kv_idx):
+            return (docs[q_idx] == docs[kv_idx]) & (q_idx >= kv_idx)
+
+        cached = create_block_mask(doc_causal, None, None, total, total, device=query.device)
+        cu_seqlens._hybridrl_block_mask = cached
+    enable_gqa = query.shape[1] != key.shape[1]
+    return _compiled_flex(query, key, value, block_mask=cached, scale=scaling, enable_gqa=enable_gqa)
+
+
+def _sdpa_block_diagonal(query, key, value, cu_seqlens, scaling):
+    total = query.shape[2]
+    docs = _doc_ids(cu_seqlens, total)
+    pos = torch.arange(total, device=query.device)
+    mask = (docs[:, None] == docs[None, :]) & (pos[:, None] >= pos[None, :])
+    if key.shape[1] != query.shape[1]:
+        rep = query.shape[1] // key.shape[1]
+        key, value = key.repeat_interleave(rep, dim=1), value.repeat_interleave(rep, dim=1)
+    return F.scaled_dot_product_attention(query, key, value, attn_mask=mask[None, None], scale=scaling)
+
+
+def varlen_attention_forward(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None,
+                             sliding_window=None, **kwargs):
+    """query [1, H, T, D], key/value [1, Hkv, T, D] -> ([1, T, H, D], None)."""
+    cu = kwargs.get("cu_seq_lens_q")
+    if cu is None:
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      **kwargs)
+    if query.shape[0] != 1:
+        raise ValueError(f"packed attention expects one packed row, got batch {query.shape[0]}")
+    if sliding_window is not None:
+        raise ValueError(f"packed attention does not implement sliding_window={sliding_window}; "
+                         "set use_remove_padding=false for sliding-window models")
+    if query.is_cuda and not torch.compiler.is_compiling():
+        out = _flex_attention(query, key, value, cu, scaling)
+    else:
+        out = _sdpa_block_diagonal(query, key, value, cu, scaling)
+    return out.transpose(1, 2).contiguous(), None
+
+
+def _varlen_mask(*args, attention_mask=None, **kwargs):
+    if attention_mask is None:
+        return None
+    from transformers.masking_utils import sdpa_mask
+
+    return sdpa_mask(*args, attention_mask=attention_mask, **kwargs)
+
+
+def register_varlen_attention() -> str:
+    """Register the packed attention (idempotent) and return its name for `set_attn_implementation`."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface
+
+    AttentionInterface.register(VARLEN_ATTN, varlen_attention_forward)
+    AttentionMaskInterface.register(VARLEN_ATTN, _varlen_mask)
+    return VARLEN_ATTN
+
+
+# ---------------------------------------------------------------------------------------------- forward
+def _response_predictor_positions(batch: int, seq_len: int, response_length: int, device) -> torch.Tensor:
+    """[B, R] flat indices into [B*S] of the positions whose output predicts each response token."""
+    cols = torch.arange(seq_len - response_length - 1, seq_len - 1, device=device)
+    return (torch.arange(batch, device=device)[:, None] * seq_len + cols[None, :])
+
+
+def forward_response_logits(module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                            position_ids: torch.Tensor, response_length: int, use_remove_padding: bool,
+                            keep_only_needed: bool = True) -> torch.Tensor:
+    """Run the model and return the head outputs at the positions predicting the last R tokens: [B, R, C].
+
+    Positions whose predicting token is padding hold zeros (finite; callers mask them with response_mask).
+    keep_only_needed: pass `logits_to_keep` (causal LMs); False for heads without that argument (critic).
+    """
+    bsz, seq_len = input_ids.shape
+    if not use_remove_padding:
+        kwargs = {"logits_to_keep": response_length + 1} if keep_only_needed else {}
+        logits = module(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                        use_cache=False, **kwargs).logits
+        return logits[:, -response_length - 1:-1]
+    packed = pack_inputs(input_ids, attention_mask, position_ids)
+    total = packed.input_ids.shape[1]
+    packed_of_flat = torch.full((bsz * seq_len,), -1, dtype=torch.long, device=input_ids.device)
+    packed_of_flat[packed.flat_index] = torch.arange(total, device=input_ids.device)
+    wanted = packed_of_flat[_response_predictor_positions(bsz, seq_len, response_length, input_ids.device)]
+    valid = wanted >= 0
+    kwargs = dict(cu_seq_lens_q=packed.cu_seqlens, cu_seq_lens_k=packed.cu_seqlens,
+                  max_length_q=packed.max_seqlen, max_length_k=packed.max_seqlen, use_cache=False)
+    if keep_only_needed:
+        keep = wanted[valid]
+        logits = module(input_ids=packed.input_ids, position_ids=packed.position_ids, logits_to_keep=keep,
+                        **kwargs).logits[0]                                   # [K, C]
+    else:
+        logits = module(input_ids=packed.input_ids, position_ids=packed.position_ids, **kwargs).logits[0]
+        logits = logits[wanted[valid]]
+    out = logits.new_zeros(bsz, response_length, logits.shape[-1])
+    out[valid] = logits
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- dynamic bsz
+def _balanced_bins(lengths: list[int], num_bins: int) -> list[list[int]]:
+    bins: list[list[int]] = [[] for _ in range(num_bins)]
+    loads = [0] * num_bins
+    for i in sorted(range(len(lengths)), key=lambda j: (-lengths[j], j)):
+        b = min(range(num_bins), key=lambda k: (loads[k], k))
+        bins[b].append(i)
+        loads[b] += lengths[i]
+    return [sorted(b) for b in bins]
+
+
+def rearrange_micro_batches(seq_lens: list[int], max_token_len: int, group=None,
+                            key: str = "ppo_max_token_len_per_gpu") -> list[list[int]]:
+    """Split rows into token-balanced micro-batches of at most max_token_len tokens each.
+
+    Returns lists of row indices (each sorted); every row appears exactly once. With torch.distributed
+    initialised, the micro-batch count is the maximum over `group` (default: world).
+    """
+    if max_token_len <= 0:
+        raise ValueError(f"{key} must be > 0, got {max_token_len}")
+    too_long = [n for n in seq_lens if n > max_token_len]
+    if too_long:
+        raise ValueError(f"{key}={max_token_len} is smaller than a sequence of {max(too_long)} tokens; "
+                         f"raise it to at least the longest prompt+response length")
+    n = len(seq_lens)
+    if n == 0:
+        raise ValueError("rearrange_micro_batches: empty batch")
+    num = max(1, -(-sum(seq_lens) // max_token_len))
+    while True:
+        bins = _balanced_bins(seq_lens, num)
+        if all(sum(seq_lens[i] for i in b) <= max_token_len for b in bins):
+            break
+        num += 1
+    if dist.is_available() and dist.is_initialized():
+        t = torch.tensor([num], dtype=torch.int64,
+                         device="cuda" if dist.get_backend(group) == "nccl" else "cpu")
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
+        if int(t.item()) != num:
+            num = int(t.item())
+            if num > n:
+                raise RuntimeError(f"dynamic bsz: another rank needs {num} micro-batches but this rank has only "
+                                   f"{n} rows; raise {key} or balance the batch across ranks")
+            bins = _balanced_bins(seq_lens, num)
+    if any(not b for b in bins):
+        raise RuntimeError(f"dynamic bsz produced an empty micro-batch ({num} bins for {n} rows)")
+    return bins
+
+
+def restore_order(chunks: list[torch.Tensor], bins: list[list[int]]) -> torch.Tensor:
+    """Concatenate per-micro-batch outputs and put rows back in their original order."""
+    out = torch.cat(chunks, dim=0)
+    order = torch.tensor([i for b in bins for i in b], dtype=torch.long)
+    inverse = torch.empty_like(order)
+    inverse[order] = torch.arange(order.numel())
+    return out[inverse.to(out.device)]

@@ -1,0 +1,110 @@
+"""Test helpers: a tiny random Qwen2 model directory (with a byte-level BPE tokenizer and a chat template),
+a PPO-shaped DataProto built from it, and a 2-rank gloo runner (spawn, free port found at run time)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import traceback
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from hybridrl.protocol import DataProto
+
+CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+                 "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def tiny_qwen2_config(vocab_size: int = 300):
+    import transformers
+
+    return transformers.Qwen2Config(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                    num_attention_heads=4, num_key_value_heads=2, vocab_size=vocab_size,
+                                    max_position_embeddings=256, tie_word_embeddings=False)
+
+
+def make_tiny_model_dir(path: Path, seed: int = 0, with_tokenizer: bool = True) -> Path:
+    """Random-weight tiny Qwen2 saved as a HF directory (fp32); tokenizer trained on a few sentences."""
+    import transformers
+
+    path = Path(path)
+    vocab = 300
+    if with_tokenizer:
+        from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+        tok = Tokenizer(models.BPE())
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tok.decoder = decoders.ByteLevel()
+        special = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+        trainer = trainers.BpeTrainer(vocab_size=vocab, special_tokens=special,
+                                      initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+        tok.train_from_iterator(["what is 1 + 2 ? the answer is 3", "user assistant system 0123456789"] * 20,
+                                trainer)
+        fast = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>",
+                                                    pad_token="<|endoftext|>")
+        fast.chat_template = CHAT_TEMPLATE
+        fast.save_pretrained(path)
+        vocab = max(vocab, len(fast))
+    torch.manual_seed(seed)
+    model = transformers.AutoModelForCausalLM.from_config(tiny_qwen2_config(vocab), dtype=torch.float32)
+    model.save_pretrained(path)
+    return path
+
+
+def make_ppo_batch(batch: int = 4, prompt_len: int = 6, resp_len: int = 5, vocab: int = 300, seed: int = 0,
+                   temperature: float = 1.0) -> DataProto:
+    """Left-padded prompts + right-padded responses of varying lengths, with old log-probs and advantages."""
+    g = torch.Generator().manual_seed(seed)
+    prompts = torch.randint(3, vocab, (batch, prompt_len), generator=g)
+    responses = torch.randint(3, vocab, (batch, resp_len), generator=g)
+    pmask = torch.ones(batch, prompt_len, dtype=torch.long)
+    rmask = torch.ones(batch, resp_len, dtype=torch.long)
+    for i in range(batch):
+        pmask[i, : i % prompt_len] = 0
+        rmask[i, resp_len - (i % resp_len):] = 0
+    prompts[pmask == 0] = 0
+    responses[rmask == 0] = 0
+    attn = torch.cat([pmask, rmask], 1)
+    tensors = {"prompts": prompts, "responses": responses, "input_ids": torch.cat([prompts, responses], 1),
+               "attention_mask": attn, "position_ids": (attn.cumsum(1) - 1).clamp(min=0),
+               "response_mask": rmask.float(),
+               "old_log_probs": -5.5 + 0.1 * torch.randn(batch, resp_len, generator=g),
+               "ref_log_prob": -5.5 + 0.1 * torch.randn(batch, resp_len, generator=g),
+               "advantages": torch.randn(batch, resp_len, generator=g),
+               "values": 0.1 * torch.randn(batch, resp_len, generator=g),
+               "returns": torch.randn(batch, resp_len, generator=g)}
+    return DataProto.from_dict(tensors, meta_info={"temperature": temperature})
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _entry(rank, world, port, fn, args, errq):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
+                      LOCAL_RANK=str(rank))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        fn(rank, world, *args)
+    except BaseException:
+        errq.put((rank, traceback.format_exc()))
+        raise
+    finally:
+        dist.destroy_process_group()
+
+
+def run_ranks(fn, world: int = 2, *args) -> None:
+    """Run fn(rank, world, *args) on `world` gloo ranks; re-raise the first failure with its traceback."""
+    ctx = mp.get_context("spawn")
+    errq = ctx.SimpleQueue()
+    mp.start_processes(_entry, args=(world, free_port(), fn, args, errq), nprocs=world, join=True,
+                       start_method="spawn")
+    if not errq.empty():
+        rank, tb = errq.get()
+        raise AssertionError(f"rank {rank} failed:\n{tb}")

@@ -1,0 +1,142 @@
+"""Actor / critic on a plain (unsharded) tiny Qwen2: packing, dynamic bsz, accumulation, a loss-lowering step."""
+
+import copy
+
+import pytest
+import torch
+import transformers
+from _training_tiny import make_ppo_batch, tiny_qwen2_config
+
+from hybridrl.algorithms import compute_policy_loss
+from hybridrl.training import DataParallelPPOActor, DataParallelPPOCritic
+from hybridrl.training.packing import register_varlen_attention
+
+
+@pytest.fixture(scope="module")
+def base_model():
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(tiny_qwen2_config(), dtype=torch.float32)
+    model.set_attn_implementation(register_varlen_attention())
+    return model
+
+
+def actor_cfg(**kw):
+    cfg = dict(ppo_mini_batch_size=4, ppo_micro_batch_size_per_gpu=4, ppo_epochs=1, clip_ratio=0.2,
+               loss_agg_mode="token-mean", entropy_coeff=0.0, use_kl_loss=False, grad_clip=1e9,
+               use_dynamic_bsz=False, ppo_max_token_len_per_gpu=64, use_remove_padding=True)
+    cfg.update(kw)
+    return cfg
+
+
+def test_packed_equals_padded_and_dynamic_equals_fixed(base_model):
+    data = make_ppo_batch(batch=5, temperature=0.7)
+    data.meta_info.update(micro_batch_size=2)
+    packed = DataParallelPPOActor(actor_cfg(), base_model, use_remove_padding=True)
+    padded = DataParallelPPOActor(actor_cfg(), base_model, use_remove_padding=False)
+    lp_packed, ent_packed = packed.compute_log_prob(data, calculate_entropy=True)
+    lp_padded, ent_padded = padded.compute_log_prob(data, calculate_entropy=True)
+    mask = data.batch["response_mask"].bool()
+    assert lp_packed.shape == (5, 5) and lp_packed.device.type == "cpu"
+    torch.testing.assert_close(lp_packed[mask], lp_padded[mask], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(ent_packed[mask], ent_padded[mask], atol=1e-5, rtol=1e-5)
+    dyn = copy.copy(data)
+    dyn.meta_info = dict(data.meta_info, use_dynamic_bsz=True, max_token_len=24)
+    lp_dyn, _ = packed.compute_log_prob(dyn)
+    torch.testing.assert_close(lp_dyn[mask], lp_packed[mask], atol=1e-5, rtol=1e-5)
+    # temperature is applied: T=0.7 differs from T=1.0
+    data.meta_info["temperature"] = 1.0
+    assert not torch.allclose(packed.compute_log_prob(data)[0][mask], lp_packed[mask])
+
+
+def _grads_after_update(model, cfg, data):
+    model = copy.deepcopy(model)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    actor = DataParallelPPOActor(cfg, model, torch.optim.SGD(model.parameters(), lr=1.0))
+    metrics = actor.update_policy(data)
+    return {n: before[n] - p.detach() for n, p in model.named_parameters()}, metrics
+
+
+@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean"])
+def test_grad_accumulation_1x4_equals_4x1(base_model, mode):
+    data = make_ppo_batch(batch=4, seed=1)
+    g_one, m_one = _grads_after_update(base_model, actor_cfg(loss_agg_mode=mode, ppo_micro_batch_size_per_gpu=4), data)
+    g_four, m_four = _grads_after_update(base_model, actor_cfg(loss_agg_mode=mode, ppo_micro_batch_size_per_gpu=1),
+                                         data)
+    g_dyn, _ = _grads_after_update(base_model, actor_cfg(loss_agg_mode=mode, use_dynamic_bsz=True,
+                                                         ppo_max_token_len_per_gpu=20), data)
+    assert any(g.abs().max() > 0 for g in g_one.values())
+    for name in g_one:
+        torch.testing.assert_close(g_four[name], g_one[name], atol=1e-6, rtol=1e-4)
+        torch.testing.assert_close(g_dyn[name], g_one[name], atol=1e-6, rtol=1e-4)
+    assert m_one["actor/grad_norm"] == pytest.approx(m_four["actor/grad_norm"], rel=1e-4)
+
+
+def _pg_loss(actor, data):
+    lp, _ = actor.compute_log_prob(dict_meta(data))
+    return compute_policy_loss(data.batch["old_log_probs"], lp, data.batch["advantages"],
+                               data.batch["response_mask"], cliprange=0.2)[0].item()
+
+
+def dict_meta(data):
+    data.meta_info.setdefault("micro_batch_size", 4)
+    return data
+
+
+def test_update_lowers_loss_and_reports_verl_metrics(base_model):
+    model = copy.deepcopy(base_model)
+    data = make_ppo_batch(batch=4, seed=2)
+    actor = DataParallelPPOActor(actor_cfg(entropy_coeff=0.01, use_kl_loss=True, kl_loss_type="low_var_kl",
+                                           grad_clip=1.0, ppo_micro_batch_size_per_gpu=2),
+                                 model, torch.optim.AdamW(model.parameters(), lr=1e-3))
+    data.batch["old_log_probs"] = actor.compute_log_prob(dict_meta(data))[0]
+    before = _pg_loss(actor, data)
+    metrics = actor.update_policy(data)
+    after = _pg_loss(actor, data)
+    assert after < before
+    for key in ("actor/pg_loss", "actor/pg_clipfrac", "actor/pg_clipfrac_lower", "actor/ppo_kl", "actor/kl_loss",
+                "actor/entropy", "actor/grad_norm", "actor/lr"):
+        assert key in metrics, key
+    assert metrics["actor/lr"] == 1e-3 and metrics["actor/grad_norm_nonfinite_skips"] == 0.0
+
+
+def test_nonfinite_grad_skips_step_and_counts(base_model):
+    model = copy.deepcopy(base_model)
+    data = make_ppo_batch(batch=2, seed=3)
+    data.batch["advantages"][0, 0] = float("nan")
+    actor = DataParallelPPOActor(actor_cfg(ppo_mini_batch_size=2), model, torch.optim.SGD(model.parameters(), lr=1.0))
+    before = [p.detach().clone() for p in model.parameters()]
+    metrics = actor.update_policy(data)
+    assert metrics["actor/grad_norm_nonfinite_skips"] == 1.0 and "actor/grad_norm" not in metrics
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+
+
+def test_kl_loss_without_ref_log_prob_is_a_clear_error(base_model):
+    data = make_ppo_batch(batch=2)
+    data.pop(["ref_log_prob"])
+    actor = DataParallelPPOActor(actor_cfg(use_kl_loss=True), base_model, torch.optim.SGD(base_model.parameters(), 0.0))
+    with pytest.raises(ValueError, match="ref_log_prob"):
+        actor.update_policy(data)
+
+
+def test_critic_values_and_update_lower_value_loss():
+    torch.manual_seed(0)
+    cfg = tiny_qwen2_config()
+    cfg.num_labels, cfg.classifier_dropout = 1, 0.0
+    model = transformers.AutoModelForTokenClassification.from_config(cfg, dtype=torch.float32)
+    model.set_attn_implementation(register_varlen_attention())
+    data = make_ppo_batch(batch=4, seed=4)
+    data.meta_info["micro_batch_size"] = 3
+    ccfg = dict(ppo_mini_batch_size=4, ppo_micro_batch_size_per_gpu=2, cliprange_value=100.0, grad_clip=1.0,
+                loss_agg_mode="token-mean", model={"use_remove_padding": True})
+    critic = DataParallelPPOCritic(ccfg, model, torch.optim.AdamW(model.parameters(), lr=1e-2))
+    padded = DataParallelPPOCritic(ccfg, model, use_remove_padding=False)
+    values = critic.compute_values(data)
+    mask = data.batch["response_mask"]
+    torch.testing.assert_close(values, padded.compute_values(data), atol=1e-5, rtol=1e-5)
+    assert torch.all(values[mask == 0] == 0)
+    data.batch["values"] = values
+    first = critic.update_critic(data)
+    for _ in range(4):
+        last = critic.update_critic(data)
+    assert last["critic/vf_loss"] < first["critic/vf_loss"]
+    assert {"critic/vf_clipfrac", "critic/vpred_mean", "critic/grad_norm", "critic/lr"} <= set(last)

@@ -1,0 +1,103 @@
+"""2 gloo ranks: HSDP mesh shape, FSDP2 log-probs == single-process HF, an update step, sharded checkpoint
+save -> load -> next step == uninterrupted next step, merged HF model == trained model, offload round trip.
+One spawn runs all checks (process start-up dominates the cost)."""
+
+import pytest
+import torch
+import torch.distributed as dist
+import transformers
+from _training_tiny import make_ppo_batch, make_tiny_model_dir, run_ranks
+
+from hybridrl.training import (
+    DataParallelPPOActor,
+    build_fsdp_model,
+    build_lr_scheduler,
+    build_optimizer,
+    build_training_mesh,
+    load_checkpoint,
+    load_fsdp_params,
+    load_optimizer,
+    merge_checkpoint,
+    offload_fsdp_params,
+    offload_optimizer,
+    save_checkpoint,
+)
+
+ACTOR = dict(ppo_mini_batch_size=4, ppo_micro_batch_size_per_gpu=2, ppo_epochs=1, clip_ratio=0.2, grad_clip=1.0,
+             loss_agg_mode="token-mean", entropy_coeff=0.0, use_kl_loss=False, use_dynamic_bsz=False)
+OPTIM = dict(lr=1e-3, weight_decay=0.01, lr_warmup_steps=0, warmup_style="cosine", min_lr_ratio=0.1,
+             total_training_steps=10)
+
+
+def _build(model_dir, mesh):
+    model = build_fsdp_model({"path": str(model_dir), "use_remove_padding": True}, {"model_dtype": "fp32"}, mesh,
+                             torch.device("cpu"))
+    opt = build_optimizer(model.parameters(), OPTIM)
+    return DataParallelPPOActor(ACTOR, model, opt, build_lr_scheduler(opt, OPTIM), use_remove_padding=True)
+
+
+def _rank_batch(rank, seed):
+    data = make_ppo_batch(batch=4, seed=seed + rank, temperature=0.9)
+    data.meta_info["micro_batch_size"] = 3
+    return data
+
+
+def _worker(rank, world, model_dir, tmp):
+    hsdp = build_training_mesh(world, fsdp_size=1, device_type="cpu")
+    assert hsdp.mesh_dim_names == ("ddp", "fsdp") and tuple(hsdp.mesh.shape) == (2, 1)
+    mesh = build_training_mesh(world, device_type="cpu")
+    assert mesh.mesh_dim_names == ("fsdp",) and tuple(mesh.mesh.shape) == (2,)
+
+    actor = _build(model_dir, mesh)
+    data = _rank_batch(rank, 10)
+    mask = data.batch["response_mask"].bool()
+    ref_model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    ref = DataParallelPPOActor(ACTOR, ref_model, use_remove_padding=False)
+    lp_fsdp, _ = actor.compute_log_prob(data)
+    lp_ref, _ = ref.compute_log_prob(data)
+    torch.testing.assert_close(lp_fsdp[mask], lp_ref[mask], atol=1e-5, rtol=1e-5)
+
+    # one step, checkpoint, a second step; then restore and redo the second step
+    data.batch["old_log_probs"] = lp_fsdp
+    m1 = actor.update_policy(data)
+    assert m1["actor/grad_norm"] > 0
+    lp_after, _ = actor.compute_log_prob(data)
+    assert not torch.allclose(lp_after[mask], lp_fsdp[mask])
+    ckpt = f"{tmp}/global_step_1"
+    save_checkpoint(ckpt, actor.module, actor.optimizer, actor.scheduler, role="actor", extra={"step": 1})
+    data2 = _rank_batch(rank, 20)
+    data2.batch["old_log_probs"] = actor.compute_log_prob(data2)[0]
+    m2 = actor.update_policy(data2)
+    lp_uninterrupted, _ = actor.compute_log_prob(data2)
+    save_checkpoint(f"{tmp}/global_step_2", actor.module, actor.optimizer, actor.scheduler, role="actor")
+
+    # offload / load round trip leaves the next result unchanged
+    offload_fsdp_params(actor.module)
+    offload_optimizer(actor.optimizer)
+    load_fsdp_params(actor.module, "cpu")
+    load_optimizer(actor.optimizer, "cpu")
+    torch.testing.assert_close(actor.compute_log_prob(data2)[0], lp_uninterrupted, atol=0, rtol=0)
+
+    fresh = _build(model_dir, mesh)
+    extra = load_checkpoint(ckpt, fresh.module, fresh.optimizer, fresh.scheduler)
+    assert extra == {"step": 1}
+    m2_resumed = fresh.update_policy(data2)
+    assert m2_resumed["actor/lr"] == m2["actor/lr"]
+    torch.testing.assert_close(fresh.compute_log_prob(data2)[0], lp_uninterrupted, atol=1e-6, rtol=1e-6)
+
+    dist.barrier()
+    if rank == 0:
+        out = merge_checkpoint(f"{tmp}/global_step_2", f"{tmp}/merged", dtype="float32")
+        merged = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)
+        lp_merged, _ = DataParallelPPOActor(ACTOR, merged, use_remove_padding=False).compute_log_prob(data2)
+        m2mask = data2.batch["response_mask"].bool()
+        torch.testing.assert_close(lp_merged[m2mask], lp_uninterrupted[m2mask], atol=1e-5, rtol=1e-5)
+    dist.barrier()
+
+
+@pytest.mark.slow
+def test_fsdp_two_ranks_logprobs_checkpoint_merge(tmp_path):
+    model_dir = make_tiny_model_dir(tmp_path / "model", with_tokenizer=False)
+    run_ranks(_worker, 2, str(model_dir), str(tmp_path))
+    assert (tmp_path / "merged" / "model.safetensors").exists()
+    assert (tmp_path / "global_step_1" / "extra_state_world_size_2_rank_1.pt").exists()
