@@ -1,0 +1,217 @@
+"""One tensor-parallel decoder for the rollout engine: Qwen2/Qwen2.5, Llama 3, Qwen3.
+
+Choices:
+- The three families differ only in small switches, read from the HF config: q/k/v bias (Qwen2
+  always, others `attention_bias`), per-head RMSNorm on q and k (Qwen3), rope type ('default' or
+  Llama 3's 'llama3'), tied or untied embeddings. One module covers them; anything else raises
+  ValueError naming the model type and pointing to `rollout.name=hf` (the HF backend).
+- The model knows nothing about paging: attention calls `ctx.attend(layer_idx, q, k, v)` on the context
+  object the runner passes in (no global context), which writes K/V into the paged cache and runs
+  the prefill or decode kernel. Tokens are flattened ([T, ...]) across sequences, as in nano-vllm.
+- Only the last token's hidden state of each prefill sequence reaches the LM head (`logits_index`).
+- HF names map to fused parameters in `load_hf_weight`: q/k/v_proj -> qkv_proj, gate/up_proj -> gate_up_proj.
+
+Shape legend: T tokens, H hidden, N heads (local), K kv heads (local), D head_dim.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from hybridrl.models.rope import apply_rope, inv_frequencies
+from hybridrl.models.tp_layers import (
+    ColumnParallelLinear,
+    ParallelLMHead,
+    RowParallelLinear,
+    VocabParallelEmbedding,
+    column_parts,
+)
+
+SUPPORTED_MODEL_TYPES = ("qwen2", "llama", "qwen3")
+
+# HF sub-module name -> (our fused parameter's module name, shard id)
+FUSED = {"q_proj": ("qkv_proj", "q"), "k_proj": ("qkv_proj", "k"), "v_proj": ("qkv_proj", "v"),
+         "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1)}
+IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+
+
+def check_supported(config) -> None:
+    mt = getattr(config, "model_type", None)
+    if mt not in SUPPORTED_MODEL_TYPES:
+        raise ValueError(f"model_type {mt!r} is not supported by the native rollout engine (supported: "
+                         f"{', '.join(SUPPORTED_MODEL_TYPES)}); set actor_rollout_ref.rollout.name=hf")
+    if getattr(config, "use_sliding_window", False):
+        raise ValueError(f"{mt}: use_sliding_window=True is not supported by the native rollout engine; "
+                         "set actor_rollout_ref.rollout.name=hf")
+    if getattr(config, "mlp_bias", False):
+        raise ValueError(f"{mt}: mlp_bias=True is not supported by the native rollout engine; "
+                         "set actor_rollout_ref.rollout.name=hf")
+    if getattr(config, "hidden_act", "silu") != "silu":
+        raise ValueError(f"{mt}: hidden_act={config.hidden_act!r} is not supported (only silu); "
+                         "set actor_rollout_ref.rollout.name=hf")
+    inv_frequencies(config, head_dim_of(config))  # raises on unsupported rope types
+
+
+def head_dim_of(config) -> int:
+    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.empty(dim), requires_grad=False)
+
+    def forward(self, x):
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+class Attention(nn.Module):
+    def __init__(self, config, layer_idx: int, tp_group):
+        super().__init__()
+        self.layer_idx = layer_idx
+        d = head_dim_of(config)
+        nh, nkv = config.num_attention_heads, config.num_key_value_heads
+        bias = config.model_type == "qwen2" or getattr(config, "attention_bias", False)
+        parts = column_parts({"q": nh * d, "k": nkv * d, "v": nkv * d}, tp_group, {"k": d, "v": d})
+        self.qkv_proj = ColumnParallelLinear(config.hidden_size, parts, bias, tp_group)
+        self.num_heads, self.num_kv_heads, self.head_dim = parts["q"][1] // d, parts["k"][1] // d, d
+        self.o_proj = RowParallelLinear(nh * d, config.hidden_size, getattr(config, "attention_bias", False)
+                                        and config.model_type != "qwen2", tp_group)
+        self.qk_norm = config.model_type == "qwen3"
+        if self.qk_norm:
+            self.q_norm = RMSNorm(d, config.rms_norm_eps)
+            self.k_norm = RMSNorm(d, config.rms_norm_eps)
+        self.scale = d**-0.5
+
+    def forward(self, x_TH, cos_TD, sin_TD, ctx):
+        T = x_TH.shape[0]
+        q, k, v = self.qkv_proj(x_TH).split([self.num_heads * self.head_dim,
+                                             self.num_kv_heads * self.head_dim,
+                                             self.num_kv_heads * self.head_dim], dim=-1)
+        q_TND = q.view(T, self.num_heads, self.head_dim)
+        k_TKD = k.view(T, self.num_kv_heads, self.head_dim)
+        v_TKD = v.view(T, self.num_kv_heads, self.head_dim)
+        if self.qk_norm:
+            q_TND, k_TKD = self.q_norm(q_TND), self.k_norm(k_TKD)
+        q_TND, k_TKD = apply_rope(q_TND, cos_TD, sin_TD), apply_rope(k_TKD, cos_TD, sin_TD)
+        o_TND = ctx.attend(self.layer_idx, q_TND, k_TKD, v_TKD.contiguous(), self.scale)
+        return self.o_proj(o_TND.reshape(T, -1))
+
+
+class MLP(nn.Module):
+    def __init__(self, config, tp_group):
+        super().__init__()
+        inter = config.intermediate_size
+        self.gate_up_proj = ColumnParallelLinear(config.hidden_size, column_parts({0: inter, 1: inter}, tp_group),
+                                                 False, tp_group)
+        self.down_proj = RowParallelLinear(inter, config.hidden_size, False, tp_group)
+
+    def forward(self, x):
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config, layer_idx, tp_group):
+        super().__init__()
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.self_attn = Attention(config, layer_idx, tp_group)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.mlp = MLP(config, tp_group)
+
+    def forward(self, h, cos, sin, ctx):
+        h = h + self.self_attn(self.input_layernorm(h), cos, sin, ctx)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class DecoderModel(nn.Module):
+    def __init__(self, config, tp_group):
+        super().__init__()
+        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, tp_group)
+        self.layers = nn.ModuleList(DecoderLayer(config, i, tp_group) for i in range(config.num_hidden_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+
+class TPDecoderForCausalLM(nn.Module):
+    """forward(input_ids_T, positions_T, ctx) -> final hidden states [T, H]; compute_logits(h) -> [S, V]."""
+
+    def __init__(self, config, tp_group=None):
+        super().__init__()
+        check_supported(config)
+        self.config = config
+        self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
+        self.model = DecoderModel(config, tp_group)
+        self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size, tp_group)
+        if self.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+        self.rope_cache = None  # [2, max_len, D] fp32, set by the runner on wake-up
+
+    def forward(self, input_ids_T, positions_T, ctx):
+        h = self.model.embed_tokens(input_ids_T)
+        cos, sin = (c.index_select(0, positions_T).to(h.dtype) for c in self.rope_cache)
+        for layer in self.model.layers:
+            h = layer(h, cos, sin, ctx)
+        return self.model.norm(h)
+
+    def compute_logits(self, h_SH):
+        return self.lm_head(h_SH)
+
+    # ------------------------------------------------------------------ weights
+    def resolve_hf_name(self, hf_name: str):
+        """HF name -> (our name, our parameter, shard id) or None for names that carry no weight (rotary buffers)."""
+        if hf_name.endswith(IGNORED_SUFFIXES):
+            return None
+        name, shard_id = hf_name, None
+        parts = hf_name.split(".")
+        if len(parts) >= 2 and parts[-2] in FUSED:
+            fused, shard_id = FUSED[parts[-2]]
+            name = ".".join(parts[:-2] + [fused, parts[-1]])
+        if name == "lm_head.weight" and self.tie_word_embeddings:
+            name = "model.embed_tokens.weight"
+        try:
+            param = self.get_parameter(name)
+        except AttributeError:
+            raise ValueError(f"load_weights: unknown weight name {hf_name!r} for model_type "
+                             f"{self.config.model_type!r}") from None
+        module_name, _, param_name = name.rpartition(".")
+        return name, param, self.get_submodule(module_name), param_name, shard_id
+
+    def hf_weight_shard_spec(self, hf_name: str, full_shape):
+        resolved = self.resolve_hf_name(hf_name)
+        if resolved is None:
+            return None
+        _, _, module, param_name, shard_id = resolved
+        spec = getattr(module, "shard_spec", None)
+        return None if spec is None else spec(param_name, shard_id)
+
+    @torch.no_grad()
+    def load_hf_weight(self, hf_name: str, tensor: torch.Tensor):
+        """Copy one HF tensor into its (shard of a) parameter; returns (our name, shard id), None if ignored."""
+        resolved = self.resolve_hf_name(hf_name)
+        if resolved is None:
+            return None
+        name, param, module, param_name, shard_id = resolved
+        loader = getattr(module, "load", None)
+        if loader is None:
+            if tuple(tensor.shape) != tuple(param.shape):
+                raise ValueError(f"load_weights: {hf_name} has shape {tuple(tensor.shape)}, expected "
+                                 f"{tuple(param.shape)}")
+            param.data.copy_(tensor.to(dtype=param.dtype, device=param.device))
+        else:
+            loader(param_name, tensor, shard_id)
+        return name, shard_id
+
+    def expected_weight_keys(self) -> set:
+        """Every (parameter name, shard id) a complete load must fill."""
+        keys = set()
+        for name, _param in self.named_parameters():
+            module = self.get_submodule(name.rpartition(".")[0])
+            shard_ids = getattr(module, "parts", {None: None}).keys()
+            keys.update((name, sid) for sid in shard_ids)
+        return keys

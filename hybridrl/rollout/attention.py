@@ -1,0 +1,104 @@
+"""Attention over a paged KV cache: the context object the decoder calls, prefill and decode paths.
+
+Choices:
+- `AttentionContext` carries the step's metadata and the per-layer caches explicitly (no global
+  context); the decoder only calls `ctx.attend(layer, q, k, v, scale)`.
+- Cache layout per layer: [2, num_blocks, block_size, kv_heads_local, head_dim]; K/V of the step's
+  tokens are written with `index_copy_` at `slot_mapping` (block * block_size + offset).
+- Prefill of fresh sequences: SDPA (causal, enable_gqa) straight on the step's q/k/v — one batched
+  call when all sequences have the same length, else one call per sequence. Prefill of a sequence
+  with cached tokens (a re-admitted sample): the simple way — gather its K/V from the cache and run
+  SDPA with an explicit offset-causal mask.
+- Decode: on CUDA the Triton paged kernel (reads each K/V block once per kv head, GQA in one
+  program); elsewhere `paged_decode_reference`, a plain torch gather + softmax in fp32, which is
+  also the oracle the kernel is tested against.
+
+Shape legend: T tokens, B sequences, N q heads, K kv heads, D head_dim, M blocks per sequence, S keys.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+
+def sdpa_gqa(q_BNLD, k_BKSD, v_BKSD, scale, is_causal=False, mask=None):
+    if q_BNLD.shape[1] != k_BKSD.shape[1]:
+        try:
+            return F.scaled_dot_product_attention(q_BNLD, k_BKSD, v_BKSD, attn_mask=mask, is_causal=is_causal,
+                                                  scale=scale, enable_gqa=True)
+        except TypeError:  # torch without enable_gqa
+            rep = q_BNLD.shape[1] // k_BKSD.shape[1]
+            k_BKSD, v_BKSD = k_BKSD.repeat_interleave(rep, 1), v_BKSD.repeat_interleave(rep, 1)
+    return F.scaled_dot_product_attention(q_BNLD, k_BKSD, v_BKSD, attn_mask=mask, is_causal=is_causal, scale=scale)
+
+
+def paged_decode_reference(q_BND, k_cache, v_cache, block_tables_BM, context_lens_B, scale):
+    """Torch reference: one query token per sequence against its paged context."""
+    B, N, D = q_BND.shape
+    bs, K = k_cache.shape[1], k_cache.shape[2]
+    M = block_tables_BM.shape[1]
+    k_BSKD = k_cache[block_tables_BM.long()].reshape(B, M * bs, K, D).float()
+    v_BSKD = v_cache[block_tables_BM.long()].reshape(B, M * bs, K, D).float()
+    q_BKGD = q_BND.float().view(B, K, N // K, D)
+    scores = torch.einsum("bkgd,bskd->bkgs", q_BKGD, k_BSKD) * scale
+    invalid_BS = torch.arange(M * bs, device=q_BND.device)[None, :] >= context_lens_B[:, None]
+    scores = scores.masked_fill(invalid_BS[:, None, None, :], float("-inf"))
+    v_BSKD = v_BSKD.masked_fill(invalid_BS[:, :, None, None], 0.0)
+    out = torch.einsum("bkgs,bskd->bkgd", scores.softmax(-1), v_BSKD)
+    return out.reshape(B, N, D).to(q_BND.dtype)
+
+
+@dataclass
+class AttentionContext:
+    kv_caches: list  # per layer [2, num_blocks, block_size, K, D]
+    is_prefill: bool
+    slot_mapping: torch.Tensor  # [T] int64
+    # prefill
+    seq_lens: list[int] | None = None  # new tokens per sequence
+    cached_lens: list[int] | None = None
+    prefill_block_tables: list[torch.Tensor] | None = None  # only when some cached_lens > 0
+    # decode
+    block_tables: torch.Tensor | None = None  # [B, M] int32
+    context_lens: torch.Tensor | None = None  # [B] int32
+    use_triton: bool = False
+
+    def attend(self, layer: int, q_TND, k_TKD, v_TKD, scale):
+        cache = self.kv_caches[layer]
+        K, D = k_TKD.shape[1:]
+        cache[0].view(-1, K, D).index_copy_(0, self.slot_mapping, k_TKD)
+        cache[1].view(-1, K, D).index_copy_(0, self.slot_mapping, v_TKD)
+        if not self.is_prefill:
+            if self.use_triton:
+                from hybridrl.rollout.triton_decode import paged_decode_triton
+
+                return paged_decode_triton(q_TND, cache[0], cache[1], self.block_tables, self.context_lens, scale)
+            return paged_decode_reference(q_TND, cache[0], cache[1], self.block_tables, self.context_lens, scale)
+        return self._prefill(cache, q_TND, k_TKD, v_TKD, scale)
+
+    def _prefill(self, cache, q_TND, k_TKD, v_TKD, scale):
+        lens, cached = self.seq_lens, self.cached_lens
+        if not any(cached) and len(set(lens)) == 1:
+            B, L = len(lens), lens[0]
+            q, k, v = (x.view(B, L, x.shape[1], x.shape[2]).transpose(1, 2) for x in (q_TND, k_TKD, v_TKD))
+            return sdpa_gqa(q, k, v, scale, is_causal=True).transpose(1, 2).reshape(q_TND.shape)
+        outs, start = [], 0
+        for i, (n, c) in enumerate(zip(lens, cached)):
+            q = q_TND[start:start + n].transpose(0, 1).unsqueeze(0)
+            if c == 0:
+                k = k_TKD[start:start + n].transpose(0, 1).unsqueeze(0)
+                v = v_TKD[start:start + n].transpose(0, 1).unsqueeze(0)
+                o = sdpa_gqa(q, k, v, scale, is_causal=True)
+            else:
+                blocks = self.prefill_block_tables[i].long()
+                K, D = k_TKD.shape[1:]
+                k = cache[0][blocks].reshape(-1, K, D)[: c + n].transpose(0, 1).unsqueeze(0)
+                v = cache[1][blocks].reshape(-1, K, D)[: c + n].transpose(0, 1).unsqueeze(0)
+                key_pos = torch.arange(c + n, device=q.device)
+                mask = key_pos[None, :] <= (c + torch.arange(n, device=q.device))[:, None]
+                o = sdpa_gqa(q, k, v, scale, mask=mask)
+            outs.append(o.squeeze(0).transpose(0, 1))
+            start += n
+        return torch.cat(outs, 0)

@@ -1,0 +1,97 @@
+"""BlockManager: ref-counted physical KV blocks (pure Python).
+
+Choices:
+- A block is shared when its ref count is > 1: the n samples of a prompt fork from the one sequence
+  that prefilled it, so the prompt's K/V is computed and stored once.
+- Copy-on-write happens only where a sequence would write into a shared block: the last, partial
+  prompt block, at the sample's first decode step. `append_slot` then returns (src, dst) for the
+  runner to copy on the device before that step. Full prompt blocks are never written again.
+- No content-hash prefix cache across requests: the hybrid engine resets the cache every step
+  (weights change), so only within-request sharing pays.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+from hybridrl.rollout.sequence import Sequence
+
+
+class BlockManager:
+    def __init__(self, num_blocks: int, block_size: int):
+        if num_blocks < 1 or block_size < 1:
+            raise ValueError(f"num_kv_blocks={num_blocks} and block_size={block_size} must both be >= 1")
+        self.num_blocks, self.block_size = num_blocks, block_size
+        self.ref_counts = [0] * num_blocks
+        self.free_blocks: deque[int] = deque(range(num_blocks))
+
+    @property
+    def num_free(self) -> int:
+        return len(self.free_blocks)
+
+    @property
+    def num_used(self) -> int:
+        return self.num_blocks - len(self.free_blocks)
+
+    def can_allocate(self, n: int) -> bool:
+        return n <= len(self.free_blocks)
+
+    def _take(self) -> int:
+        block = self.free_blocks.popleft()
+        assert self.ref_counts[block] == 0, f"block {block} on the free list has refs"
+        self.ref_counts[block] = 1
+        return block
+
+    def _incref(self, block: int) -> None:
+        assert self.ref_counts[block] > 0, f"incref of free block {block}"
+        self.ref_counts[block] += 1
+
+    def _decref(self, block: int) -> None:
+        assert self.ref_counts[block] > 0, f"decref of free block {block}"
+        self.ref_counts[block] -= 1
+        if self.ref_counts[block] == 0:
+            self.free_blocks.append(block)
+
+    def blocks_needed(self, seq: Sequence, shared_prefix: list[int] = ()) -> int:
+        return seq.num_blocks_for(len(seq), self.block_size) - len(shared_prefix)
+
+    def allocate(self, seq: Sequence, shared_prefix: list[int] = ()) -> None:
+        """Give `seq` blocks for all its tokens; `shared_prefix` (full blocks of a sibling) is referenced."""
+        assert not seq.block_table, f"{seq} already has blocks"
+        for block in shared_prefix:
+            self._incref(block)
+        seq.block_table = list(shared_prefix) + [self._take() for _ in range(self.blocks_needed(seq, shared_prefix))]
+
+    def fork(self, parent: Sequence, child: Sequence) -> None:
+        """`child` references all of `parent`'s blocks (same prompt, nothing generated yet)."""
+        assert not child.block_table
+        for block in parent.block_table:
+            self._incref(block)
+        child.block_table = list(parent.block_table)
+
+    def free(self, seq: Sequence) -> None:
+        for block in reversed(seq.block_table):
+            self._decref(block)
+        seq.block_table = []
+
+    def needs_free_block(self, seq: Sequence) -> bool:
+        """Whether writing K/V of the last token (position len-1) needs a new block (fresh or copy)."""
+        index = (len(seq) - 1) // self.block_size
+        return index == len(seq.block_table) or self.ref_counts[seq.block_table[index]] > 1
+
+    def append_slot(self, seq: Sequence) -> tuple[int, int] | None:
+        """Make position len-1 writable; returns (src, dst) when a shared block was copied."""
+        index = (len(seq) - 1) // self.block_size
+        if index == len(seq.block_table):
+            seq.block_table.append(self._take())
+            return None
+        src = seq.block_table[index]
+        if self.ref_counts[src] == 1:
+            return None
+        dst = self._take()
+        self._decref(src)
+        seq.block_table[index] = dst
+        return src, dst
+
+    def slot(self, seq: Sequence, position: int) -> int:
+        return seq.block_table[position // self.block_size] * self.block_size + position % self.block_size

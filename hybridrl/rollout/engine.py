@@ -1,0 +1,162 @@
+"""LLMEngine: the native rollout engine with the vLLM-shaped API of docs/CONTRACTS.md.
+
+Choices:
+- Lifecycle per RL step: wake_up(("weights",)) -> load_weights(...) -> wake_up(("kv_cache",)) ->
+  generate(...) -> sleep(). `generate` wakes the KV cache itself if the caller did not. Weights can
+  be loaded any number of times (every step is a weight update); before the first generate after a
+  weights wake-up every parameter (and fused shard) must have been loaded, else ValueError lists the
+  missing ones — a half-loaded model must not generate silently.
+- A fresh BlockManager/Scheduler per generate call: nothing survives across calls (the prefix cache
+  is reset by construction, which the hybrid engine needs since weights change every step).
+- TP ranks sample the same tokens without a broadcast: logits are all-gathered (identical on every
+  rank) and every rank seeds its generator with the same seed.
+- `stats` accumulates across generate calls until `reset_stats()`: prefill/decode steps, preemptions,
+  copy-on-write copies, kv_blocks_peak vs kv_blocks_peak_unshared, bytes per block, graph capture time.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterable
+
+import torch
+
+from hybridrl.models.decoder import check_supported
+from hybridrl.rollout.block_manager import BlockManager
+from hybridrl.rollout.model_runner import ModelRunner
+from hybridrl.rollout.sampling_params import CompletionOutput, RequestOutput, SamplingParams
+from hybridrl.rollout.scheduler import Scheduler
+from hybridrl.rollout.sequence import Sequence
+
+_PEAK_KEYS = ("kv_blocks_peak", "kv_blocks_peak_unshared")
+
+
+class LLMEngine:
+    def __init__(self, hf_config, *, tp_group=None, device=None, dtype=torch.bfloat16, block_size: int = 16,
+                 gpu_memory_utilization: float = 0.5, max_num_seqs: int = 1024, max_num_batched_tokens: int = 8192,
+                 max_model_len: int | None = None, enforce_eager: bool = False, enable_prefix_sharing: bool = True,
+                 num_kv_blocks: int | None = None, eos_token_id=None):
+        check_supported(hf_config)
+        max_model_len = max_model_len or hf_config.max_position_embeddings
+        rules = [
+            ("block_size", block_size, block_size >= 1, ">= 1"),
+            ("gpu_memory_utilization", gpu_memory_utilization, 0 < gpu_memory_utilization <= 1, "in (0, 1]"),
+            ("max_num_seqs", max_num_seqs, max_num_seqs >= 1, ">= 1"),
+            ("max_num_batched_tokens", max_num_batched_tokens, max_num_batched_tokens >= max_model_len,
+             f">= max_model_len ({max_model_len}), since a prompt is prefilled in one step"),
+            ("num_kv_blocks", num_kv_blocks, num_kv_blocks is None or num_kv_blocks >= 1, "None or >= 1"),
+        ]
+        for key, value, ok, rule in rules:
+            if not ok:
+                raise ValueError(f"rollout engine: {key}={value!r} must be {rule}")
+        if device is None:
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        self.config = hf_config
+        self.block_size, self.max_model_len = block_size, max_model_len
+        self.max_num_seqs, self.max_num_batched_tokens = max_num_seqs, max_num_batched_tokens
+        self.gpu_memory_utilization, self.num_kv_blocks = gpu_memory_utilization, num_kv_blocks
+        self.enable_prefix_sharing = enable_prefix_sharing
+        eos = hf_config.eos_token_id if eos_token_id is None else eos_token_id
+        self.eos_token_ids = tuple(eos) if isinstance(eos, (list, tuple)) else (() if eos is None else (eos,))
+        self.runner = ModelRunner(hf_config, tp_group=tp_group, device=device, dtype=dtype, block_size=block_size,
+                                  max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+                                  max_model_len=max_model_len, enforce_eager=enforce_eager)
+        self._loaded: set = set()
+        self.stats: dict = {}
+        self.reset_stats()
+
+    def reset_stats(self) -> None:
+        self.stats = {"num_prefill_steps": 0, "num_decode_steps": 0, "num_preemptions": 0, "num_cow_copies": 0,
+                      "prefill_tokens_computed": 0, "generated_tokens": 0, "kv_blocks_peak": 0,
+                      "kv_blocks_peak_unshared": 0, "num_kv_blocks": self.runner.num_blocks,
+                      "kv_block_bytes": self.runner.block_bytes(), "weights_ignored": 0,
+                      "cuda_graph_capture_s": self.runner.last_capture_s}
+
+    # ------------------------------------------------------------------ memory phases
+    def wake_up(self, tags=("weights", "kv_cache")) -> None:
+        unknown = set(tags) - {"weights", "kv_cache"}
+        if unknown:
+            raise ValueError(f"wake_up: tags {sorted(unknown)} unknown (allowed: 'weights', 'kv_cache')")
+        if "weights" in tags and not self.runner.weights_awake:
+            self.runner.wake_weights()
+            self._loaded = set()
+        if "kv_cache" in tags:
+            if not self.runner.weights_awake:
+                raise RuntimeError("wake_up(('kv_cache',)) before the weights: wake weights first (the order "
+                                   "that avoids the wake-up OOM)")
+            self.runner.wake_kv(self.num_kv_blocks, self.gpu_memory_utilization)
+            self.stats["num_kv_blocks"] = self.runner.num_blocks
+            self.stats["cuda_graph_capture_s"] = self.runner.last_capture_s
+
+    def sleep(self, level: int = 1) -> None:
+        """Free KV cache, CUDA graphs and engine weights (level is accepted for vLLM parity)."""
+        self.runner.sleep()
+        self._loaded = set()
+
+    # ------------------------------------------------------------------ weights
+    def weight_shard_spec(self, hf_name: str, full_shape) -> tuple[int, int, int] | None:
+        return self.runner.model.hf_weight_shard_spec(hf_name, tuple(full_shape))
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> int:
+        if not self.runner.weights_awake:
+            raise RuntimeError("load_weights before wake_up(('weights',))")
+        count = 0
+        for name, tensor in weights:
+            key = self.runner.model.load_hf_weight(name, tensor)
+            if key is None:
+                self.stats["weights_ignored"] += 1
+            else:
+                self._loaded.add(key)
+                count += 1
+        return count
+
+    def _check_loaded(self) -> None:
+        missing = self.runner.model.expected_weight_keys() - self._loaded
+        if missing:
+            shown = sorted(f"{n}[{s}]" if s is not None else n for n, s in missing)[:8]
+            raise ValueError(f"generate: {len(missing)} weights were never loaded since wake_up, e.g. {shown}")
+
+    # ------------------------------------------------------------------ generation
+    def _validate(self, prompts, params: SamplingParams) -> None:
+        if not isinstance(params, SamplingParams):
+            raise ValueError(f"sampling_params must be a SamplingParams, got {type(params).__name__}")
+        if self.enable_prefix_sharing and params.n > self.max_num_seqs:
+            raise ValueError(f"SamplingParams.n={params.n} exceeds max_num_seqs={self.max_num_seqs}: the n samples "
+                             "of a prompt are admitted together when enable_prefix_sharing is on")
+        V = self.config.vocab_size
+        for i, p in enumerate(prompts):
+            if len(p) == 0 or len(p) >= self.max_model_len:
+                raise ValueError(f"prompt {i} has {len(p)} tokens; it must have 1..max_model_len-1 "
+                                 f"({self.max_model_len - 1}) tokens")
+            if min(p) < 0 or max(p) >= V:
+                raise ValueError(f"prompt {i} has token ids outside [0, vocab_size={V})")
+
+    def generate(self, prompt_token_ids: list[list[int]], sampling_params: SamplingParams) -> list[RequestOutput]:
+        self._validate(prompt_token_ids, sampling_params)
+        self._check_loaded()
+        if self.runner.kv is None:
+            self.wake_up(("kv_cache",))
+        sched = Scheduler(BlockManager(self.runner.num_blocks, self.block_size), max_num_seqs=self.max_num_seqs,
+                          max_num_batched_tokens=self.max_num_batched_tokens, max_model_len=self.max_model_len,
+                          enable_prefix_sharing=self.enable_prefix_sharing, eos_token_ids=self.eos_token_ids)
+        groups = []
+        for rid, prompt in enumerate(prompt_token_ids):
+            group = [Sequence(prompt, sampling_params, rid, j) for j in range(sampling_params.n)]
+            for s in group:
+                s.group_id = group[0].seq_id
+            groups.append(group)
+            sched.add_group(group)
+        seed = sampling_params.seed if sampling_params.seed is not None else random.randrange(2**63)
+        gen = torch.Generator(device=self.runner.device)
+        gen.manual_seed(seed)
+        while not sched.is_finished():
+            batch = sched.schedule()
+            tokens, logprobs = self.runner.step(batch, gen)
+            sched.postprocess(batch, tokens, logprobs)
+            self.stats["generated_tokens"] += len(tokens)
+        for key, value in sched.stats.items():
+            self.stats[key] = max(self.stats[key], value) if key in _PEAK_KEYS else self.stats[key] + value
+        return [RequestOutput(rid, list(prompt_token_ids[rid]),
+                              [CompletionOutput(s.sample_index, s.completion_token_ids, s.logprobs, s.finish_reason)
+                               for s in group])
+                for rid, group in enumerate(groups)]

@@ -1,0 +1,50 @@
+"""Build the rollout engine a worker uses, from the `actor_rollout_ref.rollout` config section.
+
+`native` is our paged-KV engine (TP over the given group; weights arrive from the actor by resharding).
+`hf` wraps the actor's own module in HF `generate` — any causal LM, no second copy of the weights, slow; with
+FSDP on several ranks every rank runs generate in lockstep (`synced_gpus`), which HF supports for sharded models.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from omegaconf import DictConfig
+from transformers import AutoConfig, AutoTokenizer
+
+from hybridrl.workers.common import rollout_dtype
+
+
+def cpu_kv_blocks(max_model_len: int, block_size: int, max_num_seqs: int) -> int:
+    """On CPU there is no GPU memory to size the cache from: give every admitted sequence its full length."""
+    return math.ceil(max_model_len / block_size) * max_num_seqs + 1
+
+
+def build_rollout_engine(rcfg: DictConfig, *, model_path: str, device: torch.device, tp_group, actor_module=None):
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    eos = tokenizer.eos_token_id
+    if rcfg.name == "hf":
+        if tp_group is not None:
+            raise ValueError("actor_rollout_ref.rollout.name=hf runs HF generate on each rank: set "
+                             "rollout.tensor_model_parallel_size=1")
+        from hybridrl.rollout.hf_backend import HFRolloutEngine
+
+        return HFRolloutEngine(actor_module, pad_token_id=tokenizer.pad_token_id or 0, eos_token_id=eos,
+                               synced=torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1)
+    if rcfg.name != "native":
+        raise ValueError(f"actor_rollout_ref.rollout.name={rcfg.name!r}: use 'native' (paged-KV engine) or 'hf'")
+    from hybridrl.rollout.engine import LLMEngine
+
+    hf_config = AutoConfig.from_pretrained(model_path)
+    max_model_len = int(rcfg.prompt_length) + int(rcfg.response_length)
+    num_blocks = None
+    if device.type != "cuda":
+        num_blocks = cpu_kv_blocks(max_model_len, int(rcfg.block_size), int(rcfg.max_num_seqs))
+    return LLMEngine(
+        hf_config, tp_group=tp_group, device=device, dtype=rollout_dtype(rcfg, device),
+        block_size=int(rcfg.block_size), gpu_memory_utilization=float(rcfg.gpu_memory_utilization),
+        max_num_seqs=int(rcfg.max_num_seqs),
+        max_num_batched_tokens=int(rcfg.max_num_batched_tokens),
+        max_model_len=max_model_len, enforce_eager=bool(rcfg.enforce_eager),
+        enable_prefix_sharing=bool(rcfg.enable_prefix_sharing), num_kv_blocks=num_blocks, eos_token_id=eos)

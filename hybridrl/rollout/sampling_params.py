@@ -1,0 +1,56 @@
+"""SamplingParams and the output types of `generate`, shaped like vLLM's so adapters stay thin.
+
+Choices: greedy is `temperature == 0` (or `do_sample=False`, verl's switch); `top_k=-1` / `top_p=1.0`
+mean off; `seed` seeds one torch.Generator per `generate` call, so the same seed with the same batch
+gives the same outputs. Invalid values raise ValueError naming the field, the value and the rule.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class SamplingParams:
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    max_tokens: int = 16
+    do_sample: bool = True
+    ignore_eos: bool = False
+    stop_token_ids: list[int] = field(default_factory=list)
+    logprobs: int | None = 0  # log-prob of each sampled token is always returned; kept for vLLM parity
+    seed: int | None = None
+
+    def __post_init__(self):
+        rules = [
+            ("n", self.n, self.n >= 1, "must be >= 1"),
+            ("temperature", self.temperature, self.temperature >= 0, "must be >= 0"),
+            ("top_p", self.top_p, 0 < self.top_p <= 1, "must be in (0, 1]"),
+            ("top_k", self.top_k, self.top_k == -1 or self.top_k >= 1, "must be -1 (off) or >= 1"),
+            ("max_tokens", self.max_tokens, self.max_tokens >= 1, "must be >= 1"),
+        ]
+        for name, value, ok, rule in rules:
+            if not ok:
+                raise ValueError(f"SamplingParams.{name}={value!r} {rule}")
+        self.stop_token_ids = list(self.stop_token_ids or [])
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0 or not self.do_sample
+
+
+@dataclass
+class CompletionOutput:
+    index: int
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: str  # "stop" (eos / stop token) or "length" (max_tokens / max_model_len)
+
+
+@dataclass
+class RequestOutput:
+    request_id: int
+    prompt_token_ids: list[int]
+    outputs: list[CompletionOutput]

@@ -1,0 +1,160 @@
+"""Scheduler: continuous batching over prefill and decode steps (pure Python).
+
+Choices (after nano-vllm, minus its asserts for user errors):
+- A step is either a prefill (new or re-admitted sequences, up to `max_num_batched_tokens` computed
+  tokens and `max_num_seqs` running sequences) or a decode (one token for every running sequence).
+  Prefill goes first whenever something waits and fits, which keeps the decode batch full.
+- With `enable_prefix_sharing` the n samples of a prompt are admitted together: the first prefills
+  the prompt, the others fork its blocks (ref-counted); its logits row is sampled n times. Without
+  it each sample is its own waiting item and prefills the prompt itself (the unshared baseline).
+- Out of blocks during decode -> preempt by recompute the most recently admitted sequence (free its
+  blocks, put it first in the queue), counted in `stats['num_preemptions']`. A re-admitted sample
+  whose siblings still run references their full prompt blocks again and recomputes only the rest.
+- Stats: `kv_blocks_peak` (physical blocks in use) and `kv_blocks_peak_unshared` (sum of the running
+  sequences' block tables = what the same schedule needs without sharing).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from hybridrl.rollout.block_manager import BlockManager
+from hybridrl.rollout.sequence import SeqStatus, Sequence
+
+
+@dataclass
+class ScheduledBatch:
+    is_prefill: bool
+    seqs: list[Sequence]  # one model-input row each
+    sample_groups: list[list[Sequence]]  # per row: the sequences that take a sample from its logits
+    block_copies: list[tuple[int, int]] = field(default_factory=list)
+
+
+class Scheduler:
+    def __init__(self, block_manager: BlockManager, *, max_num_seqs: int, max_num_batched_tokens: int,
+                 max_model_len: int, enable_prefix_sharing: bool, eos_token_ids: tuple[int, ...] = ()):
+        self.bm = block_manager
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.max_model_len = max_model_len
+        self.enable_prefix_sharing = enable_prefix_sharing
+        self.eos_token_ids = set(eos_token_ids)
+        self.waiting: deque[list[Sequence]] = deque()
+        self.running: deque[Sequence] = deque()
+        self.stats = {"num_preemptions": 0, "num_cow_copies": 0, "num_prefill_steps": 0, "num_decode_steps": 0,
+                      "prefill_tokens_computed": 0, "kv_blocks_peak": 0, "kv_blocks_peak_unshared": 0}
+
+    def add_group(self, seqs: list[Sequence]) -> None:
+        if self.enable_prefix_sharing:
+            self.waiting.append(list(seqs))
+        else:
+            self.waiting.extend([s] for s in seqs)
+
+    def is_finished(self) -> bool:
+        return not self.waiting and not self.running
+
+    # ------------------------------------------------------------------ scheduling
+    def _shared_prefix(self, seq: Sequence) -> list[int]:
+        if not self.enable_prefix_sharing or seq.num_completion_tokens == 0:
+            return []
+        full = seq.num_prompt_tokens // self.bm.block_size
+        for other in self.running:
+            if other.group_id == seq.group_id and len(other.block_table) >= full:
+                return other.block_table[:full]
+        return []
+
+    def _schedule_prefill(self) -> ScheduledBatch | None:
+        rows, groups, tokens = [], [], 0
+        while self.waiting:
+            group = self.waiting[0]
+            leader = group[0]
+            if len(self.running) + len(group) > self.max_num_seqs:
+                break
+            prefix = self._shared_prefix(leader)
+            cached = len(prefix) * self.bm.block_size
+            if tokens + len(leader) - cached > self.max_num_batched_tokens:
+                break
+            if not self.bm.can_allocate(self.bm.blocks_needed(leader, prefix)):
+                break
+            self.waiting.popleft()
+            self.bm.allocate(leader, prefix)
+            leader.num_cached_tokens = cached
+            for child in group[1:]:
+                self.bm.fork(leader, child)
+            for seq in group:
+                seq.status = SeqStatus.RUNNING
+                self.running.append(seq)
+            rows.append(leader)
+            groups.append(group)
+            tokens += len(leader) - cached
+        if not rows:
+            return None
+        self.stats["num_prefill_steps"] += 1
+        self.stats["prefill_tokens_computed"] += tokens
+        return ScheduledBatch(True, rows, groups)
+
+    def _preempt(self, seq: Sequence) -> None:
+        self.bm.free(seq)
+        seq.status = SeqStatus.WAITING
+        seq.num_cached_tokens = 0
+        self.waiting.appendleft([seq])
+        self.stats["num_preemptions"] += 1
+
+    def _schedule_decode(self) -> ScheduledBatch:
+        scheduled, copies = [], []
+        while self.running and len(scheduled) < self.max_num_seqs:
+            seq = self.running.popleft()
+            while self.bm.needs_free_block(seq) and not self.bm.can_allocate(1):
+                if self.running:
+                    self._preempt(self.running.pop())
+                else:
+                    self._preempt(seq)
+                    break
+            else:
+                copy = self.bm.append_slot(seq)
+                if copy is not None:
+                    copies.append(copy)
+                scheduled.append(seq)
+        self.running.extendleft(reversed(scheduled))
+        self.stats["num_decode_steps"] += 1
+        self.stats["num_cow_copies"] += len(copies)
+        return ScheduledBatch(False, scheduled, [[s] for s in scheduled], copies)
+
+    def schedule(self) -> ScheduledBatch:
+        batch = self._schedule_prefill() if self.waiting else None
+        if batch is None:
+            if not self.running:
+                leader = self.waiting[0][0]
+                raise ValueError(
+                    f"num_kv_blocks={self.bm.num_blocks} (block_size={self.bm.block_size}) cannot hold one "
+                    f"sequence of {len(leader)} tokens (needs {self.bm.blocks_needed(leader)} blocks); raise "
+                    "gpu_memory_utilization / num_kv_blocks or lower max_model_len")
+            batch = self._schedule_decode()
+        self._update_peaks()
+        return batch
+
+    def _update_peaks(self) -> None:
+        self.stats["kv_blocks_peak"] = max(self.stats["kv_blocks_peak"], self.bm.num_used)
+        unshared = sum(len(s.block_table) for s in self.running)
+        self.stats["kv_blocks_peak_unshared"] = max(self.stats["kv_blocks_peak_unshared"], unshared)
+
+    # ------------------------------------------------------------------ results
+    def postprocess(self, batch: ScheduledBatch, token_ids: list[int], logprobs: list[float]) -> list[Sequence]:
+        """Append one sampled token per sequence (flattened over sample_groups); returns finished ones."""
+        finished = []
+        flat = [s for group in batch.sample_groups for s in group]
+        for seq, tok, lp in zip(flat, token_ids, logprobs, strict=True):
+            seq.append(tok, lp)
+            seq.num_cached_tokens = len(seq) - 1
+            p = seq.params
+            if (not p.ignore_eos and tok in self.eos_token_ids) or tok in p.stop_token_ids:
+                seq.finish_reason = "stop"
+            elif seq.num_completion_tokens >= p.max_tokens or len(seq) >= self.max_model_len:
+                seq.finish_reason = "length"
+            if seq.finish_reason is not None:
+                seq.status = SeqStatus.FINISHED
+                self.bm.free(seq)
+                self.running.remove(seq)
+                finished.append(seq)
+        return finished

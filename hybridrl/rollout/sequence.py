@@ -1,0 +1,61 @@
+"""Sequence: one sample being generated (pure Python, no tensors).
+
+Choices: a sequence holds prompt + generated ids in one list and a block table of physical KV
+blocks; `num_cached_tokens` counts the leading tokens whose K/V are already in the cache (0 for a
+fresh prefill, the shared full prompt blocks for a re-admitted fork, len-1 while decoding).
+`group_id` ties the n samples of one prompt together for prefix sharing.
+"""
+
+from __future__ import annotations
+
+import enum
+import itertools
+
+from hybridrl.rollout.sampling_params import SamplingParams
+
+_ids = itertools.count()
+
+
+class SeqStatus(enum.Enum):
+    WAITING = 0
+    RUNNING = 1
+    FINISHED = 2
+
+
+class Sequence:
+    def __init__(self, prompt_token_ids: list[int], params: SamplingParams, request_id: int = 0,
+                 sample_index: int = 0, group_id: int | None = None):
+        self.seq_id = next(_ids)
+        self.token_ids = list(prompt_token_ids)
+        self.num_prompt_tokens = len(self.token_ids)
+        self.params = params
+        self.request_id = request_id
+        self.sample_index = sample_index
+        self.group_id = self.seq_id if group_id is None else group_id
+        self.block_table: list[int] = []
+        self.num_cached_tokens = 0
+        self.status = SeqStatus.WAITING
+        self.logprobs: list[float] = []
+        self.finish_reason: str | None = None
+
+    def __len__(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def completion_token_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens:]
+
+    @property
+    def num_completion_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
+
+    def num_blocks_for(self, num_tokens: int, block_size: int) -> int:
+        return -(-num_tokens // block_size)
+
+    def append(self, token_id: int, logprob: float) -> None:
+        self.token_ids.append(token_id)
+        self.logprobs.append(logprob)
+
+    def __repr__(self) -> str:
+        return (f"Sequence(id={self.seq_id}, len={len(self)}, cached={self.num_cached_tokens}, "
+                f"blocks={self.block_table}, {self.status.name})")

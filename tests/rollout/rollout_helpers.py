@@ -1,0 +1,62 @@
+"""Tiny random HF models for the rollout tests (no downloads)."""
+
+import torch
+import transformers
+
+TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, vocab_size=256, max_position_embeddings=256)
+
+
+def tiny_config(kind: str, **overrides):
+    if kind == "qwen2":
+        cfg = transformers.Qwen2Config(**TINY)
+    elif kind == "llama":
+        rope = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 32, "rope_theta": 10000.0}
+        cfg = transformers.LlamaConfig(**TINY, rope_scaling=rope)
+    elif kind == "qwen3":
+        cfg = transformers.Qwen3Config(**TINY, head_dim=32)
+    else:
+        raise KeyError(kind)
+    for k, v in overrides.items():
+        setattr(cfg, k, v)
+    return cfg
+
+
+def tiny_hf_model(kind: str, seed: int = 0, **overrides):
+    torch.manual_seed(seed)
+    cfg = tiny_config(kind, **overrides)
+    model = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="eager").float().eval()
+    with torch.no_grad():  # larger random weights so greedy paths are not all the same token
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.normal_(0, 0.2)
+    return model
+
+
+def make_engine(model, **kw):
+    from hybridrl.rollout.engine import LLMEngine
+
+    args = dict(device="cpu", dtype=torch.float32, block_size=4, num_kv_blocks=256, max_num_seqs=64,
+                max_num_batched_tokens=256, enforce_eager=True)
+    args.update(kw)
+    engine = LLMEngine(model.config, **args)
+    engine.wake_up(("weights",))
+    engine.load_weights(model.state_dict().items())
+    engine.wake_up(("kv_cache",))
+    return engine
+
+
+def hf_greedy(model, prompt, max_new_tokens):
+    ids = torch.tensor([prompt], device=model.device)
+    out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
+                         min_new_tokens=max_new_tokens, do_sample=False, eos_token_id=None, pad_token_id=0)
+    return out[0, len(prompt):].tolist()
+
+
+def hf_logprobs(model, prompt, response, temperature=1.0):
+    ids = torch.tensor([prompt + response])
+    with torch.no_grad():
+        logits = model(ids).logits[0, len(prompt) - 1:-1].float()
+    logp = torch.log_softmax(logits / temperature, -1)
+    return logp.gather(1, torch.tensor(response)[:, None]).squeeze(1)

@@ -1,0 +1,129 @@
+"""Native engine vs HF on tiny random models (fp32, CPU)."""
+
+import pytest
+import torch
+import transformers
+from rollout_helpers import hf_greedy, hf_logprobs, make_engine, tiny_config, tiny_hf_model
+
+from hybridrl.rollout.engine import LLMEngine
+from hybridrl.rollout.hf_backend import HFRolloutEngine
+from hybridrl.rollout.sampling_params import SamplingParams
+
+PROMPTS = [[1, 2, 3, 4, 5], [7, 8, 9], [10] * 11]
+GREEDY = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
+
+
+@pytest.mark.parametrize("kind,overrides", [("qwen2", {}), ("llama", {}), ("qwen3", {}),
+                                            ("qwen3", {"tie_word_embeddings": True})])
+def test_greedy_equals_hf_generate_and_logprobs_match_hf_forward(kind, overrides):
+    model = tiny_hf_model(kind, **overrides)
+    engine = make_engine(model)
+    outs = engine.generate(PROMPTS, GREEDY)
+    for prompt, out in zip(PROMPTS, outs):
+        ref = hf_greedy(model, prompt, 10)
+        assert out.outputs[0].token_ids == ref
+        assert out.outputs[0].finish_reason == "length"
+        torch.testing.assert_close(torch.tensor(out.outputs[0].logprobs), hf_logprobs(model, prompt, ref),
+                                   atol=1e-4, rtol=0)
+    assert len({t for o in outs for t in o.outputs[0].token_ids}) > 3  # not a degenerate constant output
+
+
+def test_sampled_logprobs_match_hf_at_temperature_and_sharing_is_invisible():
+    model = tiny_hf_model("qwen2")
+    params = SamplingParams(n=3, temperature=0.7, top_p=0.9, max_tokens=8, ignore_eos=True, seed=5)
+    shared = make_engine(model).generate(PROMPTS, params)
+    unshared_engine = make_engine(model, enable_prefix_sharing=False)
+    unshared = unshared_engine.generate(PROMPTS, params)
+    for prompt, a, b in zip(PROMPTS, shared, unshared):
+        assert [c.token_ids for c in a.outputs] == [c.token_ids for c in b.outputs]
+        for c in a.outputs:
+            torch.testing.assert_close(torch.tensor(c.logprobs), hf_logprobs(model, prompt, c.token_ids, 0.7),
+                                       atol=1e-4, rtol=0)
+    again = make_engine(model).generate(PROMPTS, params)
+    assert [c.token_ids for o in again for c in o.outputs] == [c.token_ids for o in shared for c in o.outputs]
+    other = make_engine(model).generate(PROMPTS, SamplingParams(**{**params.__dict__, "seed": 6}))
+    assert [c.token_ids for o in other for c in o.outputs] != [c.token_ids for o in shared for c in o.outputs]
+
+
+def test_prefix_sharing_saves_blocks_and_preemption_keeps_greedy_outputs():
+    model = tiny_hf_model("llama")
+    params = SamplingParams(n=4, temperature=0, max_tokens=12, ignore_eos=True)
+    roomy = make_engine(model)
+    ref = roomy.generate(PROMPTS, params)
+    assert roomy.stats["kv_blocks_peak"] < roomy.stats["kv_blocks_peak_unshared"]
+    assert roomy.stats["num_preemptions"] == 0
+    tight = make_engine(model, num_kv_blocks=12)
+    got = tight.generate(PROMPTS, params)
+    assert tight.stats["num_preemptions"] > 0
+    assert [c.token_ids for o in got for c in o.outputs] == [c.token_ids for o in ref for c in o.outputs]
+    for a, b in zip(got, ref):
+        for ca, cb in zip(a.outputs, b.outputs):
+            torch.testing.assert_close(torch.tensor(ca.logprobs), torch.tensor(cb.logprobs), atol=1e-4, rtol=0)
+
+
+def test_weight_reload_changes_outputs_and_sleep_wake_cycle():
+    a, b = tiny_hf_model("qwen2", seed=0), tiny_hf_model("qwen2", seed=1)
+    engine = make_engine(a)
+    out_a = engine.generate(PROMPTS, GREEDY)
+    engine.sleep()
+    engine.wake_up(("weights",))
+    engine.load_weights(b.state_dict().items())
+    engine.wake_up(("kv_cache",))
+    out_b = engine.generate(PROMPTS, GREEDY)
+    assert [o.outputs[0].token_ids for o in out_b] == [hf_greedy(b, p, 10) for p in PROMPTS]
+    assert [o.outputs[0].token_ids for o in out_b] != [o.outputs[0].token_ids for o in out_a]
+    engine.load_weights(a.state_dict().items())  # update without sleeping
+    assert [o.outputs[0].token_ids for o in engine.generate(PROMPTS, GREEDY)] == [
+        o.outputs[0].token_ids for o in out_a]
+
+
+def test_missing_weights_and_bad_inputs_raise():
+    model = tiny_hf_model("qwen3")
+    engine = LLMEngine(model.config, device="cpu", dtype=torch.float32, num_kv_blocks=64, max_model_len=64,
+                       max_num_batched_tokens=64)
+    engine.wake_up(("weights",))
+    engine.load_weights((k, v) for k, v in model.state_dict().items() if "k_proj" not in k)
+    with pytest.raises(ValueError, match="never loaded.*qkv_proj.weight\\[k\\]"):
+        engine.generate([[1, 2]], GREEDY)
+    engine.load_weights(model.state_dict().items())
+    with pytest.raises(ValueError, match="prompt 0 has 64 tokens"):
+        engine.generate([[1] * 64], GREEDY)
+    with pytest.raises(ValueError, match="unknown weight name 'model.foo.weight'"):
+        engine.load_weights([("model.foo.weight", torch.zeros(1))])
+    with pytest.raises(ValueError, match="max_num_batched_tokens=8"):
+        LLMEngine(model.config, device="cpu", max_model_len=64, max_num_batched_tokens=8)
+    with pytest.raises(ValueError, match="top_p=0"):
+        SamplingParams(top_p=0)
+
+
+def test_unsupported_architecture_points_to_hf_backend():
+    cfg = transformers.GPT2Config(n_embd=32, n_layer=1, n_head=2, vocab_size=64)
+    with pytest.raises(ValueError, match="model_type 'gpt2'.*rollout.name=hf"):
+        LLMEngine(cfg, device="cpu", num_kv_blocks=8)
+    with pytest.raises(ValueError, match="rope type 'yarn'.*rollout.name=hf"):
+        LLMEngine(tiny_config("qwen2", rope_parameters={"rope_type": "yarn", "rope_theta": 1e4, "factor": 2.0}),
+                  device="cpu", num_kv_blocks=8)
+
+
+def test_stop_tokens_and_eos_finish_with_stop():
+    model = tiny_hf_model("qwen2")
+    free = make_engine(model).generate(PROMPTS[:1], GREEDY)[0].outputs[0].token_ids
+    stop = free[3]
+    first = free.index(stop)
+    out = make_engine(model).generate(PROMPTS[:1], SamplingParams(temperature=0, max_tokens=10,
+                                                                  stop_token_ids=[stop]))[0].outputs[0]
+    assert out.token_ids == free[: first + 1] and out.finish_reason == "stop"
+    eos_out = make_engine(model, eos_token_id=stop).generate(PROMPTS[:1], SamplingParams(temperature=0,
+                                                                                         max_tokens=10))
+    assert eos_out[0].outputs[0].token_ids == free[: first + 1]
+
+
+def test_hf_backend_matches_native_greedy():
+    model = tiny_hf_model("qwen2")
+    native = make_engine(model).generate(PROMPTS, SamplingParams(n=2, temperature=0, max_tokens=6, ignore_eos=True))
+    hf = HFRolloutEngine(model, pad_token_id=0).generate(
+        PROMPTS, SamplingParams(n=2, temperature=0, max_tokens=6, ignore_eos=True))
+    for a, b in zip(native, hf):
+        assert [c.token_ids for c in a.outputs] == [c.token_ids for c in b.outputs]
+        for ca, cb in zip(a.outputs, b.outputs):
+            torch.testing.assert_close(torch.tensor(ca.logprobs), torch.tensor(cb.logprobs), atol=1e-4, rtol=0)
