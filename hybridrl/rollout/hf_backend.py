@@ -16,8 +16,11 @@ from hybridrl.rollout.sampling_params import CompletionOutput, RequestOutput, Sa
 
 
 class HFRolloutEngine:
-    def __init__(self, model, *, pad_token_id: int = 0, eos_token_id=None):
+    def __init__(self, model, *, pad_token_id: int = 0, eos_token_id=None, synced: bool = False):
+        # synced: the model is FSDP-sharded over several ranks, whose forwards are collectives; HF's
+        # synced_gpus keeps every rank stepping until all are done, so unequal lengths cannot deadlock
         self.model = model
+        self.synced = synced
         self.pad_token_id = pad_token_id
         eos = model.config.eos_token_id if eos_token_id is None else eos_token_id
         self.eos_token_ids = list(eos) if isinstance(eos, (list, tuple)) else ([] if eos is None else [eos])
@@ -59,7 +62,8 @@ class HFRolloutEngine:
         if p.seed is not None:
             torch.manual_seed(p.seed)
         kwargs = dict(do_sample=not p.greedy, max_new_tokens=p.max_tokens, eos_token_id=stops or None,
-                      pad_token_id=self.pad_token_id, output_logits=True, return_dict_in_generate=True)
+                      pad_token_id=self.pad_token_id, output_logits=True, return_dict_in_generate=True,
+                      synced_gpus=self.synced)
         if not p.greedy:
             kwargs.update(temperature=p.temperature, top_p=p.top_p, top_k=p.top_k if p.top_k > 0 else 0)
         out = self.model.generate(ids.to(device), attention_mask=mask.to(device), **kwargs)

@@ -1,0 +1,120 @@
+"""Wiring of a PPO/GRPO run: Ray, worker groups, data, rewards, loggers, checkpoints → RayPPOTrainer.fit().
+
+Kept apart from the fit loop so the loop reads as the algorithm and this file as the deployment.
+Everything a user can get wrong (files, reward function, batch arithmetic) is checked here before any worker starts.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+from omegaconf import DictConfig, open_dict
+
+from hybridrl.trainer.ppo_trainer import RayPPOTrainer, need_critic, need_reference
+
+
+def _files(value) -> list[str]:
+    items = [value] if isinstance(value, str) else list(value)
+    return [os.path.expanduser(str(v)) for v in items]
+
+
+def build_reward_fns(config: DictConfig, tokenizer):
+    from hybridrl.rewards import RewardManager, default_compute_score, load_custom_reward_function
+
+    custom = load_custom_reward_function(config.custom_reward_function.path, config.custom_reward_function.name)
+    score = custom or default_compute_score
+    rm = config.reward_model
+    kwargs = dict(compute_score=score, reward_fn_key=config.data.reward_fn_key, timeout_s=float(rm.timeout_s),
+                  mode=rm.reward_manager)
+    return RewardManager(tokenizer, **kwargs), RewardManager(tokenizer, **kwargs)
+
+
+def _use_gpu(config: DictConfig) -> bool:
+    import ray
+
+    device = config.trainer.device
+    if device == "cpu":
+        return False
+    gpus = ray.cluster_resources().get("GPU", 0)
+    if device == "cuda" and gpus < 1:
+        raise ValueError("trainer.device=cuda but the Ray cluster has no GPU")
+    return gpus >= 1
+
+
+def run_ppo(config: DictConfig) -> dict:
+    from transformers import AutoTokenizer
+
+    from hybridrl.controller import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup, init_ray
+    from hybridrl.data.rl_dataset import RLHFDataset, StatefulDataLoader
+    from hybridrl.trainer.checkpoint_manager import CheckpointManager
+    from hybridrl.trainer.memory_timeline import MemoryTimeline
+    from hybridrl.trainer.tracking import Tracking
+    from hybridrl.workers.actor_rollout_ref import ActorRolloutRefWorker
+    from hybridrl.workers.critic import CriticWorker
+
+    t = config.trainer
+    model_path = os.path.expanduser(config.actor_rollout_ref.model.path)
+    if not Path(model_path).exists():
+        raise FileNotFoundError(f"actor_rollout_ref.model.path={model_path!r} does not exist "
+                                "(make a tiny one with `hybridrl assets tiny-model DIR`)")
+    tokenizer = AutoTokenizer.from_pretrained(os.path.expanduser(config.data.tokenizer or model_path))
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    train_set = RLHFDataset(_files(config.data.train_files), tokenizer, config.data)
+    val_set = RLHFDataset(_files(config.data.val_files), tokenizer, config.data) if config.data.val_files else None
+    loader = StatefulDataLoader(train_set, batch_size=int(config.data.train_batch_size), shuffle=bool(config.data.shuffle),
+                                seed=int(config.data.seed), drop_last=True)
+    if len(loader) == 0:
+        raise ValueError(f"data.train_batch_size={config.data.train_batch_size} is larger than the training set "
+                         f"({len(train_set)} rows after filtering) — no full batch can be formed")
+    reward_fn, val_reward_fn = build_reward_fns(config, tokenizer)
+    total_steps = int(t.total_training_steps) if t.total_training_steps is not None else len(loader) * int(t.total_epochs)
+    with open_dict(config):  # the LR schedule needs the horizon, known only once the data is loaded (as in verl)
+        config.actor_rollout_ref.actor.optim.total_training_steps = total_steps
+        config.critic.optim.total_training_steps = total_steps
+
+    world = int(t.nnodes) * int(t.n_gpus_per_node)
+    local = not (t.ray_address or os.environ.get("RAY_ADDRESS"))
+    # a local Ray on a CPU machine needs a slot per worker even when there are fewer cores than workers
+    init_ray(t.ray_address, num_cpus=max(os.cpu_count() or 1, world) if local else None)
+    use_gpu = _use_gpu(config)
+    with_critic = need_critic(config)
+    pool = RayResourcePool([int(t.n_gpus_per_node)] * int(t.nnodes), use_gpu=use_gpu,
+                           max_colocate_count=2 if with_critic else 1)
+    timeout = float(t.worker_timeout_s)
+    role = "actor_rollout_ref" if need_reference(config) else "actor_rollout"
+    actor_wg = RayWorkerGroup(pool, RayClassWithInitArgs(ActorRolloutRefWorker, config, role=role),
+                              name_prefix="actor_rollout", worker_timeout_s=timeout)
+    actor_wg.init_model()
+    critic_wg = None
+    if with_critic:
+        critic_wg = RayWorkerGroup(pool, RayClassWithInitArgs(CriticWorker, config), name_prefix="critic",
+                                   worker_timeout_s=timeout)
+        critic_wg.init_model()
+
+    run_dir = Path(os.path.expanduser(t.default_local_dir))
+    run_dir.mkdir(parents=True, exist_ok=True)
+    log_dir = run_dir / "logs"
+    tracker = Tracking(t.project_name, t.experiment_name, list(t.logger) if not isinstance(t.logger, str) else [t.logger],
+                       config=config, log_dir=str(log_dir))
+    ckpt = CheckpointManager(str(run_dir), max_to_keep=t.max_actor_ckpt_to_keep)
+    timeline = MemoryTimeline()
+    trainer = RayPPOTrainer(config, tokenizer, actor_wg, critic_wg, reward_fn, val_reward_fn, loader, val_set,
+                            tracker, ckpt, n_gpus=world, memory_timeline=timeline)
+    t0 = time.time()
+    try:
+        history = trainer.fit()
+    finally:
+        tracker.finish()
+    plot = run_dir / "memory_timeline.png"
+    timeline.to_json(str(run_dir / "memory_timeline.json"))
+    timeline.plot(str(plot), title=f"{t.project_name}/{t.experiment_name}: GPU memory by phase")
+    actor_wg.shutdown()
+    if critic_wg is not None:
+        critic_wg.shutdown()
+    summary = {"history": history, "wall_s": time.time() - t0, "run_dir": str(run_dir), "log_dir": str(log_dir),
+               "memory_plot": str(plot), "filtered_prompts": getattr(train_set, "num_filtered", 0)}
+    print(f"[hybridrl] done in {summary['wall_s']:.1f}s — logs: {log_dir}  memory plot: {plot}  checkpoints: {run_dir}")
+    return summary

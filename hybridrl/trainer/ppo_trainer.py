@@ -1,0 +1,297 @@
+"""The PPO/GRPO fit loop on the driver (single controller), in verl's phase order:
+
+  gen → reward → old_log_prob → ref → values → adv → update_critic → update_actor → testing → save
+
+The algorithm lives here, on the driver; workers only run SPMD compute (generation, log-probs, updates). Every
+phase is timed as `timing_s/{phase}` and its metrics use verl's names, so a verl dashboard reads our runs.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import uuid
+from pathlib import Path
+
+import numpy as np
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from hybridrl.algorithms import agg_loss, apply_kl_penalty, compute_advantage, get_kl_controller
+from hybridrl.data.rl_dataset import collate_fn
+from hybridrl.protocol import DataProto
+from hybridrl.trainer.metrics import (
+    compute_data_metrics,
+    compute_throughout_metrics,
+    compute_timing_metrics,
+    flatten_validation_metrics,
+    process_validation_metrics,
+    reduce_metrics,
+)
+from hybridrl.trainer.timer import marked_timer
+
+logger = logging.getLogger("hybridrl.trainer")
+
+GEN_KEYS = ["input_ids", "attention_mask", "position_ids"]
+
+
+def need_critic(config: DictConfig) -> bool:
+    return config.algorithm.adv_estimator == "gae"
+
+
+def need_reference(config: DictConfig) -> bool:
+    return bool(config.actor_rollout_ref.actor.use_kl_loss) or bool(config.algorithm.use_kl_in_reward)
+
+
+def balance_batch(batch: DataProto, world_size: int) -> dict:
+    """Reorder rows so each DP rank gets about the same number of tokens (greedy longest-first into the lightest
+    partition), keeping each partition's rows contiguous as the dispatch splits them."""
+    lengths = batch.batch["attention_mask"].sum(-1).tolist()
+    n = len(lengths)
+    if world_size <= 1 or n % world_size:
+        return {}
+    per = n // world_size
+    order = sorted(range(n), key=lambda i: -lengths[i])
+    parts: list[list[int]] = [[] for _ in range(world_size)]
+    loads = [0] * world_size
+    for i in order:
+        k = min((k for k in range(world_size) if len(parts[k]) < per), key=lambda k: loads[k])
+        parts[k].append(i)
+        loads[k] += lengths[i]
+    batch.reorder(torch.tensor([i for p in parts for i in p]))
+    return {"training/seqlen_balance_max_over_min": max(loads) / max(1, min(loads))}
+
+
+class RayPPOTrainer:
+    def __init__(self, config: DictConfig, tokenizer, actor_rollout_wg, critic_wg, reward_fn, val_reward_fn,
+                 train_loader, val_dataset, tracker, ckpt_manager, n_gpus: int, memory_timeline=None):
+        self.config = config
+        self.tokenizer = tokenizer
+        self.actor_rollout_wg, self.critic_wg = actor_rollout_wg, critic_wg
+        self.reward_fn, self.val_reward_fn = reward_fn, val_reward_fn
+        self.train_loader, self.val_dataset = train_loader, val_dataset
+        self.tracker, self.ckpt = tracker, ckpt_manager
+        self.n_gpus = n_gpus
+        self.memory_timeline = memory_timeline
+        self.use_critic = need_critic(config)
+        self.use_reference = need_reference(config)
+        self.kl_ctrl = get_kl_controller(config.algorithm.kl_ctrl) if config.algorithm.use_kl_in_reward else None
+        self.global_steps = 0
+        self.total_training_steps = self._total_steps()
+        self.history: list[dict] = []
+
+    def _total_steps(self) -> int:
+        t = self.config.trainer
+        steps = len(self.train_loader) * int(t.total_epochs)
+        if t.total_training_steps is not None:
+            steps = int(t.total_training_steps)
+        return steps
+
+    def _meta(self) -> dict:
+        return {"eos_token_id": self.tokenizer.eos_token_id, "pad_token_id": self.tokenizer.pad_token_id}
+
+    # ------------------------------------------------------------------ validation
+    def validate(self) -> dict:
+        cfg = self.config
+        val = self.val_dataset
+        bs = int(cfg.data.val_batch_size or len(val))
+        n = int(cfg.actor_rollout_ref.rollout.val_kwargs.n)
+        scores, sources, uids, inputs, outputs = [], [], [], [], []
+        for start in range(0, len(val), bs):
+            batch = collate_fn([val[i] for i in range(start, min(len(val), start + bs))])
+            batch.non_tensor_batch["uid"] = np.array([str(uuid.uuid4()) for _ in range(len(batch))], dtype=object)
+            gen = batch.select(GEN_KEYS, ["raw_prompt_ids"])
+            gen.meta_info = {**self._meta(), "validate": True}
+            out = self.actor_rollout_wg.generate_sequences(gen)
+            out.meta_info.pop("metrics", None)
+            batch = batch.repeat(n, interleave=True)
+            for k in GEN_KEYS:
+                batch.batch.pop(k)
+            batch.union(out)
+            result = self.val_reward_fn(batch)
+            scores.extend(result["reward_tensor"].sum(-1).tolist())
+            sources.extend(batch.non_tensor_batch.get("data_source", np.array(["unknown"] * len(batch))).tolist())
+            uids.extend(batch.non_tensor_batch["uid"].tolist())
+            inputs.extend(self.tokenizer.batch_decode(batch.batch["prompts"], skip_special_tokens=True))
+            outputs.extend(self.tokenizer.batch_decode(batch.batch["responses"], skip_special_tokens=True))
+        infos = {"acc": scores, "reward": scores}
+        metrics = flatten_validation_metrics(process_validation_metrics(sources, uids, infos))
+        k = int(cfg.trainer.log_val_generations)
+        if k > 0:
+            self.tracker.log_generations(list(zip(inputs[:k], outputs[:k], scores[:k])), self.global_steps)
+        return metrics
+
+    # ------------------------------------------------------------------ checkpoints
+    def save_checkpoint(self):
+        step = self.global_steps
+        tmp = Path(self.ckpt.begin(step))
+        self.actor_rollout_wg.save_checkpoint(str(tmp / "actor"))
+        if self.use_critic:
+            self.critic_wg.save_checkpoint(str(tmp / "critic"))
+        state = {"global_step": step, "dataloader": self.train_loader.state_dict(),
+                 "kl_coef": self.kl_ctrl.value if self.kl_ctrl else None}
+        (tmp / "trainer_state.json").write_text(json.dumps(state))
+        self.ckpt.commit(step)
+
+    def load_checkpoint(self) -> int:
+        t = self.config.trainer
+        path = self.ckpt.resolve_resume(t.resume_mode, t.resume_from_path)
+        if path is None:
+            return 0
+        path = Path(path)
+        state = json.loads((path / "trainer_state.json").read_text())
+        self.actor_rollout_wg.load_checkpoint(str(path / "actor"))
+        if self.use_critic:
+            self.critic_wg.load_checkpoint(str(path / "critic"))
+        self.train_loader.load_state_dict(state["dataloader"])
+        if self.kl_ctrl is not None and state.get("kl_coef") is not None:
+            self.kl_ctrl.value = state["kl_coef"]
+        self.global_steps = int(state["global_step"])
+        print(f"[hybridrl] resumed from {path} at step {self.global_steps}")
+        return self.global_steps
+
+    # ------------------------------------------------------------------ one step
+    def train_step(self, batch: DataProto) -> dict:
+        cfg = self.config
+        n = int(cfg.actor_rollout_ref.rollout.n)
+        metrics: dict = {}
+        timing: dict = {}
+        worker_metrics: dict[str, list] = {}
+
+        def absorb(out: DataProto):
+            for k, v in out.meta_info.pop("metrics", {}).items():
+                worker_metrics.setdefault(k, []).extend(v if isinstance(v, list) else [v])
+
+        batch.non_tensor_batch["uid"] = np.array([str(uuid.uuid4()) for _ in range(len(batch))], dtype=object)
+        gen = batch.select(GEN_KEYS, ["raw_prompt_ids"])
+        # a fresh sampling seed each step, derived from the step so a resumed run samples what the original did
+        gen.meta_info = {**self._meta(), "seed": int(cfg.actor_rollout_ref.rollout.seed) * 100003 + self.global_steps}
+        with marked_timer("step", timing):
+            with marked_timer("gen", timing):
+                out = self.actor_rollout_wg.generate_sequences(gen)
+                absorb(out)
+            if cfg.algorithm.adv_estimator == "remax":
+                with marked_timer("gen_max", timing):
+                    gen.meta_info.update({"do_sample": False, "n": 1})
+                    base = self.actor_rollout_wg.generate_sequences(gen)
+                    base.meta_info.pop("metrics", None)
+                    base_batch = batch.select(non_tensor_batch_keys=list(batch.non_tensor_batch))
+                    base_batch.union(base)
+                    baseline = self.reward_fn(base_batch)["reward_tensor"].sum(-1)
+                    batch.batch["reward_baselines"] = baseline
+            batch = batch.repeat(n, interleave=True)
+            for k in GEN_KEYS:
+                batch.batch.pop(k)
+            batch.union(out)
+            if cfg.trainer.balance_batch:
+                metrics.update(balance_batch(batch, self.n_gpus))
+            batch.meta_info["global_token_num"] = batch.batch["attention_mask"].sum(-1).tolist()
+
+            with marked_timer("reward", timing):
+                result = self.reward_fn(batch)
+                batch.batch["token_level_scores"] = result["reward_tensor"]
+                metrics.update(result.get("metrics", {}))
+            with marked_timer("old_log_prob", timing):
+                old = self.actor_rollout_wg.compute_log_prob(batch)
+                absorb(old)
+                entropys = old.batch.pop("entropys", None)
+                if entropys is not None:
+                    metrics["actor/entropy"] = agg_loss(entropys, batch.batch["response_mask"], "token-mean").item()
+                batch.union(old)
+            if self.use_reference:
+                with marked_timer("ref", timing):
+                    ref = self.actor_rollout_wg.compute_ref_log_prob(batch)
+                    absorb(ref)
+                    batch.union(ref)
+            if self.use_critic:
+                with marked_timer("values", timing):
+                    values = self.critic_wg.compute_values(batch)
+                    absorb(values)
+                    batch.union(values)
+            with marked_timer("adv", timing):
+                if cfg.algorithm.use_kl_in_reward:
+                    batch, kl_metrics = apply_kl_penalty(batch, self.kl_ctrl, cfg.algorithm.kl_penalty)
+                    metrics.update(kl_metrics)
+                else:
+                    batch.batch["token_level_rewards"] = batch.batch["token_level_scores"]
+                batch = compute_advantage(batch, cfg.algorithm.adv_estimator, gamma=float(cfg.algorithm.gamma),
+                                          lam=float(cfg.algorithm.lam), num_repeat=n,
+                                          norm_adv_by_std_in_grpo=bool(cfg.algorithm.norm_adv_by_std_in_grpo))
+            if self.use_critic:
+                with marked_timer("update_critic", timing):
+                    absorb(self.critic_wg.update_critic(batch))
+            if self.global_steps >= int(cfg.trainer.critic_warmup):
+                with marked_timer("update_actor", timing):
+                    absorb(self.actor_rollout_wg.update_actor(batch))
+        for k, v in reduce_metrics(worker_metrics).items():
+            if k.startswith(("perf/max_memory", "memory/")):
+                metrics[k] = max(worker_metrics[k])  # the peak over ranks, not the mean
+            elif k.startswith("timing_s/"):
+                timing.setdefault(k.removeprefix("timing_s/"), max(worker_metrics[k]))
+            else:
+                metrics[k] = v
+        metrics.update(compute_data_metrics(batch, use_critic=self.use_critic))
+        metrics.update(compute_timing_metrics(batch, timing))
+        metrics.update(compute_throughout_metrics(batch, timing, self.n_gpus))
+        return metrics
+
+    # ------------------------------------------------------------------ loop
+    def fit(self) -> list[dict]:
+        cfg = self.config.trainer
+        self.load_checkpoint()
+        if cfg.val_before_train and self.val_dataset is not None and self.global_steps == 0:
+            val = self.validate()
+            self.tracker.log(val, step=0)
+            self.history.append({"training/global_step": 0, **val})
+        epoch = self.train_loader.epoch if hasattr(self.train_loader, "epoch") else 0
+        while self.global_steps < self.total_training_steps:
+            for batch in self.train_loader:
+                if self.global_steps >= self.total_training_steps:
+                    break
+                self.global_steps += 1
+                metrics = self.train_step(batch)
+                last = self.global_steps == self.total_training_steps
+                if self.val_dataset is not None and cfg.test_freq > 0 and (self.global_steps % cfg.test_freq == 0 or last):
+                    timing: dict = {}
+                    with marked_timer("testing", timing):
+                        metrics.update(self.validate())
+                    metrics["timing_s/testing"] = timing["testing"]
+                if cfg.save_freq > 0 and (self.global_steps % cfg.save_freq == 0 or last):
+                    timing = {}
+                    with marked_timer("save_checkpoint", timing):
+                        self.save_checkpoint()
+                    metrics["timing_s/save_checkpoint"] = timing["save_checkpoint"]
+                metrics["training/global_step"] = self.global_steps
+                metrics["training/epoch"] = getattr(self.train_loader, "epoch", epoch)
+                self.tracker.log(metrics, step=self.global_steps)
+                if self.memory_timeline is not None:
+                    self.memory_timeline.record_metrics(self.global_steps, metrics)
+                self.history.append(metrics)
+            epoch += 1
+        return self.history
+
+
+def trainer_summary(history: list[dict]) -> dict:
+    val = [h for h in history if any(k.startswith("val-core/") for k in h)]
+    out = {}
+    if val:
+        first = {k: v for k, v in val[0].items() if k.startswith("val-core/")}
+        last = {k: v for k, v in val[-1].items() if k.startswith("val-core/")}
+        out = {"val_first": first, "val_last": last}
+    return out
+
+
+def config_to_dict(config: DictConfig) -> dict:
+    return OmegaConf.to_container(config, resolve=True)
+
+
+def env_flag(name: str) -> bool:
+    return os.environ.get(name, "0") not in ("0", "", "false")
+
+
+def run_ppo(config: DictConfig) -> dict:
+    """Entry used by `hybridrl train` and `python -m hybridrl.trainer.main_ppo` (wiring lives in launch.py)."""
+    from hybridrl.trainer.launch import run_ppo as _run_ppo
+
+    return _run_ppo(config)

@@ -1,0 +1,199 @@
+"""ActorRolloutRefWorker: one process per GPU holding the actor (FSDP2), the reference and the rollout engine.
+
+Colocating the three roles in one process is what lets the hybrid engine hand memory from one phase to the next
+(training shards ↔ engine weights + KV) instead of keeping a copy per role. The worker composes parts that live
+elsewhere — it owns no algorithm:
+  training/  FSDP2 wrapping, the PPO actor (log-probs, update), checkpoints
+  rollout/   the generation engine (TP over this rank's infer_tp group)
+  hybrid/    the two meshes, resharding FSDP→TP, the per-phase memory order
+Dispatch: generation is split over the rollout mesh's dp (every rank of a TP group gets the same chunk, rank 0 of
+the group returns it); log-probs and updates are split over all ranks (the training mesh is pure data parallel).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+
+import torch.distributed as dist
+from omegaconf import DictConfig, OmegaConf
+
+from hybridrl.controller import Dispatch, Worker, make_mesh_dispatch, register
+from hybridrl.hybrid.engine import HybridEngine
+from hybridrl.hybrid.memory import track_phase
+from hybridrl.hybrid.meshes import build_rollout_mesh, format_mesh, rollout_coords
+from hybridrl.protocol import DataProto
+from hybridrl.workers.common import (
+    build_fsdp_model,
+    normalize_actor_batch_sizes,
+    pick_device,
+    rollout_dtype,
+    sampling_params_from,
+)
+
+logger = logging.getLogger("hybridrl.workers")
+logger.setLevel(os.environ.get("HYBRIDRL_LOG_LEVEL", os.environ.get("VERL_LOG_LEVEL", "WARNING")))
+
+
+def prompt_token_lists(prompts: DataProto) -> list[list[int]]:
+    """Unpadded prompt ids: `raw_prompt_ids` when the dataset kept them, else the unmasked part of input_ids."""
+    if "raw_prompt_ids" in prompts.non_tensor_batch:
+        return [list(map(int, ids)) for ids in prompts.non_tensor_batch["raw_prompt_ids"]]
+    ids, mask = prompts.batch["input_ids"], prompts.batch["attention_mask"].bool()
+    return [row[m].tolist() for row, m in zip(ids, mask)]
+
+
+class ActorRolloutRefWorker(Worker):
+    def __init__(self, config: DictConfig, role: str = "actor_rollout_ref"):
+        super().__init__()
+        if role not in ("actor_rollout", "actor_rollout_ref", "ref"):
+            raise ValueError(f"ActorRolloutRefWorker role must be actor_rollout, actor_rollout_ref or ref, got {role!r}")
+        self.config = config
+        self.role = role
+        self._has_actor = role in ("actor_rollout", "actor_rollout_ref")
+        self._has_ref = role in ("actor_rollout_ref", "ref")
+
+    # ------------------------------------------------------------------ setup
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def init_model(self):
+        cfg = self.config.actor_rollout_ref
+        timeout = float(self.config.trainer.worker_timeout_s)
+        self.init_distributed(timeout_s=timeout)
+        self.compute_device = pick_device(self.config.trainer.device)
+        world = dist.get_world_size()
+        rank = dist.get_rank()
+
+        from hybridrl.training.fsdp import build_training_mesh
+
+        self.device_mesh = build_training_mesh(world, int(cfg.actor.fsdp_config.fsdp_size), self.compute_device.type)
+        logger.debug("self.device_mesh: %s", format_mesh(self.device_mesh, with_names=False))
+        self.set_dispatch_info("actor", rank, world, True)
+
+        if self._has_actor:
+            actor_cfg = normalize_actor_batch_sizes(cfg, world)
+            self.actor_module, self.optimizer, self.scheduler = build_fsdp_model(
+                cfg.model, cfg.actor.fsdp_config, cfg.actor.optim, self.device_mesh, self.compute_device, trainable=True)
+            from hybridrl.training.actor import DataParallelPPOActor
+
+            self.actor = DataParallelPPOActor(actor_cfg, self.actor_module, self.optimizer, self.scheduler)
+            self._build_rollout()
+        if self._has_ref:
+            # the reference never trains: keep it in the compute dtype (bf16 on GPU), no fp32 master copy
+            ref_fsdp = OmegaConf.merge(cfg.actor.fsdp_config, cfg.ref.fsdp_config,
+                                       {"model_dtype": "bf16" if self.compute_device.type == "cuda" else "fp32"})
+            self.ref_module, _, _ = build_fsdp_model(cfg.model, ref_fsdp, None, self.device_mesh,
+                                                     self.compute_device, trainable=False)
+            from hybridrl.training.actor import DataParallelPPOActor
+
+            self.ref = DataParallelPPOActor(normalize_actor_batch_sizes(cfg, world), self.ref_module, None, None)
+        return {"rank": rank, "device": str(self.compute_device)}
+
+    def _build_rollout(self):
+        cfg = self.config.actor_rollout_ref
+        world, rank = dist.get_world_size(), dist.get_rank()
+        tp = int(cfg.rollout.tensor_model_parallel_size)
+        coords = rollout_coords(rank, world, tp)
+        self.rollout_mesh = build_rollout_mesh(self.compute_device.type, world, tp)
+        logger.debug("rollout_device_mesh in ActorRolloutRefWorker._build_rollout: %s", format_mesh(self.rollout_mesh))
+        self.set_dispatch_info("rollout", coords.dp_rank, coords.dp_size, coords.is_collect)
+        self.rollout_coords = coords
+
+        rcfg = cfg.rollout
+        from hybridrl.rollout.factory import build_rollout_engine
+
+        self.engine = build_rollout_engine(
+            rcfg, model_path=os.path.expanduser(cfg.model.path), device=self.compute_device,
+            tp_group=self.rollout_mesh.get_group("infer_tp") if tp > 1 else None,
+            actor_module=self.actor_module)
+        self.hybrid = HybridEngine(
+            self.actor_module, self.optimizer, self.engine, device=self.compute_device, dtype=rollout_dtype(rcfg, self.compute_device),
+            hybrid=bool(cfg.hybrid_engine) and bool(rcfg.free_cache_engine),
+            param_offload=bool(cfg.actor.fsdp_config.param_offload),
+            optimizer_offload=bool(cfg.actor.fsdp_config.optimizer_offload),
+            reshard_strategy=os.environ.get("HYBRIDRL_RESHARD", "slice"))
+
+    # ------------------------------------------------------------------ rollout
+    @register(dispatch_mode=make_mesh_dispatch("rollout"))
+    def generate_sequences(self, prompts: DataProto) -> DataProto:
+        from hybridrl.rollout.to_dataproto import outputs_to_dataproto
+
+        rcfg = self.config.actor_rollout_ref.rollout
+        params = sampling_params_from(rcfg, prompts.meta_info)
+        metrics: dict = {}
+        t0 = time.perf_counter()
+        with self.hybrid.rollout(metrics) as engine:
+            tg = time.perf_counter()
+            outputs = engine.generate(prompt_token_lists(prompts), params)
+            metrics["timing_s/gen_engine"] = time.perf_counter() - tg
+            for k, v in getattr(engine, "stats", {}).items():
+                if isinstance(v, (int, float)):
+                    metrics[f"rollout/{k}"] = float(v)
+        metrics["timing_s/rollout_total"] = time.perf_counter() - t0
+        out = outputs_to_dataproto(prompts, outputs, response_length=int(rcfg.response_length),
+                                   pad_token_id=int(prompts.meta_info.get("pad_token_id", 0)))
+        out.meta_info["metrics"] = {k: [v] for k, v in metrics.items()}
+        return out
+
+    # ------------------------------------------------------------------ log-probs
+    def _log_prob_meta(self, data: DataProto, micro: int) -> DataProto:
+        rcfg = self.config.actor_rollout_ref.rollout
+        data.meta_info.setdefault("temperature", float(rcfg.temperature))
+        data.meta_info["micro_batch_size"] = micro
+        data.meta_info["use_dynamic_bsz"] = bool(rcfg.log_prob_use_dynamic_bsz)
+        data.meta_info["max_token_len"] = int(rcfg.log_prob_max_token_len_per_gpu)
+        return data
+
+    @register(dispatch_mode=make_mesh_dispatch("actor"))
+    def compute_log_prob(self, data: DataProto) -> DataProto:
+        metrics: dict = {}
+        data = self._log_prob_meta(data, int(self.config.actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu))
+        with track_phase("old_log_prob", metrics, self.compute_device):
+            log_probs, entropy = self.actor.compute_log_prob(data.to(self.compute_device), calculate_entropy=True)
+        tensors = {"old_log_probs": log_probs.cpu()}
+        if entropy is not None:
+            tensors["entropys"] = entropy.cpu()
+        return DataProto(tensors, meta_info={"metrics": {k: [v] for k, v in metrics.items()}})
+
+    @register(dispatch_mode=make_mesh_dispatch("actor"))
+    def compute_ref_log_prob(self, data: DataProto) -> DataProto:
+        metrics: dict = {}
+        data = self._log_prob_meta(data, int(self.config.actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu))
+        with track_phase("ref", metrics, self.compute_device):
+            log_probs, _ = self.ref.compute_log_prob(data.to(self.compute_device), calculate_entropy=False)
+        return DataProto({"ref_log_prob": log_probs.cpu()}, meta_info={"metrics": {k: [v] for k, v in metrics.items()}})
+
+    # ------------------------------------------------------------------ update
+    @register(dispatch_mode=make_mesh_dispatch("actor"))
+    def update_actor(self, data: DataProto) -> DataProto:
+        metrics: dict = {}
+        data.meta_info.setdefault("temperature", float(self.config.actor_rollout_ref.rollout.temperature))
+        with track_phase("update_actor", metrics, self.compute_device):
+            self.hybrid.before_update()
+            train_metrics = self.actor.update_policy(data.to(self.compute_device))
+        self.hybrid.after_update()
+        metrics.update(train_metrics)
+        return DataProto(meta_info={"metrics": {k: (v if isinstance(v, list) else [v]) for k, v in metrics.items()}})
+
+    # ------------------------------------------------------------------ checkpoints
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def save_checkpoint(self, path: str):
+        from hybridrl.training.checkpoint import save_checkpoint
+
+        save_checkpoint(path, self.actor_module, self.optimizer, self.scheduler, role="actor",
+                        hf_config=self.actor_module.config)
+        return True
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def load_checkpoint(self, path: str):
+        from hybridrl.training.checkpoint import load_checkpoint
+
+        load_checkpoint(path, self.actor_module, self.optimizer, self.scheduler)
+        self.hybrid.after_update()
+        return True
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def describe(self):
+        return {"rank": dist.get_rank(), "device_mesh": format_mesh(self.device_mesh, with_names=False),
+                "rollout_mesh": format_mesh(self.rollout_mesh) if self._has_actor else None,
+                "config": OmegaConf.to_container(self.config.actor_rollout_ref.rollout, resolve=True)}

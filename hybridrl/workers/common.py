@@ -1,0 +1,80 @@
+"""Small pieces the workers share: device choice, per-rank batch sizes, sampling parameters, model building."""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+
+def pick_device(device: str) -> torch.device:
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError("trainer.device=cuda but no CUDA device is visible to this worker")
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device(device)
+
+
+def rollout_dtype(rollout_cfg: DictConfig, device: torch.device) -> torch.dtype:
+    if device.type != "cuda":
+        return torch.float32  # bf16 matmuls on CPU are slow and change greedy paths; CPU runs are for correctness
+    return {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16,
+            "float32": torch.float32, "fp32": torch.float32}[str(rollout_cfg.dtype)]
+
+
+def normalize_actor_batch_sizes(cfg: DictConfig, world_size: int) -> DictConfig:
+    """verl's convention: config sizes are global in prompts; each rank updates on
+    ppo_mini_batch_size * n / dp rows per mini-batch. Returns a per-rank copy of the actor section."""
+    actor = copy.deepcopy(cfg.actor)
+    n = int(cfg.rollout.n)
+    sp = int(actor.get("ulysses_sequence_parallel_size", 1))
+    dp = world_size // sp
+    rows = int(actor.ppo_mini_batch_size) * n
+    if rows % dp:
+        raise ValueError(f"actor_rollout_ref.actor.ppo_mini_batch_size * rollout.n = {rows} is not divisible by the "
+                         f"data-parallel size {dp}")
+    with open_dict(actor):
+        actor.ppo_mini_batch_size = rows // dp
+    return actor
+
+
+def sampling_params_from(rollout_cfg: DictConfig, meta: dict):
+    """Training rollouts use rollout.*; validation sends meta_info {'validate': True} and uses rollout.val_kwargs;
+    meta_info may override do_sample / n / temperature (e.g. ReMax's greedy baseline)."""
+    from hybridrl.rollout.sampling_params import SamplingParams
+
+    src = rollout_cfg.val_kwargs if meta.get("validate") else rollout_cfg
+    do_sample = bool(meta.get("do_sample", src.do_sample))
+    temperature = float(meta.get("temperature", src.temperature)) if do_sample else 0.0
+    n = int(meta.get("n", src.n))
+    return SamplingParams(
+        n=n, temperature=temperature, do_sample=do_sample,
+        top_p=float(src.top_p) if do_sample else 1.0,
+        top_k=int(src.top_k) if do_sample else -1,
+        max_tokens=int(meta.get("max_tokens", rollout_cfg.response_length)),
+        ignore_eos=bool(rollout_cfg.ignore_eos),
+        stop_token_ids=list(meta.get("stop_token_ids", [])),
+        seed=int(meta.get("seed", rollout_cfg.seed)),
+    )
+
+
+def build_fsdp_model(model_cfg: DictConfig, fsdp_cfg: DictConfig, optim_cfg: DictConfig | None, mesh, device,
+                     trainable: bool, critic: bool = False):
+    """HF model → FSDP2 (training/ applies FSDP; the model never knows). Returns (module, optimizer, scheduler)."""
+    from hybridrl.training.fsdp import build_fsdp_model as shard
+    from hybridrl.training.optim import build_lr_scheduler, build_optimizer
+
+    module = shard(model_cfg, fsdp_cfg, mesh, device, role="critic" if critic else "actor")
+    if not trainable:
+        module.requires_grad_(False)
+        return module, None, None
+    optimizer = build_optimizer(module.parameters(), optim_cfg)
+    scheduler = build_lr_scheduler(optimizer, optim_cfg)
+    return module, optimizer, scheduler
+
+
+def to_plain(cfg) -> dict:
+    return OmegaConf.to_container(cfg, resolve=True)

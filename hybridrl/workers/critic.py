@@ -1,0 +1,82 @@
+"""CriticWorker: the PPO value model on FSDP2 (one process per GPU, same training mesh as the actor)."""
+
+from __future__ import annotations
+
+import os
+
+import torch.distributed as dist
+from omegaconf import DictConfig, open_dict
+
+from hybridrl.controller import Dispatch, Worker, make_mesh_dispatch, register
+from hybridrl.hybrid.memory import track_phase
+from hybridrl.protocol import DataProto
+from hybridrl.workers.common import build_fsdp_model, pick_device
+
+
+class CriticWorker(Worker):
+    def __init__(self, config: DictConfig):
+        super().__init__()
+        self.config = config
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def init_model(self):
+        self.init_distributed(timeout_s=float(self.config.trainer.worker_timeout_s))
+        self.compute_device = pick_device(self.config.trainer.device)
+        world, rank = dist.get_world_size(), dist.get_rank()
+        c = self.config.critic
+        from hybridrl.training.fsdp import build_training_mesh
+
+        self.mesh = build_training_mesh(world, int(c.model.fsdp_config.fsdp_size), self.compute_device.type)
+        self.set_dispatch_info("critic", rank, world, True)
+        self.module, self.optimizer, self.scheduler = build_fsdp_model(
+            c.model, c.model.fsdp_config, c.optim, self.mesh, self.compute_device, trainable=True, critic=True)
+        cfg = self._per_rank_config(world)
+        from hybridrl.training.critic import DataParallelPPOCritic
+
+        self.critic = DataParallelPPOCritic(cfg, self.module, self.optimizer, self.scheduler)
+        return {"rank": rank}
+
+    def _per_rank_config(self, world: int) -> DictConfig:
+        import copy
+
+        c = copy.deepcopy(self.config.critic)
+        n = int(self.config.actor_rollout_ref.rollout.n)
+        rows = int(c.ppo_mini_batch_size) * n
+        if rows % world:
+            raise ValueError(f"critic.ppo_mini_batch_size * rollout.n = {rows} is not divisible by the data-parallel size {world}")
+        with open_dict(c):
+            c.ppo_mini_batch_size = rows // world
+        return c
+
+    @register(dispatch_mode=make_mesh_dispatch("critic"))
+    def compute_values(self, data: DataProto) -> DataProto:
+        metrics: dict = {}
+        data.meta_info["micro_batch_size"] = int(self.config.critic.forward_micro_batch_size_per_gpu)
+        data.meta_info["use_dynamic_bsz"] = bool(self.config.critic.use_dynamic_bsz)
+        data.meta_info["max_token_len"] = int(self.config.critic.ppo_max_token_len_per_gpu)
+        with track_phase("values", metrics, self.compute_device):
+            values = self.critic.compute_values(data.to(self.compute_device))
+        return DataProto({"values": values.cpu()}, meta_info={"metrics": {k: [v] for k, v in metrics.items()}})
+
+    @register(dispatch_mode=make_mesh_dispatch("critic"))
+    def update_critic(self, data: DataProto) -> DataProto:
+        metrics: dict = {}
+        with track_phase("update_critic", metrics, self.compute_device):
+            train_metrics = self.critic.update_critic(data.to(self.compute_device))
+        metrics.update(train_metrics)
+        return DataProto(meta_info={"metrics": {k: (v if isinstance(v, list) else [v]) for k, v in metrics.items()}})
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def save_checkpoint(self, path: str):
+        from hybridrl.training.checkpoint import save_checkpoint
+
+        save_checkpoint(path, self.module, self.optimizer, self.scheduler, role="critic",
+                        hf_config=self.module.config)
+        return True
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def load_checkpoint(self, path: str):
+        from hybridrl.training.checkpoint import load_checkpoint
+
+        load_checkpoint(path, self.module, self.optimizer, self.scheduler)
+        return True
