@@ -4,17 +4,22 @@ Workload (DESIGN.md §7): batch 256 samples, 256-token prompts, 256 new tokens, 
   native_n1        : 256 distinct prompts, n=1
   native_n8_shared : 32 prompts x n=8 with prompt sharing (prompt prefilled once, blocks ref-counted)
   native_n8_unshared: same without sharing
+  native_n1_unfused: (--ab-unfused) native_n1 with HYBRIDRL_FUSED=0: the torch decoder ops and sampler
   hf_generate      : 256 distinct prompts through transformers generate (sdpa), the naive baseline
+Per run also the host-clock split: schedule_s (scheduler), *_launch_s (input build + enqueue),
+*_wait_s (blocked on the GPU at the one token read a step) and decode_ms_per_step.
 Reports generated tok/s, wall time, KV blocks peak (shared vs unshared), KV GiB, CUDA-graph capture
 seconds, and writes JSON with device facts to benchmarks/results/rollout.json.
 
-  PYTHONPATH=. python benchmarks/rollout.py [--models 0.5B,1.5B,7B] [--skip-hf] [--out PATH]
+  PYTHONPATH=. python benchmarks/rollout.py [--models 0.5B,1.5B,7B] [--skip-hf] [--hf-models 7B]
+      [--ab-unfused 7B] [--out PATH]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -69,7 +74,12 @@ def run_native(cfg, state, prompts, n, sharing, args):
             "kv_gib_peak_unshared": st["kv_blocks_peak_unshared"] * st["kv_block_bytes"] / 2**30,
             "num_kv_blocks": st["num_kv_blocks"], "cuda_graph_capture_s": st["cuda_graph_capture_s"],
             "num_preemptions": st["num_preemptions"], "prefill_tokens_computed": st["prefill_tokens_computed"],
-            "max_memory_allocated_gib": peak_gb}
+            "max_memory_allocated_gib": peak_gb, "fused_kernels": os.environ.get("HYBRIDRL_FUSED", "1") != "0",
+            # where the wall time went (host clocks; *_wait_s = blocked on the GPU at the step's token read)
+            "num_prefill_steps": st["num_prefill_steps"], "num_decode_steps": st["num_decode_steps"],
+            **{k: st[k] for k in ("schedule_s", "prefill_launch_s", "prefill_wait_s", "decode_launch_s",
+                                  "decode_wait_s")},
+            "decode_ms_per_step": 1e3 * (st["decode_launch_s"] + st["decode_wait_s"]) / max(1, st["num_decode_steps"])}
 
 
 def run_hf(model, prompts, args):
@@ -90,6 +100,8 @@ def main():
     ap.add_argument("--new-tokens", type=int, default=256)
     ap.add_argument("--gpu-memory-utilization", type=float, default=0.5)
     ap.add_argument("--skip-hf", action="store_true")
+    ap.add_argument("--hf-models", default=None, help="sizes to run HF generate on (default: all of --models)")
+    ap.add_argument("--ab-unfused", default="", help="sizes to also run native_n1 with HYBRIDRL_FUSED=0 (A/B)")
     ap.add_argument("--out", default="benchmarks/results/rollout.json")
     args = ap.parse_args()
     result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
@@ -107,7 +119,13 @@ def main():
         r = {"native_n1": run_native(cfg, state, prompts, 1, True, args),
              "native_n8_shared": run_native(cfg, state, group_prompts, args.n, True, args),
              "native_n8_unshared": run_native(cfg, state, group_prompts, args.n, False, args)}
-        if not args.skip_hf:
+        if name in args.ab_unfused.split(","):
+            os.environ["HYBRIDRL_FUSED"] = "0"
+            try:
+                r["native_n1_unfused"] = run_native(cfg, state, prompts, 1, True, args)
+            finally:
+                os.environ.pop("HYBRIDRL_FUSED")
+        if not args.skip_hf and (args.hf_models is None or name in args.hf_models.split(",")):
             r["hf_generate"] = run_hf(model, prompts, args)
             r["speedup_vs_hf"] = r["native_n1"]["tok_per_s"] / r["hf_generate"]["tok_per_s"]
         r["kv_saving_from_sharing"] = 1 - r["native_n8_shared"]["kv_blocks_peak"] / max(

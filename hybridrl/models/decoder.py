@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from hybridrl.models import fused
 from hybridrl.models.rope import apply_rope, inv_frequencies
 from hybridrl.models.tp_layers import (
     ColumnParallelLinear,
@@ -89,7 +90,7 @@ class Attention(nn.Module):
             self.k_norm = RMSNorm(d, config.rms_norm_eps)
         self.scale = d**-0.5
 
-    def forward(self, x_TH, cos_TD, sin_TD, ctx):
+    def forward(self, x_TH, cos_TD, sin_TD, ctx, use_fused=False):
         T = x_TH.shape[0]
         q, k, v = self.qkv_proj(x_TH).split([self.num_heads * self.head_dim,
                                              self.num_kv_heads * self.head_dim,
@@ -99,8 +100,11 @@ class Attention(nn.Module):
         v_TKD = v.view(T, self.num_kv_heads, self.head_dim)
         if self.qk_norm:
             q_TND, k_TKD = self.q_norm(q_TND), self.k_norm(k_TKD)
-        q_TND, k_TKD = apply_rope(q_TND, cos_TD, sin_TD), apply_rope(k_TKD, cos_TD, sin_TD)
-        o_TND = ctx.attend(self.layer_idx, q_TND, k_TKD, v_TKD.contiguous(), self.scale)
+        if use_fused:  # rope in place + K/V cache store in one kernel, inside ctx.attend
+            o_TND = ctx.attend(self.layer_idx, q_TND, k_TKD, v_TKD, self.scale, rope=(cos_TD, sin_TD))
+        else:
+            q_TND, k_TKD = apply_rope(q_TND, cos_TD, sin_TD), apply_rope(k_TKD, cos_TD, sin_TD)
+            o_TND = ctx.attend(self.layer_idx, q_TND, k_TKD, v_TKD.contiguous(), self.scale)
         return self.o_proj(o_TND.reshape(T, -1))
 
 
@@ -112,7 +116,9 @@ class MLP(nn.Module):
                                                  False, tp_group)
         self.down_proj = RowParallelLinear(inter, config.hidden_size, False, tp_group)
 
-    def forward(self, x):
+    def forward(self, x, use_fused=False):
+        if use_fused:
+            return self.down_proj(fused.silu_mul(self.gate_up_proj(x)))
         gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
         return self.down_proj(F.silu(gate) * up)
 
@@ -155,9 +161,25 @@ class TPDecoderForCausalLM(nn.Module):
     def forward(self, input_ids_T, positions_T, ctx):
         h = self.model.embed_tokens(input_ids_T)
         cos, sin = (c.index_select(0, positions_T).to(h.dtype) for c in self.rope_cache)
+        if fused.enabled(h):
+            return self._forward_fused(h, cos, sin, ctx)
         for layer in self.model.layers:
             h = layer(h, cos, sin, ctx)
         return self.model.norm(h)
+
+    def _forward_fused(self, h, cos, sin, ctx):
+        """Same math as the loop above with the residual carried separately (vLLM style): every
+        residual add is fused into the following RMSNorm kernel."""
+        residual = None
+        for layer in self.model.layers:
+            ln = layer.input_layernorm
+            x, residual = fused.add_rmsnorm(h, residual, ln.weight, ln.eps)
+            h = layer.self_attn(x, cos, sin, ctx, use_fused=True)
+            ln = layer.post_attention_layernorm
+            x, residual = fused.add_rmsnorm(h, residual, ln.weight, ln.eps)
+            h = layer.mlp(x, use_fused=True)
+        norm = self.model.norm
+        return fused.add_rmsnorm(h, residual, norm.weight, norm.eps)[0]
 
     def compute_logits(self, h_SH):
         return self.lm_head(h_SH)

@@ -65,11 +65,18 @@ class AttentionContext:
     context_lens: torch.Tensor | None = None  # [B] int32
     use_triton: bool = False
 
-    def attend(self, layer: int, q_TND, k_TKD, v_TKD, scale):
+    def attend(self, layer: int, q_TND, k_TKD, v_TKD, scale, rope=None):
+        """rope=(cos_TD, sin_TD): q/k are not rotated yet; one fused kernel rotates them in place and
+        stores K/V (models/fused.py). Else q/k are rotated and K/V are stored with two index_copy_."""
         cache = self.kv_caches[layer]
         K, D = k_TKD.shape[1:]
-        cache[0].view(-1, K, D).index_copy_(0, self.slot_mapping, k_TKD)
-        cache[1].view(-1, K, D).index_copy_(0, self.slot_mapping, v_TKD)
+        if rope is not None:
+            from hybridrl.models.fused import rope_store_kv
+
+            rope_store_kv(q_TND, k_TKD, v_TKD, rope[0], rope[1], cache[0], cache[1], self.slot_mapping)
+        else:
+            cache[0].view(-1, K, D).index_copy_(0, self.slot_mapping, k_TKD)
+            cache[1].view(-1, K, D).index_copy_(0, self.slot_mapping, v_TKD)
         if not self.is_prefill:
             if self.use_triton:
                 from hybridrl.rollout.triton_decode import paged_decode_triton

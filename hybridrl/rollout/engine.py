@@ -11,12 +11,19 @@ Choices:
 - TP ranks sample the same tokens without a broadcast: logits are all-gathered (identical on every
   rank) and every rank seeds its generator with the same seed.
 - `stats` accumulates across generate calls until `reset_stats()`: prefill/decode steps, preemptions,
-  copy-on-write copies, kv_blocks_peak vs kv_blocks_peak_unshared, bytes per block, graph capture time.
+  copy-on-write copies, kv_blocks_peak vs kv_blocks_peak_unshared, bytes per block, graph capture time,
+  and where the wall time went (host clocks only, no extra syncs): `schedule_s` (scheduler +
+  postprocess), `{prefill,decode}_launch_s` (building inputs and enqueueing the step) and
+  `{prefill,decode}_wait_s` (blocked on the step's one device->host read of the sampled tokens,
+  i.e. the GPU time not hidden behind the host work).
+- One SamplingParams per generate call is handed to the runner, which builds the sampling tensors
+  and host-side path flags once per call instead of per step.
 """
 
 from __future__ import annotations
 
 import random
+import time
 from collections.abc import Iterable
 
 import torch
@@ -70,7 +77,9 @@ class LLMEngine:
                       "prefill_tokens_computed": 0, "generated_tokens": 0, "kv_blocks_peak": 0,
                       "kv_blocks_peak_unshared": 0, "num_kv_blocks": self.runner.num_blocks,
                       "kv_block_bytes": self.runner.block_bytes(), "weights_ignored": 0,
-                      "cuda_graph_capture_s": self.runner.last_capture_s}
+                      "cuda_graph_capture_s": self.runner.last_capture_s, "schedule_s": 0.0}
+        self.runner.timing = dict.fromkeys(self.runner.timing, 0.0)
+        self.stats.update(self.runner.timing)
 
     # ------------------------------------------------------------------ memory phases
     def wake_up(self, tags=("weights", "kv_cache")) -> None:
@@ -149,11 +158,18 @@ class LLMEngine:
         seed = sampling_params.seed if sampling_params.seed is not None else random.randrange(2**63)
         gen = torch.Generator(device=self.runner.device)
         gen.manual_seed(seed)
+        host_s = 0.0
         while not sched.is_finished():
+            t0 = time.perf_counter()
             batch = sched.schedule()
-            tokens, logprobs = self.runner.step(batch, gen)
+            t1 = time.perf_counter()
+            tokens, logprobs = self.runner.step(batch, gen, sampling_params)
+            t2 = time.perf_counter()
             sched.postprocess(batch, tokens, logprobs)
+            host_s += (t1 - t0) + (time.perf_counter() - t2)
             self.stats["generated_tokens"] += len(tokens)
+        self.stats["schedule_s"] += host_s
+        self.stats.update(self.runner.timing)
         for key, value in sched.stats.items():
             self.stats[key] = max(self.stats[key], value) if key in _PEAK_KEYS else self.stats[key] + value
         return [RequestOutput(rid, list(prompt_token_ids[rid]),

@@ -11,6 +11,12 @@ Choices:
 - CUDA graphs for decode at a few padded batch sizes, captured on KV wake-up sharing one memory pool,
   freed (graphs and pool) on sleep; capture time is kept in `last_capture_s`. Off with enforce_eager
   and off the GPU. Only the decoder forward is captured; LM head + sampling run eagerly.
+- Decode inputs without per-step tensor building: ids/positions/slots/context lengths go into one
+  pinned int64 host buffer [4, rows] and the block tables into a pinned [rows, max_blocks] buffer
+  whose rows are rewritten only where a sequence's table changed (a new block every block_size
+  tokens, a different sequence in the row, or copy-on-write); two non_blocking H2D copies a step
+  feed the graph's input buffers directly. The only device->host sync of a step is reading the
+  sampled tokens (the sampler path is chosen from host-side SamplingParams flags, not from tensors).
 - Copy-on-write block copies from the scheduler run as one indexed copy over all layers.
 """
 
@@ -18,8 +24,10 @@ from __future__ import annotations
 
 import time
 
+import numpy as np
 import torch
 
+from hybridrl.models import fused
 from hybridrl.models.decoder import TPDecoderForCausalLM, head_dim_of
 from hybridrl.models.rope import cos_sin_cache
 from hybridrl.models.tp_layers import tp_rank_size
@@ -30,12 +38,9 @@ from hybridrl.rollout.scheduler import ScheduledBatch
 GRAPH_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 160, 192, 224, 256, 320, 384, 448, 512)
 
 
-def _triton_available() -> bool:
-    try:
-        import triton  # noqa: F401
-    except ImportError:
-        return False
-    return True
+def _triton_available(device) -> bool:
+    """Triton paged decode attention: on CUDA when triton imports (HYBRIDRL_FUSED does not switch it)."""
+    return fused._triton_ok() and device.type == "cuda"
 
 
 class ModelRunner:
@@ -46,7 +51,7 @@ class ModelRunner:
         self.max_num_batched_tokens, self.max_model_len = max_num_batched_tokens, max_model_len
         self.is_cuda = self.device.type == "cuda"
         self.use_graphs = self.is_cuda and not enforce_eager
-        self.use_triton = self.is_cuda and _triton_available()
+        self.use_triton = _triton_available(self.device)
         with torch.device("meta"):
             self.model = TPDecoderForCausalLM(hf_config, tp_group).to(dtype)
         attn = self.model.model.layers[0].self_attn
@@ -54,7 +59,10 @@ class ModelRunner:
         self.kv = None
         self.kv_caches = None
         self.num_blocks = 0
-        self.graphs, self.graph_pool, self.graph_bufs = {}, None, None
+        self.graphs, self.graph_pool, self.graph_out, self.graph_sizes = {}, None, None, []
+        self._param_cache = None
+        self._free_step_buffers()
+        self.timing = dict.fromkeys(("prefill_launch_s", "prefill_wait_s", "decode_launch_s", "decode_wait_s"), 0.0)
         self.last_capture_s = 0.0
         self.activation_reserve = None
         self.weights_awake = False
@@ -83,6 +91,7 @@ class ModelRunner:
                               dtype=self.dtype, device=self.device)
         self.kv_caches = list(self.kv.unbind(0))
         self.num_blocks = num_kv_blocks
+        self._alloc_step_buffers()
         if self.use_graphs:
             self._capture_graphs()
 
@@ -119,14 +128,17 @@ class ModelRunner:
         rows = min(self.max_num_seqs, 1024)
         logits = self.model.compute_logits(h[:1].expand(rows, -1).contiguous())
         ones = torch.ones(rows, device=self.device)
-        sample(logits, ones, torch.full((rows,), 50, device=self.device), ones * 0.9)
+        sample(logits, ones, torch.full((rows,), 50, device=self.device), ones * 0.9)  # the sort path
+        sample(logits, ones, ones, ones, flags=(False, False, False))  # the plain path (noise tensor)
         del h, logits, scratch
         peak = torch.cuda.max_memory_allocated(self.device) - base
         torch.cuda.empty_cache()
         return int(peak * 1.1) + (256 << 20)
 
     def sleep(self) -> None:
-        self.graphs, self.graph_pool, self.graph_bufs = {}, None, None
+        self.graphs, self.graph_pool, self.graph_out, self.graph_sizes = {}, None, None, []
+        self._param_cache = None
+        self._free_step_buffers()
         self.kv, self.kv_caches, self.num_blocks = None, None, 0
         if self.weights_awake:
             self.model.to_empty(device="meta")
@@ -141,6 +153,33 @@ class ModelRunner:
                 clear()
             torch.cuda.empty_cache()
 
+    # ------------------------------------------------------------------ step inputs (host + device buffers)
+    def _alloc_step_buffers(self) -> None:
+        """Pinned host staging + device buffers for decode inputs, allocated on KV wake-up.
+
+        meta rows: 0 token ids, 1 positions, 2 slots, 3 context lengths (int64, one H2D copy a step);
+        tables: [rows, max blocks] int32, updated in place on the host only where a row changed.
+        The host buffers are rewritten for step t+1 only after step t's tokens were read (a sync that
+        follows the non_blocking copies in stream order), so a copy never reads a half-written buffer."""
+        rows = max(self.max_num_seqs, 1)
+        max_blocks = -(-self.max_model_len // self.block_size)
+        pin = self.is_cuda
+        self.h_meta = torch.zeros(4, rows, dtype=torch.long, pin_memory=pin)
+        self.h_tables = torch.zeros(rows, max_blocks, dtype=torch.int32, pin_memory=pin)
+        self.n_meta, self.n_tables = self.h_meta.numpy(), self.h_tables.numpy()
+        self.d_meta = torch.zeros(4, rows, dtype=torch.long, device=self.device)
+        self.d_tables = torch.zeros(rows, max_blocks, dtype=torch.int32, device=self.device)
+        self._row_lists: list = [None] * rows  # the block_table list each host table row was copied from
+        self._row_lens = [0] * rows
+        blk, slot = self._scratch()
+        self.n_meta[2], self.n_meta[3], self.n_tables[:, 0] = slot, 1, blk
+        self.d_meta.copy_(self.h_meta)
+        self.d_tables.copy_(self.h_tables)
+
+    def _free_step_buffers(self) -> None:
+        self.h_meta = self.h_tables = self.n_meta = self.n_tables = self.d_meta = self.d_tables = None
+        self._row_lists, self._row_lens = [], []
+
     # ------------------------------------------------------------------ CUDA graphs
     def _scratch(self):
         return self.num_blocks, self.num_blocks * self.block_size  # scratch block id, its first slot
@@ -152,33 +191,25 @@ class ModelRunner:
         sizes = [s for s in GRAPH_BATCH_SIZES if s <= max_bs]
         if sizes[-1] < max_bs:
             sizes.append(max_bs)
-        max_blocks = -(-self.max_model_len // self.block_size)
-        blk, slot = self._scratch()
-        dev = self.device
-        bufs = {
-            "ids": torch.zeros(max_bs, dtype=torch.long, device=dev),
-            "pos": torch.zeros(max_bs, dtype=torch.long, device=dev),
-            "slots": torch.full((max_bs,), slot, dtype=torch.long, device=dev),
-            "ctx_lens": torch.ones(max_bs, dtype=torch.int32, device=dev),
-            "tables": torch.full((max_bs, max_blocks), blk, dtype=torch.int32, device=dev),
-            "out": torch.zeros(max_bs, self.config.hidden_size, dtype=self.dtype, device=dev),
-        }
+        self.graph_out = torch.zeros(max_bs, self.config.hidden_size, dtype=self.dtype, device=self.device)
         for bs in reversed(sizes):
-            ctx = self._decode_ctx(bufs["slots"][:bs], bufs["tables"][:bs], bufs["ctx_lens"][:bs])
-            bufs["out"][:bs] = self.model(bufs["ids"][:bs], bufs["pos"][:bs], ctx)  # warm-up
+            ids, pos, ctx = self._decode_args(bs)
+            self.graph_out[:bs] = self.model(ids, pos, ctx)  # warm-up
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, self.graph_pool):
-                bufs["out"][:bs] = self.model(bufs["ids"][:bs], bufs["pos"][:bs], ctx)
+                self.graph_out[:bs] = self.model(ids, pos, ctx)
             if self.graph_pool is None:
                 self.graph_pool = graph.pool()
             self.graphs[bs] = graph
-        torch.cuda.synchronize(dev)
-        self.graph_bufs = bufs
+        torch.cuda.synchronize(self.device)
+        self.graph_sizes = sorted(self.graphs)
         self.last_capture_s = time.perf_counter() - t0
 
-    def _decode_ctx(self, slots, tables, ctx_lens):
-        return AttentionContext(self.kv_caches, False, slots, block_tables=tables, context_lens=ctx_lens,
-                                use_triton=self.use_triton)
+    def _decode_args(self, rows: int):
+        m = self.d_meta
+        ctx = AttentionContext(self.kv_caches, False, m[2, :rows], block_tables=self.d_tables[:rows],
+                               context_lens=m[3, :rows], use_triton=self.use_triton)
+        return m[0, :rows], m[1, :rows], ctx
 
     # ------------------------------------------------------------------ one step
     def _copy_blocks(self, copies) -> None:
@@ -190,48 +221,87 @@ class ModelRunner:
         ids, pos, slots, lens, cached, tables = [], [], [], [], [], []
         bs = self.block_size
         for seq in batch.seqs:
-            c = seq.num_cached_tokens
+            c, n = seq.num_cached_tokens, len(seq)
             ids.extend(seq.token_ids[c:])
-            pos.extend(range(c, len(seq)))
-            slots.extend(seq.block_table[p // bs] * bs + p % bs for p in range(c, len(seq)))
-            lens.append(len(seq) - c)
+            p = np.arange(c, n)
+            pos.append(p)
+            slots.append(np.asarray(seq.block_table, dtype=np.int64)[p // bs] * bs + p % bs)
+            lens.append(n - c)
             cached.append(c)
             tables.append(torch.tensor(seq.block_table, dtype=torch.int32, device=self.device) if c else None)
-        t = lambda x: torch.tensor(x, dtype=torch.long, device=self.device)  # noqa: E731
-        ctx = AttentionContext(self.kv_caches, True, t(slots), seq_lens=lens, cached_lens=cached,
+        t = lambda x: torch.from_numpy(x).to(self.device, non_blocking=True)  # noqa: E731
+        ctx = AttentionContext(self.kv_caches, True, t(np.concatenate(slots)), seq_lens=lens, cached_lens=cached,
                                prefill_block_tables=tables)
-        last = torch.tensor(lens, device=self.device).cumsum(0) - 1
-        return t(ids), t(pos), ctx, last
+        last = t(np.cumsum(lens) - 1)
+        return t(np.asarray(ids, dtype=np.int64)), t(np.concatenate(pos)), ctx, last
 
     def _decode_hidden(self, batch: ScheduledBatch):
         seqs, bs = batch.seqs, self.block_size
         B = len(seqs)
-        ids = [s.token_ids[-1] for s in seqs]
-        pos = [len(s) - 1 for s in seqs]
-        slots = [s.block_table[(len(s) - 1) // bs] * bs + (len(s) - 1) % bs for s in seqs]
-        width = max(len(s.block_table) for s in seqs)
-        tables = torch.tensor([s.block_table + [0] * (width - len(s.block_table)) for s in seqs], dtype=torch.int32)
-        lens = torch.tensor([len(s) for s in seqs], dtype=torch.int32)
-        graph_bs = next((g for g in sorted(self.graphs) if g >= B), None)
-        if graph_bs is None:
-            t = lambda x: torch.tensor(x, dtype=torch.long, device=self.device)  # noqa: E731
-            ctx = self._decode_ctx(t(slots), tables.to(self.device), lens.to(self.device))
-            return self.model(t(ids), t(pos), ctx)
-        buf = self.graph_bufs
-        blk, slot = self._scratch()
-        buf["ids"][:B] = torch.tensor(ids)
-        buf["pos"][:B] = torch.tensor(pos)
-        buf["slots"][:B] = torch.tensor(slots)
-        buf["slots"][B:graph_bs] = slot
-        buf["ctx_lens"][:B] = lens
-        buf["ctx_lens"][B:graph_bs] = 1
-        buf["tables"][:B, :width] = tables
-        buf["tables"][B:graph_bs, 0] = blk
+        graph_bs = next((g for g in self.graph_sizes if g >= B), None) if self.graphs else None
+        rows = graph_bs or B
+        meta, tab = self.n_meta, self.n_tables
+        lens = [len(s) for s in seqs]
+        meta[0, :B] = [s.token_ids[-1] for s in seqs]
+        meta[1, :B] = pos = [n - 1 for n in lens]
+        meta[2, :B] = [s.block_table[p // bs] * bs + p % bs for s, p in zip(seqs, pos)]
+        meta[3, :B] = lens
+        row_lists, row_lens = self._row_lists, self._row_lens
+        if batch.block_copies:  # copy-on-write replaced entries in place: re-copy every row
+            row_lists[:] = [None] * len(row_lists)
+        for i, s in enumerate(seqs):
+            bt = s.block_table
+            if row_lists[i] is not bt:
+                tab[i, :len(bt)] = bt
+                row_lists[i], row_lens[i] = bt, len(bt)
+            elif row_lens[i] != len(bt):  # blocks appended since this row was written
+                tab[i, row_lens[i]:len(bt)] = bt[row_lens[i]:]
+                row_lens[i] = len(bt)
+        if rows > B:  # padded graph rows: read and write the scratch block only
+            blk, slot = self._scratch()
+            meta[0, B:rows], meta[1, B:rows], meta[2, B:rows], meta[3, B:rows] = 0, 0, slot, 1
+            tab[B:rows, 0] = blk
+            row_lists[B:rows] = [None] * (rows - B)
+        self.d_meta.copy_(self.h_meta, non_blocking=True)
+        self.d_tables[:rows].copy_(self.h_tables[:rows], non_blocking=True)
+        if graph_bs is None:  # eager: only the batch's block-table width (the CPU reference gathers all of it)
+            ids, pos, ctx = self._decode_args(B)
+            ctx.block_tables = ctx.block_tables[:, :max(row_lens[:B])]
+            return self.model(ids, pos, ctx)
         self.graphs[graph_bs].replay()
-        return buf["out"][:B]
+        return self.graph_out[:B]
+
+    def _sampling_tensors(self, flat, params):
+        """Per-row temperature/top-k/top-p and host-side flags (no device sync). With one SamplingParams
+        for the whole batch (what generate passes) the tensors are built once per generate call."""
+        V = self.config.vocab_size
+        if params is not None:
+            key = (params.greedy, params.temperature, params.top_k, params.top_p)
+            if self._param_cache is None or self._param_cache[0] != key:
+                rows = max(self.max_num_seqs, 1)
+                dev = self.device
+                temp = torch.full((rows,), 0.0 if params.greedy else params.temperature, device=dev)
+                flags = (params.greedy, 0 < params.top_k < V, params.top_p < 1)
+                self._param_cache = (key, temp, torch.full((rows,), params.top_k, device=dev),
+                                     torch.full((rows,), params.top_p, device=dev), flags)
+            _, temp, top_k, top_p, flags = self._param_cache
+            n = len(flat)
+            if n <= temp.shape[0]:
+                return temp[:n], top_k[:n], top_p[:n], flags
+            flat_params = [params] * n
+        else:
+            flat_params = [s.params for s in flat]
+        temp = torch.tensor([0.0 if p.greedy else p.temperature for p in flat_params], device=self.device)
+        top_k = torch.tensor([p.top_k for p in flat_params], device=self.device)
+        top_p = torch.tensor([p.top_p for p in flat_params], device=self.device)
+        flags = (all(p.greedy for p in flat_params), any(0 < p.top_k < V for p in flat_params),
+                 any(p.top_p < 1 for p in flat_params))
+        return temp, top_k, top_p, flags
 
     @torch.no_grad()
-    def step(self, batch: ScheduledBatch, generator) -> tuple[list[int], list[float]]:
+    def step(self, batch: ScheduledBatch, generator, params=None) -> tuple[list[int], list[float]]:
+        """One prefill or decode step; `params`: the SamplingParams every sequence of the batch uses, if one."""
+        t0 = time.perf_counter()
         if batch.block_copies:
             self._copy_blocks(batch.block_copies)
         if batch.is_prefill:
@@ -243,12 +313,16 @@ class ModelRunner:
         counts = [len(g) for g in batch.sample_groups]
         if any(c != 1 for c in counts):
             logits = logits.repeat_interleave(torch.tensor(counts, device=self.device), dim=0)
-        flat = [s.params for g in batch.sample_groups for s in g]
-        temp = torch.tensor([0.0 if p.greedy else p.temperature for p in flat], device=self.device)
-        top_k = torch.tensor([p.top_k for p in flat], device=self.device)
-        top_p = torch.tensor([p.top_p for p in flat], device=self.device)
-        tokens, logprobs = sample(logits, temp, top_k, top_p, generator)
-        return tokens.tolist(), logprobs.tolist()
+        flat = [s for g in batch.sample_groups for s in g] if params is None else range(logits.shape[0])
+        temp, top_k, top_p, flags = self._sampling_tensors(flat, params)
+        tokens, logprobs = sample(logits, temp, top_k, top_p, generator, flags=flags)
+        t1 = time.perf_counter()
+        out = tokens.tolist(), logprobs.tolist()  # the step's one device->host sync
+        t2 = time.perf_counter()
+        kind = "prefill" if batch.is_prefill else "decode"
+        self.timing[f"{kind}_launch_s"] += t1 - t0
+        self.timing[f"{kind}_wait_s"] += t2 - t1
+        return out
 
     @property
     def tp_rank(self) -> int:

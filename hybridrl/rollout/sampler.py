@@ -8,6 +8,11 @@ Choices:
   one kernel, no multinomial sync, and the same seed gives the same tokens.
 - top-k / top-p sort only when some row asks for them; the top-p rule keeps the smallest prefix
   whose mass reaches top_p (the first token always survives).
+- The step loop passes `flags` (all greedy / any top-k / any top-p), known on the host from the
+  SamplingParams, so deciding the path needs no device->host sync; without them they are read from
+  the tensors (the tests' entry point). Batches without top-k/top-p take the one-pass Triton kernel
+  of triton_sample.py when fused kernels are enabled (CUDA, or HYBRIDRL_FUSED=force under the
+  interpreter): same noise tensor from the same generator, same exponential race.
 
 Shape legend: B rows, V vocab.
 """
@@ -16,19 +21,27 @@ from __future__ import annotations
 
 import torch
 
+from hybridrl.models import fused
 
-def sample(logits_BV, temperature_B, top_k_B, top_p_B, generator=None):
-    """-> (token ids [B] int64, log-probs [B] fp32). temperature 0 = greedy; top_k <= 0 or >= V = off."""
-    logits_BV = logits_BV.float()
+
+def sample(logits_BV, temperature_B, top_k_B, top_p_B, generator=None, flags=None):
+    """-> (token ids [B] int64, log-probs [B] fp32). temperature 0 = greedy; top_k <= 0 or >= V = off.
+    flags=(all_greedy, use_top_k, use_top_p) when the caller knows them on the host (no device sync)."""
+    V = logits_BV.shape[-1]
     greedy_B = temperature_B <= 0
+    if flags is None:
+        flags = (bool(greedy_B.all()), bool(((top_k_B > 0) & (top_k_B < V)).any()), bool((top_p_B < 1).any()))
+    all_greedy, use_k, use_p = flags
+    if not (use_k or use_p) and fused.enabled(logits_BV):
+        from hybridrl.rollout.triton_sample import sample_plain
+
+        return sample_plain(logits_BV, temperature_B, None if all_greedy else generator, all_greedy)
+    logits_BV = logits_BV.float()
     scaled = logits_BV / torch.where(greedy_B, 1.0, temperature_B)[:, None]
     logp_BV = torch.log_softmax(scaled, dim=-1)
     tokens = logits_BV.argmax(dim=-1)
-    if not bool(greedy_B.all()):
+    if not all_greedy:
         filtered = scaled
-        V = logits_BV.shape[-1]
-        use_k = bool(((top_k_B > 0) & (top_k_B < V)).any())
-        use_p = bool((top_p_B < 1).any())
         if use_k or use_p:
             vals, idx = scaled.sort(dim=-1, descending=True)
             drop = torch.zeros_like(vals, dtype=torch.bool)

@@ -144,17 +144,21 @@ class Scheduler:
         """Append one sampled token per sequence (flattened over sample_groups); returns finished ones."""
         finished = []
         flat = [s for group in batch.sample_groups for s in group]
+        eos, max_len = self.eos_token_ids, self.max_model_len
         for seq, tok, lp in zip(flat, token_ids, logprobs, strict=True):
-            seq.append(tok, lp)
-            seq.num_cached_tokens = len(seq) - 1
+            seq.token_ids.append(tok)
+            seq.logprobs.append(lp)
+            n = len(seq.token_ids)
+            seq.num_cached_tokens = n - 1
             p = seq.params
-            if (not p.ignore_eos and tok in self.eos_token_ids) or tok in p.stop_token_ids:
+            if (not p.ignore_eos and tok in eos) or (p.stop_token_ids and tok in p.stop_token_ids):
                 seq.finish_reason = "stop"
-            elif seq.num_completion_tokens >= p.max_tokens or len(seq) >= self.max_model_len:
+            elif n - seq.num_prompt_tokens >= p.max_tokens or n >= max_len:
                 seq.finish_reason = "length"
             if seq.finish_reason is not None:
                 seq.status = SeqStatus.FINISHED
                 self.bm.free(seq)
-                self.running.remove(seq)
                 finished.append(seq)
+        if finished:  # one pass instead of a deque.remove (O(running)) per finished sequence
+            self.running = deque(s for s in self.running if s.finish_reason is None)
         return finished

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-
 import torch.distributed as dist
 from omegaconf import DictConfig, open_dict
 
