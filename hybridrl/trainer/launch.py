@@ -114,6 +114,7 @@ def run_ppo(config: DictConfig) -> dict:
     actor_wg.shutdown()
     if critic_wg is not None:
         critic_wg.shutdown()
+    pool.release()
     summary = {"history": history, "wall_s": time.time() - t0, "run_dir": str(run_dir), "log_dir": str(log_dir),
                "memory_plot": str(plot), "filtered_prompts": getattr(train_set, "num_filtered", 0)}
     print(f"[hybridrl] done in {summary['wall_s']:.1f}s — logs: {log_dir}  memory plot: {plot}  checkpoints: {run_dir}")
