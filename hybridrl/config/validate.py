@@ -204,7 +204,12 @@ def check_semantics(cfg: DictConfig | dict) -> list[str]:
         errors.append(f"'data.train_batch_size' × rollout.n ({tbs} × {n} = {tbs * n}) must be divisible by "
                       f"'{ACTOR}.ppo_mini_batch_size' × rollout.n ({mini} × {n} = {mini * n})")
     _check_fsdp_size(f"{ACTOR}.fsdp_config.fsdp_size", g(f"{ACTOR}.fsdp_config.fsdp_size"), world, world_s, errors)
-    if world % sp:
+    if sp != 1:
+        # the key exists for verl compatibility; Ulysses attention is not implemented, and accepting sp > 1 would
+        # size mini-batches for dp = world / sp while the data is split over all ranks
+        errors.append(f"'{ACTOR}.ulysses_sequence_parallel_size' = {sp}: Ulysses sequence parallelism is not "
+                      "implemented yet; only 1 is accepted")
+    elif world % sp:
         errors.append(f"'{ACTOR}.ulysses_sequence_parallel_size' = {sp} must divide the {world_s}")
     else:
         _check_mini_batch(ACTOR, mini, n, world // sp, g(f"{ACTOR}.ppo_micro_batch_size_per_gpu"),

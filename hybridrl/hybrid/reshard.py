@@ -4,8 +4,10 @@ Two strategies, chosen per tensor:
   slice  — each rank receives ONLY the piece of each tensor its TP shard needs, straight from the FSDP ranks that hold
            it (one all_to_all_single per tensor inside the FSDP group). No rank ever materialises a full tensor, and
            the bytes a rank receives are ~1/tp of the model instead of (W-1)/W of it.
-  gather — `DTensor.full_tensor()` (an all-gather) and let the engine slice. Used when the engine gives no slice
-           spec for a tensor (replicated norms), when the backend is not one all_to_all supports, or by request.
+  gather — `DTensor.full_tensor()` (an all-gather) and let the engine slice. Used for parameters that are not
+           DTensors, for a group of one rank, when the backend is not one all_to_all supports, or by request.
+A tensor the engine wants whole (no slice spec: norms, biases of row-parallel layers) stays on the slice path and
+simply arrives whole through the same all_to_all_single.
 
 Shapes legend: FSDP2 shards every parameter on dim 0 over the FSDP group with torch.chunk semantics (rank g holds
 rows [g*ceil(N/S), min(N, (g+1)*ceil(N/S))) ); a TP slice is a box (dim d, [start, start+length)).

@@ -30,8 +30,10 @@ def build_rollout_engine(rcfg: DictConfig, *, model_path: str, device: torch.dev
                              "rollout.tensor_model_parallel_size=1")
         from hybridrl.rollout.hf_backend import HFRolloutEngine
 
-        return HFRolloutEngine(actor_module, pad_token_id=tokenizer.pad_token_id or 0, eos_token_id=eos,
-                               synced=torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1)
+        engine = HFRolloutEngine(actor_module, pad_token_id=tokenizer.pad_token_id or 0, eos_token_id=eos,
+                                 synced=torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1)
+        engine.shares_actor_weights = True  # the hybrid engine must not reshard into (or offload) the actor itself
+        return engine
     if rcfg.name != "native":
         raise ValueError(f"actor_rollout_ref.rollout.name={rcfg.name!r}: use 'native' (paged-KV engine) or 'hf'")
     from hybridrl.rollout.engine import LLMEngine

@@ -32,7 +32,7 @@ __all__ = ["MemoryTimeline", "plot_comparison", "measure_phase_memory", "PHASE_O
 
 logger = logging.getLogger("hybridrl.memory")
 
-PHASE_ORDER = ("gen", "reshard", "old_log_prob", "ref", "values", "adv", "update_critic", "update_actor")
+PHASE_ORDER = ("reshard", "gen", "old_log_prob", "ref", "values", "adv", "update_critic", "update_actor")
 KINDS = ("allocated", "reserved")
 _METRIC = re.compile(r"^memory/(?P<phase>.+)/peak_(?P<kind>allocated|reserved)_gb$")
 

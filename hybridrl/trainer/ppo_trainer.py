@@ -231,6 +231,11 @@ class RayPPOTrainer:
                 timing.setdefault(k.removeprefix("timing_s/"), max(worker_metrics[k]))
             else:
                 metrics[k] = v
+        # rows the dispatch repeated to make batches divisible (computed on, then dropped): counted, never silent
+        padded = sum(getattr(self.actor_rollout_wg, "padded_rows", {}).values())
+        if self.critic_wg is not None:
+            padded += sum(getattr(self.critic_wg, "padded_rows", {}).values())
+        metrics["training/padded_rows_total"] = float(padded)
         metrics.update(compute_data_metrics(batch, use_critic=self.use_critic))
         metrics.update(compute_timing_metrics(batch, timing))
         metrics.update(compute_throughout_metrics(batch, timing, self.n_gpus))

@@ -33,7 +33,15 @@ from hybridrl.workers.common import (
 )
 
 logger = logging.getLogger("hybridrl.workers")
-logger.setLevel(os.environ.get("HYBRIDRL_LOG_LEVEL", os.environ.get("VERL_LOG_LEVEL", "WARNING")))
+
+
+def setup_worker_logging():
+    """Ray starts workers without logging handlers: install one when the user asked for a level (verl's
+    VERL_LOG_LEVEL is honoured too), so DEBUG lines such as the two device meshes reach the driver's console."""
+    level = os.environ.get("HYBRIDRL_LOG_LEVEL") or os.environ.get("VERL_LOG_LEVEL")
+    if level:
+        logging.basicConfig(level=level.upper(), format="%(name)s: %(message)s")
+        logger.setLevel(level.upper())
 
 
 def prompt_token_lists(prompts: DataProto) -> list[list[int]]:
@@ -47,6 +55,7 @@ def prompt_token_lists(prompts: DataProto) -> list[list[int]]:
 class ActorRolloutRefWorker(Worker):
     def __init__(self, config: DictConfig, role: str = "actor_rollout_ref"):
         super().__init__()
+        setup_worker_logging()
         if role not in ("actor_rollout", "actor_rollout_ref", "ref"):
             raise ValueError(f"ActorRolloutRefWorker role must be actor_rollout, actor_rollout_ref or ref, got {role!r}")
         self.config = config
@@ -87,6 +96,11 @@ class ActorRolloutRefWorker(Worker):
             from hybridrl.training.actor import DataParallelPPOActor
 
             self.ref = DataParallelPPOActor(normalize_actor_batch_sizes(cfg, world), self.ref_module, None, None)
+            self._ref_offload = bool(cfg.ref.fsdp_config.param_offload)
+            if self._ref_offload:
+                from hybridrl.training.offload import offload_fsdp_params
+
+                offload_fsdp_params(self.ref_module)
         return {"rank": rank, "device": str(self.compute_device)}
 
     def _build_rollout(self):
@@ -159,8 +173,14 @@ class ActorRolloutRefWorker(Worker):
     def compute_ref_log_prob(self, data: DataProto) -> DataProto:
         metrics: dict = {}
         data = self._log_prob_meta(data, int(self.config.actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu))
+        from hybridrl.training.offload import load_fsdp_params, offload_fsdp_params
+
         with track_phase("ref", metrics, self.compute_device):
+            if self._ref_offload:  # the reference lives on the CPU except while it computes
+                load_fsdp_params(self.ref_module, self.compute_device)
             log_probs, _ = self.ref.compute_log_prob(data.to(self.compute_device), calculate_entropy=False)
+            if self._ref_offload:
+                offload_fsdp_params(self.ref_module)
         return DataProto({"ref_log_prob": log_probs.cpu()}, meta_info={"metrics": {k: [v] for k, v in metrics.items()}})
 
     # ------------------------------------------------------------------ update

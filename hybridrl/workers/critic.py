@@ -32,7 +32,27 @@ class CriticWorker(Worker):
         from hybridrl.training.critic import DataParallelPPOCritic
 
         self.critic = DataParallelPPOCritic(cfg, self.module, self.optimizer, self.scheduler)
+        self._param_offload = bool(c.model.fsdp_config.param_offload)
+        self._optimizer_offload = bool(c.model.fsdp_config.optimizer_offload)
+        self._optimizer_on_cpu = False  # AdamW state is created lazily at the first step, on the GPU
+        self._offload(params=self._param_offload, optimizer=False)
         return {"rank": rank}
+
+    def _offload(self, params: bool, optimizer: bool):
+        from hybridrl.training.offload import offload_fsdp_params, offload_optimizer
+
+        if params:
+            offload_fsdp_params(self.module)
+        if optimizer:
+            offload_optimizer(self.optimizer)
+
+    def _load(self, params: bool, optimizer: bool):
+        from hybridrl.training.offload import load_fsdp_params, load_optimizer
+
+        if params:
+            load_fsdp_params(self.module, self.compute_device)
+        if optimizer:
+            load_optimizer(self.optimizer, self.compute_device)
 
     def _per_rank_config(self, world: int) -> DictConfig:
         import copy
@@ -53,14 +73,20 @@ class CriticWorker(Worker):
         data.meta_info["use_dynamic_bsz"] = bool(self.config.critic.use_dynamic_bsz)
         data.meta_info["max_token_len"] = int(self.config.critic.ppo_max_token_len_per_gpu)
         with track_phase("values", metrics, self.compute_device):
+            self._load(params=self._param_offload, optimizer=False)
             values = self.critic.compute_values(data.to(self.compute_device))
+            self._offload(params=self._param_offload, optimizer=False)
         return DataProto({"values": values.cpu()}, meta_info={"metrics": {k: [v] for k, v in metrics.items()}})
 
     @register(dispatch_mode=make_mesh_dispatch("critic"))
     def update_critic(self, data: DataProto) -> DataProto:
         metrics: dict = {}
         with track_phase("update_critic", metrics, self.compute_device):
+            # the optimizer state only exists on the GPU during the critic update when optimizer_offload is set
+            self._load(params=self._param_offload, optimizer=self._optimizer_offload and self._optimizer_on_cpu)
             train_metrics = self.critic.update_critic(data.to(self.compute_device))
+            self._offload(params=self._param_offload, optimizer=self._optimizer_offload)
+            self._optimizer_on_cpu = self._optimizer_offload
         metrics.update(train_metrics)
         return DataProto(meta_info={"metrics": {k: (v if isinstance(v, list) else [v]) for k, v in metrics.items()}})
 
@@ -68,6 +94,8 @@ class CriticWorker(Worker):
     def save_checkpoint(self, path: str):
         from hybridrl.training.checkpoint import save_checkpoint
 
+        self._load(params=self._param_offload, optimizer=self._optimizer_on_cpu)
+        self._optimizer_on_cpu = False
         save_checkpoint(path, self.module, self.optimizer, self.scheduler, role="critic",
                         hf_config=self.module.config)
         return True
@@ -76,5 +104,7 @@ class CriticWorker(Worker):
     def load_checkpoint(self, path: str):
         from hybridrl.training.checkpoint import load_checkpoint
 
+        self._load(params=self._param_offload, optimizer=self._optimizer_on_cpu)
+        self._optimizer_on_cpu = False
         load_checkpoint(path, self.module, self.optimizer, self.scheduler)
         return True

@@ -33,14 +33,18 @@ def test_hsdp_two_nodes_and_gae():
     assert "HSDP" in str(lay) and "DeviceMesh('cpu'" in str(lay)
 
 
-def test_tp1_and_ulysses():
-    cfg = load_config(overrides=["trainer.n_gpus_per_node=4", f"{A}.ulysses_sequence_parallel_size=2",
-                                 "data.train_batch_size=8", f"{A}.ppo_mini_batch_size=4", f"{R}.n=2",
-                                 f"{A}.ppo_micro_batch_size_per_gpu=2"])
+def test_tp1_layout():
+    cfg = load_config(overrides=["trainer.n_gpus_per_node=4", "data.train_batch_size=8", f"{A}.ppo_mini_batch_size=4",
+                                 f"{R}.n=2", f"{A}.ppo_micro_batch_size_per_gpu=1"])
     lay = derive_layout(cfg)
     assert lay.rollout_mesh == [[0], [1], [2], [3]] and lay.rollout_prompts_per_dp == 2
-    assert lay.train_dp == 2 and lay.sp_mesh == [[0, 1], [2, 3]]
-    assert (lay.ppo_mini_batch_per_gpu, lay.grad_accum_steps) == (4, 2)
+    assert lay.train_dp == 4
+    assert (lay.ppo_mini_batch_per_gpu, lay.grad_accum_steps) == (2, 2)
+
+
+def test_ulysses_is_refused_until_implemented():
+    with pytest.raises(ConfigError, match="ulysses_sequence_parallel_size.*not implemented"):
+        load_config(overrides=["trainer.n_gpus_per_node=4", f"{A}.ulysses_sequence_parallel_size=2"])
 
 
 def test_dynamic_bsz_has_no_micro_batch(seed_yaml):

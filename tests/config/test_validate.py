@@ -41,7 +41,7 @@ BAD = [
     (["data.val_batch_size=big"], "data.val_batch_size", "must be int"),
     ([f"{R}.n=0"], f"{R}.n", "must be > 0"),
     ([f"{A}.fsdp_config.fsdp_size=4"], f"{A}.fsdp_config.fsdp_size", "divisor"),
-    ([f"{A}.ulysses_sequence_parallel_size=4"], f"{A}.ulysses_sequence_parallel_size", "must divide"),
+    ([f"{A}.ulysses_sequence_parallel_size=4"], f"{A}.ulysses_sequence_parallel_size", "not implemented"),
     (["reward_model.enable=true"], "reward_model.enable", "not implemented"),
     ([f"{A}.use_dynamic_bsz=true", f"{A}.ppo_max_token_len_per_gpu=100"], f"{A}.ppo_max_token_len_per_gpu", "1024"),
     (["algorithm.adv_estimator=gae", "critic.ppo_micro_batch_size_per_gpu=7"], "critic.ppo_micro_batch_size_per_gpu",

@@ -86,3 +86,13 @@ def test_resume_after_checkpoint_matches_uninterrupted(ray_local, tiny_model_dir
     for want, got in zip(full[2:], resumed):
         for key in compared:
             assert got[key] == pytest.approx(want[key], rel=1e-5, abs=1e-6), (got["training/global_step"], key)
+
+
+def test_hf_rollout_backend_runs_on_the_actor_module(ray_local, tiny_model_dir, arith_dir, tmp_path):
+    """rollout.name=hf generates with the FSDP actor itself (HF generate, synced across ranks): no resharding."""
+    cfg = load_config(overrides=overrides(tiny_model_dir, arith_dir, tmp_path / "hf", "actor_rollout_ref.rollout.name=hf",
+                                          "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
+                                          "trainer.total_training_steps=1"))
+    steps = train_metrics(run_ppo(cfg)["history"])
+    assert len(steps) == 1 and steps[0]["timing_s/reshard"] == 0.0
+    assert steps[0]["response_length/mean"] > 0
