@@ -87,7 +87,7 @@ def run_ppo(config: DictConfig) -> dict:
     role = "actor_rollout_ref" if need_reference(config) else "actor_rollout"
     actor_wg = RayWorkerGroup(pool, RayClassWithInitArgs(ActorRolloutRefWorker, config, role=role),
                               name_prefix="actor_rollout", worker_timeout_s=timeout)
-    actor_wg.init_model()
+    init_info = actor_wg.init_model()
     critic_wg = None
     if with_critic:
         critic_wg = RayWorkerGroup(pool, RayClassWithInitArgs(CriticWorker, config), name_prefix="critic",
@@ -116,6 +116,7 @@ def run_ppo(config: DictConfig) -> dict:
         critic_wg.shutdown()
     pool.release()
     summary = {"history": history, "wall_s": time.time() - t0, "run_dir": str(run_dir), "log_dir": str(log_dir),
-               "memory_plot": str(plot), "filtered_prompts": getattr(train_set, "num_filtered", 0)}
+               "memory_plot": str(plot), "filtered_prompts": getattr(train_set, "num_filtered", 0),
+               "init": init_info}
     print(f"[hybridrl] done in {summary['wall_s']:.1f}s — logs: {log_dir}  memory plot: {plot}  checkpoints: {run_dir}")
     return summary

@@ -16,6 +16,7 @@ import logging
 import os
 import time
 
+import torch
 import torch.distributed as dist
 from omegaconf import DictConfig, OmegaConf
 
@@ -101,7 +102,12 @@ class ActorRolloutRefWorker(Worker):
                 from hybridrl.training.offload import offload_fsdp_params
 
                 offload_fsdp_params(self.ref_module)
-        return {"rank": rank, "device": str(self.compute_device)}
+        info = {"rank": rank, "device": str(self.compute_device)}
+        if self.compute_device.type == "cuda":  # the seed's "init" row: memory once the FSDP actor (and ref) exist
+            torch.cuda.synchronize()
+            info["init_peak_allocated_gb"] = torch.cuda.max_memory_allocated() / 1024**3
+            info["init_allocated_gb"] = torch.cuda.memory_allocated() / 1024**3
+        return info
 
     def _build_rollout(self):
         cfg = self.config.actor_rollout_ref

@@ -1,0 +1,74 @@
+"""Triton sampler kernel: one pass over each logits row for plain (temperature / greedy) sampling.
+
+Choices (the torch sampler makes ~12 full [B, V] fp32 passes — cast, divide, log_softmax, softmax,
+divide by the noise, two argmaxes — about 1 ms a step at B=256, V=152k):
+- One program per row streams the row's logits (model dtype, any row stride) and its Exp(1) noise
+  once, keeping an online logsumexp of logits/T and a running argmax of logits/T - log(E). Since
+  argmax(p / E) = argmax(log p - log E) = argmax(logits/T - log E), that is the same exponential-race
+  sample as the torch sampler's, from the same noise tensor drawn with the caller's generator (same seed,
+  same tokens across TP ranks), without ever normalising the distribution.
+- Greedy rows (temperature <= 0) take argmax(logits) (first index on ties, like torch.argmax) and
+  the raw log_softmax; sampled rows get log_softmax(logits/T)[token] over the full vocabulary, as
+  the sampler module's docstring defines.
+- Only for rows without top-k/top-p; the caller (sampler.sample) falls back to torch otherwise.
+
+Shape legend: B rows, V vocab.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _sample_kernel(L, E, T, TOK, LP, s_l, s_e, V: tl.constexpr, BLOCK: tl.constexpr, HAS_NOISE: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    temp = tl.load(T + row).to(tl.float32)
+    greedy = temp <= 0
+    t = tl.where(greedy, 1.0, temp)
+    cols = tl.arange(0, BLOCK)
+    m = tl.max(tl.full([BLOCK], float("-inf"), tl.float32), 0)
+    s = tl.sum(tl.zeros([BLOCK], tl.float32), 0)
+    best = m
+    best_i = tl.sum(tl.zeros([BLOCK], tl.int64), 0)
+    for start in range(0, V, BLOCK):
+        idx = start + cols
+        mask = idx < V
+        z = tl.load(L + row * s_l + idx, mask=mask, other=float("-inf")).to(tl.float32) / t
+        m_new = tl.maximum(m, tl.max(z, 0))
+        s = s * tl.exp(m - m_new) + tl.sum(tl.exp(z - m_new), 0)
+        m = m_new
+        if HAS_NOISE:
+            e = tl.load(E + row * s_e + idx, mask=mask, other=1.0)
+            key = tl.where(greedy, z, z - tl.log(e))
+        else:
+            key = z
+        key = tl.where(mask, key, float("-inf"))
+        cb = tl.max(key, 0)
+        ci = tl.argmax(key, 0)
+        take = cb > best
+        best_i = tl.where(take, start + ci, best_i)
+        best = tl.maximum(best, cb)
+    zt = tl.load(L + row * s_l + best_i).to(tl.float32) / t
+    tl.store(TOK + row, best_i)
+    tl.store(LP + row, zt - (m + tl.log(s)))
+
+
+def sample_plain(logits_BV, temperature_B, generator=None, all_greedy: bool = False, block: int = 2048):
+    """-> (tokens [B] int64, log-probs [B] fp32) for rows without top-k/top-p."""
+    B, V = logits_BV.shape
+    if logits_BV.stride(1) != 1:
+        logits_BV = logits_BV.contiguous()
+    if all_greedy:  # no noise drawn (the torch sampler draws none either)
+        noise = logits_BV
+    else:
+        noise = torch.empty(B, V, dtype=torch.float32, device=logits_BV.device).exponential_(1.0,
+                                                                                              generator=generator)
+    tokens = torch.empty(B, dtype=torch.int64, device=logits_BV.device)
+    logprobs = torch.empty(B, dtype=torch.float32, device=logits_BV.device)
+    if B:
+        _sample_kernel[(B,)](logits_BV, noise, temperature_B.float().contiguous(), tokens, logprobs,
+                             logits_BV.stride(0), noise.stride(0), V, BLOCK=block, HAS_NOISE=not all_greedy, num_warps=8)
+    return tokens, logprobs
