@@ -32,7 +32,7 @@ def test_engine_on_cuda_matches_hf_and_sleep_frees_memory(enforce_eager):
     model = tiny_hf_model("qwen2").cuda()
     engine = LLMEngine(model.config, device="cuda", dtype=torch.float32, block_size=16, max_num_seqs=64,
                        max_num_batched_tokens=256, enforce_eager=enforce_eager)
-    prompts = [[1, 2, 3, 4, 5], [7, 8, 9], [10] * 11]
+    prompts = [[1, 2, 3, 4, 5], [7, 8, 9], [10] * 37]  # the last spans 2 full blocks: sharing must save them
     params = SamplingParams(n=3, temperature=0, max_tokens=10, ignore_eos=True)
     hf_greedy(model, prompts[0], 2)  # any matmul allocates cuBLAS workspaces; sleep() clears them, so do we
     torch.cuda.synchronize()
