@@ -32,7 +32,7 @@ from hybridrl.algorithms import (
     logprobs_from_logits,
 )
 from hybridrl.protocol import DataProto
-from hybridrl.training.micro_batches import loss_scale, make_micro_batches, normaliser
+from hybridrl.training.micro_batches import iter_mini_batches, loss_scale, make_micro_batches, normaliser
 from hybridrl.training.packing import forward_response_logits, restore_order
 
 __all__ = ["DataParallelPPOActor", "clip_grad_norm"]
@@ -115,22 +115,14 @@ class DataParallelPPOActor:
                                  "policy)")
             keys.append("ref_log_prob")
         data = data.select(keys)
-        mini_size = int(cfg.get("ppo_mini_batch_size"))
-        if mini_size <= 0:
-            raise ValueError(f"actor.ppo_mini_batch_size={mini_size} (rows per rank) must be > 0")
         mode = cfg.get("loss_agg_mode", "token-mean")
         entropy_coeff = float(cfg.get("entropy_coeff", 0.0))
         metrics: dict[str, list[float]] = defaultdict(list)
         lr = self.optimizer.param_groups[0]["lr"]
         skips_before = self.nonfinite_skips
         self.module.train()
-        for epoch in range(int(cfg.get("ppo_epochs", 1))):
-            epoch_data = data
-            if cfg.get("shuffle", False):
-                g = torch.Generator().manual_seed(int(cfg.get("seed", 0)) * 1000 + epoch)
-                epoch_data = data.select_idxs(torch.randperm(len(data), generator=g))
-            for mini in epoch_data.split(mini_size):
-                self._update_mini_batch(mini, temperature, mode, entropy_coeff, use_kl_loss, metrics)
+        for mini in iter_mini_batches(data, cfg, "actor"):
+            self._update_mini_batch(mini, temperature, mode, entropy_coeff, use_kl_loss, metrics)
         if self.scheduler is not None:
             self.scheduler.step()
         out = {f"actor/{k}": v for k, v in _mean(metrics).items()}

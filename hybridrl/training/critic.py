@@ -16,7 +16,7 @@ import torch
 from hybridrl.algorithms import compute_value_loss, masked_mean
 from hybridrl.protocol import DataProto
 from hybridrl.training.actor import _mean, clip_grad_norm
-from hybridrl.training.micro_batches import loss_scale, make_micro_batches, normaliser
+from hybridrl.training.micro_batches import iter_mini_batches, loss_scale, make_micro_batches, normaliser
 from hybridrl.training.packing import forward_response_logits, restore_order
 
 __all__ = ["DataParallelPPOCritic"]
@@ -63,21 +63,13 @@ class DataParallelPPOCritic:
             raise ValueError("update_critic needs an optimizer")
         data = data.select(["responses", "input_ids", "attention_mask", "position_ids", "response_mask", "values",
                             "returns"])
-        mini_size = int(cfg.get("ppo_mini_batch_size"))
-        if mini_size <= 0:
-            raise ValueError(f"critic.ppo_mini_batch_size={mini_size} (rows per rank) must be > 0")
         mode = cfg.get("loss_agg_mode", "token-mean")
         metrics: dict[str, list[float]] = defaultdict(list)
         lr = self.optimizer.param_groups[0]["lr"]
         skips_before = self.nonfinite_skips
         self.module.train()
-        for epoch in range(int(cfg.get("ppo_epochs", 1))):
-            epoch_data = data
-            if cfg.get("shuffle", False):
-                g = torch.Generator().manual_seed(int(cfg.get("seed", 0)) * 1000 + epoch)
-                epoch_data = data.select_idxs(torch.randperm(len(data), generator=g))
-            for mini in epoch_data.split(mini_size):
-                self._update_mini_batch(mini, mode, metrics)
+        for mini in iter_mini_batches(data, cfg, "critic"):
+            self._update_mini_batch(mini, mode, metrics)
         if self.scheduler is not None:
             self.scheduler.step()
         out = {f"critic/{k}": v for k, v in _mean(metrics).items()}

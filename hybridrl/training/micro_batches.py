@@ -47,3 +47,17 @@ def make_micro_batches(data: DataProto, use_dynamic_bsz: bool, micro_batch_size:
     if micro_batch_size is None or int(micro_batch_size) <= 0:
         raise ValueError(f"{size_key}={micro_batch_size} must be a positive integer")
     return data.split(int(micro_batch_size)), None
+
+
+def iter_mini_batches(data: DataProto, cfg, role: str):
+    """ppo_epochs passes over `data` in mini-batches of cfg.ppo_mini_batch_size rows (per rank), reshuffled each
+    epoch when cfg.shuffle (seeded, so a resumed run replays the same order). Shared by the actor and the critic."""
+    mini_size = int(cfg.get("ppo_mini_batch_size"))
+    if mini_size <= 0:
+        raise ValueError(f"{role}.ppo_mini_batch_size={mini_size} (rows per rank) must be > 0")
+    for epoch in range(int(cfg.get("ppo_epochs", 1))):
+        epoch_data = data
+        if cfg.get("shuffle", False):
+            g = torch.Generator().manual_seed(int(cfg.get("seed", 0)) * 1000 + epoch)
+            epoch_data = data.select_idxs(torch.randperm(len(data), generator=g))
+        yield from epoch_data.split(mini_size)
