@@ -63,6 +63,19 @@ def balance_batch(batch: DataProto, world_size: int) -> dict:
     return {"training/seqlen_balance_max_over_min": max(loads) / max(1, min(loads))}
 
 
+def rollout_probs_diff(batch: DataProto) -> dict:
+    """verl's check that the engine and the actor agree: |p_rollout - p_actor| per response token. A large value
+    means the rollout sampled from a different distribution than the one being trained (weights, temperature,
+    numerics), which silently turns on-policy PPO/GRPO off-policy."""
+    if "rollout_log_probs" not in batch.batch:
+        return {}
+    mask = batch.batch["response_mask"].bool()
+    diff = (batch.batch["rollout_log_probs"].float().exp() - batch.batch["old_log_probs"].float().exp()).abs()[mask]
+    if diff.numel() == 0:
+        return {}
+    return {"training/rollout_probs_diff_mean": diff.mean().item(), "training/rollout_probs_diff_max": diff.max().item()}
+
+
 class RayPPOTrainer:
     def __init__(self, config: DictConfig, tokenizer, actor_rollout_wg, critic_wg, reward_fn, val_reward_fn,
                  train_loader, val_dataset, tracker, ckpt_manager, n_gpus: int, memory_timeline=None):
@@ -199,6 +212,7 @@ class RayPPOTrainer:
                 if entropys is not None:
                     metrics["actor/entropy"] = agg_loss(entropys, batch.batch["response_mask"], "token-mean").item()
                 batch.union(old)
+                metrics.update(rollout_probs_diff(batch))
             if self.use_reference:
                 with marked_timer("ref", timing):
                     ref = self.actor_rollout_wg.compute_ref_log_prob(batch)
