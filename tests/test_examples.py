@@ -1,0 +1,24 @@
+"""The example launch scripts produce valid configs for every size × GPU count they document (dry-run mode)."""
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parent.parent / "examples" / "gsm8k" / "run_qwen2.5.sh"
+
+
+@pytest.mark.parametrize("algo", ["grpo", "ppo"])
+@pytest.mark.parametrize("size,gpus", [("0.5b", 1), ("1.5b", 2), ("7b", 8)])
+def test_example_config_validates(algo, size, gpus):
+    env = {**os.environ, "HYBRIDRL_DRY_RUN": "1"}
+    out = subprocess.run(["bash", str(SCRIPT), algo, size, str(gpus)], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr + out.stdout
+    assert ": OK" in out.stdout and f"world size      {gpus}" in out.stdout
+
+
+def test_example_rejects_unknown_size():
+    env = {**os.environ, "HYBRIDRL_DRY_RUN": "1"}
+    out = subprocess.run(["bash", str(SCRIPT), "grpo", "3b", "1"], env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "size must be" in out.stderr
