@@ -108,15 +108,18 @@ def run_ppo(config: DictConfig) -> dict:
         history = trainer.fit()
     finally:
         tracker.finish()
-    plot = run_dir / "memory_timeline.png"
-    timeline.to_json(str(run_dir / "memory_timeline.json"))
-    timeline.plot(str(plot), title=f"{t.project_name}/{t.experiment_name}: GPU memory by phase")
+    plot = None
+    if timeline.data:  # GPU runs only: on CPU no memory is measured, and an empty plot would pretend otherwise
+        plot = run_dir / "memory_timeline.png"
+        timeline.to_json(str(run_dir / "memory_timeline.json"))
+        timeline.plot(str(plot), title=f"{t.project_name}/{t.experiment_name}: GPU memory by phase")
     actor_wg.shutdown()
     if critic_wg is not None:
         critic_wg.shutdown()
     pool.release()
     summary = {"history": history, "wall_s": time.time() - t0, "run_dir": str(run_dir), "log_dir": str(log_dir),
-               "memory_plot": str(plot), "filtered_prompts": getattr(train_set, "num_filtered", 0),
+               "memory_plot": str(plot) if plot else None, "filtered_prompts": getattr(train_set, "num_filtered", 0),
                "init": init_info}
-    print(f"[hybridrl] done in {summary['wall_s']:.1f}s — logs: {log_dir}  memory plot: {plot}  checkpoints: {run_dir}")
+    where = f"memory plot: {plot}" if plot else "memory plot: none (no GPU memory measured on CPU)"
+    print(f"[hybridrl] done in {summary['wall_s']:.1f}s — logs: {log_dir}  {where}  checkpoints: {run_dir}")
     return summary
