@@ -15,8 +15,8 @@ import os
 import time
 from pathlib import Path
 
-DEMO_TASK = dict(task="arith", n_train=4000, n_test=128, seed=0)
-DEMO_MODEL = dict(arch="qwen2", layers=2, hidden=128, heads=4, kv_heads=2, seed=0)
+DEMO_TASK = dict(task="arith", n_train=600, n_test=100, seed=0, knobs=dict(digits=1, operands=3, ops="+"))
+DEMO_MODEL = dict(arch="qwen2", layers=4, hidden=128, heads=4, kv_heads=2, seed=0)
 
 
 def demo_home() -> Path:
@@ -29,23 +29,29 @@ def demo_overrides(home: Path, sft_model: Path) -> list[str]:
         f"data.train_files={home / 'data' / 'train.parquet'}",
         f"data.val_files={home / 'data' / 'test.parquet'}",
         "data.max_prompt_length=64",
-        "data.max_response_length=16",
+        "data.max_response_length=32",
         "data.train_batch_size=16",
         "actor_rollout_ref.rollout.n=8",
+        "actor_rollout_ref.rollout.temperature=0.5",
         "actor_rollout_ref.rollout.tensor_model_parallel_size=2",
         "actor_rollout_ref.rollout.max_num_seqs=256",
         "actor_rollout_ref.actor.ppo_mini_batch_size=8",
         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=32",
         "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=64",
-        "actor_rollout_ref.actor.optim.lr=2e-5",
+        "actor_rollout_ref.actor.optim.lr=5e-5",
         "actor_rollout_ref.model.use_remove_padding=false",
         "actor_rollout_ref.actor.entropy_coeff=0.0",
         "algorithm.adv_estimator=grpo",
         "trainer.n_gpus_per_node=2",
         "trainer.device=cpu",
-        "trainer.total_epochs=1",
-        "trainer.total_training_steps=24",
-        "trainer.test_freq=8",
+        # validation samples like the rollout (T=0.5, 4 per question: 400 answers, so a change is not noise);
+        # greedy accuracy of a model this small moves far slower than its sampled accuracy
+        "actor_rollout_ref.rollout.val_kwargs.do_sample=true",
+        "actor_rollout_ref.rollout.val_kwargs.temperature=0.5",
+        "actor_rollout_ref.rollout.val_kwargs.n=4",
+        "trainer.total_epochs=4",
+        "trainer.total_training_steps=120",
+        "trainer.test_freq=40",
         "trainer.save_freq=-1",
         "trainer.logger=[console,file]",
         "trainer.experiment_name=demo",
@@ -60,11 +66,11 @@ def sft_overrides(model_dir: Path, data_dir: Path, out_dir: Path) -> list[str]:
         f"data.train_files={data_dir / 'train.parquet'}",
         f"data.val_files={data_dir / 'test.parquet'}",
         "data.max_length=96",
-        "data.train_batch_size=32",
-        "data.micro_batch_size_per_gpu=32",
-        "optim.lr=3e-3",
+        "data.train_batch_size=16",
+        "data.micro_batch_size_per_gpu=16",
+        "optim.lr=2e-3",
         "optim.warmup_steps_ratio=0.05",
-        "trainer.total_epochs=1",
+        "trainer.total_epochs=6",
         "trainer.device=cpu",
         "trainer.log_freq=25",
         f"trainer.default_local_dir={out_dir}",
@@ -82,7 +88,7 @@ def prepare(home: Path) -> tuple[Path, Path]:
     if not marker.exists() or marker.read_text() != recipe:
         print(f"[hybridrl demo] building the tiny model and the arith task under {home} (once)")
         make_dataset(DEMO_TASK["task"], data_dir, n_train=DEMO_TASK["n_train"], n_test=DEMO_TASK["n_test"],
-                     seed=DEMO_TASK["seed"])
+                     seed=DEMO_TASK["seed"], **DEMO_TASK["knobs"])
         build_tiny_model(model_dir, **DEMO_MODEL)
         home.mkdir(parents=True, exist_ok=True)
         marker.write_text(recipe)
