@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import sys
 import uuid
 from pathlib import Path
 
@@ -30,6 +31,7 @@ from hybridrl.trainer.metrics import (
     reduce_metrics,
 )
 from hybridrl.trainer.timer import marked_timer
+from hybridrl.trainer.tracking import make_progress_bar
 
 logger = logging.getLogger("hybridrl.trainer")
 
@@ -264,6 +266,9 @@ class RayPPOTrainer:
             self.tracker.log(val, step=0)
             self.history.append({"training/global_step": 0, **val})
         epoch = self.train_loader.epoch if hasattr(self.train_loader, "epoch") else 0
+        # a step bar on interactive terminals only: in log files the console logger's one line per step says it all
+        bar = make_progress_bar(self.total_training_steps, min(self.global_steps, self.total_training_steps),
+                                disable=not sys.stderr.isatty())
         while self.global_steps < self.total_training_steps:
             for batch in self.train_loader:
                 if self.global_steps >= self.total_training_steps:
@@ -287,7 +292,9 @@ class RayPPOTrainer:
                 if self.memory_timeline is not None:
                     self.memory_timeline.record_metrics(self.global_steps, metrics)
                 self.history.append(metrics)
+                bar.update(1)
             epoch += 1
+        bar.close()
         return self.history
 
 
