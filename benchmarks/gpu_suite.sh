@@ -2,6 +2,8 @@
 # The GPU benchmark suite as run through the device tool (2 × H200). Usage: benchmarks/gpu_suite.sh PART OUTDIR
 #   part 1: CUDA smoke (tiny model, 1 step) + Qwen2.5-1.5B: hybrid vs scheme A, TP sweep, offload
 #   part 2: Qwen2.5-7B: hybrid vs scheme A
+#   part 3 (not yet run): Llama-3-8B shape hybrid vs scheme A; log-prob micro-batch sweep 1/4/8/16 in one run;
+#           20-step stability of the hybrid engine at gpu_memory_utilization 0.7 (where scheme A OOMs)
 set -uo pipefail
 part=$1; out=$2
 export PYTHONUNBUFFERED=1 RAY_DEDUP_LOGS=0 TOKENIZERS_PARALLELISM=false
@@ -16,4 +18,12 @@ if [ "$part" = 1 ]; then
 elif [ "$part" = 2 ]; then
   python benchmarks/grpo_step.py --preset qwen2.5-7b $common --steps 3 --micro 4 --logprob-micro 16 --grad-ckpt \
       --variants hybrid,scheme_a --out "$out/grpo_qwen2.5-7b.json"
+elif [ "$part" = 3 ]; then
+  python benchmarks/grpo_step.py --preset llama3-8b $common --steps 3 --micro 4 --logprob-micro 16 --grad-ckpt \
+      --variants hybrid,scheme_a --out "$out/grpo_llama3-8b.json"
+  lp=actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu
+  python benchmarks/grpo_step.py --preset qwen2.5-1.5b $common --tp 1 --steps 3 --micro 8 \
+      --variants "lp1:$lp=1,lp4:$lp=4,lp8:$lp=8,lp16:$lp=16" --out "$out/grpo_qwen2.5-1.5b_logprob_micro_full.json"
+  python benchmarks/grpo_step.py --preset qwen2.5-7b $common --steps 20 --micro 4 --logprob-micro 16 --grad-ckpt \
+      --variants "hybrid_util07:actor_rollout_ref.rollout.gpu_memory_utilization=0.7" --out "$out/grpo_qwen2.5-7b_20steps.json"
 fi
