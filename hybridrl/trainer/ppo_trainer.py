@@ -191,7 +191,7 @@ class RayPPOTrainer:
                     gen.meta_info.update({"do_sample": False, "n": 1})
                     base = self.actor_rollout_wg.generate_sequences(gen)
                     base.meta_info.pop("metrics", None)
-                    base_batch = batch.select(non_tensor_batch_keys=list(batch.non_tensor_batch))
+                    base_batch = batch.select(batch_keys=[], non_tensor_batch_keys=list(batch.non_tensor_batch))
                     base_batch.union(base)
                     baseline = self.reward_fn(base_batch)["reward_tensor"].sum(-1)
                     batch.batch["reward_baselines"] = baseline

@@ -96,3 +96,20 @@ def test_hf_rollout_backend_runs_on_the_actor_module(ray_local, tiny_model_dir, 
     steps = train_metrics(run_ppo(cfg)["history"])
     assert len(steps) == 1 and steps[0]["timing_s/reshard"] == 0.0
     assert steps[0]["response_length/mean"] > 0
+
+
+@pytest.mark.parametrize("extra", [
+    ["algorithm.adv_estimator=remax"],  # a second, greedy rollout per step gives the baseline
+    ["algorithm.adv_estimator=rloo", "algorithm.use_kl_in_reward=true", "algorithm.kl_ctrl.type=adaptive"],
+    ["actor_rollout_ref.hybrid_engine=false", "actor_rollout_ref.actor.fsdp_config.param_offload=true",
+     "actor_rollout_ref.actor.fsdp_config.optimizer_offload=true"],  # scheme A: the resident engine
+], ids=["remax", "rloo_kl_in_reward", "scheme_a_offload"])
+def test_other_estimators_and_scheme_a_run(ray_local, tiny_model_dir, arith_dir, tmp_path, extra):
+    cfg = load_config(overrides=overrides(tiny_model_dir, arith_dir, tmp_path / "run", "trainer.total_training_steps=2",
+                                          *extra))
+    steps = train_metrics(run_ppo(cfg)["history"])
+    assert len(steps) == 2
+    for h in steps:
+        assert math.isfinite(h["actor/pg_loss"]) and math.isfinite(h["critic/advantages/mean"])
+    if "algorithm.use_kl_in_reward=true" in extra:
+        assert "actor/reward_kl_penalty" in steps[-1]
