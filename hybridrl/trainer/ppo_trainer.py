@@ -113,6 +113,7 @@ class RayPPOTrainer:
         bs = int(cfg.data.val_batch_size or len(val))
         n = int(cfg.actor_rollout_ref.rollout.val_kwargs.n)
         scores, sources, uids, inputs, outputs = [], [], [], [], []
+        extra: dict[str, list] = {}  # numeric extra info a scorer returned (e.g. {"score", "len"}), as verl reports it
         for start in range(0, len(val), bs):
             batch = collate_fn([val[i] for i in range(start, min(len(val), start + bs))])
             batch.non_tensor_batch["uid"] = np.array([str(uuid.uuid4()) for _ in range(len(batch))], dtype=object)
@@ -126,11 +127,16 @@ class RayPPOTrainer:
             batch.union(out)
             result = self.val_reward_fn(batch)
             scores.extend(result["reward_tensor"].sum(-1).tolist())
+            for key, values in result.get("reward_extra_info", {}).items():
+                extra.setdefault(key, []).extend(values)
             sources.extend(batch.non_tensor_batch.get("data_source", np.array(["unknown"] * len(batch))).tolist())
             uids.extend(batch.non_tensor_batch["uid"].tolist())
             inputs.extend(self.tokenizer.batch_decode(batch.batch["prompts"], skip_special_tokens=True))
             outputs.extend(self.tokenizer.batch_decode(batch.batch["responses"], skip_special_tokens=True))
         infos = {"acc": scores, "reward": scores}
+        for key, values in extra.items():
+            if key not in infos and len(values) == len(scores) and all(isinstance(v, (int, float)) for v in values):
+                infos[key] = values
         metrics = flatten_validation_metrics(process_validation_metrics(sources, uids, infos))
         k = int(cfg.trainer.log_val_generations)
         if k > 0:
