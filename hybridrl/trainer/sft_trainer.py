@@ -27,12 +27,12 @@ from omegaconf import DictConfig, OmegaConf
 
 from hybridrl.algorithms import logprobs_from_logits
 from hybridrl.protocol import DataProto
-from hybridrl.training.actor import clip_grad_norm
 from hybridrl.training.checkpoint import save_hf_model
 from hybridrl.training.fsdp import build_fsdp_model, build_training_mesh
 from hybridrl.training.micro_batches import loss_scale, make_micro_batches
 from hybridrl.training.optim import build_lr_scheduler, build_optimizer
 from hybridrl.training.packing import forward_response_logits
+from hybridrl.training.updater import clip_grad_norm
 
 __all__ = ["load_sft_config", "run_sft", "register", "main"]
 

@@ -19,10 +19,7 @@ Choices:
 
 from __future__ import annotations
 
-from collections import defaultdict
-
 import torch
-from torch.distributed.tensor import DTensor
 
 from hybridrl.algorithms import (
     agg_loss,
@@ -32,36 +29,19 @@ from hybridrl.algorithms import (
     logprobs_from_logits,
 )
 from hybridrl.protocol import DataProto
-from hybridrl.training.micro_batches import iter_mini_batches, loss_scale, make_micro_batches, normaliser
+from hybridrl.training.micro_batches import loss_scale, make_micro_batches, normaliser
 from hybridrl.training.packing import forward_response_logits, restore_order
+from hybridrl.training.updater import FSDPUpdater
 
-__all__ = ["DataParallelPPOActor", "clip_grad_norm"]
-
-
-def clip_grad_norm(module: torch.nn.Module, max_norm: float) -> float:
-    """Clip (DTensor-aware) and return the total norm before clipping as a float (may be inf/nan)."""
-    params = [p for p in module.parameters() if p.grad is not None]
-    norm = torch.nn.utils.clip_grad_norm_(params, max_norm=max_norm if max_norm and max_norm > 0 else float("inf"))
-    if isinstance(norm, DTensor):
-        norm = norm.full_tensor()
-    return float(norm.item())
+__all__ = ["DataParallelPPOActor"]
 
 
-def _mean(values: dict[str, list[float]]) -> dict[str, float]:
-    return {k: sum(v) / len(v) for k, v in values.items() if v}
-
-
-class DataParallelPPOActor:
+class DataParallelPPOActor(FSDPUpdater):
     def __init__(self, config, module: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None,
                  scheduler=None, use_remove_padding: bool | None = None):
-        self.config = config
-        self.module = module
-        self.optimizer = optimizer
-        self.scheduler = scheduler
-        self.use_remove_padding = bool(config.get("use_remove_padding", False) if use_remove_padding is None
-                                       else use_remove_padding)
-        self.device = next(module.parameters()).device
-        self.nonfinite_skips = 0
+        super().__init__(config, module, optimizer, scheduler,
+                         bool(config.get("use_remove_padding", False) if use_remove_padding is None
+                              else use_remove_padding))
 
     # ------------------------------------------------------------------ forward
     def _forward_micro_batch(self, micro: DataProto, temperature: float, calculate_entropy: bool):
@@ -117,25 +97,14 @@ class DataParallelPPOActor:
         data = data.select(keys)
         mode = cfg.get("loss_agg_mode", "token-mean")
         entropy_coeff = float(cfg.get("entropy_coeff", 0.0))
-        metrics: dict[str, list[float]] = defaultdict(list)
-        lr = self.optimizer.param_groups[0]["lr"]
-        skips_before = self.nonfinite_skips
-        self.module.train()
-        for mini in iter_mini_batches(data, cfg, "actor"):
-            self._update_mini_batch(mini, temperature, mode, entropy_coeff, use_kl_loss, metrics)
-        if self.scheduler is not None:
-            self.scheduler.step()
-        out = {f"actor/{k}": v for k, v in _mean(metrics).items()}
-        out["actor/lr"] = lr
-        out["actor/grad_norm_nonfinite_skips"] = float(self.nonfinite_skips - skips_before)
-        return out
+        return self._train_step(data, "actor", lambda mini, metrics: self._update_mini_batch(
+            mini, temperature, mode, entropy_coeff, use_kl_loss, metrics))
 
     def _update_mini_batch(self, mini: DataProto, temperature, mode, entropy_coeff, use_kl_loss, metrics):
         cfg = self.config
         micros, _ = make_micro_batches(mini, bool(cfg.get("use_dynamic_bsz", False)),
                                        cfg.get("ppo_micro_batch_size_per_gpu"), cfg.get("ppo_max_token_len_per_gpu"))
         mini_norm = normaliser(mini.batch["response_mask"], mode)
-        self.optimizer.zero_grad(set_to_none=True)
         for micro in micros:
             b = {k: v.to(self.device) for k, v in micro.batch.items()}
             mask = b["response_mask"]
@@ -159,10 +128,3 @@ class DataParallelPPOActor:
             metrics["pg_clipfrac"].append(pg_clipfrac.item())
             metrics["ppo_kl"].append(ppo_kl.item())
             metrics["pg_clipfrac_lower"].append(pg_clipfrac_lower.item())
-        grad_norm = clip_grad_norm(self.module, float(cfg.get("grad_clip", 1.0) or 0.0))
-        if torch.isfinite(torch.tensor(grad_norm)):
-            self.optimizer.step()
-            metrics["grad_norm"].append(grad_norm)
-        else:
-            self.nonfinite_skips += 1
-        self.optimizer.zero_grad(set_to_none=True)

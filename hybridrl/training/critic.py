@@ -9,31 +9,24 @@ the non-finite-norm skip follow the actor (see actor.py); metrics: `critic/vf_lo
 
 from __future__ import annotations
 
-from collections import defaultdict
-
 import torch
 
 from hybridrl.algorithms import compute_value_loss, masked_mean
 from hybridrl.protocol import DataProto
-from hybridrl.training.actor import _mean, clip_grad_norm
-from hybridrl.training.micro_batches import iter_mini_batches, loss_scale, make_micro_batches, normaliser
+from hybridrl.training.micro_batches import loss_scale, make_micro_batches, normaliser
 from hybridrl.training.packing import forward_response_logits, restore_order
+from hybridrl.training.updater import FSDPUpdater
 
 __all__ = ["DataParallelPPOCritic"]
 
 
-class DataParallelPPOCritic:
+class DataParallelPPOCritic(FSDPUpdater):
     def __init__(self, config, module: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None,
                  scheduler=None, use_remove_padding: bool | None = None):
-        self.config = config
-        self.module = module
-        self.optimizer = optimizer
-        self.scheduler = scheduler
         model_cfg = config.get("model") or {}
-        self.use_remove_padding = bool(model_cfg.get("use_remove_padding", False) if use_remove_padding is None
-                                       else use_remove_padding)
-        self.device = next(module.parameters()).device
-        self.nonfinite_skips = 0
+        super().__init__(config, module, optimizer, scheduler,
+                         bool(model_cfg.get("use_remove_padding", False) if use_remove_padding is None
+                              else use_remove_padding))
 
     def _forward_micro_batch(self, micro: DataProto) -> torch.Tensor:
         b = micro.batch
@@ -64,18 +57,7 @@ class DataParallelPPOCritic:
         data = data.select(["responses", "input_ids", "attention_mask", "position_ids", "response_mask", "values",
                             "returns"])
         mode = cfg.get("loss_agg_mode", "token-mean")
-        metrics: dict[str, list[float]] = defaultdict(list)
-        lr = self.optimizer.param_groups[0]["lr"]
-        skips_before = self.nonfinite_skips
-        self.module.train()
-        for mini in iter_mini_batches(data, cfg, "critic"):
-            self._update_mini_batch(mini, mode, metrics)
-        if self.scheduler is not None:
-            self.scheduler.step()
-        out = {f"critic/{k}": v for k, v in _mean(metrics).items()}
-        out["critic/lr"] = lr
-        out["critic/grad_norm_nonfinite_skips"] = float(self.nonfinite_skips - skips_before)
-        return out
+        return self._train_step(data, "critic", lambda mini, metrics: self._update_mini_batch(mini, mode, metrics))
 
     def _update_mini_batch(self, mini: DataProto, mode: str, metrics):
         cfg = self.config
@@ -84,7 +66,6 @@ class DataParallelPPOCritic:
                                        size_key="critic.ppo_micro_batch_size_per_gpu",
                                        token_key="critic.ppo_max_token_len_per_gpu")
         mini_norm = normaliser(mini.batch["response_mask"], mode)
-        self.optimizer.zero_grad(set_to_none=True)
         for micro in micros:
             mask = micro.batch["response_mask"].to(self.device)
             vpreds = self._forward_micro_batch(micro)
@@ -96,10 +77,3 @@ class DataParallelPPOCritic:
             metrics["vf_loss"].append(vf_loss.item())
             metrics["vf_clipfrac"].append(vf_clipfrac.item())
             metrics["vpred_mean"].append(masked_mean(vpreds.detach(), mask).item())
-        grad_norm = clip_grad_norm(self.module, float(cfg.get("grad_clip", 1.0) or 0.0))
-        if torch.isfinite(torch.tensor(grad_norm)):
-            self.optimizer.step()
-            metrics["grad_norm"].append(grad_norm)
-        else:
-            self.nonfinite_skips += 1
-        self.optimizer.zero_grad(set_to_none=True)

@@ -1,0 +1,66 @@
+"""What the PPO actor and critic updates share: one training step = ppo_epochs × mini-batches, each ending in one
+optimizer step with gradient clipping; a non-finite gradient norm skips that step and is counted; the lr
+scheduler steps once per training step; metrics are means over micro-batches, prefixed by the role."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable
+
+import torch
+from torch.distributed.tensor import DTensor
+
+from hybridrl.protocol import DataProto
+from hybridrl.training.micro_batches import iter_mini_batches
+
+
+def clip_grad_norm(module: torch.nn.Module, max_norm: float) -> float:
+    """Clip (DTensor-aware) and return the total norm before clipping as a float (may be inf/nan)."""
+    params = [p for p in module.parameters() if p.grad is not None]
+    norm = torch.nn.utils.clip_grad_norm_(params, max_norm=max_norm if max_norm and max_norm > 0 else float("inf"))
+    if isinstance(norm, DTensor):
+        norm = norm.full_tensor()
+    return float(norm.item())
+
+
+def _mean(values: dict[str, list[float]]) -> dict[str, float]:
+    return {k: sum(v) / len(v) for k, v in values.items() if v}
+
+
+class FSDPUpdater:
+    def __init__(self, config, module: torch.nn.Module, optimizer: torch.optim.Optimizer | None, scheduler,
+                 use_remove_padding: bool):
+        self.config = config
+        self.module = module
+        self.optimizer = optimizer
+        self.scheduler = scheduler
+        self.use_remove_padding = use_remove_padding
+        self.device = next(module.parameters()).device
+        self.nonfinite_skips = 0
+
+    def _train_step(self, data: DataProto, role: str, mini_step: Callable[[DataProto, dict], None]) -> dict[str, float]:
+        """Run `mini_step(mini_batch, metrics)` (forward/backward over its micro-batches) for every mini-batch, each
+        followed by an optimizer step; returns `{role}/...` metrics."""
+        metrics: dict[str, list[float]] = defaultdict(list)
+        lr = self.optimizer.param_groups[0]["lr"]
+        skips_before = self.nonfinite_skips
+        self.module.train()
+        for mini in iter_mini_batches(data, self.config, role):
+            self.optimizer.zero_grad(set_to_none=True)
+            mini_step(mini, metrics)
+            self._optimizer_step(metrics)
+        if self.scheduler is not None:
+            self.scheduler.step()
+        out = {f"{role}/{k}": v for k, v in _mean(metrics).items()}
+        out[f"{role}/lr"] = lr
+        out[f"{role}/grad_norm_nonfinite_skips"] = float(self.nonfinite_skips - skips_before)
+        return out
+
+    def _optimizer_step(self, metrics: dict) -> None:
+        grad_norm = clip_grad_norm(self.module, float(self.config.get("grad_clip", 1.0) or 0.0))
+        if torch.isfinite(torch.tensor(grad_norm)):
+            self.optimizer.step()
+            metrics["grad_norm"].append(grad_norm)
+        else:
+            self.nonfinite_skips += 1
+        self.optimizer.zero_grad(set_to_none=True)
