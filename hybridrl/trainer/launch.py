@@ -15,9 +15,13 @@ from omegaconf import DictConfig, open_dict
 from hybridrl.trainer.ppo_trainer import RayPPOTrainer, need_critic, need_reference
 
 
-def _files(value) -> list[str]:
+def _files(value, key: str) -> list[str]:
     items = [value] if isinstance(value, str) else list(value)
-    return [os.path.expanduser(str(v)) for v in items]
+    paths = [os.path.expanduser(str(v)) for v in items]
+    missing = [p for p in paths if not Path(p).exists()]
+    if missing:
+        raise FileNotFoundError(f"{key}: {missing} not found (make a dataset with `hybridrl data make TASK --out DIR`)")
+    return paths
 
 
 def build_reward_fns(config: DictConfig, tokenizer):
@@ -62,8 +66,8 @@ def run_ppo(config: DictConfig) -> dict:
     tokenizer = AutoTokenizer.from_pretrained(os.path.expanduser(config.data.tokenizer or model_path))
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
-    train_set = RLHFDataset(_files(config.data.train_files), tokenizer, config.data)
-    val_set = RLHFDataset(_files(config.data.val_files), tokenizer, config.data) if config.data.val_files else None
+    train_set = RLHFDataset(_files(config.data.train_files, "data.train_files"), tokenizer, config.data)
+    val_set = RLHFDataset(_files(config.data.val_files, "data.val_files"), tokenizer, config.data) if config.data.val_files else None
     loader = StatefulDataLoader(train_set, batch_size=int(config.data.train_batch_size), shuffle=bool(config.data.shuffle),
                                 seed=int(config.data.seed), drop_last=True)
     if len(loader) == 0:
