@@ -53,7 +53,8 @@ def demo_overrides(home: Path, sft_model: Path) -> list[str]:
         "trainer.total_epochs=4",
         "trainer.total_training_steps=120",
         "trainer.test_freq=40",
-        "trainer.save_freq=-1",
+        "trainer.save_freq=120",  # one checkpoint, at the end: the run leaves a resumable, mergeable actor
+        "trainer.max_actor_ckpt_to_keep=1",
         "trainer.logger=[console,file]",
         "trainer.experiment_name=demo",
         f"trainer.default_local_dir={home / 'runs' / 'grpo'}",
