@@ -55,6 +55,7 @@ def demo_overrides(home: Path, sft_model: Path) -> list[str]:
         "trainer.test_freq=40",
         "trainer.save_freq=120",  # one checkpoint, at the end: the run leaves a resumable, mergeable actor
         "trainer.max_actor_ckpt_to_keep=1",
+        "trainer.resume_mode=disable",  # each `hybridrl train` is a fresh demo, not a resume of the last one
         "trainer.logger=[console,file]",
         "trainer.experiment_name=demo",
         f"trainer.default_local_dir={home / 'runs' / 'grpo'}",
@@ -113,7 +114,10 @@ def run_demo(args=None) -> dict:
     summary = run_ppo(config)
     vals = [h for h in summary["history"] if any(k.startswith("val-core/") for k in h)]
     key = next((k for k in vals[0] if k.startswith("val-core/") and "/acc/mean@" in k), None) if vals else None
-    before, after = (vals[0][key], vals[-1][key]) if key else (None, None)
+    if key is None or len(vals) < 2:
+        raise RuntimeError(f"demo: expected validation before and after GRPO, got {len(vals)} validation result(s); "
+                           f"see the logs in {summary['log_dir']}")
+    before, after = vals[0][key], vals[-1][key]
     wall = time.time() - t0
     print(f"[hybridrl demo] validation accuracy ({key}): before GRPO {before:.3f} → after {after:.3f}; "
           f"wall time {wall / 60:.1f} min")
