@@ -37,10 +37,3 @@ def track_phase(name: str, metrics: dict, device: torch.device):
         metrics[rkey] = max(metrics.get(rkey, 0.0), reserved)
         metrics["perf/max_memory_allocated_gb"] = max(metrics.get("perf/max_memory_allocated_gb", 0.0), alloc)
         metrics["perf/max_memory_reserved_gb"] = max(metrics.get("perf/max_memory_reserved_gb", 0.0), reserved)
-
-
-def current_memory(device: torch.device) -> dict[str, float]:
-    if not cuda_active(device):
-        return {}
-    return {"memory/allocated_gb": torch.cuda.memory_allocated(device) / GB,
-            "memory/reserved_gb": torch.cuda.memory_reserved(device) / GB}

@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -34,7 +34,6 @@ class ReshardStats:
     bytes_received: int = 0  # bytes this rank received from other ranks
     tensors: int = 0
     strategy: str = ""
-    extra: dict = field(default_factory=dict)
 
     def metrics(self) -> dict[str, float]:
         gb = self.bytes_received / 1e9

@@ -2,9 +2,8 @@
 
 The numbers are given, not measured here (workers report `memory/{phase}/peak_allocated_gb` and
 `memory/{phase}/peak_reserved_gb` in their metrics; `record_from_metrics` picks them up).
-`measure_phase_memory` is the helper a worker can use to produce them: on CUDA it resets the peak
-counters at the start of a phase and reads them at the end; on CPU it reports the process RSS at the
-end of the phase (a current, not a peak value — good enough to see the plot work, not a benchmark).
+The workers measure them with `hybridrl.hybrid.memory.track_phase` (CUDA peak counters per phase; nothing
+on CPU, where no GPU memory exists to report).
 Choices:
 - a phase seen twice in one step keeps the larger value (these are peaks);
 - phases are ordered as one step runs (gen, reshard, old_log_prob, ref, values, adv, update_critic,
@@ -23,12 +22,10 @@ import logging
 import math
 import os
 import re
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["MemoryTimeline", "plot_comparison", "measure_phase_memory", "PHASE_ORDER"]
+__all__ = ["MemoryTimeline", "plot_comparison", "PHASE_ORDER"]
 
 logger = logging.getLogger("hybridrl.memory")
 
@@ -208,31 +205,3 @@ def _save(fig, plt, path_png) -> Path:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
-
-
-def _rss_gb() -> float:
-    try:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**30
-    except (OSError, ValueError):
-        return 0.0
-
-
-@contextmanager
-def measure_phase_memory(phase: str, metrics: dict, device=None) -> Iterator[None]:
-    """Write `memory/{phase}/peak_allocated_gb` and `.../peak_reserved_gb` into metrics for the block."""
-    import torch
-
-    use_cuda = torch.cuda.is_available() and (device is None or torch.device(device).type == "cuda")
-    if use_cuda:
-        torch.cuda.reset_peak_memory_stats(device)
-    try:
-        yield
-    finally:
-        if use_cuda:
-            alloc = torch.cuda.max_memory_allocated(device) / 2**30
-            reserved = torch.cuda.max_memory_reserved(device) / 2**30
-        else:
-            alloc = reserved = _rss_gb()
-        metrics[f"memory/{phase}/peak_allocated_gb"] = alloc
-        metrics[f"memory/{phase}/peak_reserved_gb"] = reserved

@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import sys
 import uuid
 from pathlib import Path
 
 import numpy as np
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from hybridrl.algorithms import agg_loss, apply_kl_penalty, compute_advantage, get_kl_controller
 from hybridrl.data.rl_dataset import collate_fn
@@ -63,6 +62,19 @@ def balance_batch(batch: DataProto, world_size: int) -> dict:
         loads[k] += lengths[i]
     batch.reorder(torch.tensor([i for p in parts for i in p]))
     return {"training/seqlen_balance_max_over_min": max(loads) / max(1, min(loads))}
+
+
+def assign_uids(batch: DataProto) -> None:
+    """One group id per prompt; `repeat` copies it to the prompt's n samples (GRPO/RLOO group by it)."""
+    batch.non_tensor_batch["uid"] = np.array([str(uuid.uuid4()) for _ in range(len(batch))], dtype=object)
+
+
+def attach_rollout(batch: DataProto, out: DataProto, n: int) -> DataProto:
+    """Prompt rows × n samples (adjacent), with the prompt-only tensors replaced by the full sequences of `out`."""
+    batch = batch.repeat(n, interleave=True)
+    for k in GEN_KEYS:
+        batch.batch.pop(k)
+    return batch.union(out)
 
 
 def rollout_probs_diff(batch: DataProto) -> dict:
@@ -116,15 +128,12 @@ class RayPPOTrainer:
         extra: dict[str, list] = {}  # numeric extra info a scorer returned (e.g. {"score", "len"}), as verl reports it
         for start in range(0, len(val), bs):
             batch = collate_fn([val[i] for i in range(start, min(len(val), start + bs))])
-            batch.non_tensor_batch["uid"] = np.array([str(uuid.uuid4()) for _ in range(len(batch))], dtype=object)
+            assign_uids(batch)
             gen = batch.select(GEN_KEYS, ["raw_prompt_ids"])
             gen.meta_info = {**self._meta(), "validate": True}
             out = self.actor_rollout_wg.generate_sequences(gen)
             out.meta_info.pop("metrics", None)
-            batch = batch.repeat(n, interleave=True)
-            for k in GEN_KEYS:
-                batch.batch.pop(k)
-            batch.union(out)
+            batch = attach_rollout(batch, out, n)
             result = self.val_reward_fn(batch)
             scores.extend(result["reward_tensor"].sum(-1).tolist())
             for key, values in result.get("reward_extra_info", {}).items():
@@ -184,7 +193,7 @@ class RayPPOTrainer:
             for k, v in out.meta_info.pop("metrics", {}).items():
                 worker_metrics.setdefault(k, []).extend(v if isinstance(v, list) else [v])
 
-        batch.non_tensor_batch["uid"] = np.array([str(uuid.uuid4()) for _ in range(len(batch))], dtype=object)
+        assign_uids(batch)
         gen = batch.select(GEN_KEYS, ["raw_prompt_ids"])
         # a fresh sampling seed each step, derived from the step so a resumed run samples what the original did
         gen.meta_info = {**self._meta(), "seed": int(cfg.actor_rollout_ref.rollout.seed) * 100003 + self.global_steps}
@@ -201,10 +210,7 @@ class RayPPOTrainer:
                     base_batch.union(base)
                     baseline = self.reward_fn(base_batch)["reward_tensor"].sum(-1)
                     batch.batch["reward_baselines"] = baseline
-            batch = batch.repeat(n, interleave=True)
-            for k in GEN_KEYS:
-                batch.batch.pop(k)
-            batch.union(out)
+            batch = attach_rollout(batch, out, n)
             if cfg.trainer.balance_batch:
                 metrics.update(balance_batch(batch, self.n_gpus))
             batch.meta_info["global_token_num"] = batch.batch["attention_mask"].sum(-1).tolist()
@@ -302,24 +308,6 @@ class RayPPOTrainer:
             epoch += 1
         bar.close()
         return self.history
-
-
-def trainer_summary(history: list[dict]) -> dict:
-    val = [h for h in history if any(k.startswith("val-core/") for k in h)]
-    out = {}
-    if val:
-        first = {k: v for k, v in val[0].items() if k.startswith("val-core/")}
-        last = {k: v for k, v in val[-1].items() if k.startswith("val-core/")}
-        out = {"val_first": first, "val_last": last}
-    return out
-
-
-def config_to_dict(config: DictConfig) -> dict:
-    return OmegaConf.to_container(config, resolve=True)
-
-
-def env_flag(name: str) -> bool:
-    return os.environ.get(name, "0") not in ("0", "", "false")
 
 
 def run_ppo(config: DictConfig) -> dict:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 
 import torch
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import DictConfig, open_dict
 
 
 def pick_device(device: str) -> torch.device:
@@ -74,7 +74,3 @@ def build_fsdp_model(model_cfg: DictConfig, fsdp_cfg: DictConfig, optim_cfg: Dic
     optimizer = build_optimizer(module.parameters(), optim_cfg)
     scheduler = build_lr_scheduler(optimizer, optim_cfg)
     return module, optimizer, scheduler
-
-
-def to_plain(cfg) -> dict:
-    return OmegaConf.to_container(cfg, resolve=True)

@@ -39,7 +39,7 @@ def _hourly_pay(r, v):
 
 def _boxes_left(r, v):
     name, item = r.choice(NAMES), r.choice(ITEMS)
-    boxes, per, given = r.randint(2, 9), r.randint(2, v), 0
+    boxes, per = r.randint(2, 9), r.randint(2, v)
     total = boxes * per
     given = r.randint(1, total - 1)
     left = total - given
