@@ -46,17 +46,22 @@ class HybridEngine:
     @contextmanager
     def rollout(self, metrics: dict):
         """Yields the awake engine; fills `metrics` with reshard timing/bytes and per-phase memory."""
-        if self.hybrid:
-            with track_phase("reshard", metrics, self.device):
+        if getattr(self.engine, "shares_actor_weights", False):
+            # the `hf` backend generates with the actor's own module: nothing to reshard, offload or sleep
+            metrics["timing_s/reshard"] = 0.0
+            with track_phase("gen", metrics, self.device):
+                yield self.engine
+            return
+        with track_phase("reshard", metrics, self.device):
+            if self.hybrid:
                 self._enter_hybrid(metrics)
-        else:
-            with track_phase("reshard", metrics, self.device):
+            else:
                 self._enter_resident(metrics)
         try:
             with track_phase("gen", metrics, self.device):
                 yield self.engine
         finally:
-            if self.hybrid and not getattr(self.engine, "shares_actor_weights", False):
+            if self.hybrid:
                 self.engine.sleep()
                 _empty_cache(self.device)
                 if self.param_offload:
@@ -65,10 +70,6 @@ class HybridEngine:
                     load_fsdp_params(self.module, self.device)
 
     def _enter_hybrid(self, metrics: dict):
-        if getattr(self.engine, "shares_actor_weights", False):
-            # the `hf` backend generates with the actor's own module: nothing to reshard, nothing to offload
-            metrics["timing_s/reshard"] = 0.0
-            return
         if self.optimizer is not None:
             self.optimizer.zero_grad(set_to_none=True)
         if self.optimizer_offload and self.optimizer is not None and not self._optimizer_on_cpu:
@@ -87,9 +88,6 @@ class HybridEngine:
         self.engine.wake_up(tags=("kv_cache",))
 
     def _enter_resident(self, metrics: dict):
-        if getattr(self.engine, "shares_actor_weights", False):
-            metrics["timing_s/reshard"] = 0.0
-            return
         if not self._resident_ready:
             self.engine.wake_up(tags=("weights",))
             self.engine.wake_up(tags=("kv_cache",))
