@@ -19,11 +19,18 @@ elif [ "$part" = 2 ]; then
   python benchmarks/grpo_step.py --preset qwen2.5-7b $common --steps 3 --micro 4 --logprob-micro 16 --grad-ckpt \
       --variants hybrid,scheme_a --out "$out/grpo_qwen2.5-7b.json"
 elif [ "$part" = 3 ]; then
-  python benchmarks/grpo_step.py --preset llama3-8b $common --steps 3 --micro 4 --logprob-micro 16 --grad-ckpt \
-      --variants hybrid,scheme_a --out "$out/grpo_llama3-8b.json"
   lp=actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu
   python benchmarks/grpo_step.py --preset qwen2.5-1.5b $common --tp 1 --steps 3 --micro 8 \
       --variants "lp1:$lp=1,lp4:$lp=4,lp8:$lp=8,lp16:$lp=16" --out "$out/grpo_qwen2.5-1.5b_logprob_micro_full.json"
-  python benchmarks/grpo_step.py --preset qwen2.5-7b $common --steps 20 --micro 4 --logprob-micro 16 --grad-ckpt \
-      --variants "hybrid_util07:actor_rollout_ref.rollout.gpu_memory_utilization=0.7" --out "$out/grpo_qwen2.5-7b_20steps.json"
+elif [ "$part" = 4 ]; then
+  python benchmarks/grpo_step.py --preset llama3-8b $common --steps 3 --micro 4 --logprob-micro 16 --grad-ckpt \
+      --variants hybrid,scheme_a --out "$out/grpo_llama3-8b.json"
+elif [ "$part" = 5 ]; then
+  # 20 steps at a quarter of part 2's batch (16x8) so that the run fits one device call; the per-step metrics
+  # (metrics.jsonl, trainer.logger=file) are copied to OUTDIR even when the call is cut short
+  timeout 300 python benchmarks/grpo_step.py --preset qwen2.5-7b ${common/--prompts 64/--prompts 16} --steps 20 \
+      --micro 4 --logprob-micro 16 --grad-ckpt --workdir /tmp/bench5 \
+      --variants "hybrid_util07:actor_rollout_ref.rollout.gpu_memory_utilization=0.7" \
+      --out "$out/grpo_qwen2.5-7b_20steps.json"
+  cp /tmp/bench5/runs/hybrid_util07/logs/metrics.jsonl "$out/grpo_qwen2.5-7b_20steps_metrics.jsonl"
 fi

@@ -67,7 +67,7 @@ def base_overrides(a, model_dir: Path, data: Path, run_dir: Path) -> list[str]:
         "actor_rollout_ref.actor.optim.lr=1e-6",
         f"trainer.n_gpus_per_node={a.gpus}", "trainer.nnodes=1", f"trainer.device={a.device}",
         "trainer.val_before_train=false", "trainer.test_freq=-1", "trainer.save_freq=-1", "trainer.resume_mode=disable",
-        f"trainer.total_training_steps={a.steps}", "trainer.logger=[console]", "trainer.balance_batch=false",
+        f"trainer.total_training_steps={a.steps}", "trainer.logger=[console,file]", "trainer.balance_batch=false",
         f"trainer.default_local_dir={run_dir}",
     ]
 
