@@ -40,6 +40,8 @@ EXTRA_TYPES: dict[str, tuple[type, ...]] = {
     "data.train_files": (str, list),
     "data.val_files": (str, list),
     "trainer.logger": (list, str),
+    "actor_rollout_ref.rollout.log_prob_unshard_once": (str, bool),
+    "actor_rollout_ref.ref.log_prob_unshard_once": (str, bool),
 }
 
 # keys that may be null although their default is not (per-GPU micro-batches: null with dynamic batch size,
@@ -75,6 +77,8 @@ ENUMS: dict[str, tuple[str, ...]] = {
     "trainer.logger": ("console", "file", "tensorboard", "wandb"),  # checked per entry
     "trainer.resume_mode": ("auto", "disable", "resume_path"),
     "trainer.device": ("auto", "cuda", "cpu"),
+    "actor_rollout_ref.rollout.log_prob_unshard_once": ("auto", True, False),
+    "actor_rollout_ref.ref.log_prob_unshard_once": ("auto", True, False),
 }
 
 # verl spellings rewritten to ours at load (key -> {alias: canonical})

@@ -5,7 +5,9 @@ Shapes: B rows, R response length, V vocab.
 Choices:
 - `compute_log_prob` runs in micro-batches of `meta_info["micro_batch_size"]` (or token-balanced ones with
   `use_dynamic_bsz` + `max_token_len`) under no_grad, moving each result to CPU at once so only one
-  micro-batch of logits is ever on the GPU; logits are divided by `meta_info["temperature"]`.
+  micro-batch of logits is ever on the GPU; logits are divided by `meta_info["temperature"]`. With several
+  micro-batches and `meta_info["unshard_once"]` (true / "auto", fsdp.should_keep_unsharded) the FSDP blocks
+  are all-gathered once for the pass, not once per micro-batch.
 - `update_policy`: ppo_epochs x mini-batches of `ppo_mini_batch_size` rows (already per rank) x micro-batches
   of `ppo_micro_batch_size_per_gpu` (or dynamic), accumulating gradients with exact weights (micro_batches.py).
   The loss is compute_policy_loss (clip-higher, dual-clip) - entropy_coeff * entropy + kl_loss_coef * KL(ref).
@@ -29,6 +31,7 @@ from hybridrl.algorithms import (
     logprobs_from_logits,
 )
 from hybridrl.protocol import DataProto
+from hybridrl.training.fsdp import keep_unsharded, should_keep_unsharded
 from hybridrl.training.micro_batches import loss_scale, make_micro_batches, normaliser
 from hybridrl.training.packing import forward_response_logits, restore_order
 from hybridrl.training.updater import FSDPUpdater
@@ -67,7 +70,8 @@ class DataParallelPPOActor(FSDPUpdater):
                                           size_key="log_prob_micro_batch_size_per_gpu",
                                           token_key="log_prob_max_token_len_per_gpu")
         log_probs, entropies = [], []
-        with torch.no_grad():
+        once = should_keep_unsharded(self.module, meta.get("unshard_once", False), len(micros), self.device)
+        with torch.no_grad(), keep_unsharded(self.module, once):
             for micro in micros:
                 lp, ent = self._forward_micro_batch(micro, float(meta["temperature"]), calculate_entropy)
                 log_probs.append(lp.cpu())

@@ -11,6 +11,9 @@ Choices:
   weights from rank 0 into every rank's shard, and buffers (rotary inv_freq, not in the state dict) are
   broadcast too. So host memory holds one full copy per machine-rank-0 instead of one per GPU, and randomly
   initialised heads (the critic's value head) are identical on all ranks.
+- No-grad passes in several micro-batches (log-probs, values) may keep every block unsharded for the whole
+  pass (`keep_unsharded`): one all-gather per block per pass instead of one per block per micro-batch, for
+  the memory of one full `param_dtype` copy of the model while the pass runs (`unsharded_param_bytes`).
 - Critic = `AutoModelForTokenClassification(num_labels=1)` (HF backbone + linear score head) with
   classifier dropout forced to 0, so values are deterministic.
 """
@@ -18,14 +21,15 @@ Choices:
 from __future__ import annotations
 
 from collections.abc import Mapping
+from contextlib import contextmanager
 
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
 __all__ = ["build_training_mesh", "apply_fsdp", "decoder_blocks", "load_hf_model", "build_fsdp_model",
-           "resolve_dtype"]
+           "resolve_dtype", "keep_unsharded", "should_keep_unsharded", "unsharded_param_bytes"]
 
 _DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
            "fp16": torch.float16, "float16": torch.float16}
@@ -66,7 +70,56 @@ def apply_fsdp(model: torch.nn.Module, mesh: DeviceMesh, param_dtype=torch.bfloa
     for block in decoder_blocks(model):
         fully_shard(block, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard_after_forward)
     fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard_after_forward)
+    # what keep_unsharded restores, and what it costs (the unsharded copy is in the compute dtype)
+    model.fsdp_reshard_after_forward = reshard_after_forward
+    model.fsdp_unsharded_bytes = sum(p.numel() for p in model.parameters()) * mp.param_dtype.itemsize
     return model
+
+
+def unsharded_param_bytes(model: torch.nn.Module) -> int | None:
+    """Bytes of the model's parameters all-gathered in the compute dtype; None if FSDP was not applied here."""
+    return getattr(model, "fsdp_unsharded_bytes", None)
+
+
+# `auto` keeps a no-grad pass unsharded when the full compute-dtype model takes at most this share of the
+# device's memory (7B bf16 on an 80 GB GPU: 19% -> yes; 32B: 80% -> no)
+AUTO_UNSHARD_MAX_FRACTION = 0.25
+
+
+def should_keep_unsharded(model: torch.nn.Module, mode, num_micro_batches: int, device: torch.device) -> bool:
+    """mode: True / False / "auto" (config `*.log_prob_unshard_once`); never for a single micro-batch."""
+    size = unsharded_param_bytes(model)
+    if num_micro_batches < 2 or size is None or mode is False:
+        return False
+    if mode is True:
+        return True
+    if mode != "auto":
+        raise ValueError(f"log_prob_unshard_once={mode!r} must be true, false or 'auto'")
+    device = torch.device(device)
+    if device.type == "cuda":
+        total = torch.cuda.get_device_properties(device).total_memory
+    else:
+        import os
+
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return size <= AUTO_UNSHARD_MAX_FRACTION * total
+
+
+@contextmanager
+def keep_unsharded(model: torch.nn.Module, enabled: bool = True):
+    """Inside: blocks stay unsharded after their forward, so later micro-batches of a no-grad pass skip the
+    all-gathers. On exit every FSDP module is resharded and gets its reshard-after-forward setting back, so
+    nothing unsharded outlives the pass (the hybrid engine's memory order relies on it)."""
+    modules = [m for m in model.modules() if isinstance(m, FSDPModule)] if enabled else []
+    for m in modules:
+        m.set_reshard_after_forward(False, recurse=False)
+    try:
+        yield
+    finally:
+        restore = getattr(model, "fsdp_reshard_after_forward", True)
+        for m in modules:
+            m.set_reshard_after_forward(restore, recurse=False)
+            m.reshard()
 
 
 def _model_class(role: str):

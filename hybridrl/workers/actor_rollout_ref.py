@@ -156,18 +156,20 @@ class ActorRolloutRefWorker(Worker):
         return out
 
     # ------------------------------------------------------------------ log-probs
-    def _log_prob_meta(self, data: DataProto, micro: int) -> DataProto:
-        rcfg = self.config.actor_rollout_ref.rollout
-        data.meta_info.setdefault("temperature", float(rcfg.temperature))
-        data.meta_info["micro_batch_size"] = micro
-        data.meta_info["use_dynamic_bsz"] = bool(rcfg.log_prob_use_dynamic_bsz)
-        data.meta_info["max_token_len"] = int(rcfg.log_prob_max_token_len_per_gpu)
+    def _log_prob_meta(self, data: DataProto, section: str) -> DataProto:
+        """meta_info for a log-prob pass from the keys of `section` (rollout: old log-probs, ref: reference)."""
+        sec = self.config.actor_rollout_ref[section]
+        data.meta_info.setdefault("temperature", float(self.config.actor_rollout_ref.rollout.temperature))
+        data.meta_info["micro_batch_size"] = sec.log_prob_micro_batch_size_per_gpu
+        data.meta_info["use_dynamic_bsz"] = bool(sec.log_prob_use_dynamic_bsz)
+        data.meta_info["max_token_len"] = int(sec.log_prob_max_token_len_per_gpu)
+        data.meta_info["unshard_once"] = sec.log_prob_unshard_once
         return data
 
     @register(dispatch_mode=make_mesh_dispatch("actor"))
     def compute_log_prob(self, data: DataProto) -> DataProto:
         metrics: dict = {}
-        data = self._log_prob_meta(data, int(self.config.actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu))
+        data = self._log_prob_meta(data, "rollout")
         with track_phase("old_log_prob", metrics, self.compute_device):
             log_probs, entropy = self.actor.compute_log_prob(data.to(self.compute_device), calculate_entropy=True)
         tensors = {"old_log_probs": log_probs.cpu()}
@@ -178,7 +180,7 @@ class ActorRolloutRefWorker(Worker):
     @register(dispatch_mode=make_mesh_dispatch("actor"))
     def compute_ref_log_prob(self, data: DataProto) -> DataProto:
         metrics: dict = {}
-        data = self._log_prob_meta(data, int(self.config.actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu))
+        data = self._log_prob_meta(data, "ref")
         from hybridrl.training.offload import load_fsdp_params, offload_fsdp_params
 
         with track_phase("ref", metrics, self.compute_device):

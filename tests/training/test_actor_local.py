@@ -140,3 +140,25 @@ def test_critic_values_and_update_lower_value_loss():
         last = critic.update_critic(data)
     assert last["critic/vf_loss"] < first["critic/vf_loss"]
     assert {"critic/vf_clipfrac", "critic/vpred_mean", "critic/grad_norm", "critic/lr"} <= set(last)
+
+
+def test_should_keep_unsharded_decision():
+    """The unshard-once rule: never for one micro-batch or a model FSDP was not applied to; true/false obeyed;
+    auto by the unsharded size against a quarter of the device's memory; anything else is an error."""
+    from hybridrl.training.fsdp import AUTO_UNSHARD_MAX_FRACTION, should_keep_unsharded
+
+    cpu = torch.device("cpu")
+    model = torch.nn.Linear(4, 4)
+    assert not should_keep_unsharded(model, True, 4, cpu)  # no FSDP applied
+    model.fsdp_unsharded_bytes = 1 << 20
+    assert not should_keep_unsharded(model, True, 1, cpu)
+    assert should_keep_unsharded(model, True, 2, cpu)
+    assert not should_keep_unsharded(model, False, 2, cpu)
+    assert should_keep_unsharded(model, "auto", 2, cpu)
+    import os
+
+    host = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    model.fsdp_unsharded_bytes = int(AUTO_UNSHARD_MAX_FRACTION * host) + 1
+    assert not should_keep_unsharded(model, "auto", 2, cpu)
+    with pytest.raises(ValueError, match="log_prob_unshard_once='sometimes'"):
+        should_keep_unsharded(model, "sometimes", 2, cpu)

@@ -1,5 +1,6 @@
 """2 gloo ranks: HSDP mesh shape, FSDP2 log-probs == single-process HF, an update step, sharded checkpoint
-save -> load -> next step == uninterrupted next step, merged HF model == trained model, offload round trip.
+save -> load -> next step == uninterrupted next step, merged HF model == trained model, offload round trip,
+log-probs with the shards all-gathered once per pass == once per micro-batch (and fewer all-gathers).
 One spawn runs all checks (process start-up dominates the cost)."""
 
 import pytest
@@ -7,6 +8,8 @@ import torch
 import torch.distributed as dist
 import transformers
 from _training_tiny import make_ppo_batch, make_tiny_model_dir, run_ranks
+from torch.distributed.fsdp import FSDPModule
+from torch.distributed.tensor import DTensor
 
 from hybridrl.training import (
     DataParallelPPOActor,
@@ -27,6 +30,26 @@ ACTOR = dict(ppo_mini_batch_size=4, ppo_micro_batch_size_per_gpu=2, ppo_epochs=1
              loss_agg_mode="token-mean", entropy_coeff=0.0, use_kl_loss=False, use_dynamic_bsz=False)
 OPTIM = dict(lr=1e-3, weight_decay=0.01, lr_warmup_steps=0, warmup_style="cosine", min_lr_ratio=0.1,
              total_training_steps=10)
+
+
+def _count_all_gathers(fn):
+    """(fn(), number of all-gathers it issued) — FSDP2 calls one of these two, depending on the torch version."""
+    counts = [0]
+    saved = {name: getattr(dist, name) for name in ("all_gather_single", "all_gather_into_tensor") if hasattr(dist, name)}
+
+    def counting(orig):
+        def call(*a, **k):
+            counts[0] += 1
+            return orig(*a, **k)
+        return call
+
+    for name, orig in saved.items():
+        setattr(dist, name, counting(orig))
+    try:
+        return fn(), counts[0]
+    finally:
+        for name, orig in saved.items():
+            setattr(dist, name, orig)
 
 
 def _build(model_dir, mesh):
@@ -56,6 +79,17 @@ def _worker(rank, world, model_dir, tmp):
     lp_fsdp, _ = actor.compute_log_prob(data)
     lp_ref, _ = ref.compute_log_prob(data)
     torch.testing.assert_close(lp_fsdp[mask], lp_ref[mask], atol=1e-5, rtol=1e-5)
+
+    # 4 micro-batches of 1 row: shards all-gathered per micro-batch vs once for the pass
+    fsdp_modules = [m for m in actor.module.modules() if isinstance(m, FSDPModule)]
+    data.meta_info.update(micro_batch_size=1, unshard_once=False)
+    lp_each, n_each = _count_all_gathers(lambda: actor.compute_log_prob(data)[0])
+    data.meta_info["unshard_once"] = True
+    lp_once, n_once = _count_all_gathers(lambda: actor.compute_log_prob(data)[0])
+    torch.testing.assert_close(lp_once, lp_each, atol=0, rtol=0)
+    assert (n_each, n_once) == (4 * len(fsdp_modules), len(fsdp_modules))
+    assert all(isinstance(p, DTensor) for p in actor.module.parameters())  # resharded after the pass
+    data.meta_info.update(micro_batch_size=3, unshard_once=False)
 
     # one step, checkpoint, a second step; then restore and redo the second step
     data.batch["old_log_probs"] = lp_fsdp
