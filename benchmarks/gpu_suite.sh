@@ -33,4 +33,12 @@ elif [ "$part" = 5 ]; then
       --variants "hybrid_util07:actor_rollout_ref.rollout.gpu_memory_utilization=0.7" \
       --out "$out/grpo_qwen2.5-7b_20steps.json"
   cp /tmp/bench5/runs/hybrid_util07/logs/metrics.jsonl "$out/grpo_qwen2.5-7b_20steps_metrics.jsonl"
+elif [ "$part" = 6 ]; then
+  python benchmarks/logprob_unshard.py --preset qwen2.5-1.5b --ranks 2 --rows 64 --micro 1,4,16 \
+      --out "$out/logprob_unshard_qwen2.5-1.5b.json"
+  for size in 0.5b 1.5b; do
+    timeout 200 python benchmarks/grpo_step.py --preset qwen2.5-$size --prompts 64 --n 8 --prompt-len 256 \
+        --response-len 256 --gpus 1 --tp 1 --steps 3 --micro 8 --logprob-micro 16 --variants hybrid \
+        --out "$out/grpo_qwen2.5-${size}_1gpu.json"
+  done
 fi
