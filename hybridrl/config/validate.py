@@ -204,11 +204,11 @@ def check_semantics(cfg: DictConfig | dict) -> list[str]:
         errors.append(f"'data.train_batch_size' × rollout.n ({tbs} × {n} = {tbs * n}) must be divisible by "
                       f"'{ACTOR}.ppo_mini_batch_size' × rollout.n ({mini} × {n} = {mini * n})")
     _check_fsdp_size(f"{ACTOR}.fsdp_config.fsdp_size", g(f"{ACTOR}.fsdp_config.fsdp_size"), world, world_s, errors)
-    if sp != 1:
-        # the key exists for verl compatibility; Ulysses attention is not implemented, and accepting sp > 1 would
-        # size mini-batches for dp = world / sp while the data is split over all ranks
-        errors.append(f"'{ACTOR}.ulysses_sequence_parallel_size' = {sp}: Ulysses sequence parallelism is not "
-                      "implemented yet; only 1 is accepted")
+    if sp < 1:
+        errors.append(f"'{ACTOR}.ulysses_sequence_parallel_size' = {sp} must be >= 1")
+    elif sp > 1 and not g("actor_rollout_ref.model.use_remove_padding"):
+        errors.append(f"'{ACTOR}.ulysses_sequence_parallel_size' = {sp} needs "
+                      "'actor_rollout_ref.model.use_remove_padding' = true (it splits the packed token row)")
     elif world % sp:
         errors.append(f"'{ACTOR}.ulysses_sequence_parallel_size' = {sp} must divide the {world_s}")
     else:

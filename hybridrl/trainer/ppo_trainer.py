@@ -212,7 +212,9 @@ class RayPPOTrainer:
                     batch.batch["reward_baselines"] = baseline
             batch = attach_rollout(batch, out, n)
             if cfg.trainer.balance_batch:
-                metrics.update(balance_batch(batch, self.n_gpus))
+                # balanced over the actor's data-parallel ranks (Ulysses SP groups share their rows)
+                sp = int(cfg.actor_rollout_ref.actor.ulysses_sequence_parallel_size)
+                metrics.update(balance_batch(batch, self.n_gpus // sp))
             batch.meta_info["global_token_num"] = batch.batch["attention_mask"].sum(-1).tolist()
 
             with marked_timer("reward", timing):

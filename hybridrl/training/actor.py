@@ -8,6 +8,8 @@ Choices:
   micro-batch of logits is ever on the GPU; logits are divided by `meta_info["temperature"]`. With several
   micro-batches and `meta_info["unshard_once"]` (true / "auto", fsdp.should_keep_unsharded) the FSDP blocks
   are all-gathered once for the pass, not once per micro-batch.
+- `sp_group` (Ulysses sequence parallelism, training/ulysses.py): the ranks of the group hold the same rows and
+  each runs 1/P of every packed micro-batch's tokens; results and metrics are identical on them.
 - `update_policy`: ppo_epochs x mini-batches of `ppo_mini_batch_size` rows (already per rank) x micro-batches
   of `ppo_micro_batch_size_per_gpu` (or dynamic), accumulating gradients with exact weights (micro_batches.py).
   The loss is compute_policy_loss (clip-higher, dual-clip) - entropy_coeff * entropy + kl_loss_coef * KL(ref).
@@ -41,10 +43,11 @@ __all__ = ["DataParallelPPOActor"]
 
 class DataParallelPPOActor(FSDPUpdater):
     def __init__(self, config, module: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None,
-                 scheduler=None, use_remove_padding: bool | None = None):
+                 scheduler=None, use_remove_padding: bool | None = None, sp_group=None):
         super().__init__(config, module, optimizer, scheduler,
                          bool(config.get("use_remove_padding", False) if use_remove_padding is None
                               else use_remove_padding))
+        self.sp_group = sp_group  # Ulysses: every rank of this group gets the same rows and runs 1/P of the tokens
 
     # ------------------------------------------------------------------ forward
     def _forward_micro_batch(self, micro: DataProto, temperature: float, calculate_entropy: bool):
@@ -52,7 +55,8 @@ class DataParallelPPOActor(FSDPUpdater):
         responses = b["responses"].to(self.device)
         logits = forward_response_logits(self.module, b["input_ids"].to(self.device),
                                          b["attention_mask"].to(self.device), b["position_ids"].to(self.device),
-                                         responses.shape[1], self.use_remove_padding, keep_only_needed=True)
+                                         responses.shape[1], self.use_remove_padding, keep_only_needed=True,
+                                         sp_group=self.sp_group)
         logits = logits.float() / temperature
         log_prob = logprobs_from_logits(logits, responses)
         entropy = entropy_from_logits(logits) if calculate_entropy else None

@@ -14,6 +14,8 @@ Choices:
   otherwise.
 - Only the positions that predict response tokens are sent through the head (`logits_to_keep` with an index
   tensor for causal LMs), so the [T, V] logits of the prompt are never materialised.
+- Ulysses sequence parallelism (`sp_group`, training/ulysses.py): the packed row is split over the SP ranks,
+  the attention function all-to-alls q/k/v to whole sequences and back, and the kept head rows are gathered.
 - Dynamic batching: greedy longest-first assignment into the fewest bins whose token sums fit
   `max_token_len` (more bins while any overflows); the bin count is all-reduced (MAX) over the group so every
   FSDP rank runs the same number of forwards (unequal counts would hang the collectives).
@@ -26,6 +28,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+
+from hybridrl.training.ulysses import SequenceParallel, gather_rows, ulysses_out, ulysses_qkv
 
 VARLEN_ATTN = "hybridrl_varlen"
 
@@ -107,11 +111,17 @@ def varlen_attention_forward(module, query, key, value, attention_mask, dropout:
     if sliding_window is not None:
         raise ValueError(f"packed attention does not implement sliding_window={sliding_window}; "
                          "set use_remove_padding=false for sliding-window models")
+    sp = kwargs.get("sp_group")
+    if sp is not None:  # [T_loc tokens, all heads] -> [all tokens, heads / P]
+        query, key, value = ulysses_qkv(query, key, value, sp)
     if query.is_cuda and not torch.compiler.is_compiling():
         out = _flex_attention(query, key, value, cu, scaling)
     else:
         out = _sdpa_block_diagonal(query, key, value, cu, scaling)
-    return out.transpose(1, 2).contiguous(), None
+    out = out.transpose(1, 2)
+    if sp is not None:
+        out = ulysses_out(out, sp)
+    return out.contiguous(), None
 
 
 def _varlen_mask(*args, attention_mask=None, **kwargs):
@@ -141,13 +151,18 @@ def _response_predictor_positions(batch: int, seq_len: int, response_length: int
 
 def forward_response_logits(module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                             position_ids: torch.Tensor, response_length: int, use_remove_padding: bool,
-                            keep_only_needed: bool = True) -> torch.Tensor:
+                            keep_only_needed: bool = True, sp_group=None) -> torch.Tensor:
     """Run the model and return the head outputs at the positions predicting the last R tokens: [B, R, C].
 
     Positions whose predicting token is padding hold zeros (finite; callers mask them with response_mask).
     keep_only_needed: pass `logits_to_keep` (causal LMs); False for heads without that argument (critic).
+    sp_group: Ulysses sequence-parallel group (every rank of it passes the same batch; packed path only).
     """
     bsz, seq_len = input_ids.shape
+    sp = SequenceParallel.from_group(sp_group)
+    if sp is not None and not (use_remove_padding and keep_only_needed):
+        raise ValueError("Ulysses sequence parallelism needs the packed path (model.use_remove_padding=true) "
+                         "and a causal-LM head (actor / reference)")
     if not use_remove_padding:
         kwargs = {"logits_to_keep": response_length + 1} if keep_only_needed else {}
         logits = module(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
@@ -161,7 +176,9 @@ def forward_response_logits(module, input_ids: torch.Tensor, attention_mask: tor
     valid = wanted >= 0
     kwargs = dict(cu_seq_lens_q=packed.cu_seqlens, cu_seq_lens_k=packed.cu_seqlens,
                   max_length_q=packed.max_seqlen, max_length_k=packed.max_seqlen, use_cache=False)
-    if keep_only_needed:
+    if sp is not None:
+        logits = _sequence_parallel_rows(module, packed, wanted[valid], kwargs, sp)
+    elif keep_only_needed:
         keep = wanted[valid]
         logits = module(input_ids=packed.input_ids, position_ids=packed.position_ids, logits_to_keep=keep,
                         **kwargs).logits[0]                                   # [K, C]
@@ -171,6 +188,27 @@ def forward_response_logits(module, input_ids: torch.Tensor, attention_mask: tor
     out = logits.new_zeros(bsz, response_length, logits.shape[-1])
     out[valid] = logits
     return out
+
+
+def _sequence_parallel_rows(module, packed: PackedInputs, keep: torch.Tensor, kwargs: dict,
+                            sp: SequenceParallel) -> torch.Tensor:
+    """This rank's slice of the packed row through the model; returns the kept head rows of all ranks [K, C].
+    `keep` (packed indices) is increasing — packing keeps row order — so rank order is row order."""
+    total = packed.input_ids.shape[1]
+    pad = -total % sp.size
+    ids, pos, cu = packed.input_ids, packed.position_ids, packed.cu_seqlens
+    if pad:  # the padding is one more document: nothing real attends to it
+        ids = F.pad(ids, (0, pad))
+        pos = torch.cat([pos, torch.arange(pad, device=pos.device, dtype=pos.dtype)[None]], 1)
+        cu = torch.cat([cu, cu.new_tensor([total + pad])])
+    local = (total + pad) // sp.size
+    lo = sp.rank * local
+    owner = keep // local
+    sizes = torch.bincount(owner, minlength=sp.size).tolist()
+    kwargs = {**kwargs, "cu_seq_lens_q": cu, "cu_seq_lens_k": cu, "sp_group": sp}
+    rows = module(input_ids=ids[:, lo:lo + local], position_ids=pos[:, lo:lo + local],
+                  logits_to_keep=keep[owner == sp.rank] - lo, **kwargs).logits[0]
+    return gather_rows(rows, sizes, sp)
 
 
 # ---------------------------------------------------------------------------------------------- dynamic bsz

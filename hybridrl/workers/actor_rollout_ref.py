@@ -19,6 +19,7 @@ import time
 import torch
 import torch.distributed as dist
 from omegaconf import DictConfig, OmegaConf
+from torch.distributed.device_mesh import init_device_mesh
 
 from hybridrl.controller import Dispatch, Worker, make_mesh_dispatch, register
 from hybridrl.hybrid.engine import HybridEngine
@@ -78,7 +79,15 @@ class ActorRolloutRefWorker(Worker):
 
         self.device_mesh = build_training_mesh(world, int(cfg.actor.fsdp_config.fsdp_size), self.compute_device.type)
         logger.debug("self.device_mesh: %s", format_mesh(self.device_mesh, with_names=False))
-        self.set_dispatch_info("actor", rank, world, True)
+        # Ulysses SP: ranks [d*sp, (d+1)*sp) form data-parallel rank d of the actor, all fed the same rows
+        sp = int(cfg.actor.ulysses_sequence_parallel_size)
+        self.sp_group = None
+        if sp > 1:
+            self.sp_mesh = init_device_mesh(self.compute_device.type, (world // sp, sp), mesh_dim_names=("dp", "sp"))
+            self.sp_group = self.sp_mesh.get_group("sp")
+            logger.debug("ulysses_device_mesh: %s", format_mesh(self.sp_mesh))
+        self.set_dispatch_info("actor", rank // sp, world // sp, rank % sp == 0)
+        packed = bool(cfg.model.use_remove_padding)
 
         if self._has_actor:
             actor_cfg = normalize_actor_batch_sizes(cfg, world)
@@ -86,7 +95,8 @@ class ActorRolloutRefWorker(Worker):
                 cfg.model, cfg.actor.fsdp_config, cfg.actor.optim, self.device_mesh, self.compute_device, trainable=True)
             from hybridrl.training.actor import DataParallelPPOActor
 
-            self.actor = DataParallelPPOActor(actor_cfg, self.actor_module, self.optimizer, self.scheduler)
+            self.actor = DataParallelPPOActor(actor_cfg, self.actor_module, self.optimizer, self.scheduler,
+                                              use_remove_padding=packed, sp_group=self.sp_group)
             self._build_rollout()
         if self._has_ref:
             # the reference never trains: keep it in the compute dtype (bf16 on GPU), no fp32 master copy
@@ -96,7 +106,8 @@ class ActorRolloutRefWorker(Worker):
                                                      self.compute_device, trainable=False)
             from hybridrl.training.actor import DataParallelPPOActor
 
-            self.ref = DataParallelPPOActor(normalize_actor_batch_sizes(cfg, world), self.ref_module, None, None)
+            self.ref = DataParallelPPOActor(normalize_actor_batch_sizes(cfg, world), self.ref_module, None, None,
+                                            use_remove_padding=packed, sp_group=self.sp_group)
             self._ref_offload = bool(cfg.ref.fsdp_config.param_offload)
             if self._ref_offload:
                 from hybridrl.training.offload import offload_fsdp_params

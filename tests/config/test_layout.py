@@ -42,9 +42,14 @@ def test_tp1_layout():
     assert (lay.ppo_mini_batch_per_gpu, lay.grad_accum_steps) == (2, 2)
 
 
-def test_ulysses_is_refused_until_implemented():
-    with pytest.raises(ConfigError, match="ulysses_sequence_parallel_size.*not implemented"):
-        load_config(overrides=["trainer.n_gpus_per_node=4", f"{A}.ulysses_sequence_parallel_size=2"])
+def test_ulysses_layout():
+    cfg = load_config(overrides=["trainer.n_gpus_per_node=4", f"{A}.ulysses_sequence_parallel_size=2",
+                                 "actor_rollout_ref.model.use_remove_padding=true", "data.train_batch_size=8",
+                                 f"{A}.ppo_mini_batch_size=4", f"{R}.n=2", f"{A}.ppo_micro_batch_size_per_gpu=1"])
+    lay = derive_layout(cfg)
+    assert lay.train_dp == 2 and lay.sp_mesh == [[0, 1], [2, 3]]
+    assert lay.ppo_mini_batch_per_gpu == 4  # 4 prompts x n=2 over dp 2, not over the 4 ranks
+    assert "ulysses mesh" in str(lay)
 
 
 def test_dynamic_bsz_has_no_micro_batch(seed_yaml):

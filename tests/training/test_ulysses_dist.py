@@ -1,0 +1,85 @@
+"""Ulysses sequence parallelism on 2 gloo ranks (one SP group of 2, dp = 1):
+- packed attention with the all-to-alls == single-process attention, outputs and input gradients, for kv heads
+  that divide the SP size and for kv heads that must be repeated;
+- the FSDP actor with sp_group: log-probs == single-process HF log-probs, and one PPO update == the same update
+  by a single-process actor on the whole batch (log-probs after it, grad norm).
+One spawn runs all checks (process start-up dominates the cost)."""
+
+import copy
+
+import pytest
+import torch
+import torch.distributed as dist
+import transformers
+from _training_tiny import make_ppo_batch, make_tiny_model_dir, run_ranks
+
+from hybridrl.training import DataParallelPPOActor, build_fsdp_model, build_lr_scheduler, build_optimizer
+from hybridrl.training.fsdp import build_training_mesh
+from hybridrl.training.packing import varlen_attention_forward
+from hybridrl.training.ulysses import SequenceParallel
+
+ACTOR = dict(ppo_mini_batch_size=4, ppo_micro_batch_size_per_gpu=2, ppo_epochs=1, clip_ratio=0.2, grad_clip=1.0,
+             loss_agg_mode="token-mean", entropy_coeff=0.0, use_kl_loss=False, use_dynamic_bsz=False)
+OPTIM = dict(lr=1e-3, weight_decay=0.01, lr_warmup_steps=0, warmup_style="constant", total_training_steps=10)
+
+
+def _check_attention(rank, sp, kv_heads):
+    g = torch.Generator().manual_seed(kv_heads)
+    T, H, D = 12, 4, 8  # 3 documents, 6 tokens a rank
+    q, k, v = (torch.randn(1, h, T, D, generator=g) for h in (H, kv_heads, kv_heads))
+    w = torch.randn(1, T, H, D, generator=g)
+    cu = torch.tensor([0, 5, 9, 12], dtype=torch.int32)
+
+    ref_inputs = [x.clone().requires_grad_() for x in (q, k, v)]
+    ref, _ = varlen_attention_forward(None, *ref_inputs, None, scaling=D ** -0.5, cu_seq_lens_q=cu)
+    (ref * w).sum().backward()
+
+    lo, hi = rank * T // 2, (rank + 1) * T // 2
+    local = [x[:, :, lo:hi].clone().requires_grad_() for x in (q, k, v)]
+    out, _ = varlen_attention_forward(None, *local, None, scaling=D ** -0.5, cu_seq_lens_q=cu, sp_group=sp)
+    torch.testing.assert_close(out, ref[:, lo:hi].detach(), atol=1e-6, rtol=1e-5)
+    (out * w[:, lo:hi]).sum().backward()  # the ranks' losses add up to the reference loss
+    for mine, full in zip(local, ref_inputs):
+        torch.testing.assert_close(mine.grad, full.grad[:, :, lo:hi], atol=1e-6, rtol=1e-5)
+
+
+def _worker(rank, world, model_dir):
+    sp = SequenceParallel.from_group(dist.group.WORLD)
+    assert (sp.size, sp.rank) == (2, rank)
+    _check_attention(rank, sp, kv_heads=2)
+    _check_attention(rank, sp, kv_heads=1)
+
+    mesh = build_training_mesh(world, device_type="cpu")
+    model = build_fsdp_model({"path": model_dir, "use_remove_padding": True}, {"model_dtype": "fp32"}, mesh,
+                             torch.device("cpu"))
+    opt = build_optimizer(model.parameters(), OPTIM)
+    actor = DataParallelPPOActor(ACTOR, model, opt, build_lr_scheduler(opt, OPTIM), use_remove_padding=True,
+                                 sp_group=dist.group.WORLD)
+
+    plain_model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    plain_opt = build_optimizer(plain_model.parameters(), OPTIM)
+    plain = DataParallelPPOActor(ACTOR, plain_model, plain_opt, build_lr_scheduler(plain_opt, OPTIM),
+                                 use_remove_padding=False)
+
+    data = make_ppo_batch(batch=4, prompt_len=7, resp_len=6, seed=3, temperature=0.9)  # same rows on both ranks
+    data.meta_info["micro_batch_size"] = 2
+    mask = data.batch["response_mask"].bool()
+    lp_sp, ent_sp = actor.compute_log_prob(data, calculate_entropy=True)
+    lp_ref, ent_ref = plain.compute_log_prob(copy.deepcopy(data), calculate_entropy=True)
+    torch.testing.assert_close(lp_sp[mask], lp_ref[mask], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(ent_sp[mask], ent_ref[mask], atol=1e-5, rtol=1e-5)
+
+    data.batch["old_log_probs"] = lp_ref
+    m_sp = actor.update_policy(data)
+    m_ref = plain.update_policy(copy.deepcopy(data))
+    assert m_sp["actor/grad_norm"] == pytest.approx(m_ref["actor/grad_norm"], rel=1e-4)
+    lp_sp_after, _ = actor.compute_log_prob(data)
+    lp_ref_after, _ = plain.compute_log_prob(copy.deepcopy(data))
+    assert not torch.allclose(lp_ref_after[mask], lp_ref[mask])
+    torch.testing.assert_close(lp_sp_after[mask], lp_ref_after[mask], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.slow
+def test_ulysses_two_ranks_matches_single_process(tmp_path):
+    model_dir = make_tiny_model_dir(tmp_path / "model", with_tokenizer=False)
+    run_ranks(_worker, 2, str(model_dir))
