@@ -99,7 +99,7 @@ def derive_layout(config: DictConfig | dict) -> Layout:
     micro = None if actor["use_dynamic_bsz"] else actor["ppo_micro_batch_size_per_gpu"]
     critic_mini = None
     if c["algorithm"]["adv_estimator"] == "gae":
-        critic_mini = c["critic"]["ppo_mini_batch_size"] * n // world
+        critic_mini = c["critic"]["ppo_mini_batch_size"] * n // (world // c["critic"]["ulysses_sequence_parallel_size"])
     return Layout(
         device="cpu" if t["device"] == "cpu" else "cuda",
         nnodes=t["nnodes"], n_gpus_per_node=t["n_gpus_per_node"], world_size=world,

@@ -152,7 +152,7 @@ def check_semantics(cfg: DictConfig | dict) -> list[str]:
                 f"{ACTOR}.ppo_max_token_len_per_gpu", f"{ROLLOUT}.n", f"{ROLLOUT}.tensor_model_parallel_size",
                 f"{ROLLOUT}.block_size", f"{ROLLOUT}.max_num_seqs", f"{ROLLOUT}.max_num_batched_tokens",
                 f"{ROLLOUT}.val_kwargs.n", f"{ROLLOUT}.log_prob_max_token_len_per_gpu",
-                f"{REF}.log_prob_max_token_len_per_gpu"]
+                f"{REF}.log_prob_max_token_len_per_gpu", "critic.ulysses_sequence_parallel_size"]
     positive_or_null = ["data.val_batch_size", "trainer.total_training_steps", f"{ACTOR}.ppo_micro_batch_size_per_gpu",
                         f"{ROLLOUT}.log_prob_micro_batch_size_per_gpu", f"{REF}.log_prob_micro_batch_size_per_gpu",
                         f"{ACTOR}.ppo_micro_batch_size", f"{ROLLOUT}.log_prob_micro_batch_size",
@@ -204,14 +204,7 @@ def check_semantics(cfg: DictConfig | dict) -> list[str]:
         errors.append(f"'data.train_batch_size' × rollout.n ({tbs} × {n} = {tbs * n}) must be divisible by "
                       f"'{ACTOR}.ppo_mini_batch_size' × rollout.n ({mini} × {n} = {mini * n})")
     _check_fsdp_size(f"{ACTOR}.fsdp_config.fsdp_size", g(f"{ACTOR}.fsdp_config.fsdp_size"), world, world_s, errors)
-    if sp < 1:
-        errors.append(f"'{ACTOR}.ulysses_sequence_parallel_size' = {sp} must be >= 1")
-    elif sp > 1 and not g("actor_rollout_ref.model.use_remove_padding"):
-        errors.append(f"'{ACTOR}.ulysses_sequence_parallel_size' = {sp} needs "
-                      "'actor_rollout_ref.model.use_remove_padding' = true (it splits the packed token row)")
-    elif world % sp:
-        errors.append(f"'{ACTOR}.ulysses_sequence_parallel_size' = {sp} must divide the {world_s}")
-    else:
+    if _check_sp(ACTOR, "actor_rollout_ref.model", sp, g, world, world_s, errors):
         _check_mini_batch(ACTOR, mini, n, world // sp, g(f"{ACTOR}.ppo_micro_batch_size_per_gpu"),
                           g(f"{ACTOR}.use_dynamic_bsz"), errors)
     if g(f"{ACTOR}.use_dynamic_bsz"):
@@ -225,8 +218,10 @@ def check_semantics(cfg: DictConfig | dict) -> list[str]:
     if adv == "gae":
         _check_fsdp_size("critic.model.fsdp_config.fsdp_size", g("critic.model.fsdp_config.fsdp_size"), world,
                          world_s, errors)
-        _check_mini_batch("critic", g("critic.ppo_mini_batch_size"), n, world,
-                          g("critic.ppo_micro_batch_size_per_gpu"), g("critic.use_dynamic_bsz"), errors)
+        critic_sp = g("critic.ulysses_sequence_parallel_size")
+        if _check_sp("critic", "critic.model", critic_sp, g, world, world_s, errors):
+            _check_mini_batch("critic", g("critic.ppo_mini_batch_size"), n, world // critic_sp,
+                              g("critic.ppo_micro_batch_size_per_gpu"), g("critic.use_dynamic_bsz"), errors)
         if g("critic.use_dynamic_bsz"):
             _check_token_len("critic.ppo_max_token_len_per_gpu", c, errors)
 
@@ -239,6 +234,20 @@ def check_semantics(cfg: DictConfig | dict) -> list[str]:
     if errors:
         raise ConfigError(errors)
     return warnings
+
+
+def _check_sp(sec: str, model_sec: str, sp: int, g, world: int, world_s: str, errors: list[str]) -> bool:
+    """Ulysses degree of `sec`: >= 1, dividing the world, packed inputs when > 1. True when usable."""
+    key = f"'{sec}.ulysses_sequence_parallel_size' = {sp}"
+    if sp < 1:
+        errors.append(f"{key} must be >= 1")
+    elif sp > 1 and not g(f"{model_sec}.use_remove_padding"):
+        errors.append(f"{key} needs '{model_sec}.use_remove_padding' = true (it splits the packed token row)")
+    elif world % sp:
+        errors.append(f"{key} must divide the {world_s}")
+    else:
+        return True
+    return False
 
 
 def _check_fsdp_size(key: str, fsdp: int, world: int, world_s: str, errors: list[str]) -> None:

@@ -22,18 +22,20 @@ __all__ = ["DataParallelPPOCritic"]
 
 class DataParallelPPOCritic(FSDPUpdater):
     def __init__(self, config, module: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None,
-                 scheduler=None, use_remove_padding: bool | None = None):
+                 scheduler=None, use_remove_padding: bool | None = None, sp_group=None):
         model_cfg = config.get("model") or {}
         super().__init__(config, module, optimizer, scheduler,
                          bool(model_cfg.get("use_remove_padding", False) if use_remove_padding is None
                               else use_remove_padding))
+        self.sp_group = sp_group  # Ulysses, as in the actor (training/ulysses.py)
 
     def _forward_micro_batch(self, micro: DataProto) -> torch.Tensor:
         b = micro.batch
         response_length = b["responses"].shape[1]
         out = forward_response_logits(self.module, b["input_ids"].to(self.device),
                                       b["attention_mask"].to(self.device), b["position_ids"].to(self.device),
-                                      response_length, self.use_remove_padding, keep_only_needed=False)
+                                      response_length, self.use_remove_padding, keep_only_needed=False,
+                                      sp_group=self.sp_group)
         return out[..., 0].float() * b["response_mask"].to(self.device)
 
     def compute_values(self, data: DataProto) -> torch.Tensor:

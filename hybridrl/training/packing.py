@@ -160,9 +160,8 @@ def forward_response_logits(module, input_ids: torch.Tensor, attention_mask: tor
     """
     bsz, seq_len = input_ids.shape
     sp = SequenceParallel.from_group(sp_group)
-    if sp is not None and not (use_remove_padding and keep_only_needed):
-        raise ValueError("Ulysses sequence parallelism needs the packed path (model.use_remove_padding=true) "
-                         "and a causal-LM head (actor / reference)")
+    if sp is not None and not use_remove_padding:
+        raise ValueError("Ulysses sequence parallelism needs the packed path (model.use_remove_padding=true)")
     if not use_remove_padding:
         kwargs = {"logits_to_keep": response_length + 1} if keep_only_needed else {}
         logits = module(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
@@ -177,7 +176,7 @@ def forward_response_logits(module, input_ids: torch.Tensor, attention_mask: tor
     kwargs = dict(cu_seq_lens_q=packed.cu_seqlens, cu_seq_lens_k=packed.cu_seqlens,
                   max_length_q=packed.max_seqlen, max_length_k=packed.max_seqlen, use_cache=False)
     if sp is not None:
-        logits = _sequence_parallel_rows(module, packed, wanted[valid], kwargs, sp)
+        logits = _sequence_parallel_rows(module, packed, wanted[valid], kwargs, sp, keep_only_needed)
     elif keep_only_needed:
         keep = wanted[valid]
         logits = module(input_ids=packed.input_ids, position_ids=packed.position_ids, logits_to_keep=keep,
@@ -191,7 +190,7 @@ def forward_response_logits(module, input_ids: torch.Tensor, attention_mask: tor
 
 
 def _sequence_parallel_rows(module, packed: PackedInputs, keep: torch.Tensor, kwargs: dict,
-                            sp: SequenceParallel) -> torch.Tensor:
+                            sp: SequenceParallel, keep_only_needed: bool) -> torch.Tensor:
     """This rank's slice of the packed row through the model; returns the kept head rows of all ranks [K, C].
     `keep` (packed indices) is increasing — packing keeps row order — so rank order is row order."""
     total = packed.input_ids.shape[1]
@@ -206,8 +205,12 @@ def _sequence_parallel_rows(module, packed: PackedInputs, keep: torch.Tensor, kw
     owner = keep // local
     sizes = torch.bincount(owner, minlength=sp.size).tolist()
     kwargs = {**kwargs, "cu_seq_lens_q": cu, "cu_seq_lens_k": cu, "sp_group": sp}
-    rows = module(input_ids=ids[:, lo:lo + local], position_ids=pos[:, lo:lo + local],
-                  logits_to_keep=keep[owner == sp.rank] - lo, **kwargs).logits[0]
+    mine = keep[owner == sp.rank] - lo
+    if keep_only_needed:
+        rows = module(input_ids=ids[:, lo:lo + local], position_ids=pos[:, lo:lo + local], logits_to_keep=mine,
+                      **kwargs).logits[0]
+    else:  # heads without logits_to_keep (the critic's value head): the whole slice, then this rank's rows
+        rows = module(input_ids=ids[:, lo:lo + local], position_ids=pos[:, lo:lo + local], **kwargs).logits[0][mine]
     return gather_rows(rows, sizes, sp)
 
 

@@ -19,7 +19,6 @@ import time
 import torch
 import torch.distributed as dist
 from omegaconf import DictConfig, OmegaConf
-from torch.distributed.device_mesh import init_device_mesh
 
 from hybridrl.controller import Dispatch, Worker, make_mesh_dispatch, register
 from hybridrl.hybrid.engine import HybridEngine
@@ -28,6 +27,7 @@ from hybridrl.hybrid.meshes import build_rollout_mesh, format_mesh, rollout_coor
 from hybridrl.protocol import DataProto
 from hybridrl.workers.common import (
     build_fsdp_model,
+    build_sp_group,
     normalize_actor_batch_sizes,
     pick_device,
     rollout_dtype,
@@ -79,14 +79,10 @@ class ActorRolloutRefWorker(Worker):
 
         self.device_mesh = build_training_mesh(world, int(cfg.actor.fsdp_config.fsdp_size), self.compute_device.type)
         logger.debug("self.device_mesh: %s", format_mesh(self.device_mesh, with_names=False))
-        # Ulysses SP: ranks [d*sp, (d+1)*sp) form data-parallel rank d of the actor, all fed the same rows
-        sp = int(cfg.actor.ulysses_sequence_parallel_size)
-        self.sp_group = None
-        if sp > 1:
-            self.sp_mesh = init_device_mesh(self.compute_device.type, (world // sp, sp), mesh_dim_names=("dp", "sp"))
-            self.sp_group = self.sp_mesh.get_group("sp")
-            logger.debug("ulysses_device_mesh: %s", format_mesh(self.sp_mesh))
-        self.set_dispatch_info("actor", rank // sp, world // sp, rank % sp == 0)
+        # Ulysses SP: the ranks of an SP group are one data-parallel rank of the actor, all fed the same rows
+        *dispatch, self.sp_group = build_sp_group(self.compute_device.type, world,
+                                                  int(cfg.actor.ulysses_sequence_parallel_size), "actor")
+        self.set_dispatch_info("actor", *dispatch)
         packed = bool(cfg.model.use_remove_padding)
 
         if self._has_actor:

@@ -1,11 +1,18 @@
-"""Small pieces the workers share: device choice, per-rank batch sizes, sampling parameters, model building."""
+"""Small pieces the workers share: device choice, per-rank batch sizes, Ulysses groups, sampling parameters,
+model building."""
 
 from __future__ import annotations
 
 import copy
+import logging
 
 import torch
+import torch.distributed as dist
 from omegaconf import DictConfig, open_dict
+
+from hybridrl.hybrid.meshes import format_mesh
+
+logger = logging.getLogger(__name__)
 
 
 def pick_device(device: str) -> torch.device:
@@ -23,6 +30,19 @@ def rollout_dtype(rollout_cfg: DictConfig, device: torch.device) -> torch.dtype:
         return torch.float32  # bf16 matmuls on CPU are slow and change greedy paths; CPU runs are for correctness
     return {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16,
             "float32": torch.float32, "fp32": torch.float32}[str(rollout_cfg.dtype)]
+
+
+def build_sp_group(device_type: str, world: int, sp: int, name: str):
+    """Ulysses groups for a role with `sp` > 1: ranks [d*sp, (d+1)*sp) are its data-parallel rank d. Returns
+    (dp_rank, dp_size, is_collect, sp process group or None) for `set_dispatch_info` and the trainer."""
+    rank = dist.get_rank()
+    if sp == 1:
+        return rank, world, True, None
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh(device_type, (world // sp, sp), mesh_dim_names=("dp", "sp"))
+    logger.debug("%s ulysses_device_mesh: %s", name, format_mesh(mesh))
+    return rank // sp, world // sp, rank % sp == 0, mesh.get_group("sp")
 
 
 def normalize_actor_batch_sizes(cfg: DictConfig, world_size: int) -> DictConfig:

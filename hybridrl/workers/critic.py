@@ -8,7 +8,7 @@ from omegaconf import DictConfig, open_dict
 from hybridrl.controller import Dispatch, Worker, make_mesh_dispatch, register
 from hybridrl.hybrid.memory import track_phase
 from hybridrl.protocol import DataProto
-from hybridrl.workers.common import build_fsdp_model, pick_device
+from hybridrl.workers.common import build_fsdp_model, build_sp_group, pick_device
 
 
 class CriticWorker(Worker):
@@ -25,13 +25,15 @@ class CriticWorker(Worker):
         from hybridrl.training.fsdp import build_training_mesh
 
         self.mesh = build_training_mesh(world, int(c.model.fsdp_config.fsdp_size), self.compute_device.type)
-        self.set_dispatch_info("critic", rank, world, True)
+        *dispatch, sp_group = build_sp_group(self.compute_device.type, world, int(c.ulysses_sequence_parallel_size),
+                                             "critic")
+        self.set_dispatch_info("critic", *dispatch)
         self.module, self.optimizer, self.scheduler = build_fsdp_model(
             c.model, c.model.fsdp_config, c.optim, self.mesh, self.compute_device, trainable=True, critic=True)
-        cfg = self._per_rank_config(world)
+        cfg = self._per_rank_config(dispatch[1])
         from hybridrl.training.critic import DataParallelPPOCritic
 
-        self.critic = DataParallelPPOCritic(cfg, self.module, self.optimizer, self.scheduler)
+        self.critic = DataParallelPPOCritic(cfg, self.module, self.optimizer, self.scheduler, sp_group=sp_group)
         self._param_offload = bool(c.model.fsdp_config.param_offload)
         self._optimizer_offload = bool(c.model.fsdp_config.optimizer_offload)
         self._optimizer_on_cpu = False  # AdamW state is created lazily at the first step, on the GPU
@@ -54,16 +56,16 @@ class CriticWorker(Worker):
         if optimizer:
             load_optimizer(self.optimizer, self.compute_device)
 
-    def _per_rank_config(self, world: int) -> DictConfig:
+    def _per_rank_config(self, dp: int) -> DictConfig:
         import copy
 
         c = copy.deepcopy(self.config.critic)
         n = int(self.config.actor_rollout_ref.rollout.n)
         rows = int(c.ppo_mini_batch_size) * n
-        if rows % world:
-            raise ValueError(f"critic.ppo_mini_batch_size * rollout.n = {rows} is not divisible by the data-parallel size {world}")
+        if rows % dp:
+            raise ValueError(f"critic.ppo_mini_batch_size * rollout.n = {rows} is not divisible by the data-parallel size {dp}")
         with open_dict(c):
-            c.ppo_mini_batch_size = rows // world
+            c.ppo_mini_batch_size = rows // dp
         return c
 
     @register(dispatch_mode=make_mesh_dispatch("critic"))

@@ -50,6 +50,11 @@ def test_ulysses_layout():
     assert lay.train_dp == 2 and lay.sp_mesh == [[0, 1], [2, 3]]
     assert lay.ppo_mini_batch_per_gpu == 4  # 4 prompts x n=2 over dp 2, not over the 4 ranks
     assert "ulysses mesh" in str(lay)
+    critic = load_config(overrides=["trainer.n_gpus_per_node=4", "algorithm.adv_estimator=gae", "data.train_batch_size=8",
+                                    f"{A}.ppo_mini_batch_size=4", f"{R}.n=2", "critic.ppo_micro_batch_size_per_gpu=1",
+                                    f"{A}.ppo_micro_batch_size_per_gpu=1", "critic.ulysses_sequence_parallel_size=4",
+                                    "critic.model.use_remove_padding=true"])
+    assert derive_layout(critic).critic_mini_batch_per_gpu == 8  # 4 prompts x n=2 over critic dp 1
 
 
 def test_dynamic_bsz_has_no_micro_batch(seed_yaml):

@@ -2,7 +2,8 @@
 - packed attention with the all-to-alls == single-process attention, outputs and input gradients, for kv heads
   that divide the SP size and for kv heads that must be repeated;
 - the FSDP actor with sp_group: log-probs == single-process HF log-probs, and one PPO update == the same update
-  by a single-process actor on the whole batch (log-probs after it, grad norm).
+  by a single-process actor on the whole batch (log-probs after it, grad norm);
+- the FSDP critic with sp_group (a value head, no logits_to_keep): values and one update == single process.
 One spawn runs all checks (process start-up dominates the cost)."""
 
 import copy
@@ -12,14 +13,23 @@ import torch
 import torch.distributed as dist
 import transformers
 from _training_tiny import make_ppo_batch, make_tiny_model_dir, run_ranks
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-from hybridrl.training import DataParallelPPOActor, build_fsdp_model, build_lr_scheduler, build_optimizer
-from hybridrl.training.fsdp import build_training_mesh
+from hybridrl.training import (
+    DataParallelPPOActor,
+    DataParallelPPOCritic,
+    build_fsdp_model,
+    build_lr_scheduler,
+    build_optimizer,
+)
+from hybridrl.training.fsdp import build_training_mesh, load_hf_model
 from hybridrl.training.packing import varlen_attention_forward
 from hybridrl.training.ulysses import SequenceParallel
 
 ACTOR = dict(ppo_mini_batch_size=4, ppo_micro_batch_size_per_gpu=2, ppo_epochs=1, clip_ratio=0.2, grad_clip=1.0,
              loss_agg_mode="token-mean", entropy_coeff=0.0, use_kl_loss=False, use_dynamic_bsz=False)
+CRITIC = dict(ppo_mini_batch_size=4, ppo_micro_batch_size_per_gpu=2, cliprange_value=0.5, grad_clip=1.0,
+              loss_agg_mode="token-mean", model={"use_remove_padding": True})
 OPTIM = dict(lr=1e-3, weight_decay=0.01, lr_warmup_steps=0, warmup_style="constant", total_training_steps=10)
 
 
@@ -77,6 +87,26 @@ def _worker(rank, world, model_dir):
     lp_ref_after, _ = plain.compute_log_prob(copy.deepcopy(data))
     assert not torch.allclose(lp_ref_after[mask], lp_ref[mask])
     torch.testing.assert_close(lp_sp_after[mask], lp_ref_after[mask], atol=1e-5, rtol=1e-5)
+    _check_critic(model_dir, mesh, data)
+
+
+def _check_critic(model_dir, mesh, data):
+    module = build_fsdp_model({"path": model_dir, "use_remove_padding": True}, {"model_dtype": "fp32"}, mesh,
+                              torch.device("cpu"), role="critic")
+    opt = build_optimizer(module.parameters(), OPTIM)
+    critic = DataParallelPPOCritic(CRITIC, module, opt, build_lr_scheduler(opt, OPTIM), sp_group=dist.group.WORLD)
+    plain_module = load_hf_model(model_dir, role="critic")
+    plain_module.load_state_dict(get_model_state_dict(module, options=StateDictOptions(full_state_dict=True)))
+    plain_opt = build_optimizer(plain_module.parameters(), OPTIM)
+    plain = DataParallelPPOCritic(CRITIC, plain_module, plain_opt, build_lr_scheduler(plain_opt, OPTIM),
+                                  use_remove_padding=False)
+    values = critic.compute_values(data)
+    torch.testing.assert_close(values, plain.compute_values(copy.deepcopy(data)), atol=1e-5, rtol=1e-5)
+    data.batch["values"] = values
+    m_sp, m_ref = critic.update_critic(data), plain.update_critic(copy.deepcopy(data))
+    assert m_sp["critic/grad_norm"] == pytest.approx(m_ref["critic/grad_norm"], rel=1e-4)
+    torch.testing.assert_close(critic.compute_values(data), plain.compute_values(copy.deepcopy(data)),
+                               atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.slow
