@@ -41,4 +41,10 @@ elif [ "$part" = 6 ]; then
         --response-len 256 --gpus 1 --tp 1 --steps 3 --micro 8 --logprob-micro 16 --variants hybrid \
         --out "$out/grpo_qwen2.5-${size}_1gpu.json"
   done
+elif [ "$part" = 7 ]; then
+  pk="actor_rollout_ref.model.use_remove_padding=true"
+  python benchmarks/grpo_step.py --preset qwen2.5-1.5b --prompts 32 --n 8 --prompt-len 256 --response-len 1024 \
+      --gpus 2 --tp 1 --steps 3 --micro 4 --logprob-micro 8 \
+      --variants "padded,packed:$pk,packed_sp2:$pk;actor_rollout_ref.actor.ulysses_sequence_parallel_size=2" \
+      --out "$out/grpo_qwen2.5-1.5b_packing_ulysses.json"
 fi
