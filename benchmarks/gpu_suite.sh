@@ -47,4 +47,7 @@ elif [ "$part" = 7 ]; then
       --gpus 2 --tp 1 --steps 3 --micro 4 --logprob-micro 8 \
       --variants "padded,packed:$pk,packed_sp2:$pk;actor_rollout_ref.actor.ulysses_sequence_parallel_size=2" \
       --out "$out/grpo_qwen2.5-1.5b_packing_ulysses.json"
+elif [ "$part" = 8 ]; then
+  python benchmarks/rollout.py --models 0.5B,7B --skip-hf --ab-async 0.5B,7B --out "$out/rollout_async.json"
+  python -m pytest -q tests -m gpu -p no:cacheprovider
 fi

@@ -5,6 +5,8 @@ Workload (DESIGN.md §7): batch 256 samples, 256-token prompts, 256 new tokens, 
   native_n8_shared : 32 prompts x n=8 with prompt sharing (prompt prefilled once, blocks ref-counted)
   native_n8_unshared: same without sharing
   native_n1_unfused: (--ab-unfused) native_n1 with HYBRIDRL_FUSED=0: the torch decoder ops and sampler
+  native_*_async   : (--ab-async) native_n1 and native_n8_shared with async scheduling (step t+1 launched
+                     before step t is read)
   hf_generate      : 256 distinct prompts through transformers generate (sdpa), the naive baseline
 Per run also the host-clock split: schedule_s (scheduler), *_launch_s (input build + enqueue),
 *_wait_s (blocked on the GPU at the one token read a step) and decode_ms_per_step.
@@ -12,7 +14,7 @@ Reports generated tok/s, wall time, KV blocks peak (shared vs unshared), KV GiB,
 seconds, and writes JSON with device facts to benchmarks/results/rollout.json.
 
   PYTHONPATH=. python benchmarks/rollout.py [--models 0.5B,1.5B,7B] [--skip-hf] [--hf-models 7B]
-      [--ab-unfused 7B] [--out PATH]
+      [--ab-unfused 7B] [--ab-async 7B] [--out PATH]
 """
 
 from __future__ import annotations
@@ -52,10 +54,10 @@ def timed(fn):
     return out, time.perf_counter() - t0
 
 
-def run_native(cfg, state, prompts, n, sharing, args):
+def run_native(cfg, state, prompts, n, sharing, args, async_scheduling=False):
     engine = LLMEngine(cfg, device="cuda", dtype=torch.bfloat16, max_model_len=args.prompt_len + args.new_tokens + 16,
                        max_num_seqs=args.batch, enable_prefix_sharing=sharing,
-                       gpu_memory_utilization=args.gpu_memory_utilization)
+                       gpu_memory_utilization=args.gpu_memory_utilization, async_scheduling=async_scheduling)
     engine.wake_up(("weights",))
     (_, t_load) = timed(lambda: engine.load_weights(state.items()))
     (_, t_kv) = timed(lambda: engine.wake_up(("kv_cache",)))
@@ -77,6 +79,7 @@ def run_native(cfg, state, prompts, n, sharing, args):
             "max_memory_allocated_gib": peak_gb, "fused_kernels": os.environ.get("HYBRIDRL_FUSED", "1") != "0",
             # where the wall time went (host clocks; *_wait_s = blocked on the GPU at the step's token read)
             "num_prefill_steps": st["num_prefill_steps"], "num_decode_steps": st["num_decode_steps"],
+            "async_scheduling": async_scheduling, "num_lookahead_steps": st["num_lookahead_steps"],
             **{k: st[k] for k in ("schedule_s", "prefill_launch_s", "prefill_wait_s", "decode_launch_s",
                                   "decode_wait_s")},
             "decode_ms_per_step": 1e3 * (st["decode_launch_s"] + st["decode_wait_s"]) / max(1, st["num_decode_steps"])}
@@ -102,6 +105,7 @@ def main():
     ap.add_argument("--skip-hf", action="store_true")
     ap.add_argument("--hf-models", default=None, help="sizes to run HF generate on (default: all of --models)")
     ap.add_argument("--ab-unfused", default="", help="sizes to also run native_n1 with HYBRIDRL_FUSED=0 (A/B)")
+    ap.add_argument("--ab-async", default="", help="sizes to also run with async scheduling (A/B)")
     ap.add_argument("--out", default="benchmarks/results/rollout.json")
     args = ap.parse_args()
     result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
@@ -125,6 +129,10 @@ def main():
                 r["native_n1_unfused"] = run_native(cfg, state, prompts, 1, True, args)
             finally:
                 os.environ.pop("HYBRIDRL_FUSED")
+        if name in args.ab_async.split(","):
+            r["native_n1_async"] = run_native(cfg, state, prompts, 1, True, args, async_scheduling=True)
+            r["native_n8_shared_async"] = run_native(cfg, state, group_prompts, args.n, True, args,
+                                                     async_scheduling=True)
         if not args.skip_hf and (args.hf_models is None or name in args.hf_models.split(",")):
             r["hf_generate"] = run_hf(model, prompts, args)
             r["speedup_vs_hf"] = r["native_n1"]["tok_per_s"] / r["hf_generate"]["tok_per_s"]

@@ -18,6 +18,11 @@ Choices:
   i.e. the GPU time not hidden behind the host work).
 - One SamplingParams per generate call is handed to the runner, which builds the sampling tensors
   and host-side path flags once per call instead of per step.
+- `async_scheduling`: while decode step t runs on the GPU, step t+1 is scheduled and launched (its input
+  tokens gathered on the device from step t's samples), then step t is read and post-processed — the
+  host's per-step work hides behind the GPU instead of idling it. Greedy outputs, and sampled ones when no
+  sequence ends on an eos/stop token, equal the synchronous loop's; otherwise a sequence that ends in step
+  t costs one discarded sample in step t+1, which shifts the random stream (same distribution).
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ import torch
 
 from hybridrl.models.decoder import check_supported
 from hybridrl.rollout.block_manager import BlockManager
-from hybridrl.rollout.model_runner import ModelRunner
+from hybridrl.rollout.model_runner import ModelRunner, TokenFeed
 from hybridrl.rollout.sampling_params import CompletionOutput, RequestOutput, SamplingParams
 from hybridrl.rollout.scheduler import Scheduler
 from hybridrl.rollout.sequence import Sequence
@@ -42,7 +47,7 @@ class LLMEngine:
     def __init__(self, hf_config, *, tp_group=None, device=None, dtype=torch.bfloat16, block_size: int = 16,
                  gpu_memory_utilization: float = 0.5, max_num_seqs: int = 1024, max_num_batched_tokens: int = 8192,
                  max_model_len: int | None = None, enforce_eager: bool = False, enable_prefix_sharing: bool = True,
-                 num_kv_blocks: int | None = None, eos_token_id=None):
+                 num_kv_blocks: int | None = None, eos_token_id=None, async_scheduling: bool = False):
         check_supported(hf_config)
         max_model_len = max_model_len or hf_config.max_position_embeddings
         rules = [
@@ -63,6 +68,7 @@ class LLMEngine:
         self.max_num_seqs, self.max_num_batched_tokens = max_num_seqs, max_num_batched_tokens
         self.gpu_memory_utilization, self.num_kv_blocks = gpu_memory_utilization, num_kv_blocks
         self.enable_prefix_sharing = enable_prefix_sharing
+        self.async_scheduling = async_scheduling
         eos = hf_config.eos_token_id if eos_token_id is None else eos_token_id
         self.eos_token_ids = tuple(eos) if isinstance(eos, (list, tuple)) else (() if eos is None else (eos,))
         self.runner = ModelRunner(hf_config, tp_group=tp_group, device=device, dtype=dtype, block_size=block_size,
@@ -74,6 +80,7 @@ class LLMEngine:
 
     def reset_stats(self) -> None:
         self.stats = {"num_prefill_steps": 0, "num_decode_steps": 0, "num_preemptions": 0, "num_cow_copies": 0,
+                      "num_lookahead_steps": 0, "num_lookahead_discarded": 0,
                       "prefill_tokens_computed": 0, "generated_tokens": 0, "kv_blocks_peak": 0,
                       "kv_blocks_peak_unshared": 0, "num_kv_blocks": self.runner.num_blocks,
                       "kv_block_bytes": self.runner.block_bytes(), "weights_ignored": 0,
@@ -158,16 +165,26 @@ class LLMEngine:
         seed = sampling_params.seed if sampling_params.seed is not None else random.randrange(2**63)
         gen = torch.Generator(device=self.runner.device)
         gen.manual_seed(seed)
-        host_s = 0.0
-        while not sched.is_finished():
+        host_s, inflight = 0.0, None
+        while inflight is not None or not sched.is_finished():
             t0 = time.perf_counter()
-            batch = sched.schedule()
+            if inflight is None:
+                batch = sched.schedule()
+                host_s += time.perf_counter() - t0
+                inflight = batch, self.runner.launch(batch, gen, sampling_params)
+            batch, handle = inflight
             t1 = time.perf_counter()
-            tokens, logprobs = self.runner.step(batch, gen, sampling_params)
+            nxt = sched.schedule_lookahead(batch) if self.async_scheduling else None
+            host_s += time.perf_counter() - t1
+            if nxt is not None:
+                nxt_handle = self.runner.launch(nxt, gen, sampling_params, TokenFeed(handle.tokens, nxt.feed_rows))
+            tokens, logprobs = self.runner.read(handle)
             t2 = time.perf_counter()
+            dropped = sched.stats["num_lookahead_discarded"]
             sched.postprocess(batch, tokens, logprobs)
-            host_s += (t1 - t0) + (time.perf_counter() - t2)
-            self.stats["generated_tokens"] += len(tokens)
+            host_s += time.perf_counter() - t2
+            self.stats["generated_tokens"] += len(tokens) - (sched.stats["num_lookahead_discarded"] - dropped)
+            inflight = (nxt, nxt_handle) if nxt is not None else None
         self.stats["schedule_s"] += host_s
         self.stats.update(self.runner.timing)
         for key, value in sched.stats.items():

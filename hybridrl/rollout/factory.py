@@ -49,4 +49,5 @@ def build_rollout_engine(rcfg: DictConfig, *, model_path: str, device: torch.dev
         max_num_seqs=int(rcfg.max_num_seqs),
         max_num_batched_tokens=int(rcfg.max_num_batched_tokens),
         max_model_len=max_model_len, enforce_eager=bool(rcfg.enforce_eager),
-        enable_prefix_sharing=bool(rcfg.enable_prefix_sharing), num_kv_blocks=num_blocks, eos_token_id=eos)
+        enable_prefix_sharing=bool(rcfg.enable_prefix_sharing), num_kv_blocks=num_blocks, eos_token_id=eos,
+        async_scheduling=bool(rcfg.async_scheduling))

@@ -11,18 +11,25 @@ Choices:
 - CUDA graphs for decode at a few padded batch sizes, captured on KV wake-up sharing one memory pool,
   freed (graphs and pool) on sleep; capture time is kept in `last_capture_s`. Off with enforce_eager
   and off the GPU. Only the decoder forward is captured; LM head + sampling run eagerly.
-- Decode inputs without per-step tensor building: ids/positions/slots/context lengths go into one
-  pinned int64 host buffer [4, rows] and the block tables into a pinned [rows, max_blocks] buffer
-  whose rows are rewritten only where a sequence's table changed (a new block every block_size
-  tokens, a different sequence in the row, or copy-on-write); two non_blocking H2D copies a step
-  feed the graph's input buffers directly. The only device->host sync of a step is reading the
-  sampled tokens (the sampler path is chosen from host-side SamplingParams flags, not from tensors).
+- Decode inputs without per-step tensor building: ids/positions/slots/context lengths (and, for a
+  lookahead step, where each row's input token sits in the previous step's samples) go into one pinned
+  int64 host buffer [5, rows] and the block tables into a pinned [rows, max_blocks] buffer whose rows
+  are rewritten only where a sequence's table changed (a new block every block_size tokens, a different
+  sequence in the row, or copy-on-write); two non_blocking H2D copies a step feed the graph's input
+  buffers directly. The host buffers come in two sets used alternately, so step t+1's inputs can be
+  written while step t's copies are still queued.
+- A step is `launch` (inputs, forward, sampling, and a non_blocking copy of the sampled tokens into
+  pinned memory, then an event) and `read` (wait for that event). Nothing in `launch` of a decode step
+  waits for the device (the sampler path is chosen from host-side SamplingParams flags), so the engine
+  can launch step t+1 — its input tokens gathered on the device from step t's samples — before it reads
+  step t (async scheduling, engine.py). `step` = launch + read.
 - Copy-on-write block copies from the scheduler run as one indexed copy over all layers.
 """
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -34,6 +41,35 @@ from hybridrl.models.tp_layers import tp_rank_size
 from hybridrl.rollout.attention import AttentionContext
 from hybridrl.rollout.sampler import sample
 from hybridrl.rollout.scheduler import ScheduledBatch
+
+
+@dataclass
+class _HostStepBuffers:
+    """One set of pinned host buffers for a step (two sets alternate, see the module docstring)."""
+    meta: torch.Tensor       # [5, rows] int64: token ids, positions, slots, context lengths, feed rows
+    tables: torch.Tensor     # [rows, max_blocks] int32
+    tokens: torch.Tensor     # [rows] sampled ids, copied back from the device
+    logprobs: torch.Tensor   # [rows]
+    row_lists: list          # the block_table list each table row was copied from
+    row_lens: list
+
+
+@dataclass
+class TokenFeed:
+    """Input tokens of a lookahead decode step: row i's token is tokens[rows[i]] (the previous step's samples)."""
+    tokens: torch.Tensor
+    rows: list[int]
+
+
+@dataclass
+class StepHandle:
+    kind: str                # "prefill" | "decode"
+    tokens: torch.Tensor     # [n] on the device
+    logprobs: torch.Tensor
+    host: _HostStepBuffers | None   # where the samples are copied to (CUDA), else None
+    event: object            # CUDA event after that copy, else None
+    n: int
+
 
 GRAPH_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 160, 192, 224, 256, 320, 384, 448, 512)
 
@@ -164,21 +200,23 @@ class ModelRunner:
         rows = max(self.max_num_seqs, 1)
         max_blocks = -(-self.max_model_len // self.block_size)
         pin = self.is_cuda
-        self.h_meta = torch.zeros(4, rows, dtype=torch.long, pin_memory=pin)
-        self.h_tables = torch.zeros(rows, max_blocks, dtype=torch.int32, pin_memory=pin)
-        self.n_meta, self.n_tables = self.h_meta.numpy(), self.h_tables.numpy()
-        self.d_meta = torch.zeros(4, rows, dtype=torch.long, device=self.device)
-        self.d_tables = torch.zeros(rows, max_blocks, dtype=torch.int32, device=self.device)
-        self._row_lists: list = [None] * rows  # the block_table list each host table row was copied from
-        self._row_lens = [0] * rows
         blk, slot = self._scratch()
-        self.n_meta[2], self.n_meta[3], self.n_tables[:, 0] = slot, 1, blk
-        self.d_meta.copy_(self.h_meta)
-        self.d_tables.copy_(self.h_tables)
+        self._host_sets = []
+        for _ in range(2):
+            hs = _HostStepBuffers(torch.zeros(5, rows, dtype=torch.long, pin_memory=pin),
+                                  torch.zeros(rows, max_blocks, dtype=torch.int32, pin_memory=pin),
+                                  torch.zeros(rows, dtype=torch.long, pin_memory=pin),
+                                  torch.zeros(rows, dtype=torch.float32, pin_memory=pin), [None] * rows, [0] * rows)
+            hs.meta.numpy()[2], hs.meta.numpy()[3], hs.tables.numpy()[:, 0] = slot, 1, blk
+            self._host_sets.append(hs)
+        self._launches = 0
+        self.d_meta = torch.zeros(5, rows, dtype=torch.long, device=self.device)
+        self.d_tables = torch.zeros(rows, max_blocks, dtype=torch.int32, device=self.device)
+        self.d_meta.copy_(self._host_sets[0].meta)
+        self.d_tables.copy_(self._host_sets[0].tables)
 
     def _free_step_buffers(self) -> None:
-        self.h_meta = self.h_tables = self.n_meta = self.n_tables = self.d_meta = self.d_tables = None
-        self._row_lists, self._row_lens = [], []
+        self._host_sets, self.d_meta, self.d_tables = [], None, None
 
     # ------------------------------------------------------------------ CUDA graphs
     def _scratch(self):
@@ -235,18 +273,21 @@ class ModelRunner:
         last = t(np.cumsum(lens) - 1)
         return t(np.asarray(ids, dtype=np.int64)), t(np.concatenate(pos)), ctx, last
 
-    def _decode_hidden(self, batch: ScheduledBatch):
+    def _decode_hidden(self, batch: ScheduledBatch, hs: _HostStepBuffers, feed):
         seqs, bs = batch.seqs, self.block_size
         B = len(seqs)
         graph_bs = next((g for g in self.graph_sizes if g >= B), None) if self.graphs else None
         rows = graph_bs or B
-        meta, tab = self.n_meta, self.n_tables
+        meta, tab = hs.meta.numpy(), hs.tables.numpy()
         lens = [len(s) for s in seqs]
-        meta[0, :B] = [s.token_ids[-1] for s in seqs]
+        if feed is None:
+            meta[0, :B] = [s.token_ids[-1] for s in seqs]
+        else:  # the last token is a placeholder: row i's token is sample feed.rows[i] of the step before
+            meta[4, :B] = feed.rows
         meta[1, :B] = pos = [n - 1 for n in lens]
         meta[2, :B] = [s.block_table[p // bs] * bs + p % bs for s, p in zip(seqs, pos)]
         meta[3, :B] = lens
-        row_lists, row_lens = self._row_lists, self._row_lens
+        row_lists, row_lens = hs.row_lists, hs.row_lens
         if batch.block_copies:  # copy-on-write replaced entries in place: re-copy every row
             row_lists[:] = [None] * len(row_lists)
         for i, s in enumerate(seqs):
@@ -262,8 +303,10 @@ class ModelRunner:
             meta[0, B:rows], meta[1, B:rows], meta[2, B:rows], meta[3, B:rows] = 0, 0, slot, 1
             tab[B:rows, 0] = blk
             row_lists[B:rows] = [None] * (rows - B)
-        self.d_meta.copy_(self.h_meta, non_blocking=True)
-        self.d_tables[:rows].copy_(self.h_tables[:rows], non_blocking=True)
+        self.d_meta.copy_(hs.meta, non_blocking=True)
+        self.d_tables[:rows].copy_(hs.tables[:rows], non_blocking=True)
+        if feed is not None:  # gathered on the device: no wait for the previous step
+            self.d_meta[0, :B] = feed.tokens[self.d_meta[4, :B]]
         if graph_bs is None:  # eager: only the batch's block-table width (the CPU reference gathers all of it)
             ids, pos, ctx = self._decode_args(B)
             ctx.block_tables = ctx.block_tables[:, :max(row_lens[:B])]
@@ -299,16 +342,21 @@ class ModelRunner:
         return temp, top_k, top_p, flags
 
     @torch.no_grad()
-    def step(self, batch: ScheduledBatch, generator, params=None) -> tuple[list[int], list[float]]:
-        """One prefill or decode step; `params`: the SamplingParams every sequence of the batch uses, if one."""
+    def launch(self, batch: ScheduledBatch, generator, params=None, feed: TokenFeed | None = None) -> StepHandle:
+        """Enqueue one prefill or decode step; `params`: the SamplingParams every sequence of the batch uses, if
+        one; `feed`: for a decode step launched before the previous one was read, where its input tokens are."""
         t0 = time.perf_counter()
+        hs = self._host_sets[self._launches % 2] if self._host_sets else None
+        self._launches += 1
         if batch.block_copies:
             self._copy_blocks(batch.block_copies)
         if batch.is_prefill:
+            if feed is not None:
+                raise ValueError("a prefill step takes its tokens from the host, not from a TokenFeed")
             ids, pos, ctx, last = self._prefill_inputs(batch)
             h = self.model(ids, pos, ctx)[last]
         else:
-            h = self._decode_hidden(batch)
+            h = self._decode_hidden(batch, hs, feed)
         logits = self.model.compute_logits(h)
         counts = [len(g) for g in batch.sample_groups]
         if any(c != 1 for c in counts):
@@ -316,13 +364,30 @@ class ModelRunner:
         flat = [s for g in batch.sample_groups for s in g] if params is None else range(logits.shape[0])
         temp, top_k, top_p, flags = self._sampling_tensors(flat, params)
         tokens, logprobs = sample(logits, temp, top_k, top_p, generator, flags=flags)
-        t1 = time.perf_counter()
-        out = tokens.tolist(), logprobs.tolist()  # the step's one device->host sync
-        t2 = time.perf_counter()
+        n = tokens.shape[0]
+        event = None
+        if self.is_cuda and hs is not None and n <= hs.tokens.shape[0]:
+            hs.tokens[:n].copy_(tokens, non_blocking=True)
+            hs.logprobs[:n].copy_(logprobs, non_blocking=True)
+            event = torch.cuda.Event()
+            event.record()
         kind = "prefill" if batch.is_prefill else "decode"
-        self.timing[f"{kind}_launch_s"] += t1 - t0
-        self.timing[f"{kind}_wait_s"] += t2 - t1
+        self.timing[f"{kind}_launch_s"] += time.perf_counter() - t0
+        return StepHandle(kind, tokens, logprobs, hs if event is not None else None, event, n)
+
+    def read(self, handle: StepHandle) -> tuple[list[int], list[float]]:
+        """Wait for a launched step's samples: (token ids, log-probs), one per sampled sequence."""
+        t0 = time.perf_counter()
+        if handle.event is not None:
+            handle.event.synchronize()
+            out = handle.host.tokens[:handle.n].tolist(), handle.host.logprobs[:handle.n].tolist()
+        else:
+            out = handle.tokens.tolist(), handle.logprobs.tolist()
+        self.timing[f"{handle.kind}_wait_s"] += time.perf_counter() - t0
         return out
+
+    def step(self, batch: ScheduledBatch, generator, params=None) -> tuple[list[int], list[float]]:
+        return self.read(self.launch(batch, generator, params))
 
     @property
     def tp_rank(self) -> int:

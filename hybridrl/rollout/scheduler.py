@@ -10,6 +10,12 @@ Choices (after nano-vllm, minus its asserts for user errors):
 - Out of blocks during decode -> preempt by recompute the most recently admitted sequence (free its
   blocks, put it first in the queue), counted in `stats['num_preemptions']`. A re-admitted sample
   whose siblings still run references their full prompt blocks again and recomputes only the rest.
+- Async scheduling (`schedule_lookahead`): the decode step after a decode step can be scheduled before
+  that step's tokens are known — same sequences, minus those it surely finishes by length, each extended
+  by a placeholder the runner fills on the device. Declined (the engine then reads first) when anything
+  waits for admission or a new block is not free: admission and preemption decide on real tokens. A
+  sequence that ends by eos/stop token in the step still in flight gets one wasted sample in the
+  lookahead step; `postprocess` drops it (`num_lookahead_discarded`).
 - Stats: `kv_blocks_peak` (physical blocks in use) and `kv_blocks_peak_unshared` (sum of the running
   sequences' block tables = what the same schedule needs without sharing).
 """
@@ -20,7 +26,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from hybridrl.rollout.block_manager import BlockManager
-from hybridrl.rollout.sequence import SeqStatus, Sequence
+from hybridrl.rollout.sequence import PLACEHOLDER, SeqStatus, Sequence
 
 
 @dataclass
@@ -29,6 +35,7 @@ class ScheduledBatch:
     seqs: list[Sequence]  # one model-input row each
     sample_groups: list[list[Sequence]]  # per row: the sequences that take a sample from its logits
     block_copies: list[tuple[int, int]] = field(default_factory=list)
+    feed_rows: list[int] | None = None  # lookahead: row i's input token is sample feed_rows[i] of the step before
 
 
 class Scheduler:
@@ -43,7 +50,8 @@ class Scheduler:
         self.waiting: deque[list[Sequence]] = deque()
         self.running: deque[Sequence] = deque()
         self.stats = {"num_preemptions": 0, "num_cow_copies": 0, "num_prefill_steps": 0, "num_decode_steps": 0,
-                      "prefill_tokens_computed": 0, "kv_blocks_peak": 0, "kv_blocks_peak_unshared": 0}
+                      "prefill_tokens_computed": 0, "kv_blocks_peak": 0, "kv_blocks_peak_unshared": 0,
+                      "num_lookahead_steps": 0, "num_lookahead_discarded": 0}
 
     def add_group(self, seqs: list[Sequence]) -> None:
         if self.enable_prefix_sharing:
@@ -134,6 +142,32 @@ class Scheduler:
         self._update_peaks()
         return batch
 
+    def schedule_lookahead(self, prev: ScheduledBatch) -> ScheduledBatch | None:
+        """The decode step after `prev` (launched, not read yet), or None when it must wait for prev's tokens."""
+        if prev.is_prefill or self.waiting:
+            return None
+        keep, rows, new_blocks = [], [], 0
+        for i, seq in enumerate(prev.seqs):
+            n = len(seq) + 1  # its length once prev's sample is in
+            if seq.status is not SeqStatus.RUNNING or n - seq.num_prompt_tokens >= seq.params.max_tokens \
+                    or n >= self.max_model_len:
+                continue
+            keep.append(seq)
+            rows.append(i)
+            new_blocks += (n - 1) // self.bm.block_size == len(seq.block_table)
+        if not keep or not self.bm.can_allocate(new_blocks):
+            return None
+        for seq in keep:
+            seq.token_ids.append(PLACEHOLDER)
+            seq.pending = True
+            seq.num_cached_tokens = len(seq) - 1
+            if self.bm.append_slot(seq) is not None:  # prev was a decode: every shared block was copied already
+                raise RuntimeError(f"lookahead step needs copy-on-write for {seq}")
+        self.stats["num_decode_steps"] += 1
+        self.stats["num_lookahead_steps"] += 1
+        self._update_peaks()
+        return ScheduledBatch(False, keep, [[s] for s in keep], feed_rows=rows)
+
     def _update_peaks(self) -> None:
         self.stats["kv_blocks_peak"] = max(self.stats["kv_blocks_peak"], self.bm.num_used)
         unshared = sum(len(s.block_table) for s in self.running)
@@ -146,10 +180,17 @@ class Scheduler:
         flat = [s for group in batch.sample_groups for s in group]
         eos, max_len = self.eos_token_ids, self.max_model_len
         for seq, tok, lp in zip(flat, token_ids, logprobs, strict=True):
-            seq.token_ids.append(tok)
+            if seq.status is SeqStatus.FINISHED:  # ended while this (lookahead) step was in flight
+                self.stats["num_lookahead_discarded"] += 1
+                continue
+            if seq.pending:  # a lookahead step already holds this token's place (and its KV slot)
+                seq.token_ids[-1] = tok
+                seq.pending = False
+            else:
+                seq.token_ids.append(tok)
+                seq.num_cached_tokens = len(seq.token_ids) - 1
             seq.logprobs.append(lp)
             n = len(seq.token_ids)
-            seq.num_cached_tokens = n - 1
             p = seq.params
             if (not p.ignore_eos and tok in eos) or (p.stop_token_ids and tok in p.stop_token_ids):
                 seq.finish_reason = "stop"

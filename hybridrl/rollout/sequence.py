@@ -3,7 +3,8 @@
 Choices: a sequence holds prompt + generated ids in one list and a block table of physical KV
 blocks; `num_cached_tokens` counts the leading tokens whose K/V are already in the cache (0 for a
 fresh prefill, the shared full prompt blocks for a re-admitted fork, len-1 while decoding).
-`group_id` ties the n samples of one prompt together for prefix sharing.
+`group_id` ties the n samples of one prompt together for prefix sharing. `pending`: the last token is
+PLACEHOLDER, standing for the sample of a step still in flight (async scheduling, scheduler.py).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import itertools
 from hybridrl.rollout.sampling_params import SamplingParams
 
 _ids = itertools.count()
+PLACEHOLDER = -1
 
 
 class SeqStatus(enum.Enum):
@@ -37,6 +39,7 @@ class Sequence:
         self.status = SeqStatus.WAITING
         self.logprobs: list[float] = []
         self.finish_reason: str | None = None
+        self.pending = False
 
     def __len__(self) -> int:
         return len(self.token_ids)

@@ -100,7 +100,8 @@ def test_hf_rollout_backend_runs_on_the_actor_module(ray_local, tiny_model_dir, 
 
 @pytest.mark.parametrize("extra", [
     ["algorithm.adv_estimator=remax"],  # a second, greedy rollout per step gives the baseline
-    ["algorithm.adv_estimator=rloo", "algorithm.use_kl_in_reward=true", "algorithm.kl_ctrl.type=adaptive"],
+    ["algorithm.adv_estimator=rloo", "algorithm.use_kl_in_reward=true", "algorithm.kl_ctrl.type=adaptive",
+     "actor_rollout_ref.rollout.async_scheduling=true"],
     ["actor_rollout_ref.hybrid_engine=false", "actor_rollout_ref.actor.fsdp_config.param_offload=true",
      "actor_rollout_ref.actor.fsdp_config.optimizer_offload=true"],  # scheme A: the resident engine
     ["algorithm.adv_estimator=gae", "actor_rollout_ref.actor.use_kl_loss=true",
@@ -117,3 +118,5 @@ def test_other_estimators_and_scheme_a_run(ray_local, tiny_model_dir, arith_dir,
         assert math.isfinite(h["actor/pg_loss"]) and math.isfinite(h["critic/advantages/mean"])
     if "algorithm.use_kl_in_reward=true" in extra:
         assert "actor/reward_kl_penalty" in steps[-1]
+    if "actor_rollout_ref.rollout.async_scheduling=true" in extra:
+        assert steps[-1]["rollout/num_lookahead_steps"] > 0

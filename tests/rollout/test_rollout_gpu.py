@@ -27,11 +27,11 @@ def test_triton_paged_decode_matches_reference_bf16(N, K, D):
     torch.testing.assert_close(got.float(), ref.float(), atol=2e-2, rtol=2e-2)
 
 
-@pytest.mark.parametrize("enforce_eager", [True, False])
-def test_engine_on_cuda_matches_hf_and_sleep_frees_memory(enforce_eager):
+@pytest.mark.parametrize("enforce_eager,async_scheduling", [(True, False), (False, False), (False, True)])
+def test_engine_on_cuda_matches_hf_and_sleep_frees_memory(enforce_eager, async_scheduling):
     model = tiny_hf_model("qwen2").cuda()
     engine = LLMEngine(model.config, device="cuda", dtype=torch.float32, block_size=16, max_num_seqs=64,
-                       max_num_batched_tokens=256, enforce_eager=enforce_eager)
+                       max_num_batched_tokens=256, enforce_eager=enforce_eager, async_scheduling=async_scheduling)
     prompts = [[1, 2, 3, 4, 5], [7, 8, 9], [10] * 37]  # the last spans 2 full blocks: sharing must save them
     params = SamplingParams(n=3, temperature=0, max_tokens=10, ignore_eos=True)
     hf_greedy(model, prompts[0], 2)  # any matmul allocates cuBLAS workspaces; sleep() clears them, so do we
@@ -53,6 +53,7 @@ def test_engine_on_cuda_matches_hf_and_sleep_frees_memory(enforce_eager):
     assert engine.stats["kv_blocks_peak"] < engine.stats["kv_blocks_peak_unshared"]
     if not enforce_eager:
         assert engine.stats["cuda_graph_capture_s"] > 0
+    assert (engine.stats["num_lookahead_steps"] > 0) == async_scheduling
 
 
 def test_fused_decoder_ops_match_torch_bf16():
