@@ -74,6 +74,7 @@ class LLMEngine:
         self.runner = ModelRunner(hf_config, tp_group=tp_group, device=device, dtype=dtype, block_size=block_size,
                                   max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                                   max_model_len=max_model_len, enforce_eager=enforce_eager)
+        self.runner.async_copies = async_scheduling
         self._loaded: set = set()
         self.stats: dict = {}
         self.reset_stats()

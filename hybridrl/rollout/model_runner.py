@@ -100,6 +100,9 @@ class ModelRunner:
         self._free_step_buffers()
         self.timing = dict.fromkeys(("prefill_launch_s", "prefill_wait_s", "decode_launch_s", "decode_wait_s"), 0.0)
         self.last_capture_s = 0.0
+        # async scheduling reads step t after launching t+1: its samples must be copied out behind an event,
+        # since a plain .tolist() would wait for t+1 too (set by the engine; off = the measured sync path)
+        self.async_copies = False
         self.activation_reserve = None
         self.weights_awake = False
 
@@ -366,7 +369,7 @@ class ModelRunner:
         tokens, logprobs = sample(logits, temp, top_k, top_p, generator, flags=flags)
         n = tokens.shape[0]
         event = None
-        if self.is_cuda and hs is not None and n <= hs.tokens.shape[0]:
+        if self.async_copies and self.is_cuda and hs is not None and n <= hs.tokens.shape[0]:
             hs.tokens[:n].copy_(tokens, non_blocking=True)
             hs.logprobs[:n].copy_(logprobs, non_blocking=True)
             event = torch.cuda.Event()
