@@ -99,7 +99,8 @@ def test_hf_rollout_backend_runs_on_the_actor_module(ray_local, tiny_model_dir, 
 
 
 @pytest.mark.parametrize("extra", [
-    ["algorithm.adv_estimator=remax"],  # a second, greedy rollout per step gives the baseline
+    ["algorithm.adv_estimator=remax",  # a second, greedy rollout per step gives the baseline
+     "actor_rollout_ref.actor.fsdp_config.model_dtype=bf16"],  # bf16 master weights (one-GPU large models)
     ["algorithm.adv_estimator=rloo", "algorithm.use_kl_in_reward=true", "algorithm.kl_ctrl.type=adaptive",
      "actor_rollout_ref.rollout.async_scheduling=true"],
     ["actor_rollout_ref.hybrid_engine=false", "actor_rollout_ref.actor.fsdp_config.param_offload=true",
