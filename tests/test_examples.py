@@ -22,3 +22,12 @@ def test_example_rejects_unknown_size():
     env = {**os.environ, "HYBRIDRL_DRY_RUN": "1"}
     out = subprocess.run(["bash", str(SCRIPT), "grpo", "3b", "1"], env=env, capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and "size must be" in out.stderr
+
+
+def test_example_with_ulysses_overrides_validates():
+    env = {**os.environ, "HYBRIDRL_DRY_RUN": "1"}
+    out = subprocess.run(["bash", str(SCRIPT), "grpo", "7b", "8", "actor_rollout_ref.model.use_remove_padding=true",
+                          "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2"],
+                         env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr + out.stdout
+    assert "ulysses mesh" in out.stdout and "[[0, 1], [2, 3], [4, 5], [6, 7]]" in out.stdout

@@ -8,6 +8,8 @@
 #        `hybridrl assets tiny-model DIR --size qwen2.5-SIZE`); DATA: a directory with train.parquet/test.parquet
 #        in verl's GSM8K schema (default: `hybridrl data make gsm8k-synthetic`; verl's own gsm8k.py output works too).
 # HYBRIDRL_DRY_RUN=1 only validates the config and prints the device layout.
+# Long responses: append actor_rollout_ref.model.use_remove_padding=true actor_rollout_ref.actor.ulysses_sequence_parallel_size=2
+# (Ulysses: each sequence of a training forward split over 2 GPUs; the actor's data-parallel size halves).
 set -euo pipefail
 algo=${1:?grpo or ppo}; size=${2:?0.5b, 1.5b or 7b}; gpus=${3:?1, 2 or 8}; shift 3
 MODEL=${MODEL:-$HOME/models/qwen2.5-$size-random}
