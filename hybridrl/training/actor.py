@@ -53,14 +53,20 @@ class DataParallelPPOActor(FSDPUpdater):
     def _forward_micro_batch(self, micro: DataProto, temperature: float, calculate_entropy: bool):
         b = micro.batch
         responses = b["responses"].to(self.device)
-        logits = forward_response_logits(self.module, b["input_ids"].to(self.device),
-                                         b["attention_mask"].to(self.device), b["position_ids"].to(self.device),
-                                         responses.shape[1], self.use_remove_padding, keep_only_needed=True,
-                                         sp_group=self.sp_group)
-        logits = logits.float() / temperature
-        log_prob = logprobs_from_logits(logits, responses)
-        entropy = entropy_from_logits(logits) if calculate_entropy else None
-        return log_prob, entropy
+        targets = responses.reshape(-1)
+
+        def per_token(rows, flat):  # [K, V] logits of the kept positions -> [K, 1 or 2]: log-prob (, entropy)
+            logits = rows.float() / temperature
+            stats = [logprobs_from_logits(logits, targets[flat])]
+            if calculate_entropy:
+                stats.append(entropy_from_logits(logits))
+            return torch.stack(stats, dim=-1)
+
+        out = forward_response_logits(self.module, b["input_ids"].to(self.device),
+                                      b["attention_mask"].to(self.device), b["position_ids"].to(self.device),
+                                      responses.shape[1], self.use_remove_padding, keep_only_needed=True,
+                                      sp_group=self.sp_group, row_fn=per_token)
+        return out[..., 0], (out[..., 1] if calculate_entropy else None)
 
     def compute_log_prob(self, data: DataProto, calculate_entropy: bool = False):
         """Returns (log_probs [B, R] on CPU, entropy [B, R] on CPU or None)."""

@@ -151,47 +151,54 @@ def _response_predictor_positions(batch: int, seq_len: int, response_length: int
 
 def forward_response_logits(module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                             position_ids: torch.Tensor, response_length: int, use_remove_padding: bool,
-                            keep_only_needed: bool = True, sp_group=None) -> torch.Tensor:
+                            keep_only_needed: bool = True, sp_group=None, row_fn=None) -> torch.Tensor:
     """Run the model and return the head outputs at the positions predicting the last R tokens: [B, R, C].
 
     Positions whose predicting token is padding hold zeros (finite; callers mask them with response_mask).
     keep_only_needed: pass `logits_to_keep` (causal LMs); False for heads without that argument (critic).
     sp_group: Ulysses sequence-parallel group (every rank of it passes the same batch; packed path only).
+    row_fn(rows [K, C], flat [K]) -> [K, M]: reduces the kept rows (flat = their indices into the [B*R] response
+      positions) before they are scattered into [B, R, M] — and, under Ulysses, before they are gathered, so a
+      log-prob pass moves M = 1-2 numbers a row between ranks instead of a vocabulary's width.
     """
     bsz, seq_len = input_ids.shape
     sp = SequenceParallel.from_group(sp_group)
     if sp is not None and not use_remove_padding:
         raise ValueError("Ulysses sequence parallelism needs the packed path (model.use_remove_padding=true)")
+    row_fn = row_fn or (lambda rows, flat: rows)
     if not use_remove_padding:
         kwargs = {"logits_to_keep": response_length + 1} if keep_only_needed else {}
         logits = module(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                        use_cache=False, **kwargs).logits
-        return logits[:, -response_length - 1:-1]
+                        use_cache=False, **kwargs).logits[:, -response_length - 1:-1]
+        flat = torch.arange(bsz * response_length, device=input_ids.device)
+        rows = row_fn(logits.reshape(bsz * response_length, -1), flat)
+        return rows.reshape(bsz, response_length, -1)
     packed = pack_inputs(input_ids, attention_mask, position_ids)
     total = packed.input_ids.shape[1]
     packed_of_flat = torch.full((bsz * seq_len,), -1, dtype=torch.long, device=input_ids.device)
     packed_of_flat[packed.flat_index] = torch.arange(total, device=input_ids.device)
     wanted = packed_of_flat[_response_predictor_positions(bsz, seq_len, response_length, input_ids.device)]
     valid = wanted >= 0
+    flat = valid.reshape(-1).nonzero(as_tuple=True)[0]  # kept rows as indices into [B*R], in packed order
     kwargs = dict(cu_seq_lens_q=packed.cu_seqlens, cu_seq_lens_k=packed.cu_seqlens,
                   max_length_q=packed.max_seqlen, max_length_k=packed.max_seqlen, use_cache=False)
     if sp is not None:
-        logits = _sequence_parallel_rows(module, packed, wanted[valid], kwargs, sp, keep_only_needed)
+        rows = _sequence_parallel_rows(module, packed, wanted[valid], flat, kwargs, sp, keep_only_needed, row_fn)
     elif keep_only_needed:
         keep = wanted[valid]
-        logits = module(input_ids=packed.input_ids, position_ids=packed.position_ids, logits_to_keep=keep,
-                        **kwargs).logits[0]                                   # [K, C]
+        rows = row_fn(module(input_ids=packed.input_ids, position_ids=packed.position_ids, logits_to_keep=keep,
+                             **kwargs).logits[0], flat)                                   # [K, M]
     else:
         logits = module(input_ids=packed.input_ids, position_ids=packed.position_ids, **kwargs).logits[0]
-        logits = logits[wanted[valid]]
-    out = logits.new_zeros(bsz, response_length, logits.shape[-1])
-    out[valid] = logits
-    return out
+        rows = row_fn(logits[wanted[valid]], flat)
+    out = rows.new_zeros(bsz * response_length, rows.shape[-1])
+    out[flat] = rows
+    return out.reshape(bsz, response_length, -1)
 
 
-def _sequence_parallel_rows(module, packed: PackedInputs, keep: torch.Tensor, kwargs: dict,
-                            sp: SequenceParallel, keep_only_needed: bool) -> torch.Tensor:
-    """This rank's slice of the packed row through the model; returns the kept head rows of all ranks [K, C].
+def _sequence_parallel_rows(module, packed: PackedInputs, keep: torch.Tensor, flat: torch.Tensor, kwargs: dict,
+                            sp: SequenceParallel, keep_only_needed: bool, row_fn) -> torch.Tensor:
+    """This rank's slice of the packed row through the model; returns every rank's reduced kept rows [K, M].
     `keep` (packed indices) is increasing — packing keeps row order — so rank order is row order."""
     total = packed.input_ids.shape[1]
     pad = -total % sp.size
@@ -205,13 +212,13 @@ def _sequence_parallel_rows(module, packed: PackedInputs, keep: torch.Tensor, kw
     owner = keep // local
     sizes = torch.bincount(owner, minlength=sp.size).tolist()
     kwargs = {**kwargs, "cu_seq_lens_q": cu, "cu_seq_lens_k": cu, "sp_group": sp}
-    mine = keep[owner == sp.rank] - lo
+    mine = owner == sp.rank
+    ids, pos = ids[:, lo:lo + local], pos[:, lo:lo + local]
     if keep_only_needed:
-        rows = module(input_ids=ids[:, lo:lo + local], position_ids=pos[:, lo:lo + local], logits_to_keep=mine,
-                      **kwargs).logits[0]
+        rows = module(input_ids=ids, position_ids=pos, logits_to_keep=keep[mine] - lo, **kwargs).logits[0]
     else:  # heads without logits_to_keep (the critic's value head): the whole slice, then this rank's rows
-        rows = module(input_ids=ids[:, lo:lo + local], position_ids=pos[:, lo:lo + local], **kwargs).logits[0][mine]
-    return gather_rows(rows, sizes, sp)
+        rows = module(input_ids=ids, position_ids=pos, **kwargs).logits[0][keep[mine] - lo]
+    return gather_rows(row_fn(rows, flat[mine]), sizes, sp)
 
 
 # ---------------------------------------------------------------------------------------------- dynamic bsz

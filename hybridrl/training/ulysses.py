@@ -10,8 +10,9 @@ Choices:
 - Attention needs whole sequences: one all-to-all turns q/k/v from [T_loc tokens, all heads] into [all T tokens,
   H/P heads] and one turns the output back (`seq_all_to_all`, exact, its backward is the inverse all-to-all).
   Query heads must divide by P; kv heads that do not are repeated to H first (GQA groups stay aligned).
-- Head outputs: each rank keeps its rows (the positions that predict response tokens in its slice) and
-  `gather_rows` all-gathers them in rank order, so every SP rank computes the same loss. Its backward sums the
+- Head outputs: each rank keeps its rows (the positions that predict response tokens in its slice), reduces
+  them with the caller's row function (the actor: log-prob and entropy, 2 numbers instead of a vocabulary's
+  width) and `gather_rows` all-gathers them in rank order, so every SP rank computes the same loss. Its backward sums the
   group's gradients and keeps this rank's rows: P identical losses give P x the gradient on every rank, and
   FSDP's average over all dp x P ranks then equals the average over dp of the full-sequence gradients.
 """
