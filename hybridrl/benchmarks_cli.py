@@ -1,4 +1,4 @@
-"""`hybridrl bench {grpo,rollout,plot} [args]`: run the benchmark scripts of a source checkout.
+"""`hybridrl bench {grpo,rollout,decode,logprob,plot} [args]`: run the benchmark scripts of a source checkout.
 
 The scripts live in `benchmarks/` next to the package (they are reproduction recipes, not library code, so they are
 not installed); this command finds them from the package location and runs them with the arguments given.
@@ -10,7 +10,8 @@ import runpy
 import sys
 from pathlib import Path
 
-SCRIPTS = {"grpo": "grpo_step.py", "rollout": "rollout.py", "plot": "plot_results.py"}
+SCRIPTS = {"grpo": "grpo_step.py", "rollout": "rollout.py", "decode": "profile_decode.py",
+           "logprob": "logprob_unshard.py", "plot": "plot_results.py"}
 
 
 def _run(args) -> int:
@@ -24,8 +25,8 @@ def _run(args) -> int:
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("bench", help="run a benchmark script (grpo step, rollout vs HF, plots)")
-    p.add_argument("which", choices=sorted(SCRIPTS), help="grpo: benchmarks/grpo_step.py, rollout: benchmarks/rollout.py, "
-                   "plot: benchmarks/plot_results.py")
+    p = subparsers.add_parser("bench", help="run a benchmark script (grpo step, rollout vs HF, decode profile, "
+                              "log-prob unsharding, plots)")
+    p.add_argument("which", choices=sorted(SCRIPTS), help=", ".join(f"{k}: benchmarks/{v}" for k, v in SCRIPTS.items()))
     p.add_argument("script_args", nargs="*", help="arguments passed to the script (put them after --)")
     p.set_defaults(func=_run)

@@ -82,3 +82,13 @@ def test_console_entry_point_subprocess():
     proc = subprocess.run([sys.executable, "-m", "hybridrl.cli", "config", "check", SEED,
                            "actor_rollout_ref.rollout.gpu_memory_utilization=2"], capture_output=True, text=True)
     assert proc.returncode == 1 and "gpu_memory_utilization" in proc.stderr
+
+
+def test_bench_names_point_at_existing_scripts():
+    from pathlib import Path
+
+    from hybridrl.benchmarks_cli import SCRIPTS
+
+    root = Path(__file__).resolve().parent.parent / "benchmarks"
+    assert {"grpo", "rollout", "decode", "logprob", "plot"} <= set(SCRIPTS)
+    assert all((root / script).exists() for script in SCRIPTS.values())
