@@ -42,6 +42,7 @@ EXTRA_TYPES: dict[str, tuple[type, ...]] = {
     "trainer.logger": (list, str),
     "actor_rollout_ref.rollout.log_prob_unshard_once": (str, bool),
     "actor_rollout_ref.ref.log_prob_unshard_once": (str, bool),
+    "critic.forward_unshard_once": (str, bool),
 }
 
 # keys that may be null although their default is not (per-GPU micro-batches: null with dynamic batch size,
@@ -79,6 +80,7 @@ ENUMS: dict[str, tuple[str, ...]] = {
     "trainer.device": ("auto", "cuda", "cpu"),
     "actor_rollout_ref.rollout.log_prob_unshard_once": ("auto", True, False),
     "actor_rollout_ref.ref.log_prob_unshard_once": ("auto", True, False),
+    "critic.forward_unshard_once": ("auto", True, False),
 }
 
 # verl spellings rewritten to ours at load (key -> {alias: canonical})

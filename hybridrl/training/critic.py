@@ -13,6 +13,7 @@ import torch
 
 from hybridrl.algorithms import compute_value_loss, masked_mean
 from hybridrl.protocol import DataProto
+from hybridrl.training.fsdp import keep_unsharded, should_keep_unsharded
 from hybridrl.training.micro_batches import loss_scale, make_micro_batches, normaliser
 from hybridrl.training.packing import forward_response_logits, restore_order
 from hybridrl.training.updater import FSDPUpdater
@@ -48,7 +49,8 @@ class DataParallelPPOCritic(FSDPUpdater):
             meta.get("micro_batch_size", self.config.get("forward_micro_batch_size_per_gpu")),
             meta.get("max_token_len", self.config.get("ppo_max_token_len_per_gpu")),
             size_key="critic.forward_micro_batch_size_per_gpu", token_key="critic.ppo_max_token_len_per_gpu")
-        with torch.no_grad():
+        once = should_keep_unsharded(self.module, meta.get("unshard_once", False), len(micros), self.device)
+        with torch.no_grad(), keep_unsharded(self.module, once):
             values = [self._forward_micro_batch(m).cpu() for m in micros]
         return restore_order(values, bins) if bins is not None else torch.cat(values)
 

@@ -87,14 +87,16 @@ AUTO_UNSHARD_MAX_FRACTION = 0.25
 
 
 def should_keep_unsharded(model: torch.nn.Module, mode, num_micro_batches: int, device: torch.device) -> bool:
-    """mode: True / False / "auto" (config `*.log_prob_unshard_once`); never for a single micro-batch."""
+    """mode: True / False / "auto" (config `*.log_prob_unshard_once`, `critic.forward_unshard_once`); never for a
+    single micro-batch."""
     size = unsharded_param_bytes(model)
     if num_micro_batches < 2 or size is None or mode is False:
         return False
     if mode is True:
         return True
     if mode != "auto":
-        raise ValueError(f"log_prob_unshard_once={mode!r} must be true, false or 'auto'")
+        raise ValueError(f"unshard_once={mode!r} (config: *.log_prob_unshard_once, critic.forward_unshard_once) "
+                         "must be true, false or 'auto'")
     device = torch.device(device)
     if device.type == "cuda":
         total = torch.cuda.get_device_properties(device).total_memory

@@ -74,6 +74,7 @@ class CriticWorker(Worker):
         data.meta_info["micro_batch_size"] = int(self.config.critic.forward_micro_batch_size_per_gpu)
         data.meta_info["use_dynamic_bsz"] = bool(self.config.critic.use_dynamic_bsz)
         data.meta_info["max_token_len"] = int(self.config.critic.ppo_max_token_len_per_gpu)
+        data.meta_info["unshard_once"] = self.config.critic.forward_unshard_once
         with track_phase("values", metrics, self.compute_device):
             self._load(params=self._param_offload, optimizer=False)
             values = self.critic.compute_values(data.to(self.compute_device))

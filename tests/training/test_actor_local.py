@@ -160,5 +160,5 @@ def test_should_keep_unsharded_decision():
     host = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     model.fsdp_unsharded_bytes = int(AUTO_UNSHARD_MAX_FRACTION * host) + 1
     assert not should_keep_unsharded(model, "auto", 2, cpu)
-    with pytest.raises(ValueError, match="log_prob_unshard_once='sometimes'"):
+    with pytest.raises(ValueError, match="unshard_once='sometimes'"):
         should_keep_unsharded(model, "sometimes", 2, cpu)
