@@ -107,7 +107,8 @@ def test_hf_rollout_backend_runs_on_the_actor_module(ray_local, tiny_model_dir, 
      "actor_rollout_ref.actor.fsdp_config.optimizer_offload=true"],  # scheme A: the resident engine
     ["algorithm.adv_estimator=gae", "actor_rollout_ref.actor.use_kl_loss=true",
      "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2", "actor_rollout_ref.model.use_remove_padding=true",
-     "critic.ulysses_sequence_parallel_size=2", "critic.model.use_remove_padding=true"],  # one SP group of 2:
+     "critic.ulysses_sequence_parallel_size=2", "critic.model.use_remove_padding=true",
+     "actor_rollout_ref.model.enable_gradient_checkpointing=true"],  # one SP group of 2 (+ recompute in backward):
     # actor, reference and critic each split every sequence over both ranks
 ], ids=["remax", "rloo_kl_in_reward", "scheme_a_offload", "ppo_ulysses_sp2"])
 def test_other_estimators_and_scheme_a_run(ray_local, tiny_model_dir, arith_dir, tmp_path, extra):
