@@ -3,7 +3,8 @@
   that divide the SP size and for kv heads that must be repeated;
 - the FSDP actor with sp_group: log-probs == single-process HF log-probs, and one PPO update == the same update
   by a single-process actor on the whole batch (log-probs after it, grad norm);
-- the FSDP critic with sp_group (a value head, no logits_to_keep): values and one update == single process.
+- the FSDP critic with sp_group (a value head, no logits_to_keep): values and one update == single process;
+- log-probs of tiny Llama and Qwen3 models with sp_group == single process.
 One spawn runs all checks (process start-up dominates the cost)."""
 
 import copy
@@ -54,7 +55,7 @@ def _check_attention(rank, sp, kv_heads):
         torch.testing.assert_close(mine.grad, full.grad[:, :, lo:hi], atol=1e-6, rtol=1e-5)
 
 
-def _worker(rank, world, model_dir):
+def _worker(rank, world, model_dir, other_arch_dirs):
     sp = SequenceParallel.from_group(dist.group.WORLD)
     assert (sp.size, sp.rank) == (2, rank)
     _check_attention(rank, sp, kv_heads=2)
@@ -89,6 +90,20 @@ def _worker(rank, world, model_dir):
     assert not torch.allclose(lp_ref_after[mask], lp_ref[mask])
     torch.testing.assert_close(lp_sp_after[mask], lp_ref_after[mask], atol=1e-5, rtol=1e-5)
     _check_critic(model_dir, mesh, data)
+    for arch_dir in other_arch_dirs:  # Llama, Qwen3 (per-head q/k norms, explicit head_dim): log-probs
+        _check_log_probs(arch_dir, mesh, data)
+
+
+def _check_log_probs(model_dir, mesh, data):
+    model = build_fsdp_model({"path": model_dir, "use_remove_padding": True}, {"model_dtype": "fp32"}, mesh,
+                             torch.device("cpu"))
+    actor = DataParallelPPOActor(ACTOR, model, use_remove_padding=True, sp_group=dist.group.WORLD)
+    plain = DataParallelPPOActor(ACTOR, transformers.AutoModelForCausalLM.from_pretrained(model_dir,
+                                                                                          dtype=torch.float32))
+    mask = data.batch["response_mask"].bool()
+    lp_sp, _ = actor.compute_log_prob(data)
+    torch.testing.assert_close(lp_sp[mask], plain.compute_log_prob(copy.deepcopy(data))[0][mask], atol=1e-5,
+                               rtol=1e-5)
 
 
 def _check_critic(model_dir, mesh, data):
@@ -116,5 +131,8 @@ def _check_critic(model_dir, mesh, data):
 
 @pytest.mark.slow
 def test_ulysses_two_ranks_matches_single_process(tmp_path):
+    from hybridrl.assets.tiny_model import build_tiny_model
+
     model_dir = make_tiny_model_dir(tmp_path / "model", with_tokenizer=False)
-    run_ranks(_worker, 2, str(model_dir))
+    others = [str(build_tiny_model(tmp_path / arch, arch=arch, vocab_size=300)) for arch in ("llama", "qwen3")]
+    run_ranks(_worker, 2, str(model_dir), others)
