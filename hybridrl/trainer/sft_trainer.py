@@ -128,9 +128,11 @@ def collate(examples, pad_id: int) -> DataProto:
 # ---------------------------------------------------------------------------------------------- training
 def _nll(module, micro: DataProto, device, use_remove_padding: bool) -> torch.Tensor:
     b = {k: v.to(device) for k, v in micro.batch.items()}
-    logits = forward_response_logits(module, b["input_ids"], b["attention_mask"], b["position_ids"],
-                                      b["responses"].shape[1], use_remove_padding)
-    return -logprobs_from_logits(logits.float(), b["responses"]) * b["response_mask"]   # [b, R]
+    targets = b["responses"].reshape(-1)
+    logp = forward_response_logits(module, b["input_ids"], b["attention_mask"], b["position_ids"],
+                                   b["responses"].shape[1], use_remove_padding,
+                                   row_fn=lambda rows, flat: logprobs_from_logits(rows.float(), targets[flat])[:, None])
+    return -logp[..., 0] * b["response_mask"]   # [b, R]
 
 
 def _setup_dist(device_pref: str):
