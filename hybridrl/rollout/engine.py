@@ -181,12 +181,11 @@ class LLMEngine:
                 nxt_handle = self.runner.launch(nxt, gen, sampling_params, TokenFeed(handle.tokens, nxt.feed_rows))
             tokens, logprobs = self.runner.read(handle)
             t2 = time.perf_counter()
-            dropped = sched.stats["num_lookahead_discarded"]
             sched.postprocess(batch, tokens, logprobs)
             host_s += time.perf_counter() - t2
-            self.stats["generated_tokens"] += len(tokens) - (sched.stats["num_lookahead_discarded"] - dropped)
             inflight = (nxt, nxt_handle) if nxt is not None else None
         self.stats["schedule_s"] += host_s
+        self.stats["generated_tokens"] += sum(s.num_completion_tokens for group in groups for s in group)
         self.stats.update(self.runner.timing)
         for key, value in sched.stats.items():
             self.stats[key] = max(self.stats[key], value) if key in _PEAK_KEYS else self.stats[key] + value

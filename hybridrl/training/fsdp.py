@@ -20,6 +20,7 @@ Choices:
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from contextlib import contextmanager
 
@@ -101,8 +102,6 @@ def should_keep_unsharded(model: torch.nn.Module, mode, num_micro_batches: int, 
     if device.type == "cuda":
         total = torch.cuda.get_device_properties(device).total_memory
     else:
-        import os
-
         total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     return size <= AUTO_UNSHARD_MAX_FRACTION * total
 

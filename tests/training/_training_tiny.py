@@ -14,6 +14,11 @@ import torch.multiprocessing as mp
 
 from hybridrl.protocol import DataProto
 
+# the PPO actor settings the 2-rank tests train with (a 4-row mini-batch in micro-batches of 2, plain PPO clip)
+TINY_ACTOR_CFG = dict(ppo_mini_batch_size=4, ppo_micro_batch_size_per_gpu=2, ppo_epochs=1, clip_ratio=0.2,
+                      grad_clip=1.0, loss_agg_mode="token-mean", entropy_coeff=0.0, use_kl_loss=False,
+                      use_dynamic_bsz=False)
+
 CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
                  "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 

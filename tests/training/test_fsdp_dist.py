@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import transformers
-from _training_tiny import make_ppo_batch, make_tiny_model_dir, run_ranks
+from _training_tiny import TINY_ACTOR_CFG, make_ppo_batch, make_tiny_model_dir, run_ranks
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
@@ -26,8 +26,7 @@ from hybridrl.training import (
     save_checkpoint,
 )
 
-ACTOR = dict(ppo_mini_batch_size=4, ppo_micro_batch_size_per_gpu=2, ppo_epochs=1, clip_ratio=0.2, grad_clip=1.0,
-             loss_agg_mode="token-mean", entropy_coeff=0.0, use_kl_loss=False, use_dynamic_bsz=False)
+ACTOR = TINY_ACTOR_CFG
 OPTIM = dict(lr=1e-3, weight_decay=0.01, lr_warmup_steps=0, warmup_style="cosine", min_lr_ratio=0.1,
              total_training_steps=10)
 

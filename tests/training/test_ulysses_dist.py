@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import transformers
-from _training_tiny import make_ppo_batch, make_tiny_model_dir, run_ranks
+from _training_tiny import TINY_ACTOR_CFG, make_ppo_batch, make_tiny_model_dir, run_ranks
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from torch.distributed.tensor import DTensor
 
@@ -28,8 +28,7 @@ from hybridrl.training.fsdp import build_training_mesh, load_hf_model
 from hybridrl.training.packing import varlen_attention_forward
 from hybridrl.training.ulysses import SequenceParallel
 
-ACTOR = dict(ppo_mini_batch_size=4, ppo_micro_batch_size_per_gpu=2, ppo_epochs=1, clip_ratio=0.2, grad_clip=1.0,
-             loss_agg_mode="token-mean", entropy_coeff=0.0, use_kl_loss=False, use_dynamic_bsz=False)
+ACTOR = TINY_ACTOR_CFG
 CRITIC = dict(ppo_mini_batch_size=4, ppo_micro_batch_size_per_gpu=2, cliprange_value=0.5, grad_clip=1.0,
               loss_agg_mode="token-mean", model={"use_remove_padding": True})
 OPTIM = dict(lr=1e-3, weight_decay=0.01, lr_warmup_steps=0, warmup_style="constant", total_training_steps=10)
