@@ -1,27 +1,47 @@
-"""`default_compute_score`: pick the rule scorer from a sample's data_source (verl's names).
+"""`default_compute_score`: pick the rule scorer from a sample's data_source.
 
-Unknown data sources are an error naming the source and the known ones — a silent 0 would train on noise.
+- verl's data sources get verl's verdict (`hybridrl.rewards.verl_compat`), so reward curves compare with verl's.
+- The project's own tasks keep their scorers: `countdown`, `arith`, and the lenient comparisons under their own
+  names, `hybridrl/lenient_numeric` (GSM8K-style `#### N`, compared as numbers) and `hybridrl/lenient_math`
+  (`\\boxed{}` answers, equal fractions accepted).
+- verl's code sources raise NotImplementedError naming the sandbox they need; an unknown source is a ValueError
+  naming the known ones — a silent 0 would train on noise.
 """
 
 from __future__ import annotations
 
-from hybridrl.rewards import arith, countdown, gsm8k, math
+from functools import partial
 
-__all__ = ["SCORERS", "default_compute_score"]
+from hybridrl.rewards import arith, countdown, lenient_math, lenient_numeric
+from hybridrl.rewards.verl_compat import (
+    CODE_DATA_SOURCES,
+    EXACT_SOURCES,
+    verl_compute_score,
+    verl_scorer_module,
+)
+
+__all__ = ["LENIENT_MATH", "LENIENT_NUMERIC", "SCORERS", "default_compute_score"]
+
+LENIENT_NUMERIC = "hybridrl/lenient_numeric"
+LENIENT_MATH = "hybridrl/lenient_math"
+# verl routes every source starting with "aime" to math_dapo; these are the names its recipes use
+_AIME_NAMES = ("aime", "aime24", "aime25", "aime2024", "aime2025")
 
 SCORERS = {
-    "openai/gsm8k": gsm8k.compute_score,
-    "lighteval/MATH": math.compute_score,
-    "DigitalLearningGmbH/MATH-lighteval": math.compute_score,
-    "HuggingFaceH4/MATH-500": math.compute_score,
+    **{source: partial(verl_compute_score, source) for source in (*EXACT_SOURCES, *_AIME_NAMES)},
     "countdown": countdown.compute_score,
     "arith": arith.compute_score,
+    LENIENT_NUMERIC: lenient_numeric.compute_score,
+    LENIENT_MATH: lenient_math.compute_score,
 }
 
 
-def default_compute_score(data_source: str, solution_str: str, ground_truth, extra_info=None):
+def default_compute_score(data_source: str, solution_str: str, ground_truth, extra_info=None, **kwargs):
     scorer = SCORERS.get(data_source)
-    if scorer is None:
-        raise ValueError(f"default_compute_score: no rule scorer for data_source={data_source!r}; known: "
-                         f"{sorted(SCORERS)}. Set custom_reward_function.path to score other sources.")
-    return scorer(solution_str, ground_truth)
+    if scorer is not None:
+        return scorer(solution_str, ground_truth)
+    if data_source in CODE_DATA_SOURCES or verl_scorer_module(data_source) is not None:
+        return verl_compute_score(data_source, solution_str, ground_truth, extra_info, **kwargs)
+    raise ValueError(f"default_compute_score: no rule scorer for data_source={data_source!r}; known: "
+                     f"{sorted(SCORERS)} and any name starting with 'aime'. "
+                     f"Set custom_reward_function.path to score other sources.")

@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from hybridrl.rewards import arith, countdown, default_compute_score, gsm8k, math
+from hybridrl.rewards import arith, countdown, default_compute_score, lenient_math, lenient_numeric
 from hybridrl.rewards.expression import ExpressionError, evaluate
 
 LONG_JUNK = "blah " * 5000
@@ -21,16 +21,16 @@ LONG_JUNK = "blah " * 5000
     (LONG_JUNK + "#### 72", "strict", 1.0),    # very long, answer at the end
     ("#### 72" + LONG_JUNK, "strict", 0.0),    # very long, answer outside the searched tail
 ])
-def test_gsm8k(text, method, expected):
+def test_lenient_numeric(text, method, expected):
     gt = "1000" if "1,000" in text else "72"
-    assert gsm8k.compute_score(text, gt, method=method) == expected
+    assert lenient_numeric.compute_score(text, gt, method=method) == expected
 
 
-def test_gsm8k_format_score_and_bad_method():
-    assert gsm8k.compute_score("#### 3", "72", format_score=0.1) == 0.1
-    assert gsm8k.compute_score("no answer", "72", format_score=0.1) == 0.0
+def test_lenient_numeric_format_score_and_bad_method():
+    assert lenient_numeric.compute_score("#### 3", "72", format_score=0.1) == 0.1
+    assert lenient_numeric.compute_score("no answer", "72", format_score=0.1) == 0.0
     with pytest.raises(ValueError, match="method"):
-        gsm8k.compute_score("#### 3", "3", method="fuzzy")
+        lenient_numeric.compute_score("#### 3", "3", method="fuzzy")
 
 
 @pytest.mark.parametrize("text,gt,expected", [
@@ -49,8 +49,8 @@ def test_gsm8k_format_score_and_bad_method():
     (LONG_JUNK + "\\boxed{7}", "7", 1.0),           # very long
     ("\\fbox{42}", "\\boxed{42}", 1.0),             # ground truth given boxed
 ])
-def test_math(text, gt, expected):
-    assert math.compute_score(text, gt) == expected
+def test_lenient_math(text, gt, expected):
+    assert lenient_math.compute_score(text, gt) == expected
 
 
 GT = json.dumps({"numbers": [3, 5, 7, 20], "target": 42})
@@ -102,5 +102,10 @@ def test_default_compute_score_dispatch():
     assert default_compute_score("DigitalLearningGmbH/MATH-lighteval", "\\boxed{4}", "5") == 0.0
     assert default_compute_score("arith", "#### 4", "4", extra_info={"split": "test"}) == 1.0
     assert default_compute_score("countdown", "<answer>2 + 2</answer>", {"target": 4, "numbers": [2, 2]}) == 1.0
+    # the lenient comparisons keep their own names; verl's sources get verl's stricter verdict
+    assert default_compute_score("hybridrl/lenient_numeric", "#### 1,000.", "1000") == 1.0
+    assert default_compute_score("openai/gsm8k", "#### 1,000.", "1000") == 0.0
+    assert default_compute_score("hybridrl/lenient_math", "\\boxed{\\frac{2}{4}}", "0.5") == 1.0
+    assert default_compute_score("lighteval/MATH", "\\boxed{\\frac{2}{4}}", "0.5") == 0.0
     with pytest.raises(ValueError, match="data_source='my/dataset'"):
         default_compute_score("my/dataset", "#### 4", "4")

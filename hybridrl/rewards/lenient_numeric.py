@@ -1,12 +1,14 @@
-"""GSM8K scorer with verl's interface: `compute_score(solution_str, ground_truth, method='strict', format_score=0.0,
-score=1.0)`.
+"""Lenient numeric scorer (data source `hybridrl/lenient_numeric`; also behind `arith`), with the interface of
+verl's GSM8K scorer: `compute_score(solution_str, ground_truth, method='strict', format_score=0.0, score=1.0)`.
+verl's exact GSM8K verdict is `hybridrl.rewards.verl_compat.gsm8k` (data source `openai/gsm8k`).
 
 - strict: the last `#### N` in the text is the answer (a model that writes two answers is judged on its last,
   as in verl); no `#### N` gives 0.
 - flexible: the last number anywhere in the text.
 - Like verl, only the last 300 characters are searched (a long ramble cannot make the regex expensive).
-- Deviation from verl, on purpose: answers are compared as numbers after removing `,` and `$` ("1,000" ==
-  "1000", "18.0" == "18"), where verl compares strings; a found-but-wrong answer earns `format_score`.
+- Lenient where verl is not: `####42` and `#### $42` are found, and answers are compared as numbers after
+  removing `,` and `$` ("1,000" == "1000", "18.0" == "18", "007" == "7"), where verl compares strings;
+  a found-but-wrong answer earns `format_score`.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ def _clean(text: str) -> str:
 
 def extract_solution(solution_str: str, method: str = "strict") -> str | None:
     if method not in ("strict", "flexible"):
-        raise ValueError(f"gsm8k.extract_solution: method must be 'strict' or 'flexible', got {method!r}")
+        raise ValueError(f"lenient_numeric.extract_solution: method must be 'strict' or 'flexible', got {method!r}")
     text = solution_str[-SOLUTION_CLIP_CHARS:]
     if method == "strict":
         found = [_clean(s) for s in _STRICT.findall(text)]

@@ -1,10 +1,12 @@
-r"""MATH (Hendrycks / lighteval) scorer: the last `\boxed{...}` (or `\fbox{...}`) against the ground truth.
+r"""Lenient MATH-style scorer (data source `hybridrl/lenient_math`): the last `\boxed{...}` (or `\fbox{...}`)
+against the ground truth. verl's exact MATH verdict is `hybridrl.rewards.verl_compat.hendrycks`.
 
 Normalisation applied to both sides before comparing (a compact take on verl's `strip_string`):
 `$...$` and `\(...\)` removed; `\text{x}`, `\textbf{x}`, `\mbox{x}` → x; `\dfrac`/`\tfrac` → `\frac`;
 `\frac12` → `\frac{1}{2}`; `\left`/`\right`, `^\circ`, `\%`, `\!`, spaces removed; a trailing `.0`/`.00` dropped;
 a leading `x=` dropped. Then equal strings score 1; failing that, two plain numbers or `\frac{a}{b}` values
-that are equal as fractions score 1. Braces are matched by counting, so nested `\boxed{\frac{1}{2}}` works.
+that are equal as fractions score 1 (`\frac{2}{4}` = `0.5`, `5.0` = `5`, where verl says no). Braces are
+matched by counting, so nested `\boxed{\frac{1}{2}}` works.
 """
 
 from __future__ import annotations
