@@ -2,7 +2,7 @@
 
 Layout under `root` (= trainer.default_local_dir):
     global_step_N/                      one complete checkpoint (actor/, critic/, data.pt ... as written)
-    global_step_N/COMPLETE              marker, written last (JSON: step, file count, bytes)
+    global_step_N/COMPLETE              marker, written last (JSON: step, file count, bytes, per-file checksums)
     latest_checkpointed_iteration.txt   "N" — the last committed step (verl reads the same file)
 
 Guarantee: a directory named `global_step_N` is always complete. Contents are written into
@@ -12,6 +12,10 @@ fsyncs `root`, and then replaces the tracker file atomically (temp file + fsync 
 before the rename leaves only a `.tmp-*` directory, removed when the next manager starts; a crash
 between rename and tracker update leaves the tracker on the previous (complete) step. Loading checks
 the marker, so a directory copied in by hand or by an older tool without it is refused, not trusted.
+
+Integrity: the marker records every file's size and blake2b checksum (checkpoint_integrity.py); resuming
+re-hashes them first. A corrupt, truncated or missing file is reported by name; `auto` resume then falls back
+to the newest checkpoint that verifies (logged, counted in `num_corrupt_skipped`), `resume_path` refuses.
 
 Multi-rank use (one process commits, everybody writes):
     driver / rank 0:  tmp = mgr.begin(step)          # path on a filesystem all writers see
@@ -28,7 +32,8 @@ max_to_keep - 1 highest other steps are kept; the rest of the complete `global_s
 deleted (counted in `num_deleted`). Directories without the marker are never deleted, only reported.
 Resume modes (trainer.resume_mode): `auto` = the tracker's step if that checkpoint is complete, else
 the highest complete step, else None; `disable` = None; `resume_path` = trainer.resume_from_path,
-which must be an existing, complete `global_step_N` directory.
+which must be an existing, complete, verifying `global_step_N` directory. A run holds `run_lock.RunLock` on
+the root, so no second run's startup cleanup can delete this run's temporary directories.
 """
 
 from __future__ import annotations
@@ -43,7 +48,15 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-__all__ = ["CheckpointManager", "save_distributed", "step_of", "is_complete", "TRACKER_FILE", "COMPLETE_MARKER"]
+from hybridrl.trainer.checkpoint_integrity import (
+    CHECKSUM_ALGORITHM,
+    CheckpointCorruptError,
+    file_checksums,
+    verify_checkpoint,
+)
+
+__all__ = ["CheckpointManager", "save_distributed", "step_of", "is_complete", "TRACKER_FILE", "COMPLETE_MARKER",
+           "CheckpointCorruptError"]
 
 logger = logging.getLogger("hybridrl.checkpoint")
 
@@ -112,6 +125,7 @@ class CheckpointManager:
         self.fsync = fsync
         self.num_deleted = 0
         self.num_stale_removed = 0
+        self.num_corrupt_skipped = 0
         self._pending: dict[int, Path] = {}
         self.root.mkdir(parents=True, exist_ok=True)
         if clean_stale:
@@ -167,7 +181,8 @@ class CheckpointManager:
             self._pending.pop(step)
             raise FileNotFoundError(f"commit({step}): temporary checkpoint directory {tmp} vanished before commit")
         n_files, n_bytes = _fsync_tree(tmp) if self.fsync else (sum(1 for p in tmp.rglob("*") if p.is_file()), 0)
-        marker = json.dumps({"step": step, "files": n_files, "bytes": n_bytes, "time": time.time()})
+        marker = json.dumps({"step": step, "files": n_files, "bytes": n_bytes, "time": time.time(),
+                             "algorithm": CHECKSUM_ALGORITHM, "checksums": file_checksums(tmp)})
         _write_durable(tmp / COMPLETE_MARKER, marker)
         final = self.step_dir(step)
         old = None
@@ -219,16 +234,41 @@ class CheckpointManager:
             return None
         return int(text)
 
+    def verify(self, path: str | os.PathLike) -> list[str]:
+        """Problems with a complete checkpoint's files against its marker's checksums ([] = verified)."""
+        problems = verify_checkpoint(path, COMPLETE_MARKER)
+        if problems is None:
+            logger.warning("%s has no checksums in its %s marker (written before they were recorded): loading it "
+                           "unverified", path, COMPLETE_MARKER)
+            return []
+        return problems
+
     def find_latest(self) -> Path | None:
-        """The tracker's checkpoint if complete, else the highest complete step, else None."""
+        """The newest complete checkpoint that verifies: the tracker's step first, then the others from the highest
+        down; None if there is none. Each one skipped as corrupt is logged with its files and counted; if every
+        complete checkpoint is corrupt, CheckpointCorruptError names them all (starting fresh would hide it)."""
         tracked = self.read_tracker()
-        if tracked is not None and is_complete(self.step_dir(tracked)):
-            return self.step_dir(tracked)
         steps = self.complete_steps()
-        if tracked is not None:
+        if tracked is not None and tracked not in steps:
             logger.warning("tracker points to step %d but %s is missing or incomplete; using %s", tracked,
                            self.step_dir(tracked), f"step {steps[-1]}" if steps else "no checkpoint")
-        return self.step_dir(steps[-1]) if steps else None
+        order = ([tracked] if tracked in steps else []) + [s for s in reversed(steps) if s != tracked]
+        corrupt = []
+        for step in order:
+            path = self.step_dir(step)
+            problems = self.verify(path)
+            if not problems:
+                if corrupt:
+                    logger.warning("auto resume: falling back to %s, the newest checkpoint that verifies (%d newer "
+                                   "corrupt one(s) skipped: %s)", path, len(corrupt), ", ".join(corrupt))
+                return path
+            self.num_corrupt_skipped += 1
+            corrupt.append(path.name)
+            logger.error("checkpoint %s is corrupt and will not be loaded:\n  %s", path, "\n  ".join(problems))
+        if corrupt:
+            raise CheckpointCorruptError(f"no checkpoint in {self.root} verifies (corrupt: {', '.join(corrupt)}; the "
+                                         "files are named above); set trainer.resume_mode=disable to start fresh")
+        return None
 
     def resolve_resume(self, resume_mode: str, resume_from_path: str | os.PathLike | None = None) -> Path | None:
         """The checkpoint directory to resume from, or None to start fresh (see module docstring)."""
@@ -247,6 +287,9 @@ class CheckpointManager:
         if not is_complete(path):
             raise ValueError(f"trainer.resume_from_path={str(path)!r} has no {COMPLETE_MARKER} marker: the checkpoint "
                              "is incomplete (interrupted save) or was not written by hybridrl's CheckpointManager")
+        problems = self.verify(path)
+        if problems:
+            raise CheckpointCorruptError(f"trainer.resume_from_path={str(path)!r} is corrupt:\n  " + "\n  ".join(problems))
         return path
 
 
