@@ -13,6 +13,7 @@ from pathlib import Path
 from omegaconf import DictConfig, open_dict
 
 from hybridrl.trainer.ppo_trainer import RayPPOTrainer, need_critic, need_reference
+from hybridrl.trainer.run_dir import claim_run_dir, run_log_dirs
 
 
 def _files(value, key: str) -> list[str]:
@@ -47,7 +48,19 @@ def _use_gpu(config: DictConfig) -> bool:
     return gpus >= 1
 
 
+def _loggers(config: DictConfig) -> list[str]:
+    return list(config.trainer.logger) if not isinstance(config.trainer.logger, str) else [config.trainer.logger]
+
+
 def run_ppo(config: DictConfig) -> dict:
+    """The whole run holds the lock on trainer.default_local_dir, taken (with a write check of the checkpoint and
+    log directories) before anything else starts: a second run on the directory stops here, naming the holder."""
+    run_dir = Path(os.path.expanduser(config.trainer.default_local_dir))
+    with claim_run_dir(run_dir, run_log_dirs(_loggers(config), run_dir / "logs")):
+        return _run_ppo_claimed(config)
+
+
+def _run_ppo_claimed(config: DictConfig) -> dict:
     from transformers import AutoTokenizer
 
     from hybridrl.controller import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup, init_ray
@@ -101,8 +114,7 @@ def run_ppo(config: DictConfig) -> dict:
     run_dir = Path(os.path.expanduser(t.default_local_dir))
     run_dir.mkdir(parents=True, exist_ok=True)
     log_dir = run_dir / "logs"
-    tracker = Tracking(t.project_name, t.experiment_name, list(t.logger) if not isinstance(t.logger, str) else [t.logger],
-                       config=config, log_dir=str(log_dir))
+    tracker = Tracking(t.project_name, t.experiment_name, _loggers(config), config=config, log_dir=str(log_dir))
     ckpt = CheckpointManager(str(run_dir), max_to_keep=t.max_actor_ckpt_to_keep)
     timeline = MemoryTimeline()
     trainer = RayPPOTrainer(config, tokenizer, actor_wg, critic_wg, reward_fn, val_reward_fn, loader, val_set,
