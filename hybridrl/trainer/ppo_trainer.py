@@ -29,6 +29,7 @@ from hybridrl.trainer.metrics import (
     process_validation_metrics,
     reduce_metrics,
 )
+from hybridrl.trainer.resume_check import check_resume_config, save_resolved_config
 from hybridrl.trainer.timer import marked_timer
 from hybridrl.trainer.tracking import make_progress_bar
 
@@ -162,6 +163,7 @@ class RayPPOTrainer:
         state = {"global_step": step, "dataloader": self.train_loader.state_dict(),
                  "kl_coef": self.kl_ctrl.value if self.kl_ctrl else None}
         (tmp / "trainer_state.json").write_text(json.dumps(state))
+        save_resolved_config(tmp, self.config)  # compared with the config of a run that resumes from it
         self.ckpt.commit(step)
 
     def load_checkpoint(self) -> int:
@@ -170,6 +172,7 @@ class RayPPOTrainer:
         if path is None:
             return 0
         path = Path(path)
+        check_resume_config(path, self.config)  # refuses settings that conflict with the checkpoint, lists the rest
         state = json.loads((path / "trainer_state.json").read_text())
         self.actor_rollout_wg.load_checkpoint(str(path / "actor"))
         if self.use_critic:

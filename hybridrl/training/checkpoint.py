@@ -11,11 +11,17 @@ Choices: DCP through `get/set_model_state_dict` and `get/set_optimizer_state_dic
 parallel and reshards on load, so a checkpoint taken on W ranks loads on any other count (model and
 optimizer; the RNG states then come from rank 0's file of the old run and the count is reported). The model
 state dict is saved flat (no "model." prefix) so `merge.py` reads it with the HF names directly.
+
+On load, the optimizer hyperparameters of the run doing the loading (lr, betas, weight decay, eps; the
+scheduler's base lrs) replace the saved ones: the saved optimizer state (moments, step counts) and scheduler
+position are kept, but a user who resumes with a new `optim.lr` gets it, with the changes logged. A file that
+fails to load is named in the error (truncated, corrupt, or not a checkpoint).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import random
 import warnings
 from pathlib import Path
@@ -24,6 +30,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
@@ -32,10 +39,63 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
-__all__ = ["save_checkpoint", "load_checkpoint", "save_hf_model", "CHECKPOINT_META"]
+__all__ = ["save_checkpoint", "load_checkpoint", "save_hf_model", "CHECKPOINT_META", "CheckpointLoadError"]
+
+logger = logging.getLogger("hybridrl.checkpoint")
 
 CHECKPOINT_META = "hybridrl_checkpoint.json"
 _CONTENTS = ("model", "optimizer", "extra", "hf_model")
+_OPTIM_SETTINGS = ("initial_lr", "betas", "weight_decay", "eps")  # what the config sets per param group, besides lr
+
+
+class CheckpointLoadError(RuntimeError):
+    """A checkpoint file or directory that exists but cannot be read back."""
+
+
+def _loading(what: str, path: Path, fn):
+    """fn(), with any failure to read `path` re-raised as a CheckpointLoadError naming it."""
+    try:
+        return fn()
+    except (Exception, CheckpointException) as e:  # DCP's CheckpointException is a BaseException
+        causes = [exc for exc, _ in e.failures.values()] if isinstance(e, CheckpointException) else [e]
+        why = "; ".join(f"{type(c).__name__}: {str(c).strip()[:300]}".rstrip(": ") for c in causes)
+        raise CheckpointLoadError(f"checkpoint {path.parent}: cannot load the {what} from {path} ({why}); the file "
+                                  "is truncated, corrupt or not part of a hybridrl checkpoint") from e
+
+
+def _configured_optim(optimizer, lr_scheduler) -> tuple[list[dict], list[float] | None]:
+    groups = [{k: g[k] for k in ("lr", *_OPTIM_SETTINGS) if k in g} for g in optimizer.param_groups]
+    return groups, (list(lr_scheduler.base_lrs) if lr_scheduler is not None else None)
+
+
+def _plain(v):
+    return list(v) if isinstance(v, tuple) else v
+
+
+def _reapply_configured_optim(optimizer, lr_scheduler, configured, ckpt_dir: Path) -> list[str]:
+    """Put this run's optimizer settings back over the loaded ones; the lr is recomputed from the configured base lr
+    at the loaded scheduler position. Returns the changes, one line each."""
+    groups, base_lrs = configured
+    changes = []
+    for i, (group, want) in enumerate(zip(optimizer.param_groups, groups)):
+        for key in _OPTIM_SETTINGS:
+            if key in want and _plain(group.get(key)) != _plain(want[key]):
+                changes.append(f"param_groups[{i}].{key}: {group.get(key)} -> {want[key]}")
+                group[key] = want[key]
+    if lr_scheduler is not None and hasattr(lr_scheduler, "lr_lambdas"):
+        lr_scheduler.base_lrs = list(base_lrs)
+        lrs = [b * fn(lr_scheduler.last_epoch) for b, fn in zip(base_lrs, lr_scheduler.lr_lambdas)]
+        lr_scheduler._last_lr = list(lrs)
+    else:
+        lrs = [g["lr"] for g in groups]
+    for i, (group, lr) in enumerate(zip(optimizer.param_groups, lrs)):
+        if group["lr"] != lr:
+            changes.append(f"param_groups[{i}].lr: {group['lr']:.6g} -> {lr:.6g}")
+            group["lr"] = lr
+    if changes and _rank_world()[0] == 0:
+        logger.warning("checkpoint %s: this run's optimizer settings replace the saved ones: %s", ckpt_dir,
+                       "; ".join(changes))
+    return changes
 
 
 def _rank_world():
@@ -115,18 +175,24 @@ def load_checkpoint(ckpt_dir, module, optimizer=None, lr_scheduler=None, *,
     for what, path in needed.items():
         if what in contents and not path.is_dir():
             raise FileNotFoundError(f"checkpoint {ckpt_dir}: '{what}' requested but {path} does not exist")
+    configured = _configured_optim(optimizer, lr_scheduler) if optimizer is not None else None
     if "model" in contents:
         sd = get_model_state_dict(module)
-        dcp.load(sd, checkpoint_id=str(ckpt_dir / "model"))
+        _loading("model", ckpt_dir / "model", lambda: dcp.load(sd, checkpoint_id=str(ckpt_dir / "model")))
         set_model_state_dict(module, sd)
     if "optimizer" in contents:
         if optimizer is None:
             raise ValueError("load_checkpoint: contents has 'optimizer' but no optimizer was given")
         osd = get_optimizer_state_dict(module, optimizer)
-        dcp.load(osd, checkpoint_id=str(ckpt_dir / "optim"))
+        _loading("optimizer", ckpt_dir / "optim", lambda: dcp.load(osd, checkpoint_id=str(ckpt_dir / "optim")))
         set_optimizer_state_dict(module, optimizer, osd)
-    if "extra" not in contents:
-        return {}
+    extra = _load_extra(ckpt_dir, lr_scheduler) if "extra" in contents else {}
+    if configured is not None:
+        _reapply_configured_optim(optimizer, lr_scheduler, configured, ckpt_dir)
+    return extra
+
+
+def _load_extra(ckpt_dir: Path, lr_scheduler) -> dict:
     rank, world = _rank_world()
     path = ckpt_dir / f"extra_state_world_size_{world}_rank_{rank}.pt"
     same_layout = path.exists()
@@ -136,8 +202,8 @@ def load_checkpoint(ckpt_dir, module, optimizer=None, lr_scheduler=None, *,
             raise FileNotFoundError(f"checkpoint {ckpt_dir}: no extra_state_world_size_*_rank_*.pt file")
         path = others[0]
         warnings.warn(f"checkpoint {ckpt_dir} was saved with another world size; scheduler state taken from "
-                      f"{path.name}, RNG states not restored", stacklevel=2)
-    state = torch.load(path, map_location="cpu", weights_only=False)
+                      f"{path.name}, RNG states not restored", stacklevel=3)
+    state = _loading("scheduler and RNG states", path, lambda: torch.load(path, map_location="cpu", weights_only=False))
     if lr_scheduler is not None and state.get("lr_scheduler") is not None:
         lr_scheduler.load_state_dict(state["lr_scheduler"])
     if same_layout:

@@ -1,0 +1,150 @@
+"""Resuming with changed settings: every changed key is listed at start, as taking effect, ignored, or refused.
+
+Each checkpoint carries the resolved config it was saved with (`config.json`). On resume the current config is
+compared with it key by key. A changed key is
+- refused when it conflicts with what the checkpoint holds (another model or tokenizer than the weights were
+  trained from, the master dtype, the data order the saved dataloader position refers to, adding or dropping
+  the critic): the run stops before any worker loads, naming every such key with both values;
+- ignored when the checkpoint's state wins (RNG states, the in-reward KL controller's coefficient): listed so
+  nobody believes a new value is in use;
+- taking effect otherwise, since everything else is read from the config as the run goes. The optimizer
+  settings (`*.optim.*`: lr, betas, weight decay, schedule) are re-applied over the loaded optimizer and
+  scheduler state by `training.checkpoint.load_checkpoint`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+__all__ = ["CONFIG_FILE", "ResumeConfigError", "save_resolved_config", "classify_changes", "check_resume_config"]
+
+logger = logging.getLogger("hybridrl.resume")
+
+CONFIG_FILE = "config.json"
+
+# how a resumed run is pointed at its checkpoint, or derived from other keys: never compared
+NOT_COMPARED = ("trainer.resume_mode", "trainer.resume_from_path", "trainer.default_local_dir",
+                "actor_rollout_ref.actor.optim.total_training_steps", "critic.optim.total_training_steps")
+
+_WEIGHTS = "the checkpoint holds weights trained from the saved value; to start from a checkpoint's weights with " \
+           "other settings, merge it (`hybridrl merge`) and start a fresh run (trainer.resume_mode=disable) from it"
+_DATA = "the saved dataloader position counts batches of the saved data order; change it only in a fresh run"
+REFUSED = {
+    "actor_rollout_ref.model.path": _WEIGHTS,
+    "actor_rollout_ref.model.override_config": _WEIGHTS,
+    "actor_rollout_ref.model.external_lib": _WEIGHTS,
+    "critic.model.path": _WEIGHTS,
+    "critic.model.override_config": _WEIGHTS,
+    "data.tokenizer": "the model was trained on the saved tokenizer's token ids",
+    "critic.model.tokenizer_path": "the critic was trained on the saved tokenizer's token ids",
+    "actor_rollout_ref.actor.fsdp_config.model_dtype": "the optimizer state was saved for master weights of the "
+                                                       "saved dtype",
+    "actor_rollout_ref.actor.checkpoint.contents": "the checkpoint holds only what the saved value lists",
+    "data.train_files": _DATA,
+    "data.train_batch_size": _DATA,
+    "data.shuffle": _DATA,
+    "data.seed": _DATA,
+}
+IGNORED = {
+    "trainer.seed": "the RNG states are restored from the checkpoint",
+}
+NOTES = {
+    "optim.": "applied to the loaded optimizer and lr schedule",
+    "trainer.total_epochs": "the run ends at the new horizon; a cosine schedule's horizon follows it",
+    "trainer.total_training_steps": "the run ends at the new horizon; a cosine schedule's horizon follows it",
+    "trainer.nnodes": "model and optimizer are resharded; RNG states are not restored (sampling differs)",
+    "trainer.n_gpus_per_node": "model and optimizer are resharded; RNG states are not restored (sampling differs)",
+}
+
+
+class ResumeConfigError(ValueError):
+    """The config changes a setting that cannot change on resume."""
+
+
+def save_resolved_config(ckpt_dir: str | os.PathLike, config: DictConfig) -> None:
+    (Path(ckpt_dir) / CONFIG_FILE).write_text(json.dumps(OmegaConf.to_container(config, resolve=True), indent=1))
+
+
+def _leaves(tree: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in tree.items():
+        if isinstance(v, dict) and v:
+            out.update(_leaves(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def _same(a, b) -> bool:
+    """Equal values, with paths compared as the files they name ('~/m' and '/root/m' are one model)."""
+    def norm(v):
+        if isinstance(v, list):
+            return [norm(x) for x in v]
+        return os.path.abspath(os.path.expanduser(v)) if isinstance(v, str) and "/" in v else v
+    return norm(a) == norm(b)
+
+
+def _rule(key: str, table: dict) -> str | None:
+    """The reason for the first entry naming `key` or a section above it ("optim." = any section of that name)."""
+    for name, why in table.items():
+        if key == name or key.startswith(name + ".") or (name.endswith(".") and f".{name}" in f".{key}"):
+            return why
+    return None
+
+
+def _special(key: str, saved: dict, now: dict) -> tuple[str, str] | None:
+    """Keys whose verdict depends on other settings."""
+    if key == "algorithm.adv_estimator" and (saved[key] == "gae") != (now[key] == "gae"):
+        return "refused", "gae trains a critic and the others do not: the checkpoint's critic state would be missing " \
+                          "or dropped"
+    in_reward = saved.get("algorithm.use_kl_in_reward") and now.get("algorithm.use_kl_in_reward")
+    if key == "algorithm.kl_ctrl.kl_coef" and in_reward:
+        return "ignored", "the KL controller's current coefficient is restored from the checkpoint"
+    return None
+
+
+def classify_changes(saved_config: dict, config: DictConfig | dict) -> dict[str, list[str]]:
+    """{"refused" | "ignored" | "takes effect": ["key: saved → now (why)", ...]} for every key whose value differs."""
+    now_tree = OmegaConf.to_container(config, resolve=True) if isinstance(config, DictConfig) else config
+    saved, now = _leaves(saved_config), _leaves(now_tree)
+    out: dict[str, list[str]] = {"refused": [], "ignored": [], "takes effect": []}
+    for key in sorted(set(saved) | set(now)):
+        old, new = saved.get(key, "<unset>"), now.get(key, "<unset>")
+        if _same(old, new) or key in NOT_COMPARED:
+            continue
+        if key.startswith("critic.") and now.get("algorithm.adv_estimator") != "gae":
+            continue  # no critic in this run: its settings are unused, resumed or not
+        verdict = _special(key, saved, now)
+        if verdict is None and (why := _rule(key, REFUSED)):
+            verdict = ("refused", why)
+        if verdict is None and (why := _rule(key, IGNORED)):
+            verdict = ("ignored", why)
+        if verdict is None:
+            verdict = ("takes effect", _rule(key, NOTES) or "read from the config as the run goes")
+        out[verdict[0]].append(f"{key}: {old!r} in the checkpoint, {new!r} now ({verdict[1]})")
+    return out
+
+
+def check_resume_config(ckpt_dir: str | os.PathLike, config: DictConfig) -> dict[str, list[str]]:
+    """Compare `config` with the one saved in `ckpt_dir`; log every changed key, raise ResumeConfigError naming the
+    refused ones. Returns the classification ({} when the checkpoint has no saved config)."""
+    path = Path(ckpt_dir) / CONFIG_FILE
+    if not path.is_file():
+        logger.warning("%s has no %s (saved before configs were kept with checkpoints): settings changed since "
+                       "cannot be checked", ckpt_dir, CONFIG_FILE)
+        return {}
+    changes = classify_changes(json.loads(path.read_text(encoding="utf-8")), config)
+    if changes["refused"]:
+        raise ResumeConfigError(f"cannot resume from {ckpt_dir} with these settings changed:\n  - "
+                                + "\n  - ".join(changes["refused"]))
+    for verdict in ("ignored", "takes effect"):
+        if changes[verdict]:
+            logger.warning("resuming from %s, changed settings %s:\n  - %s", ckpt_dir,
+                           "IGNORED (the checkpoint's value is used)" if verdict == "ignored" else "that take effect",
+                           "\n  - ".join(changes[verdict]))
+    return changes

@@ -1,0 +1,118 @@
+"""Resuming with changed settings: each changed key is refused, ignored or takes effect (and the optimizer
+settings really do), and a checkpoint file that fails to load is named."""
+
+import json
+import logging
+
+import pytest
+import torch
+from fault_inject import largest_file, tiny_trained_actor, truncate
+
+from hybridrl.config.loader import load_config
+from hybridrl.trainer.resume_check import (
+    CONFIG_FILE,
+    ResumeConfigError,
+    check_resume_config,
+    classify_changes,
+)
+from hybridrl.training.checkpoint import CheckpointLoadError, load_checkpoint, save_checkpoint
+
+pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")  # DCP in one process, as meant
+
+
+def config(*overrides):
+    return load_config(overrides=["actor_rollout_ref.rollout.n=2", *overrides])
+
+
+def saved(*overrides):
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_container(config(*overrides), resolve=True)
+
+
+def verdicts(changes):
+    return {line.split(":")[0]: verdict for verdict, lines in changes.items() for line in lines}
+
+
+def test_each_changed_key_gets_its_verdict():
+    old = saved("actor_rollout_ref.model.path=/models/a", "trainer.seed=1", "trainer.total_training_steps=10")
+    new = config("actor_rollout_ref.model.path=/models/b", "trainer.seed=2", "trainer.total_training_steps=20",
+                 "actor_rollout_ref.actor.optim.lr=3e-6", "data.seed=7", "trainer.logger=[console,file]",
+                 "trainer.resume_mode=resume_path")
+    assert verdicts(classify_changes(old, new)) == {
+        "actor_rollout_ref.model.path": "refused", "data.seed": "refused", "trainer.seed": "ignored",
+        "trainer.total_training_steps": "takes effect", "actor_rollout_ref.actor.optim.lr": "takes effect",
+        "trainer.logger": "takes effect"}  # resume_mode is how one resumes, never a change
+
+
+@pytest.mark.parametrize("before, after, verdict", [
+    ("grpo", "rloo", "takes effect"), ("grpo", "gae", "refused"), ("gae", "reinforce_plus_plus", "refused")])
+def test_estimator_change_is_refused_only_when_it_adds_or_drops_the_critic(before, after, verdict):
+    changes = classify_changes(saved(f"algorithm.adv_estimator={before}"), config(f"algorithm.adv_estimator={after}"))
+    assert verdicts(changes) == {"algorithm.adv_estimator": verdict}
+
+
+def test_kl_coef_is_ignored_only_when_the_controller_state_is_restored():
+    on = "algorithm.use_kl_in_reward=true"
+    assert verdicts(classify_changes(saved(on), config(on, "algorithm.kl_ctrl.kl_coef=0.5"))) == {
+        "algorithm.kl_ctrl.kl_coef": "ignored"}
+    assert verdicts(classify_changes(saved(), config("algorithm.kl_ctrl.kl_coef=0.5"))) == {
+        "algorithm.kl_ctrl.kl_coef": "takes effect"}
+
+
+def test_the_same_path_written_differently_is_no_change(monkeypatch, tmp_path):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    old = saved("actor_rollout_ref.model.path=~/models/tiny")
+    assert classify_changes(old, config(f"actor_rollout_ref.model.path={tmp_path}/models/tiny")) == {
+        "refused": [], "ignored": [], "takes effect": []}
+
+
+def test_refusal_names_every_conflicting_key_with_both_values(tmp_path, caplog):
+    (tmp_path / CONFIG_FILE).write_text(json.dumps(saved("actor_rollout_ref.model.path=/models/a")))
+    with pytest.raises(ResumeConfigError) as err:
+        check_resume_config(tmp_path, config("actor_rollout_ref.model.path=/models/b", "data.train_batch_size=2048"))
+    msg = str(err.value)
+    assert "actor_rollout_ref.model.path: '/models/a' in the checkpoint, '/models/b' now" in msg
+    assert "data.train_batch_size: 1024 in the checkpoint, 2048 now" in msg
+    with caplog.at_level(logging.WARNING, logger="hybridrl.resume"):
+        check_resume_config(tmp_path, config("actor_rollout_ref.model.path=/models/a", "trainer.save_freq=5"))
+    assert "trainer.save_freq: -1 in the checkpoint, 5 now" in caplog.text and "take effect" in caplog.text
+
+
+def test_checkpoint_without_saved_config_is_said_to_be_unchecked(tmp_path, caplog):
+    with caplog.at_level(logging.WARNING, logger="hybridrl.resume"):
+        assert check_resume_config(tmp_path, config()) == {}
+    assert "cannot be checked" in caplog.text
+
+
+def test_new_lr_is_applied_over_the_loaded_optimizer_keeping_its_state(tmp_path):
+    model, optimizer, scheduler = tiny_trained_actor(lr=1e-3)
+    save_checkpoint(tmp_path / "actor", model, optimizer, scheduler)
+    saved_moment = next(iter(optimizer.state.values()))["exp_avg"].clone()
+    model2, optimizer2, scheduler2 = tiny_trained_actor(lr=5e-3, seed=1)
+    optimizer2.param_groups[0]["weight_decay"] = 0.2  # as if optim.weight_decay changed too
+    load_checkpoint(tmp_path / "actor", model2, optimizer2, scheduler2)
+    group = optimizer2.param_groups[0]
+    assert scheduler2.base_lrs == [5e-3] and group["initial_lr"] == 5e-3 and group["weight_decay"] == 0.2
+    assert group["lr"] == pytest.approx(5e-3 * scheduler2.lr_lambdas[0](scheduler2.last_epoch), rel=1e-12)
+    assert scheduler2.get_last_lr() == [group["lr"]]
+    assert torch.equal(next(iter(optimizer2.state.values()))["exp_avg"], saved_moment)  # the state still loads
+    scheduler2.step()  # and the schedule continues from the new base lr
+    assert group["lr"] == pytest.approx(5e-3 * scheduler2.lr_lambdas[0](scheduler2.last_epoch), rel=1e-12)
+
+
+def test_unchanged_settings_load_the_saved_lr_exactly(tmp_path):
+    model, optimizer, scheduler = tiny_trained_actor(lr=1e-3)
+    save_checkpoint(tmp_path / "actor", model, optimizer, scheduler)
+    model2, optimizer2, scheduler2 = tiny_trained_actor(lr=1e-3, seed=1)
+    load_checkpoint(tmp_path / "actor", model2, optimizer2, scheduler2)
+    assert optimizer2.param_groups[0]["lr"] == optimizer.param_groups[0]["lr"]
+
+
+@pytest.mark.parametrize("part, what", [("model", "model"), ("optim", "optimizer")])
+def test_truncated_shard_loaded_directly_names_it(tmp_path, part, what):
+    model, optimizer, scheduler = tiny_trained_actor(lr=1e-3)
+    save_checkpoint(tmp_path / "actor", model, optimizer, scheduler)
+    truncate(largest_file(tmp_path / "actor", part))
+    with pytest.raises(CheckpointLoadError, match=rf"cannot load the {what} from {tmp_path / 'actor' / part} \("):
+        load_checkpoint(tmp_path / "actor", model, optimizer, scheduler)
