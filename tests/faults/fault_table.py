@@ -1,0 +1,189 @@
+"""Replays the run-directory and checkpoint faults a user meets and prints what the user gets, one row each.
+
+    python tests/faults/fault_table.py        # prints the table; exit status 1 if any case misbehaves
+
+Each case damages a run the way a disk, a copy or a second user would, goes through the real code path (the
+driver's save/resume in RayPPOTrainer, the checkpoint files of the tests' tiny Qwen2, the run-directory claim of
+launch.py), checks the behaviour and returns the outcome. No Ray: a local stand-in replaces the worker group, so
+the whole table runs in seconds (tests/faults/test_fault_table.py runs it in CI).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import os
+import socket
+import sys
+import tempfile
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from fault_inject import (  # noqa: E402
+    crash_holding_lock,
+    garbage,
+    largest_file,
+    make_trainer,
+    overwrite_bytes,
+    read_only_dir,
+    trained_run,
+    truncate,
+)
+
+from hybridrl.trainer.resume_check import ResumeConfigError  # noqa: E402
+from hybridrl.trainer.run_dir import RunDirNotWritableError, claim_run_dir  # noqa: E402
+from hybridrl.trainer.run_lock import RunDirLockedError, RunLock  # noqa: E402
+
+
+@contextlib.contextmanager
+def captured_logs(*names: str):
+    """The messages logged (WARNING and up) on the named loggers while the block runs, kept from the console."""
+    messages: list[str] = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = lambda record: messages.append(record.getMessage())
+    loggers = [logging.getLogger(n) for n in names]
+    saved = [(lg.level, lg.propagate) for lg in loggers]
+    for lg in loggers:
+        lg.addHandler(handler)
+        lg.setLevel(logging.WARNING)
+        lg.propagate = False
+    try:
+        yield messages
+    finally:
+        for lg, (level, propagate) in zip(loggers, saved):
+            lg.removeHandler(handler)
+            lg.setLevel(level)
+            lg.propagate = propagate
+
+
+def _resume_over_damaged_newest(tmp: Path, damage: Callable[[Path], None]) -> str:
+    run = tmp / "run"
+    trained_run(run)
+    shard = largest_file(run / "global_step_2", "actor/model")
+    damage(shard)
+    trainer = make_trainer(run)
+    with captured_logs("hybridrl.checkpoint") as logs:
+        step = trainer.load_checkpoint()
+    assert step == 1, f"resumed at step {step}, not at the verified step 1"
+    assert trainer.actor_rollout_wg.loaded_from == [str(run / "global_step_1" / "actor")]
+    assert trainer.ckpt.num_corrupt_skipped == 1
+    named = [m for m in logs if str(shard) in m]
+    assert named, f"no log message names {shard}: {logs}"
+    assert any("falling back to" in m for m in logs), logs
+    problem = named[0].split(str(shard) + ": ")[1].split("\n")[0]
+    return f"names {shard.relative_to(run)} ({problem}); auto resume falls back to global_step_1 (logged, counted)"
+
+
+def case_corrupt_shard(tmp: Path) -> str:
+    return _resume_over_damaged_newest(tmp, overwrite_bytes)
+
+
+def case_truncated_shard(tmp: Path) -> str:
+    return _resume_over_damaged_newest(tmp, truncate)
+
+
+def case_garbage_shard(tmp: Path) -> str:
+    return _resume_over_damaged_newest(tmp, garbage)
+
+
+def case_second_run_same_dir(tmp: Path) -> str:
+    with RunLock(tmp / "run"):
+        try:
+            claim_run_dir(tmp / "run", {})
+        except RunDirLockedError as e:
+            msg = str(e)
+        else:
+            raise AssertionError("the second run was allowed to start")
+    assert f"pid {os.getpid()} on host {socket.gethostname()}" in msg, msg
+    return "refused before any worker starts: " + msg.split(" (", 1)[1].split(";")[0].replace(str(tmp), "…")
+
+
+def case_lock_left_by_crashed_run(tmp: Path) -> str:
+    dead = crash_holding_lock(tmp / "run")
+    with captured_logs("hybridrl.run_lock") as logs:
+        lock = claim_run_dir(tmp / "run", {})
+    lock.release()
+    assert lock.previous_holder["pid"] == dead and any(f"pid {dead}" in m for m in logs), logs
+    return f"starts; warns that it takes over the lock of dead pid {dead} (the OS released the flock)"
+
+
+def case_read_only_checkpoint_root(tmp: Path) -> str:
+    root = tmp / "ckpt"
+    root.mkdir()
+    with read_only_dir(root) as how:
+        try:
+            claim_run_dir(root, {})
+        except RunDirNotWritableError as e:
+            msg = str(e)
+        else:
+            raise AssertionError("a read-only checkpoint root was accepted")
+    assert str(root) in msg, msg
+    return f"refused before step 1 ({how}): " + msg.split("\n  - ")[1].replace(str(tmp), "…")
+
+
+def case_changed_lr_on_resume(tmp: Path) -> str:
+    run = tmp / "run"
+    before = trained_run(run, lr=1e-3).actor_rollout_wg
+    trainer = make_trainer(run, lr=4e-3)
+    with captured_logs("hybridrl.resume", "hybridrl.checkpoint") as logs:
+        trainer.load_checkpoint()
+    sched = trainer.actor_rollout_wg.scheduler
+    group = trainer.actor_rollout_wg.optimizer.param_groups[0]
+    want = 4e-3 * sched.lr_lambdas[0](sched.last_epoch)
+    assert sched.last_epoch == before.scheduler.last_epoch and abs(group["lr"] - want) < 1e-12, (group["lr"], want)
+    assert any("actor_rollout_ref.actor.optim.lr: 0.001 in the checkpoint, 0.004 now" in m for m in logs), logs
+    old = before.optimizer.param_groups[0]["lr"]
+    return f"takes effect: lr {group['lr']:.3g} at the resumed schedule step (saved: {old:.3g}); listed at start"
+
+
+def case_changed_model_on_resume(tmp: Path) -> str:
+    run = tmp / "run"
+    trained_run(run, steps=(1,))
+    trainer = make_trainer(run, f"actor_rollout_ref.model.path={tmp / 'another_model'}")
+    try:
+        trainer.load_checkpoint()
+    except ResumeConfigError as e:
+        msg = str(e)
+    else:
+        raise AssertionError("resumed with another model")
+    assert "actor_rollout_ref.model.path" in msg and trainer.actor_rollout_wg.loaded_from == [], msg
+    return "refused before any weights load, naming actor_rollout_ref.model.path with both values"
+
+
+CASES = [case_corrupt_shard, case_truncated_shard, case_garbage_shard, case_second_run_same_dir,
+         case_lock_left_by_crashed_run, case_read_only_checkpoint_root, case_changed_lr_on_resume,
+         case_changed_model_on_resume]
+
+
+def run_case(case: Callable[[Path], str]) -> tuple[str, str, bool]:
+    """(case name, outcome, behaved as documented)."""
+    name = case.__name__.removeprefix("case_").replace("_", " ")
+    with tempfile.TemporaryDirectory(prefix="hybridrl-fault-") as tmp, contextlib.redirect_stdout(io.StringIO()), \
+            warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")  # DCP in one process, as meant
+        try:
+            return name, case(Path(tmp)), True
+        except Exception as e:  # a misbehaving case is a row of the table, not the end of it
+            return name, f"{type(e).__name__}: {e}".split("\n")[0], False
+
+
+def format_table(rows: list[tuple[str, str, bool]]) -> str:
+    width = max(len(r[0]) for r in rows)
+    lines = [f"{'case':<{width}}  ok    outcome", f"{'-' * width}  ----  {'-' * 7}"]
+    lines += [f"{name:<{width}}  {'yes' if ok else 'NO':<4}  {outcome}" for name, outcome, ok in rows]
+    return "\n".join(lines)
+
+
+def main() -> int:
+    rows = [run_case(case) for case in CASES]
+    print(format_table(rows))
+    return 0 if all(ok for *_, ok in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
