@@ -67,3 +67,16 @@ def test_check_writable_lists_every_failing_directory(tmp_path):
     msg = str(err.value)
     assert "first:" in msg and "second:" in msg and "fine:" not in msg
     assert not list((tmp_path / "ok").iterdir())  # the probe file is removed
+
+
+def test_run_ppo_claims_the_directory_first_and_releases_it_on_any_exit(tmp_path):
+    from hybridrl.config.loader import load_config
+    from hybridrl.trainer.ppo_trainer import run_ppo
+
+    cfg = load_config(overrides=[f"trainer.default_local_dir={tmp_path}", "actor_rollout_ref.rollout.n=2",
+                                 f"actor_rollout_ref.model.path={tmp_path / 'no_model'}"])
+    with RunLock(tmp_path), pytest.raises(RunDirLockedError):
+        run_ppo(cfg)  # refused before it even looks at the (missing) model
+    with pytest.raises(FileNotFoundError, match="no_model"):
+        run_ppo(cfg)  # the directory is free: the run gets as far as its first bad input
+    RunLock(tmp_path).acquire().release()  # and that failed run let go of the directory
