@@ -2,7 +2,9 @@
 
 Modules: utils (masked statistics, chunked fp32 log-prob / entropy), advantages (estimators and the
 compute_advantage dispatcher), policy_loss (agg_loss, PPO clip-higher + dual-clip loss, entropy loss),
-value_loss (clipped value loss), kl (KL estimators, controllers, in-reward penalty). core_algos re-exports
+policy_loss_modes (verl's registered losses: vanilla, gspo, gpg, clip_cov, kl_cov, cispo), registry
+(register_adv_est / get_adv_estimator_fn, register_policy_loss / get_policy_loss_fn), value_loss (clipped
+value loss), kl (KL estimators, controllers, in-reward penalty). core_algos re-exports
 all of them under verl's module name (verl.trainer.ppo.core_algos).
 """
 
@@ -30,6 +32,22 @@ from hybridrl.algorithms.policy_loss import (
     agg_loss,
     compute_entropy_loss,
     compute_policy_loss,
+)
+from hybridrl.algorithms.policy_loss_modes import (
+    compute_policy_loss_cispo,
+    compute_policy_loss_clip_cov,
+    compute_policy_loss_gpg,
+    compute_policy_loss_gspo,
+    compute_policy_loss_kl_cov,
+    compute_policy_loss_vanilla,
+)
+from hybridrl.algorithms.registry import (
+    ADV_ESTIMATOR_REGISTRY,
+    POLICY_LOSS_REGISTRY,
+    get_adv_estimator_fn,
+    get_policy_loss_fn,
+    register_adv_est,
+    register_policy_loss,
 )
 from hybridrl.algorithms.utils import (
     clip_by_value,
@@ -62,6 +80,18 @@ __all__ = [
     "agg_loss",
     "compute_entropy_loss",
     "compute_policy_loss",
+    "compute_policy_loss_cispo",
+    "compute_policy_loss_clip_cov",
+    "compute_policy_loss_gpg",
+    "compute_policy_loss_gspo",
+    "compute_policy_loss_kl_cov",
+    "compute_policy_loss_vanilla",
+    "ADV_ESTIMATOR_REGISTRY",
+    "POLICY_LOSS_REGISTRY",
+    "get_adv_estimator_fn",
+    "get_policy_loss_fn",
+    "register_adv_est",
+    "register_policy_loss",
     "clip_by_value",
     "entropy_from_logits",
     "logprobs_from_logits",

@@ -27,6 +27,7 @@ from enum import Enum
 
 import torch
 
+from hybridrl.algorithms.registry import get_adv_estimator_fn, register_adv_est
 from hybridrl.algorithms.utils import masked_whiten
 from hybridrl.protocol import DataProto
 
@@ -75,6 +76,7 @@ def _group_stats(scores_b: torch.Tensor, index, name: str):
     return count_g[gid_b], mean_g[gid_b], std_g[gid_b]
 
 
+@register_adv_est(AdvantageEstimator.GAE)
 @torch.no_grad()
 def compute_gae_advantage_return(token_level_rewards: torch.Tensor, values: torch.Tensor,
                                  response_mask: torch.Tensor, gamma: float, lam: float):
@@ -95,9 +97,10 @@ def compute_gae_advantage_return(token_level_rewards: torch.Tensor, values: torc
     return masked_whiten(advantages, mask), returns
 
 
+@register_adv_est(AdvantageEstimator.GRPO)
 @torch.no_grad()
 def compute_grpo_outcome_advantage(token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index,
-                                   epsilon: float = 1e-6, norm_adv_by_std_in_grpo: bool = True):
+                                   epsilon: float = 1e-6, norm_adv_by_std_in_grpo: bool = True, config=None):
     _check_shapes("compute_grpo_outcome_advantage", response_mask, token_level_rewards=token_level_rewards)
     scores = token_level_rewards.float().sum(dim=-1)
     count, mean, std = _group_stats(scores, index, "compute_grpo_outcome_advantage")
@@ -109,9 +112,10 @@ def compute_grpo_outcome_advantage(token_level_rewards: torch.Tensor, response_m
     return adv, adv
 
 
+@register_adv_est(AdvantageEstimator.RLOO)
 @torch.no_grad()
 def compute_rloo_outcome_advantage(token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index,
-                                   epsilon: float = 1e-6):
+                                   epsilon: float = 1e-6, config=None, **kwargs):
     _check_shapes("compute_rloo_outcome_advantage", response_mask, token_level_rewards=token_level_rewards)
     scores = token_level_rewards.float().sum(dim=-1)
     count, mean, _ = _group_stats(scores, index, "compute_rloo_outcome_advantage")
@@ -121,11 +125,21 @@ def compute_rloo_outcome_advantage(token_level_rewards: torch.Tensor, response_m
     return adv, adv
 
 
+@register_adv_est(AdvantageEstimator.REINFORCE_PLUS_PLUS)
 @torch.no_grad()
 def compute_reinforce_plus_plus_outcome_advantage(token_level_rewards: torch.Tensor, response_mask: torch.Tensor,
-                                                  gamma: float):
+                                                  config=None, gamma: float | None = None, **kwargs):
+    """gamma is config.gamma (verl's way) or, without a config, the `gamma` keyword."""
     _check_shapes("compute_reinforce_plus_plus_outcome_advantage", response_mask,
                   token_level_rewards=token_level_rewards)
+    if isinstance(config, int | float):
+        raise TypeError(f"compute_reinforce_plus_plus_outcome_advantage: config={config!r} is a number; verl's "
+                        "third argument is the algorithm config, pass the discount as gamma=")
+    if config is not None:
+        gamma = _cfg(config, "gamma", gamma)
+    if gamma is None:
+        raise ValueError("compute_reinforce_plus_plus_outcome_advantage: algorithm.gamma is needed; pass "
+                         "config (with gamma) or gamma=")
     rewards, mask = token_level_rewards.float(), response_mask.float()
     returns = torch.zeros_like(rewards)
     running = torch.zeros_like(rewards[:, 0])
@@ -136,10 +150,11 @@ def compute_reinforce_plus_plus_outcome_advantage(token_level_rewards: torch.Ten
     return masked_whiten(returns, mask) * mask, returns
 
 
+@register_adv_est(AdvantageEstimator.REINFORCE_PLUS_PLUS_BASELINE)
 @torch.no_grad()
 def compute_reinforce_plus_plus_baseline_outcome_advantage(token_level_rewards: torch.Tensor,
                                                            response_mask: torch.Tensor, index,
-                                                           epsilon: float = 1e-6):
+                                                           epsilon: float = 1e-6, config=None, **kwargs):
     _check_shapes("compute_reinforce_plus_plus_baseline_outcome_advantage", response_mask,
                   token_level_rewards=token_level_rewards)
     scores = token_level_rewards.float().sum(dim=-1)
@@ -151,9 +166,10 @@ def compute_reinforce_plus_plus_baseline_outcome_advantage(token_level_rewards: 
     return adv, adv
 
 
+@register_adv_est(AdvantageEstimator.REMAX)
 @torch.no_grad()
 def compute_remax_outcome_advantage(token_level_rewards: torch.Tensor, reward_baselines: torch.Tensor,
-                                    response_mask: torch.Tensor):
+                                    response_mask: torch.Tensor, config=None, **kwargs):
     _check_shapes("compute_remax_outcome_advantage", response_mask, token_level_rewards=token_level_rewards)
     if reward_baselines.shape != response_mask.shape[:1]:
         raise ValueError(f"compute_remax_outcome_advantage: reward_baselines has shape {tuple(reward_baselines.shape)}, "
@@ -182,36 +198,44 @@ def _need(data: DataProto, key: str, estimator: str, non_tensor: bool = False):
     return store[key]
 
 
+def _cfg(config, key: str, default=None):
+    return config.get(key, default) if hasattr(config, "get") else getattr(config, key, default)
+
+
 def compute_advantage(data: DataProto, adv_estimator, gamma: float = 1.0, lam: float = 1.0, num_repeat: int = 1,
-                      norm_adv_by_std_in_grpo: bool = True) -> DataProto:
-    """Write `advantages` and `returns` into data.batch (in place; returns data).
+                      norm_adv_by_std_in_grpo: bool = True, config=None) -> DataProto:
+    """Write `advantages` and `returns` into data.batch (in place; returns data), dispatching as verl does.
 
     Reads token_level_rewards, response_mask (derived from attention_mask if absent, as verl), values (gae),
-    non-tensor uid (grpo, rloo, reinforce_plus_plus_baseline), reward_baselines (remax). num_repeat is
-    accepted for verl's signature and unused (verl ignores it too)."""
+    non-tensor uid (grpo, rloo, reinforce_plus_plus_baseline), reward_baselines (remax). gae and grpo are called
+    with gamma/lam/norm_adv_by_std_in_grpo; every other estimator is looked up in the registry (so one added
+    with `register_adv_est` works) and called with token_level_rewards, response_mask, config, and index /
+    reward_baselines when present. `config` is algorithm's config; without one the estimators get
+    {gamma, lam, norm_adv_by_std_in_grpo}. num_repeat is accepted for verl's signature and unused (as in verl)."""
     name = adv_estimator.value if isinstance(adv_estimator, Enum) else adv_estimator
-    valid = [e.value for e in AdvantageEstimator]
-    if name not in valid:
-        raise ValueError(f"algorithm.adv_estimator={adv_estimator!r} is not supported; valid names: {valid}")
+    estimator_fn = get_adv_estimator_fn(name)
     if "response_mask" not in data.batch:
         data.batch["response_mask"] = compute_response_mask(data)
     rewards = _need(data, "token_level_rewards", name)
     mask = data.batch["response_mask"]
     if name == "gae":
-        adv, ret = compute_gae_advantage_return(rewards, _need(data, "values", name), mask, gamma=gamma, lam=lam)
+        adv, ret = estimator_fn(rewards, _need(data, "values", name), mask, gamma=gamma, lam=lam)
     elif name == "grpo":
-        adv, ret = compute_grpo_outcome_advantage(rewards, mask, _need(data, "uid", name, non_tensor=True),
-                                                  norm_adv_by_std_in_grpo=norm_adv_by_std_in_grpo)
-    elif name == "rloo":
-        adv, ret = compute_rloo_outcome_advantage(rewards, mask, _need(data, "uid", name, non_tensor=True))
-    elif name == "reinforce_plus_plus":
-        adv, ret = compute_reinforce_plus_plus_outcome_advantage(rewards, mask, gamma=gamma)
-    elif name == "reinforce_plus_plus_baseline":
-        adv, ret = compute_reinforce_plus_plus_baseline_outcome_advantage(
-            rewards, mask, _need(data, "uid", name, non_tensor=True))
-    else:  # remax
-        adv, ret = compute_remax_outcome_advantage(rewards, _need(data, "reward_baselines", name), mask)
+        adv, ret = estimator_fn(rewards, mask, _need(data, "uid", name, non_tensor=True),
+                                norm_adv_by_std_in_grpo=norm_adv_by_std_in_grpo)
+    else:
+        if name in ("rloo", "reinforce_plus_plus_baseline"):
+            _need(data, "uid", name, non_tensor=True)
+        if name == "remax":
+            _need(data, "reward_baselines", name)
+        if config is None:
+            config = {"gamma": gamma, "lam": lam, "norm_adv_by_std_in_grpo": norm_adv_by_std_in_grpo}
+        kwargs = {"token_level_rewards": rewards, "response_mask": mask, "config": config}
+        if "uid" in data.non_tensor_batch:
+            kwargs["index"] = data.non_tensor_batch["uid"]
+        if "reward_baselines" in data.batch:
+            kwargs["reward_baselines"] = data.batch["reward_baselines"]
+        adv, ret = estimator_fn(**kwargs)
     data.batch["advantages"] = adv
     data.batch["returns"] = ret
     return data
-

@@ -100,18 +100,18 @@ def _cfg(cfg, key: str, default=None):
     return getattr(cfg, key, default)
 
 
-def get_kl_controller(kl_ctrl_config):
+def get_kl_controller(kl_ctrl):
     """Build the controller from algorithm.kl_ctrl (a dict, DictConfig or object with type, kl_coef,
     target_kl, horizon)."""
-    kind = _cfg(kl_ctrl_config, "type", "fixed")
-    kl_coef = _cfg(kl_ctrl_config, "kl_coef")
+    kind = _cfg(kl_ctrl, "type", "fixed")
+    kl_coef = _cfg(kl_ctrl, "kl_coef")
     if kl_coef is None:
         raise ValueError("algorithm.kl_ctrl.kl_coef is missing or null; it must be a number")
     if kind == "fixed":
         return FixedKLController(kl_coef=kl_coef)
     if kind == "adaptive":
-        return AdaptiveKLController(init_kl_coef=kl_coef, target_kl=_cfg(kl_ctrl_config, "target_kl"),
-                                    horizon=_cfg(kl_ctrl_config, "horizon"))
+        return AdaptiveKLController(init_kl_coef=kl_coef, target_kl=_cfg(kl_ctrl, "target_kl"),
+                                    horizon=_cfg(kl_ctrl, "horizon"))
     raise ValueError(f"algorithm.kl_ctrl.type={kind!r} is not supported; valid: ['fixed', 'adaptive']")
 
 
@@ -124,7 +124,7 @@ def apply_kl_penalty(data: DataProto, kl_ctrl, kl_penalty: str = "kl"):
                          f"missing {missing} (ref_log_prob comes from the reference policy)")
     response_mask = data.batch["response_mask"]
     kld = _kl_estimate(data.batch["old_log_probs"], data.batch["ref_log_prob"], kl_penalty)
-    kld = kld * response_mask
+    kld = torch.where(response_mask.bool(), kld, 0.0) * response_mask  # a NaN in padding must not leak in
     beta = kl_ctrl.value
     data.batch["token_level_rewards"] = data.batch["token_level_scores"].float() - beta * kld
     current_kl = torch.mean(masked_mean(kld, response_mask, axis=-1), dim=0).item()

@@ -43,8 +43,10 @@ def _fp32_mask(mask: torch.Tensor) -> torch.Tensor:
 
 
 def masked_sum(values: torch.Tensor, mask: torch.Tensor, axis=None) -> torch.Tensor:
+    """sum(values * mask); values outside the mask are zeroed first, so a NaN/inf in padding cannot leak in."""
     values, mask = _to_fp32(values), _fp32_mask(mask)
-    return (values * mask).sum() if axis is None else (values * mask).sum(dim=axis)
+    kept = torch.where(mask.bool(), values, 0.0) * mask
+    return kept.sum() if axis is None else kept.sum(dim=axis)
 
 
 def masked_mean(values: torch.Tensor, mask: torch.Tensor, axis=None) -> torch.Tensor:
@@ -92,26 +94,37 @@ def _rows_per_chunk(vocab: int, chunk_size: int | None) -> int:
     return max(1, _CHUNK_ELEMENTS // max(vocab, 1))
 
 
+def _shifted(z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(z - rowmax, logsumexp(z - rowmax), rowmax): log-probs are then (z - rowmax) - lse, the same for z + c
+    as for z (no cancellation between two large numbers)."""
+    rowmax = z.amax(dim=-1, keepdim=True)
+    shifted = z - rowmax
+    return shifted, torch.logsumexp(shifted, dim=-1), rowmax.squeeze(-1)
+
+
+def _log_softmax_rows(logits_chunk: torch.Tensor, rowmax: torch.Tensor, lse: torch.Tensor) -> torch.Tensor:
+    return (logits_chunk.float() - rowmax[:, None]) - lse[:, None]
+
+
 class _LogProbFromLogits(torch.autograd.Function):
     @staticmethod
     def forward(ctx, logits_nv, labels_n, rows):
         out_n = torch.empty(logits_nv.shape[0], dtype=torch.float32, device=logits_nv.device)
-        lse_n = torch.empty_like(out_n)
+        lse_n, max_n = torch.empty_like(out_n), torch.empty_like(out_n)
         for s in range(0, logits_nv.shape[0], rows):
-            z = logits_nv[s:s + rows].float()
-            lse_n[s:s + rows] = torch.logsumexp(z, dim=-1)
-            out_n[s:s + rows] = z.gather(-1, labels_n[s:s + rows, None]).squeeze(-1) - lse_n[s:s + rows]
-        ctx.save_for_backward(logits_nv, labels_n, lse_n)
+            shifted, lse_n[s:s + rows], max_n[s:s + rows] = _shifted(logits_nv[s:s + rows].float())
+            out_n[s:s + rows] = shifted.gather(-1, labels_n[s:s + rows, None]).squeeze(-1) - lse_n[s:s + rows]
+        ctx.save_for_backward(logits_nv, labels_n, lse_n, max_n)
         ctx.rows = rows
         return out_n
 
     @staticmethod
     def backward(ctx, grad_n):
-        logits_nv, labels_n, lse_n = ctx.saved_tensors
+        logits_nv, labels_n, lse_n, max_n = ctx.saved_tensors
         grad_nv = torch.empty_like(logits_nv)
         for s in range(0, logits_nv.shape[0], ctx.rows):
             g = grad_n[s:s + ctx.rows, None].float()
-            p = torch.exp(logits_nv[s:s + ctx.rows].float() - lse_n[s:s + ctx.rows, None])
+            p = torch.exp(_log_softmax_rows(logits_nv[s:s + ctx.rows], max_n[s:s + ctx.rows], lse_n[s:s + ctx.rows]))
             chunk = -p * g  # d logp / dz = onehot(label) - softmax
             chunk.scatter_add_(-1, labels_n[s:s + ctx.rows, None], g)
             grad_nv[s:s + ctx.rows] = chunk.to(grad_nv.dtype)
@@ -122,33 +135,36 @@ class _EntropyFromLogits(torch.autograd.Function):
     @staticmethod
     def forward(ctx, logits_nv, rows):
         ent_n = torch.empty(logits_nv.shape[0], dtype=torch.float32, device=logits_nv.device)
-        lse_n = torch.empty_like(ent_n)
+        lse_n, max_n = torch.empty_like(ent_n), torch.empty_like(ent_n)
         for s in range(0, logits_nv.shape[0], rows):
-            z = logits_nv[s:s + rows].float()
-            lse = torch.logsumexp(z, dim=-1)
-            p = torch.exp(z - lse[:, None])
+            shifted, lse, max_n[s:s + rows] = _shifted(logits_nv[s:s + rows].float())
             lse_n[s:s + rows] = lse
-            ent_n[s:s + rows] = lse - (p * z).sum(-1)
-        ctx.save_for_backward(logits_nv, lse_n, ent_n)
+            p = torch.exp(shifted - lse[:, None])
+            # both terms are >= 0 (shifted <= 0, lse >= 0), so the entropy cannot come out negative;
+            # a -inf logit has p = 0 and contributes 0 (not 0 * -inf = nan)
+            ent_n[s:s + rows] = lse - torch.where(p > 0, p * shifted, 0.0).sum(-1)
+        ctx.save_for_backward(logits_nv, lse_n, max_n, ent_n)
         ctx.rows = rows
         return ent_n
 
     @staticmethod
     def backward(ctx, grad_n):
-        logits_nv, lse_n, ent_n = ctx.saved_tensors
+        logits_nv, lse_n, max_n, ent_n = ctx.saved_tensors
         grad_nv = torch.empty_like(logits_nv)
         for s in range(0, logits_nv.shape[0], ctx.rows):
-            logp = logits_nv[s:s + ctx.rows].float() - lse_n[s:s + ctx.rows, None]
+            logp = _log_softmax_rows(logits_nv[s:s + ctx.rows], max_n[s:s + ctx.rows], lse_n[s:s + ctx.rows])
             # dH/dz_k = -p_k * (log p_k + H)
-            chunk = -torch.exp(logp) * (logp + ent_n[s:s + ctx.rows, None]) * grad_n[s:s + ctx.rows, None].float()
-            grad_nv[s:s + ctx.rows] = chunk.to(grad_nv.dtype)
+            p = torch.exp(logp)
+            chunk = torch.where(p > 0, -p * (logp + ent_n[s:s + ctx.rows, None]), 0.0)
+            grad_nv[s:s + ctx.rows] = (chunk * grad_n[s:s + ctx.rows, None].float()).to(grad_nv.dtype)
         return grad_nv, None
 
 
 def logprobs_from_logits(logits: torch.Tensor, labels: torch.Tensor, chunk_size: int | None = None) -> torch.Tensor:
     """log softmax(logits)[labels] in fp32: logits [..., V], labels [...] (int) → [...] fp32.
 
-    Computed as gather - logsumexp over chunks of `chunk_size` rows (default: ~64Mi elements a chunk)."""
+    Computed as gather - logsumexp on max-subtracted logits (shift-invariant), over chunks of `chunk_size` rows
+    (default: ~64Mi elements a chunk)."""
     if logits.shape[:-1] != labels.shape:
         raise ValueError(f"logprobs_from_logits: logits {tuple(logits.shape)} must be labels {tuple(labels.shape)} + [V]")
     lead = labels.shape
@@ -159,7 +175,10 @@ def logprobs_from_logits(logits: torch.Tensor, labels: torch.Tensor, chunk_size:
 
 
 def entropy_from_logits(logits: torch.Tensor, chunk_size: int | None = None) -> torch.Tensor:
-    """Entropy of softmax(logits) in fp32: [..., V] → [...] (logsumexp(z) - sum softmax(z) * z), chunked."""
+    """Entropy of softmax(logits) in fp32: [..., V] → [...], chunked.
+
+    Computed on max-subtracted logits z' = z - max(z): logsumexp(z') - sum softmax(z') * z', the same value
+    for z + c as for z (no cancellation between two large numbers) and never negative."""
     lead = logits.shape[:-1]
     logits_nv = logits.reshape(-1, logits.shape[-1])
     rows = _rows_per_chunk(logits.shape[-1], chunk_size)

@@ -143,7 +143,7 @@ def test_reinforce_plus_plus_discounted_and_reset():
         expected_ret.append(ret_row)
     white = _whiten_ref(expected_ret, mask)
     expected_adv = [[w * m for w, m in zip(wr, mr)] for wr, mr in zip(white, mask)]
-    adv, ret = compute_reinforce_plus_plus_outcome_advantage(torch.tensor(rewards), torch.tensor(mask), gamma)
+    adv, ret = compute_reinforce_plus_plus_outcome_advantage(torch.tensor(rewards), torch.tensor(mask), gamma=gamma)
     _close(ret, expected_ret)
     _close(adv, expected_adv)
     assert ret[0, 2].item() == pytest.approx(1.0)  # the reward after eos (4.0) does not leak back
@@ -188,7 +188,7 @@ def test_compute_advantage_dispatch_matches_direct_call(name):
     direct = {
         "grpo": lambda: compute_grpo_outcome_advantage(rewards, mask, UIDS, norm_adv_by_std_in_grpo=False),
         "rloo": lambda: compute_rloo_outcome_advantage(rewards, mask, UIDS),
-        "reinforce_plus_plus": lambda: compute_reinforce_plus_plus_outcome_advantage(rewards, mask, 0.9),
+        "reinforce_plus_plus": lambda: compute_reinforce_plus_plus_outcome_advantage(rewards, mask, gamma=0.9),
         "reinforce_plus_plus_baseline": lambda: compute_reinforce_plus_plus_baseline_outcome_advantage(
             rewards, mask, UIDS),
     }[name]()
@@ -214,7 +214,7 @@ def test_compute_advantage_gae_remax_and_derived_mask():
 
 
 def test_compute_advantage_errors_name_the_problem():
-    with pytest.raises(ValueError, match="valid names.*grpo"):
+    with pytest.raises(ValueError, match="adv_estimator=.*valid:.*grpo"):
         compute_advantage(_batch(), "ppo_magic")
     with pytest.raises(ValueError, match="'values'"):
         compute_advantage(_batch(), "gae")
