@@ -51,18 +51,22 @@ def make_prompts(out_dir: Path, tokenizer_dir: Path, n_rows: int, prompt_len: in
 
 
 def base_overrides(a, model_dir: Path, data: Path, run_dir: Path) -> list[str]:
+    """The workload's keys; with --defaults none of the tuning keys (micro-batches, KV utilization, engine
+    concurrency and prefill budget) is set, so the run plan chooses them as it does for a user."""
+    tuning = [] if a.defaults else [
+        f"actor_rollout_ref.rollout.gpu_memory_utilization={a.gpu_mem}",
+        f"actor_rollout_ref.rollout.max_num_seqs={a.prompts * a.n}",
+        f"actor_rollout_ref.rollout.max_num_batched_tokens={max(8192, a.prompt_len + a.response_len)}",
+        f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={a.logprob_micro}",
+        f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={a.micro}"]
     return [
         f"actor_rollout_ref.model.path={model_dir}", f"data.train_files={data}", "data.val_files=null",
         f"data.max_prompt_length={a.prompt_len}", f"data.max_response_length={a.response_len}",
         "data.filter_overlong_prompts=false", "data.truncation=left", f"data.train_batch_size={a.prompts}",
         "data.shuffle=false",
         f"actor_rollout_ref.rollout.n={a.n}", f"actor_rollout_ref.rollout.tensor_model_parallel_size={a.tp}",
-        "actor_rollout_ref.rollout.ignore_eos=true", f"actor_rollout_ref.rollout.gpu_memory_utilization={a.gpu_mem}",
-        f"actor_rollout_ref.rollout.max_num_seqs={a.prompts * a.n}",
-        f"actor_rollout_ref.rollout.max_num_batched_tokens={max(8192, a.prompt_len + a.response_len)}",
-        f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={a.logprob_micro}",
+        "actor_rollout_ref.rollout.ignore_eos=true", *tuning,
         f"actor_rollout_ref.actor.ppo_mini_batch_size={a.mini_batch or a.prompts}",
-        f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={a.micro}",
         f"actor_rollout_ref.model.enable_gradient_checkpointing={str(a.grad_ckpt).lower()}",
         "actor_rollout_ref.actor.optim.lr=1e-6",
         f"trainer.n_gpus_per_node={a.gpus}", "trainer.nnodes=1", f"trainer.device={a.device}",
@@ -87,7 +91,8 @@ def summarize(history: list[dict], n_rows: int) -> dict:
         for k, v in h.items():
             if k.startswith("memory/") or k.startswith("perf/max_memory"):
                 peaks[k] = max(peaks.get(k, 0.0), v)
-    keep = ("timing_s/", "memory/", "perf/", "reshard/", "rollout/", "response_length/mean", "actor/grad_norm")
+    keep = ("timing_s/", "memory/", "perf/", "reshard/", "rollout/", "response_length/mean", "actor/grad_norm",
+            "plan/")
     return {
         "steps_run": len(steps),
         "step_s": mean("timing_s/step"), "gen_s": mean("timing_s/gen"), "reshard_s": mean("timing_s/reshard"),
@@ -125,6 +130,8 @@ def main(argv=None):
     p.add_argument("--grad-ckpt", action="store_true")
     p.add_argument("--gpu-mem", type=float, default=0.5)
     p.add_argument("--device", default="cuda")
+    p.add_argument("--defaults", action="store_true", help="leave micro-batches, KV and engine sizes to the run plan")
+    p.add_argument("--repeat", type=int, default=1, help="runs of each variant (reported as NAME#i)")
     p.add_argument("--variants", default="hybrid,scheme_a")
     p.add_argument("--workdir", default="/tmp/hybridrl_bench")
     p.add_argument("--out", required=True)
@@ -149,9 +156,10 @@ def main(argv=None):
               "device": device_facts(), "preset": a.preset, "model_prep_s": prep_s,
               "workload": {k: v for k, v in vars(a).items() if k not in ("out", "workdir")}, "variants": {}}
     out = Path(a.out)
-    for spec in a.variants.split(","):
+    for spec in [v for v in a.variants.split(",") for _ in range(a.repeat)]:
         name, _, extra = spec.partition(":")
-        overrides = base_overrides(a, model_dir, data, work / "runs" / name)
+        spec = f"{spec}#{sum(k.rsplit('#', 1)[0] == spec for k in result['variants']) + 1}"
+        overrides = base_overrides(a, model_dir, data, work / "runs" / str(len(result["variants"])))
         overrides += PREDEFINED.get(name, []) + [e for e in extra.split(";") if e]
         t1 = time.time()
         try:

@@ -1,7 +1,7 @@
 """The `hybridrl` command.
 
     hybridrl config show  [--config F] [key=value ...]   resolved YAML
-    hybridrl config check FILE [key=value ...]           validate, print the device layout; exit 1 on error
+    hybridrl config check [--config F] [key=value ...]  validate, print the run plan; exit 1 on error
     hybridrl train [--config F] [key=value ...]          run PPO/GRPO; with no arguments, the embedded demo
 
 Other areas add subcommands through `register(subparsers)` in their own modules (`_PLUGINS`). A module
@@ -30,11 +30,8 @@ _PLUGINS = [
 ]
 
 
-def _add_config_args(p: argparse.ArgumentParser, file_positional: bool = False) -> None:
-    if file_positional:
-        p.add_argument("config", metavar="FILE", help="YAML config (nested, verl key names)")
-    else:
-        p.add_argument("--config", metavar="FILE", default=None, help="YAML config (nested, verl key names)")
+def _add_config_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", metavar="FILE", default=None, help="YAML config (nested, verl key names)")
     p.add_argument("overrides", nargs="*", metavar="key=value",
                    help="verl-style overrides: a.b=1, +a.free_dict.k=v (add), ++a.b=v (force)")
 
@@ -51,11 +48,28 @@ def _config_show(args) -> int:
 
 
 def _config_check(args) -> int:
+    """Validate, then print the run plan (layout, chosen micro-batches, KV blocks, predicted peak per phase)
+    against this machine's GPU or, with --gpu-memory-gb, a GPU of that size; exit 1 if it cannot fit."""
+    import os
+
     from hybridrl.config.layout import derive_layout
 
+    if args.config is None and args.overrides and "=" not in args.overrides[0]:
+        args.config = args.overrides.pop(0)  # `config check FILE key=value ...`, the older form
     config = _load(args)
-    print(f"{args.config}: OK")
-    print(derive_layout(config))
+    print(f"{args.config or 'defaults + overrides'}: OK")
+    model_path = os.path.expanduser(config.actor_rollout_ref.model.path)
+    if not os.path.isfile(os.path.join(model_path, "config.json")):
+        print(derive_layout(config))
+        print(f"(no memory plan: actor_rollout_ref.model.path={model_path!r} has no config.json)")
+        return 0
+    from hybridrl.plan import DeviceSpec, local_device, make_plan
+    from hybridrl.training.fsdp import load_hf_config
+
+    device = (DeviceSpec("cuda", f"a {args.gpu_memory_gb:g} GiB GPU", int(args.gpu_memory_gb * 1024**3))
+              if args.gpu_memory_gb else local_device(config))
+    hf_config = load_hf_config(model_path, override_config=config.actor_rollout_ref.model.override_config)
+    print(make_plan(config, hf_config, device))
     return 0
 
 
@@ -100,8 +114,11 @@ def build_parser(with_plugins: bool = True) -> argparse.ArgumentParser:
     show = cfg_sub.add_parser("show", help="print the resolved config as YAML")
     _add_config_args(show)
     show.set_defaults(func=_config_show)
-    check = cfg_sub.add_parser("check", help="validate a config and print its device layout")
-    _add_config_args(check, file_positional=True)
+    check = cfg_sub.add_parser("check", help="validate a config and print its run plan (layout, micro-batches, "
+                                             "KV cache, predicted memory per phase)")
+    _add_config_args(check)
+    check.add_argument("--gpu-memory-gb", type=float, default=None,
+                       help="plan for GPUs of this memory (GiB) instead of this machine's device")
     check.set_defaults(func=_config_check)
     train = sub.add_parser("train", help="run PPO/GRPO (no arguments: the embedded demo)")
     _add_config_args(train)
@@ -119,6 +136,9 @@ def main(argv: list[str] | None = None) -> int:
     # plugins import torch & co (seconds): `config` does not need them
     parser = build_parser(with_plugins=not argv or argv[0] != "config")
     args, extra = parser.parse_known_args(argv)
+    if extra and isinstance(getattr(args, "overrides", None), list) and all("=" in e for e in extra):
+        args.overrides += extra  # key=value after an option (argparse stops the positional list there)
+        extra = []
     if extra and not getattr(args, "accepts_any_args", False):
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     if not getattr(args, "func", None):

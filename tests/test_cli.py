@@ -52,7 +52,7 @@ def test_main_ppo_validates_then_calls_run_ppo(monkeypatch, capsys):
     fake.run_ppo = lambda config: calls.append(config) or {"ok": True}
     monkeypatch.setitem(sys.modules, "hybridrl.trainer.ppo_trainer", fake)
     assert main_ppo.main(["--config", SEED]) == 0
-    assert len(calls) == 1 and "infer_tp" in capsys.readouterr().out
+    assert len(calls) == 1  # the layout is checked here; the run plan is printed by run_ppo once Ray is up
     assert main_ppo.main(["--config", SEED, "actor_rollout_ref.rollout.tensor_model_parallel_size=4"]) == 1
     assert len(calls) == 1 and "tensor_model_parallel_size" in capsys.readouterr().err
 

@@ -41,7 +41,7 @@ class Layout:
     n: int  # samples per prompt
     num_mini_batches: int  # per PPO epoch
     ppo_mini_batch_per_gpu: int  # rows (samples) per GPU per mini-batch
-    ppo_micro_batch_per_gpu: int | None  # None = dynamic batch size
+    ppo_micro_batch_per_gpu: int | str | None  # None = dynamic batch size, 'auto' until the run plan resolves it
     grad_accum_steps: int | None
     log_prob_micro_batch_per_gpu: int | None
     ref_log_prob_micro_batch_per_gpu: int | None
@@ -56,7 +56,8 @@ class Layout:
     def __str__(self) -> str:
         kind = "FSDP" if len(self.training_mesh_dims) == 1 else "HSDP"
         micro = ("dynamic (token budget)" if self.ppo_micro_batch_per_gpu is None else
-                 f"{self.grad_accum_steps} micro-batches of {self.ppo_micro_batch_per_gpu}")
+                 f"{self.grad_accum_steps} micro-batches of {self.ppo_micro_batch_per_gpu}"
+                 if self.grad_accum_steps is not None else f"micro-batch {self.ppo_micro_batch_per_gpu}")
         lines = [
             f"world size      {self.world_size} ({self.nnodes} node(s) x {self.n_gpus_per_node} GPUs)",
             f"training mesh   {self._mesh(self.device, self.training_mesh, self.training_mesh_dims)}"
@@ -108,7 +109,7 @@ def derive_layout(config: DictConfig | dict) -> Layout:
         rollout_tp=tp, rollout_dp=rollout_dp, rollout_mesh=_grid(rollout_dp, tp),
         train_batch_size=tbs, n=n, num_mini_batches=tbs // mini,
         ppo_mini_batch_per_gpu=mini_per_gpu, ppo_micro_batch_per_gpu=micro,
-        grad_accum_steps=None if micro is None else mini_per_gpu // micro,
+        grad_accum_steps=mini_per_gpu // micro if isinstance(micro, int) else None,
         log_prob_micro_batch_per_gpu=None if rollout["log_prob_use_dynamic_bsz"] else
         rollout["log_prob_micro_batch_size_per_gpu"],
         ref_log_prob_micro_batch_per_gpu=None if ref["log_prob_use_dynamic_bsz"] else

@@ -43,6 +43,12 @@ EXTRA_TYPES: dict[str, tuple[type, ...]] = {
     "actor_rollout_ref.rollout.log_prob_unshard_once": (str, bool),
     "actor_rollout_ref.ref.log_prob_unshard_once": (str, bool),
     "critic.forward_unshard_once": (str, bool),
+    "actor_rollout_ref.actor.old_log_prob_pass": (str, bool),
+    # micro-batch sizes: 'auto' (the run plan chooses) or a number of rows
+    **dict.fromkeys(("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu",
+                     "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu",
+                     "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu",
+                     "critic.ppo_micro_batch_size_per_gpu", "critic.forward_micro_batch_size_per_gpu"), (str, int)),
 }
 
 # keys that may be null although their default is not (per-GPU micro-batches: null with dynamic batch size,
@@ -81,6 +87,7 @@ ENUMS: dict[str, tuple[str, ...]] = {
     "actor_rollout_ref.rollout.log_prob_unshard_once": ("auto", True, False),
     "actor_rollout_ref.ref.log_prob_unshard_once": ("auto", True, False),
     "critic.forward_unshard_once": ("auto", True, False),
+    "actor_rollout_ref.actor.old_log_prob_pass": ("auto", True, False),
 }
 
 # verl spellings rewritten to ours at load (key -> {alias: canonical})

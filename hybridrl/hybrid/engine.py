@@ -7,6 +7,9 @@ Entry (hybrid, scheme B):
      holds a second full copy of the model beyond the tensor in flight;
   4. FSDP params → CPU if param_offload (after the stream, which reads them);
   5. KV cache allocated last: weights first, then KV, the order that avoids the well-known wake-up OOM.
+The switch is timed both ways: `timing_s/switch_to_rollout` (end of training to an engine ready to prefill:
+wake, reshard, offload, KV allocation; CUDA graphs are captured at their first decode step and reported as
+`rollout/cuda_graph_capture_s`) and `timing_s/switch_to_train` (sleep, cache release, parameters back).
 Exit: engine sleeps (KV + engine weights freed, prefix cache reset), cached blocks returned to the allocator,
 offloaded params come back (log-prob needs them); optimizer state comes back right before the update (`before_update`).
 
@@ -17,12 +20,18 @@ the data flow, so the two schemes differ only in memory lifetime — what the be
 
 from __future__ import annotations
 
+import time
 from contextlib import contextmanager
 
 import torch
 
 from hybridrl.hybrid.memory import track_phase
 from hybridrl.hybrid.reshard import FSDPToTPResharder
+
+
+def _sync(device: torch.device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def _empty_cache(device: torch.device):
@@ -52,15 +61,19 @@ class HybridEngine:
             with track_phase("gen", metrics, self.device):
                 yield self.engine
             return
+        t0 = time.perf_counter()
         with track_phase("reshard", metrics, self.device):
             if self.hybrid:
                 self._enter_hybrid(metrics)
             else:
                 self._enter_resident(metrics)
+        _sync(self.device)
+        metrics["timing_s/switch_to_rollout"] = time.perf_counter() - t0
         try:
             with track_phase("gen", metrics, self.device):
                 yield self.engine
         finally:
+            t0 = time.perf_counter()
             if self.hybrid:
                 self.engine.sleep()
                 _empty_cache(self.device)
@@ -68,6 +81,8 @@ class HybridEngine:
                     from hybridrl.training.offload import load_fsdp_params
 
                     load_fsdp_params(self.module, self.device)
+            _sync(self.device)
+            metrics["timing_s/switch_to_train"] = time.perf_counter() - t0
 
     def _enter_hybrid(self, metrics: dict):
         if self.optimizer is not None:

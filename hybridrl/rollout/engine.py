@@ -186,6 +186,7 @@ class LLMEngine:
             inflight = (nxt, nxt_handle) if nxt is not None else None
         self.stats["schedule_s"] += host_s
         self.stats["generated_tokens"] += sum(s.num_completion_tokens for group in groups for s in group)
+        self.stats["cuda_graph_capture_s"] = self.runner.last_capture_s  # graphs are captured on first use
         self.stats.update(self.runner.timing)
         for key, value in sched.stats.items():
             self.stats[key] = max(self.stats[key], value) if key in _PEAK_KEYS else self.stats[key] + value

@@ -7,8 +7,6 @@ FSDP on several ranks every rank runs generate in lockstep (`synced_gpus`), whic
 
 from __future__ import annotations
 
-import math
-
 import torch
 from omegaconf import DictConfig
 from transformers import AutoConfig, AutoTokenizer
@@ -16,12 +14,10 @@ from transformers import AutoConfig, AutoTokenizer
 from hybridrl.workers.common import rollout_dtype
 
 
-def cpu_kv_blocks(max_model_len: int, block_size: int, max_num_seqs: int) -> int:
-    """On CPU there is no GPU memory to size the cache from: give every admitted sequence its full length."""
-    return math.ceil(max_model_len / block_size) * max_num_seqs + 1
-
-
-def build_rollout_engine(rcfg: DictConfig, *, model_path: str, device: torch.device, tp_group, actor_module=None):
+def build_rollout_engine(rcfg: DictConfig, *, model_path: str, device: torch.device, tp_group, num_kv_blocks: int,
+                         max_num_seqs: int, actor_module=None):
+    """num_kv_blocks: the run plan's need for a step's batch (on GPUs capped by gpu_memory_utilization at wake);
+    max_num_seqs: the plan's engine concurrency (rollout.max_num_seqs bounded by the batch)."""
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     eos = tokenizer.eos_token_id
     if rcfg.name == "hf":
@@ -40,14 +36,11 @@ def build_rollout_engine(rcfg: DictConfig, *, model_path: str, device: torch.dev
 
     hf_config = AutoConfig.from_pretrained(model_path)
     max_model_len = int(rcfg.prompt_length) + int(rcfg.response_length)
-    num_blocks = None
-    if device.type != "cuda":
-        num_blocks = cpu_kv_blocks(max_model_len, int(rcfg.block_size), int(rcfg.max_num_seqs))
     return LLMEngine(
         hf_config, tp_group=tp_group, device=device, dtype=rollout_dtype(rcfg, device),
         block_size=int(rcfg.block_size), gpu_memory_utilization=float(rcfg.gpu_memory_utilization),
-        max_num_seqs=int(rcfg.max_num_seqs),
+        max_num_seqs=max_num_seqs,
         max_num_batched_tokens=int(rcfg.max_num_batched_tokens),
         max_model_len=max_model_len, enforce_eager=bool(rcfg.enforce_eager),
-        enable_prefix_sharing=bool(rcfg.enable_prefix_sharing), num_kv_blocks=num_blocks, eos_token_id=eos,
+        enable_prefix_sharing=bool(rcfg.enable_prefix_sharing), num_kv_blocks=num_kv_blocks, eos_token_id=eos,
         async_scheduling=bool(rcfg.async_scheduling))

@@ -5,11 +5,13 @@ Choices:
   `sleep` sends it back to meta, so engine weights exist only during rollout and
   torch.cuda.memory_allocated() returns to its pre-wake level (caller-owned tensors aside).
 - One KV tensor [layers, 2, num_blocks + 1, block_size, K, D]; the extra last block is a scratch block
-  that padded CUDA-graph rows write to and read from. Size: `num_kv_blocks` if given, else whatever
-  brings device usage to `gpu_memory_utilization` x total memory after weights, minus the measured
-  activation peak of a worst-case prefill + sampling step (measured once, then reused every wake).
-- CUDA graphs for decode at a few padded batch sizes, captured on KV wake-up sharing one memory pool,
-  freed (graphs and pool) on sleep; capture time is kept in `last_capture_s`. Off with enforce_eager
+  that padded CUDA-graph rows write to and read from. Size: `num_kv_blocks` (the run plan's need) capped on
+  GPUs by the ceiling — whatever brings device usage to `gpu_memory_utilization` x total memory after
+  weights, minus the measured activation peak of a worst-case prefill + sampling step (measured once, then
+  reused every wake); without `num_kv_blocks`, the ceiling itself.
+- CUDA graphs for decode at a few padded batch sizes, each captured the first time a step needs it (after
+  a KV wake-up), sharing one memory pool, freed (graphs and pool) on sleep; capture time is summed in
+  `last_capture_s`. Off with enforce_eager
   and off the GPU. Only the decoder forward is captured; LM head + sampling run eagerly.
 - Decode inputs without per-step tensor building: ids/positions/slots/context lengths (and, for a
   lookahead step, where each row's input token sits in the previous step's samples) go into one pinned
@@ -125,6 +127,8 @@ class ModelRunner:
             return
         if num_kv_blocks is None:
             num_kv_blocks = self._blocks_from_memory(gpu_memory_utilization)
+        elif self.is_cuda:  # the planned need, never above the utilization ceiling
+            num_kv_blocks = min(num_kv_blocks, self._blocks_from_memory(gpu_memory_utilization))
         L = self.config.num_hidden_layers
         self.kv = torch.zeros(L, 2, num_kv_blocks + 1, self.block_size, self.num_kv_heads, self.head_dim,
                               dtype=self.dtype, device=self.device)
@@ -225,26 +229,32 @@ class ModelRunner:
     def _scratch(self):
         return self.num_blocks, self.num_blocks * self.block_size  # scratch block id, its first slot
 
-    @torch.no_grad()
     def _capture_graphs(self) -> None:
-        t0 = time.perf_counter()
+        """Set up the graph buckets; each is captured the first time a decode step needs it (`_capture`), so a
+        wake costs only the buckets the rollout uses (a GRPO batch that decodes at full width uses a few)."""
         max_bs = min(self.max_num_seqs, GRAPH_BATCH_SIZES[-1])
         sizes = [s for s in GRAPH_BATCH_SIZES if s <= max_bs]
         if sizes[-1] < max_bs:
             sizes.append(max_bs)
         self.graph_out = torch.zeros(max_bs, self.config.hidden_size, dtype=self.dtype, device=self.device)
-        for bs in reversed(sizes):
-            ids, pos, ctx = self._decode_args(bs)
-            self.graph_out[:bs] = self.model(ids, pos, ctx)  # warm-up
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, self.graph_pool):
-                self.graph_out[:bs] = self.model(ids, pos, ctx)
-            if self.graph_pool is None:
-                self.graph_pool = graph.pool()
-            self.graphs[bs] = graph
-        torch.cuda.synchronize(self.device)
-        self.graph_sizes = sorted(self.graphs)
-        self.last_capture_s = time.perf_counter() - t0
+        self.graph_sizes = sizes
+        self.last_capture_s = 0.0
+
+    @torch.no_grad()
+    def _capture(self, bs: int) -> None:
+        """Capture the decode graph of bucket `bs` on the step's own inputs (already in the device buffers): the
+        eager warm-up computes this step, so the replay that follows rewrites the same KV slots with the same
+        values; padded rows touch only the scratch block."""
+        t0 = time.perf_counter()
+        ids, pos, ctx = self._decode_args(bs)
+        self.graph_out[:bs] = self.model(ids, pos, ctx)  # warm-up
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, self.graph_pool):
+            self.graph_out[:bs] = self.model(ids, pos, ctx)
+        if self.graph_pool is None:
+            self.graph_pool = graph.pool()
+        self.graphs[bs] = graph
+        self.last_capture_s += time.perf_counter() - t0
 
     def _decode_args(self, rows: int):
         m = self.d_meta
@@ -279,7 +289,7 @@ class ModelRunner:
     def _decode_hidden(self, batch: ScheduledBatch, hs: _HostStepBuffers, feed):
         seqs, bs = batch.seqs, self.block_size
         B = len(seqs)
-        graph_bs = next((g for g in self.graph_sizes if g >= B), None) if self.graphs else None
+        graph_bs = next((g for g in self.graph_sizes if g >= B), None)
         rows = graph_bs or B
         meta, tab = hs.meta.numpy(), hs.tables.numpy()
         lens = [len(s) for s in seqs]
@@ -314,6 +324,8 @@ class ModelRunner:
             ids, pos, ctx = self._decode_args(B)
             ctx.block_tables = ctx.block_tables[:, :max(row_lens[:B])]
             return self.model(ids, pos, ctx)
+        if graph_bs not in self.graphs:
+            self._capture(graph_bs)
         self.graphs[graph_bs].replay()
         return self.graph_out[:B]
 

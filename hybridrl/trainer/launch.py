@@ -52,6 +52,33 @@ def _loggers(config: DictConfig) -> list[str]:
     return list(config.trainer.logger) if not isinstance(config.trainer.logger, str) else [config.trainer.logger]
 
 
+def _device_spec(config: DictConfig, use_gpu: bool):
+    """The GPU the workers will get, asked of the cluster by a one-GPU task (the driver may have none)."""
+    from hybridrl.plan import DeviceSpec, local_device
+
+    if not use_gpu:
+        return DeviceSpec("cpu", "cpu", None)
+    import ray
+
+    def probe():
+        import torch
+
+        p = torch.cuda.get_device_properties(0)
+        return p.name, int(p.total_memory)
+
+    name, total = ray.get(ray.remote(num_gpus=1)(probe).remote())
+    return DeviceSpec("cuda", name, total) if config.trainer.device != "cpu" else local_device(config)
+
+
+def make_run_plan(config: DictConfig, model_path: str, use_gpu: bool, val_prompts: int | None):
+    from hybridrl.plan import make_plan
+    from hybridrl.training.fsdp import load_hf_config
+
+    hf_config = load_hf_config(model_path, override_config=config.actor_rollout_ref.model.override_config,
+                               trust_remote_code=bool(config.actor_rollout_ref.model.trust_remote_code))
+    return make_plan(config, hf_config, _device_spec(config, use_gpu), val_prompts=val_prompts)
+
+
 def run_ppo(config: DictConfig) -> dict:
     """The whole run holds the lock on trainer.default_local_dir, taken (with a write check of the checkpoint and
     log directories) before anything else starts: a second run on the directory stops here, naming the holder."""
@@ -98,16 +125,19 @@ def _run_ppo_claimed(config: DictConfig) -> dict:
     init_ray(t.ray_address, num_cpus=max(os.cpu_count() or 1, world) if local else None)
     use_gpu = _use_gpu(config)
     with_critic = need_critic(config)
+    val_prompts = (int(config.data.val_batch_size or len(val_set))) if val_set is not None else None
+    plan = make_run_plan(config, model_path, use_gpu, val_prompts)
+    print(plan, flush=True)
     pool = RayResourcePool([int(t.n_gpus_per_node)] * int(t.nnodes), use_gpu=use_gpu,
                            max_colocate_count=2 if with_critic else 1)
     timeout = float(t.worker_timeout_s)
     role = "actor_rollout_ref" if need_reference(config) else "actor_rollout"
-    actor_wg = RayWorkerGroup(pool, RayClassWithInitArgs(ActorRolloutRefWorker, config, role=role),
+    actor_wg = RayWorkerGroup(pool, RayClassWithInitArgs(ActorRolloutRefWorker, config, plan, role=role),
                               name_prefix="actor_rollout", worker_timeout_s=timeout)
     init_info = actor_wg.init_model()
     critic_wg = None
     if with_critic:
-        critic_wg = RayWorkerGroup(pool, RayClassWithInitArgs(CriticWorker, config), name_prefix="critic",
+        critic_wg = RayWorkerGroup(pool, RayClassWithInitArgs(CriticWorker, config, plan), name_prefix="critic",
                                    worker_timeout_s=timeout)
         critic_wg.init_model()
 
@@ -118,7 +148,7 @@ def _run_ppo_claimed(config: DictConfig) -> dict:
     ckpt = CheckpointManager(str(run_dir), max_to_keep=t.max_actor_ckpt_to_keep)
     timeline = MemoryTimeline()
     trainer = RayPPOTrainer(config, tokenizer, actor_wg, critic_wg, reward_fn, val_reward_fn, loader, val_set,
-                            tracker, ckpt, n_gpus=world, memory_timeline=timeline)
+                            tracker, ckpt, n_gpus=world, memory_timeline=timeline, plan=plan)
     t0 = time.time()
     try:
         history = trainer.fit()

@@ -20,7 +20,7 @@ from hybridrl.config.validate import ConfigError, validate_config
 def run(config: DictConfig):
     """Validate (errors only; load_config already logged warnings), print the layout, train."""
     validate_config(config)
-    print(derive_layout(config), flush=True)
+    derive_layout(config)  # batch arithmetic fails here, in a second; the run plan is printed once Ray is up
     from hybridrl.trainer.ppo_trainer import run_ppo
 
     return run_ppo(config)

@@ -93,7 +93,7 @@ def rollout_probs_diff(batch: DataProto) -> dict:
 
 class RayPPOTrainer:
     def __init__(self, config: DictConfig, tokenizer, actor_rollout_wg, critic_wg, reward_fn, val_reward_fn,
-                 train_loader, val_dataset, tracker, ckpt_manager, n_gpus: int, memory_timeline=None):
+                 train_loader, val_dataset, tracker, ckpt_manager, n_gpus: int, memory_timeline=None, plan=None):
         self.config = config
         self.tokenizer = tokenizer
         self.actor_rollout_wg, self.critic_wg = actor_rollout_wg, critic_wg
@@ -102,6 +102,7 @@ class RayPPOTrainer:
         self.tracker, self.ckpt = tracker, ckpt_manager
         self.n_gpus = n_gpus
         self.memory_timeline = memory_timeline
+        self.plan = plan  # logged next to the measured memory: predicted peak per phase (GPU runs)
         self.use_critic = need_critic(config)
         self.use_reference = need_reference(config)
         self.kl_ctrl = get_kl_controller(config.algorithm.kl_ctrl) if config.algorithm.use_kl_in_reward else None
@@ -224,14 +225,16 @@ class RayPPOTrainer:
                 result = self.reward_fn(batch)
                 batch.batch["token_level_scores"] = result["reward_tensor"]
                 metrics.update(result.get("metrics", {}))
-            with marked_timer("old_log_prob", timing):
-                old = self.actor_rollout_wg.compute_log_prob(batch)
-                absorb(old)
-                entropys = old.batch.pop("entropys", None)
-                if entropys is not None:
-                    metrics["actor/entropy"] = agg_loss(entropys, batch.batch["response_mask"], "token-mean").item()
-                batch.union(old)
-                metrics.update(rollout_probs_diff(batch))
+            if self.plan is None or self.plan.old_log_prob_pass:  # else the update's own log-probs (plan)
+                with marked_timer("old_log_prob", timing):
+                    old = self.actor_rollout_wg.compute_log_prob(batch)
+                    absorb(old)
+                    entropys = old.batch.pop("entropys", None)
+                    if entropys is not None:
+                        metrics["actor/entropy"] = agg_loss(entropys, batch.batch["response_mask"],
+                                                            "token-mean").item()
+                    batch.union(old)
+                    metrics.update(rollout_probs_diff(batch))
             if self.use_reference:
                 with marked_timer("ref", timing):
                     ref = self.actor_rollout_wg.compute_ref_log_prob(batch)
@@ -269,6 +272,8 @@ class RayPPOTrainer:
         if self.critic_wg is not None:
             padded += sum(getattr(self.critic_wg, "padded_rows", {}).values())
         metrics["training/padded_rows_total"] = float(padded)
+        if self.plan is not None and any(k.startswith("memory/") for k in metrics):
+            metrics.update(self.plan.predicted_peak_gb())  # next to memory/{phase}/peak_allocated_gb
         metrics.update(compute_data_metrics(batch, use_critic=self.use_critic))
         metrics.update(compute_timing_metrics(batch, timing))
         metrics.update(compute_throughout_metrics(batch, timing, self.n_gpus))

@@ -5,7 +5,9 @@ Shapes: B rows, R response length, V vocab.
 Choices:
 - `compute_log_prob` runs in micro-batches of `meta_info["micro_batch_size"]` (or token-balanced ones with
   `use_dynamic_bsz` + `max_token_len`) under no_grad, moving each result to CPU at once so only one
-  micro-batch of logits is ever on the GPU; logits are divided by `meta_info["temperature"]`. With several
+  micro-batch of logits is ever on the GPU; logits are divided by `meta_info["temperature"]`. Models whose
+  head is a plain linear layer never materialise [rows, vocab] logits: the head is replaced by the chunked
+  log-prob of training/fused_logprob.py (others, e.g. soft-capped logits, take the plain path). With several
   micro-batches and `meta_info["unshard_once"]` (true / "auto", fsdp.should_keep_unsharded) the FSDP blocks
   are all-gathered once for the pass, not once per micro-batch.
 - `sp_group` (Ulysses sequence parallelism, training/ulysses.py): the ranks of the group hold the same rows and
@@ -34,6 +36,7 @@ from hybridrl.algorithms import (
 )
 from hybridrl.protocol import DataProto
 from hybridrl.training.fsdp import keep_unsharded, should_keep_unsharded
+from hybridrl.training.fused_logprob import fused_logprob_entropy, plain_linear_head
 from hybridrl.training.micro_batches import loss_scale, make_micro_batches, normaliser
 from hybridrl.training.packing import forward_response_logits, restore_order
 from hybridrl.training.updater import FSDPUpdater
@@ -48,6 +51,7 @@ class DataParallelPPOActor(FSDPUpdater):
                          bool(config.get("use_remove_padding", False) if use_remove_padding is None
                               else use_remove_padding))
         self.sp_group = sp_group  # Ulysses: every rank of this group gets the same rows and runs 1/P of the tokens
+        self.fused_head = plain_linear_head(module)
 
     # ------------------------------------------------------------------ forward
     def _forward_micro_batch(self, micro: DataProto, temperature: float, calculate_entropy: bool):
@@ -62,10 +66,14 @@ class DataParallelPPOActor(FSDPUpdater):
                 stats.append(entropy_from_logits(logits))
             return torch.stack(stats, dim=-1)
 
+        def fused(hidden, weight, flat):  # the head's [K, V] logits exist one chunk at a time (fused_logprob.py)
+            return fused_logprob_entropy(hidden, weight, targets[flat], temperature, calculate_entropy)
+
         out = forward_response_logits(self.module, b["input_ids"].to(self.device),
                                       b["attention_mask"].to(self.device), b["position_ids"].to(self.device),
                                       responses.shape[1], self.use_remove_padding, keep_only_needed=True,
-                                      sp_group=self.sp_group, row_fn=per_token)
+                                      sp_group=self.sp_group, row_fn=per_token,
+                                      head_rows=fused if self.fused_head else None)
         return out[..., 0], (out[..., 1] if calculate_entropy else None)
 
     def compute_log_prob(self, data: DataProto, calculate_entropy: bool = False):
@@ -101,8 +109,12 @@ class DataParallelPPOActor(FSDPUpdater):
             raise ValueError("update_policy: meta_info['temperature'] is required (the rollout temperature)")
         temperature = float(data.meta_info["temperature"])
         use_kl_loss = bool(cfg.get("use_kl_loss", False))
-        keys = ["responses", "input_ids", "attention_mask", "position_ids", "response_mask", "old_log_probs",
-                "advantages"]
+        # without 'old_log_probs' (no old-log-prob pass: one on-policy mini-batch) the update's own log-probs,
+        # detached, are the old ones: ratio 1, the same gradient, one forward pass less per step
+        keys = ["responses", "input_ids", "attention_mask", "position_ids", "response_mask", "advantages"]
+        own_old = "old_log_probs" not in data.batch
+        if not own_old:
+            keys.append("old_log_probs")
         if use_kl_loss:
             if "ref_log_prob" not in data.batch:
                 raise ValueError("actor.use_kl_loss=true needs 'ref_log_prob' in the batch (enable the reference "
@@ -112,9 +124,9 @@ class DataParallelPPOActor(FSDPUpdater):
         mode = cfg.get("loss_agg_mode", "token-mean")
         entropy_coeff = float(cfg.get("entropy_coeff", 0.0))
         return self._train_step(data, "actor", lambda mini, metrics: self._update_mini_batch(
-            mini, temperature, mode, entropy_coeff, use_kl_loss, metrics))
+            mini, temperature, mode, entropy_coeff, use_kl_loss, own_old, metrics))
 
-    def _update_mini_batch(self, mini: DataProto, temperature, mode, entropy_coeff, use_kl_loss, metrics):
+    def _update_mini_batch(self, mini: DataProto, temperature, mode, entropy_coeff, use_kl_loss, own_old, metrics):
         cfg = self.config
         micros, _ = make_micro_batches(mini, bool(cfg.get("use_dynamic_bsz", False)),
                                        cfg.get("ppo_micro_batch_size_per_gpu"), cfg.get("ppo_max_token_len_per_gpu"))
@@ -122,15 +134,19 @@ class DataParallelPPOActor(FSDPUpdater):
         for micro in micros:
             b = {k: v.to(self.device) for k, v in micro.batch.items()}
             mask = b["response_mask"]
-            log_prob, entropy = self._forward_micro_batch(micro, temperature, calculate_entropy=entropy_coeff != 0)
+            # entropy is part of the loss with entropy_coeff, and the step's metric when no old-log-prob pass made it
+            log_prob, entropy = self._forward_micro_batch(micro, temperature,
+                                                          calculate_entropy=entropy_coeff != 0 or own_old)
+            old_log_prob = log_prob.detach() if own_old else b["old_log_probs"]
             pg_loss, pg_clipfrac, ppo_kl, pg_clipfrac_lower = compute_policy_loss(
-                b["old_log_probs"], log_prob, b["advantages"], mask, cliprange=cfg.get("clip_ratio", 0.2),
+                old_log_prob, log_prob, b["advantages"], mask, cliprange=cfg.get("clip_ratio", 0.2),
                 cliprange_low=cfg.get("clip_ratio_low"), cliprange_high=cfg.get("clip_ratio_high"),
                 clip_ratio_c=float(cfg.get("clip_ratio_c", 3.0)), loss_agg_mode=mode)
             policy_loss = pg_loss
             if entropy is not None:
                 entropy_loss = agg_loss(entropy, mask, mode)
-                policy_loss = policy_loss - entropy_coeff * entropy_loss
+                if entropy_coeff != 0:
+                    policy_loss = policy_loss - entropy_coeff * entropy_loss
                 metrics["entropy"].append(entropy_loss.item())
             if use_kl_loss:
                 kld = kl_penalty(log_prob, b["ref_log_prob"], cfg.get("kl_loss_type", "low_var_kl"))

@@ -23,6 +23,7 @@ Choices:
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -143,6 +144,28 @@ def register_varlen_attention() -> str:
 
 
 # ---------------------------------------------------------------------------------------------- forward
+@contextmanager
+def _replaced_head(module, head_rows, flat: torch.Tensor, drop_last: bool = False):
+    """While active, the model's output head returns head_rows(hidden [K, H], weight, flat) instead of logits.
+    drop_last: the head sees [B, R+1, H] (padded path); the last position predicts no response token."""
+    if head_rows is None:
+        yield
+        return
+    head = module.get_output_embeddings()
+
+    def forward(hidden):
+        if drop_last:
+            rows = head_rows(hidden[:, :-1].reshape(-1, hidden.shape[-1]), head.weight, flat)
+            return rows.reshape(hidden.shape[0], -1, rows.shape[-1])
+        return head_rows(hidden.reshape(-1, hidden.shape[-1]), head.weight, flat)[None]
+
+    head.forward = forward
+    try:
+        yield
+    finally:
+        del head.forward
+
+
 def _response_predictor_positions(batch: int, seq_len: int, response_length: int, device) -> torch.Tensor:
     """[B, R] flat indices into [B*S] of the positions whose output predicts each response token."""
     cols = torch.arange(seq_len - response_length - 1, seq_len - 1, device=device)
@@ -151,7 +174,8 @@ def _response_predictor_positions(batch: int, seq_len: int, response_length: int
 
 def forward_response_logits(module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                             position_ids: torch.Tensor, response_length: int, use_remove_padding: bool,
-                            keep_only_needed: bool = True, sp_group=None, row_fn=None) -> torch.Tensor:
+                            keep_only_needed: bool = True, sp_group=None, row_fn=None,
+                            head_rows=None) -> torch.Tensor:
     """Run the model and return the head outputs at the positions predicting the last R tokens: [B, R, C].
 
     Positions whose predicting token is padding hold zeros (finite; callers mask them with response_mask).
@@ -160,12 +184,24 @@ def forward_response_logits(module, input_ids: torch.Tensor, attention_mask: tor
     row_fn(rows [K, C], flat [K]) -> [K, M]: reduces the kept rows (flat = their indices into the [B*R] response
       positions) before they are scattered into [B, R, M] — and, under Ulysses, before they are gathered, so a
       log-prob pass moves M = 1-2 numbers a row between ranks instead of a vocabulary's width.
+    head_rows(hidden [K, H], head weight [C, H], flat [K]) -> [K, M]: replaces the model's output head for the
+      kept rows (inside the model's forward, so FSDP's unsharded head weight and its gradient hooks apply), so
+      the [K, C] logits are never returned; row_fn is then not used.
     """
     bsz, seq_len = input_ids.shape
     sp = SequenceParallel.from_group(sp_group)
     if sp is not None and not use_remove_padding:
         raise ValueError("Ulysses sequence parallelism needs the packed path (model.use_remove_padding=true)")
     row_fn = row_fn or (lambda rows, flat: rows)
+    if head_rows is not None:
+        if not keep_only_needed:
+            raise ValueError("head_rows needs keep_only_needed=True (a causal LM head)")
+        row_fn = lambda rows, flat: rows  # noqa: E731  (the replaced head already reduced them)
+    if not use_remove_padding and head_rows is not None:
+        flat = torch.arange(bsz * response_length, device=input_ids.device)
+        with _replaced_head(module, head_rows, flat, drop_last=True):
+            return module(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                          use_cache=False, logits_to_keep=response_length + 1).logits
     if not use_remove_padding:
         kwargs = {"logits_to_keep": response_length + 1} if keep_only_needed else {}
         logits = module(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
@@ -183,11 +219,13 @@ def forward_response_logits(module, input_ids: torch.Tensor, attention_mask: tor
     kwargs = dict(cu_seq_lens_q=packed.cu_seqlens, cu_seq_lens_k=packed.cu_seqlens,
                   max_length_q=packed.max_seqlen, max_length_k=packed.max_seqlen, use_cache=False)
     if sp is not None:
-        rows = _sequence_parallel_rows(module, packed, wanted[valid], flat, kwargs, sp, keep_only_needed, row_fn)
+        rows = _sequence_parallel_rows(module, packed, wanted[valid], flat, kwargs, sp, keep_only_needed, row_fn,
+                                       head_rows)
     elif keep_only_needed:
         keep = wanted[valid]
-        rows = row_fn(module(input_ids=packed.input_ids, position_ids=packed.position_ids, logits_to_keep=keep,
-                             **kwargs).logits[0], flat)                                   # [K, M]
+        with _replaced_head(module, head_rows, flat):
+            rows = row_fn(module(input_ids=packed.input_ids, position_ids=packed.position_ids, logits_to_keep=keep,
+                                 **kwargs).logits[0], flat)                               # [K, M]
     else:
         logits = module(input_ids=packed.input_ids, position_ids=packed.position_ids, **kwargs).logits[0]
         rows = row_fn(logits[wanted[valid]], flat)
@@ -197,7 +235,7 @@ def forward_response_logits(module, input_ids: torch.Tensor, attention_mask: tor
 
 
 def _sequence_parallel_rows(module, packed: PackedInputs, keep: torch.Tensor, flat: torch.Tensor, kwargs: dict,
-                            sp: SequenceParallel, keep_only_needed: bool, row_fn) -> torch.Tensor:
+                            sp: SequenceParallel, keep_only_needed: bool, row_fn, head_rows=None) -> torch.Tensor:
     """This rank's slice of the packed row through the model; returns every rank's reduced kept rows [K, M].
     `keep` (packed indices) is increasing — packing keeps row order — so rank order is row order."""
     total = packed.input_ids.shape[1]
@@ -215,7 +253,8 @@ def _sequence_parallel_rows(module, packed: PackedInputs, keep: torch.Tensor, fl
     mine = owner == sp.rank
     ids, pos = ids[:, lo:lo + local], pos[:, lo:lo + local]
     if keep_only_needed:
-        rows = module(input_ids=ids, position_ids=pos, logits_to_keep=keep[mine] - lo, **kwargs).logits[0]
+        with _replaced_head(module, head_rows, flat[mine]):
+            rows = module(input_ids=ids, position_ids=pos, logits_to_keep=keep[mine] - lo, **kwargs).logits[0]
     else:  # heads without logits_to_keep (the critic's value head): the whole slice, then this rank's rows
         rows = module(input_ids=ids, position_ids=pos, **kwargs).logits[0][keep[mine] - lo]
     return gather_rows(row_fn(rows, flat[mine]), sizes, sp)

@@ -55,12 +55,13 @@ def prompt_token_lists(prompts: DataProto) -> list[list[int]]:
 
 
 class ActorRolloutRefWorker(Worker):
-    def __init__(self, config: DictConfig, role: str = "actor_rollout_ref"):
+    def __init__(self, config: DictConfig, plan, role: str = "actor_rollout_ref"):
         super().__init__()
         setup_worker_logging()
         if role not in ("actor_rollout", "actor_rollout_ref", "ref"):
             raise ValueError(f"ActorRolloutRefWorker role must be actor_rollout, actor_rollout_ref or ref, got {role!r}")
         self.config = config
+        self.plan = plan  # hybridrl.plan.RunPlan: micro-batches, KV blocks, unshard and reshard choices
         self.role = role
         self._has_actor = role in ("actor_rollout", "actor_rollout_ref")
         self._has_ref = role in ("actor_rollout_ref", "ref")
@@ -86,7 +87,7 @@ class ActorRolloutRefWorker(Worker):
         packed = bool(cfg.model.use_remove_padding)
 
         if self._has_actor:
-            actor_cfg = normalize_actor_batch_sizes(cfg, world)
+            actor_cfg = normalize_actor_batch_sizes(cfg, world, self.plan.actor_micro)
             self.actor_module, self.optimizer, self.scheduler = build_fsdp_model(
                 cfg.model, cfg.actor.fsdp_config, cfg.actor.optim, self.device_mesh, self.compute_device, trainable=True)
             from hybridrl.training.actor import DataParallelPPOActor
@@ -102,7 +103,7 @@ class ActorRolloutRefWorker(Worker):
                                                      self.compute_device, trainable=False)
             from hybridrl.training.actor import DataParallelPPOActor
 
-            self.ref = DataParallelPPOActor(normalize_actor_batch_sizes(cfg, world), self.ref_module, None, None,
+            self.ref = DataParallelPPOActor(normalize_actor_batch_sizes(cfg, world, None), self.ref_module, None, None,
                                             use_remove_padding=packed, sp_group=self.sp_group)
             self._ref_offload = bool(cfg.ref.fsdp_config.param_offload)
             if self._ref_offload:
@@ -132,13 +133,14 @@ class ActorRolloutRefWorker(Worker):
         self.engine = build_rollout_engine(
             rcfg, model_path=os.path.expanduser(cfg.model.path), device=self.compute_device,
             tp_group=self.rollout_mesh.get_group("infer_tp") if tp > 1 else None,
-            actor_module=self.actor_module)
+            actor_module=self.actor_module, num_kv_blocks=self.plan.kv_blocks,
+            max_num_seqs=self.plan.engine_max_num_seqs)
         self.hybrid = HybridEngine(
             self.actor_module, self.optimizer, self.engine, device=self.compute_device, dtype=rollout_dtype(rcfg, self.compute_device),
             hybrid=bool(cfg.hybrid_engine) and bool(rcfg.free_cache_engine),
             param_offload=bool(cfg.actor.fsdp_config.param_offload),
             optimizer_offload=bool(cfg.actor.fsdp_config.optimizer_offload),
-            reshard_strategy=os.environ.get("HYBRIDRL_RESHARD", "slice"))
+            reshard_strategy=self.plan.reshard_strategy)
 
     # ------------------------------------------------------------------ rollout
     @register(dispatch_mode=make_mesh_dispatch("rollout"))
@@ -164,13 +166,16 @@ class ActorRolloutRefWorker(Worker):
 
     # ------------------------------------------------------------------ log-probs
     def _log_prob_meta(self, data: DataProto, section: str) -> DataProto:
-        """meta_info for a log-prob pass from the keys of `section` (rollout: old log-probs, ref: reference)."""
+        """meta_info for a log-prob pass (rollout: old log-probs, ref: reference): its sizes from the plan, its
+        dynamic-batch keys from its config section."""
         sec = self.config.actor_rollout_ref[section]
+        old = section == "rollout"
         data.meta_info.setdefault("temperature", float(self.config.actor_rollout_ref.rollout.temperature))
-        data.meta_info["micro_batch_size"] = sec.log_prob_micro_batch_size_per_gpu
+        data.meta_info["micro_batch_size"] = self.plan.log_prob_micro if old else self.plan.ref_log_prob_micro
         data.meta_info["use_dynamic_bsz"] = bool(sec.log_prob_use_dynamic_bsz)
         data.meta_info["max_token_len"] = int(sec.log_prob_max_token_len_per_gpu)
-        data.meta_info["unshard_once"] = sec.log_prob_unshard_once
+        data.meta_info["unshard_once"] = (self.plan.log_prob_unshard_once if old
+                                          else self.plan.ref_log_prob_unshard_once)
         return data
 
     @register(dispatch_mode=make_mesh_dispatch("actor"))

@@ -45,9 +45,10 @@ def build_sp_group(device_type: str, world: int, sp: int, name: str):
     return rank // sp, world // sp, rank % sp == 0, mesh.get_group("sp")
 
 
-def normalize_actor_batch_sizes(cfg: DictConfig, world_size: int) -> DictConfig:
+def normalize_actor_batch_sizes(cfg: DictConfig, world_size: int, micro_batch: int | None) -> DictConfig:
     """verl's convention: config sizes are global in prompts; each rank updates on
-    ppo_mini_batch_size * n / dp rows per mini-batch. Returns a per-rank copy of the actor section."""
+    ppo_mini_batch_size * n / dp rows per mini-batch, in micro-batches of the plan's `micro_batch` rows
+    (None: dynamic batch size). Returns a per-rank copy of the actor section."""
     actor = copy.deepcopy(cfg.actor)
     n = int(cfg.rollout.n)
     sp = int(actor.get("ulysses_sequence_parallel_size", 1))
@@ -58,6 +59,7 @@ def normalize_actor_batch_sizes(cfg: DictConfig, world_size: int) -> DictConfig:
                          f"data-parallel size {dp}")
     with open_dict(actor):
         actor.ppo_mini_batch_size = rows // dp
+        actor.ppo_micro_batch_size_per_gpu = micro_batch
     return actor
 
 

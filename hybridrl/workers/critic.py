@@ -12,9 +12,10 @@ from hybridrl.workers.common import build_fsdp_model, build_sp_group, pick_devic
 
 
 class CriticWorker(Worker):
-    def __init__(self, config: DictConfig):
+    def __init__(self, config: DictConfig, plan):
         super().__init__()
         self.config = config
+        self.plan = plan  # hybridrl.plan.RunPlan: micro-batch sizes and the unshard choice
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self):
@@ -66,15 +67,16 @@ class CriticWorker(Worker):
             raise ValueError(f"critic.ppo_mini_batch_size * rollout.n = {rows} is not divisible by the data-parallel size {dp}")
         with open_dict(c):
             c.ppo_mini_batch_size = rows // dp
+            c.ppo_micro_batch_size_per_gpu = self.plan.critic_micro
         return c
 
     @register(dispatch_mode=make_mesh_dispatch("critic"))
     def compute_values(self, data: DataProto) -> DataProto:
         metrics: dict = {}
-        data.meta_info["micro_batch_size"] = int(self.config.critic.forward_micro_batch_size_per_gpu)
+        data.meta_info["micro_batch_size"] = self.plan.critic_forward_micro
         data.meta_info["use_dynamic_bsz"] = bool(self.config.critic.use_dynamic_bsz)
         data.meta_info["max_token_len"] = int(self.config.critic.ppo_max_token_len_per_gpu)
-        data.meta_info["unshard_once"] = self.config.critic.forward_unshard_once
+        data.meta_info["unshard_once"] = self.plan.critic_forward_unshard_once
         with track_phase("values", metrics, self.compute_device):
             self._load(params=self._param_offload, optimizer=False)
             values = self.critic.compute_values(data.to(self.compute_device))

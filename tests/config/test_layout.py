@@ -13,8 +13,9 @@ def test_seed_layout(seed_yaml):
     assert lay.training_mesh == [0, 1, 2, 3, 4, 5] and lay.training_mesh_dims == ("fsdp",)
     assert lay.rollout_mesh == [[0, 1], [2, 3], [4, 5]] and (lay.rollout_dp, lay.rollout_tp) == (3, 2)
     assert (lay.rollout_prompts_per_dp, lay.rollout_samples_per_dp) == (20, 240)
-    assert (lay.ppo_mini_batch_per_gpu, lay.ppo_micro_batch_per_gpu, lay.grad_accum_steps) == (120, 4, 30)
-    assert lay.log_prob_micro_batch_per_gpu == 8 and lay.num_mini_batches == 1
+    # the update micro-batch defaults to "auto": the run plan (tests/plan) resolves it for the model and device
+    assert (lay.ppo_mini_batch_per_gpu, lay.ppo_micro_batch_per_gpu, lay.grad_accum_steps) == (120, "auto", None)
+    assert lay.log_prob_micro_batch_per_gpu == 8 and lay.num_mini_batches == 1  # set in the seed YAML
     assert lay.critic_mini_batch_per_gpu is None
     text = str(lay)
     assert "DeviceMesh('cuda', [[0, 1], [2, 3], [4, 5]], mesh_dim_names=('dp', 'infer_tp'))" in text

@@ -162,3 +162,20 @@ def test_should_keep_unsharded_decision():
     assert not should_keep_unsharded(model, "auto", 2, cpu)
     with pytest.raises(ValueError, match="unshard_once='sometimes'"):
         should_keep_unsharded(model, "sometimes", 2, cpu)
+
+
+def test_update_without_old_log_probs_equals_update_with_recomputed_ones(base_model):
+    """One on-policy mini-batch: old log-probs taken from the update's own forward (detached) give the same
+    gradient as a separate old-log-prob pass, and the step's entropy is reported from the update."""
+    data = make_ppo_batch(batch=4, seed=3)
+    actor = DataParallelPPOActor(actor_cfg(), copy.deepcopy(base_model))
+    data.batch["old_log_probs"] = actor.compute_log_prob(dict_meta(data))[0]
+    g_pass, _ = _grads_after_update(base_model, actor_cfg(), data)
+    own = copy.copy(data)
+    own.batch = data.batch.exclude("old_log_probs") if hasattr(data.batch, "exclude") else \
+        {k: v for k, v in data.batch.items() if k != "old_log_probs"}
+    g_own, metrics = _grads_after_update(base_model, actor_cfg(), own)
+    assert any(g.abs().max() > 0 for g in g_own.values())
+    for name in g_pass:
+        torch.testing.assert_close(g_own[name], g_pass[name], atol=1e-6, rtol=1e-4)
+    assert metrics["actor/ppo_kl"] == 0.0 and metrics["actor/pg_clipfrac"] == 0.0 and metrics["actor/entropy"] > 0

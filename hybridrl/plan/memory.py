@@ -1,0 +1,164 @@
+"""Memory model of one RL step, per GPU and per phase: what is resident (weights, gradients, optimizer state,
+the reference, the critic, the engine) plus what the phase itself allocates (activations, logits, KV).
+
+Every number is an upper bound of what `torch.cuda.max_memory_allocated` sees in that phase (the CUDA
+context and allocator slack are not in it). The plan (run_plan.py) uses it to choose micro-batch sizes and to
+refuse a config that cannot fit; workers log the measured peak of the same phases next to these predictions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from hybridrl.plan.model_shape import ModelShape
+from hybridrl.training.fused_logprob import chunk_rows
+
+GiB = 1024**3
+
+
+@dataclass(frozen=True)
+class Residency:
+    """Static facts of where each model's state lives (from the config)."""
+    shard: int                  # FSDP shard count of the actor (fsdp_size or the world)
+    master_bytes: int           # 4 fp32 masters, 2 bf16
+    param_offload: bool
+    optimizer_offload: bool
+    has_ref: bool
+    ref_offload: bool
+    critic: ModelShape | None   # value model (GAE) or None
+    critic_shard: int
+    critic_param_offload: bool
+    critic_optimizer_offload: bool
+    hybrid: bool                # false = scheme A: the engine stays resident in every phase
+    rollout_tp: int
+    gradient_checkpointing: bool
+    critic_gradient_checkpointing: bool
+
+
+@dataclass(frozen=True)
+class PhaseMemory:
+    phase: str
+    parts: dict = field(default_factory=dict)   # name -> bytes
+
+    @property
+    def total(self) -> int:
+        return int(sum(self.parts.values()))
+
+    def describe(self) -> str:
+        big = sorted(((v, k) for k, v in self.parts.items() if v > 0), reverse=True)
+        return ", ".join(f"{k} {v / GiB:.2f}" for v, k in big)
+
+
+class MemoryModel:
+    def __init__(self, shape: ModelShape, res: Residency):
+        self.s, self.r = shape, res
+
+    # ------------------------------------------------------------------ resident state
+    def _actor(self, grads: bool, params_on_gpu: bool, optim_on_gpu: bool) -> dict:
+        p, mb, shard = self.s.num_params, self.r.master_bytes, self.r.shard
+        return {"actor params": p * mb / shard if params_on_gpu else 0,
+                "actor grads": p * mb / shard if grads else 0,
+                "actor optimizer": 2 * p * mb / shard if optim_on_gpu else 0}
+
+    def _others(self, ref_on_gpu: bool, critic_grads: bool = False, critic_on_gpu: bool | None = None) -> dict:
+        r, parts = self.r, {}
+        if r.has_ref and ref_on_gpu:
+            parts["ref params"] = self.s.num_params * 2 / r.shard
+        if r.critic is not None:
+            pc = r.critic.num_params
+            params = not r.critic_param_offload if critic_on_gpu is None else critic_on_gpu
+            optim = not r.critic_optimizer_offload if critic_on_gpu is None else critic_on_gpu
+            parts["critic params"] = pc * 4 / r.critic_shard if params else 0
+            parts["critic optimizer"] = 2 * pc * 4 / r.critic_shard if optim else 0
+            parts["critic grads"] = pc * 4 / r.critic_shard if critic_grads else 0
+        return parts
+
+    def engine_weights(self) -> int:
+        return int(self.s.num_params * 2 / self.r.rollout_tp)
+
+    def kv_block_bytes(self, block_size: int) -> int:
+        """One KV block on one TP rank (the heads split over TP; replicated when TP exceeds the KV heads)."""
+        kv_heads = max(1, self.s.kv_heads // self.r.rollout_tp)
+        return 2 * self.s.layers * block_size * kv_heads * self.s.head_dim * 2
+
+    def _scheme_a_engine(self, kv_bytes: int) -> dict:
+        return {} if self.r.hybrid else {"engine weights": self.engine_weights(), "kv cache": kv_bytes}
+
+    # ------------------------------------------------------------------ transient (per phase)
+    def _fsdp_working(self, shape: ModelShape, unshard_once: bool, backward: bool) -> int:
+        """Unsharded bf16 parameters during compute: all of them (unshard once), else the root (embedding and
+        head) plus two blocks (the one computing and the one prefetched), plus a block's gradients in backward."""
+        if unshard_once:
+            return shape.num_params * 2
+        root = shape.embed_params * (1 if shape.tied else 2) * 2
+        block = shape.layer_params
+        return root + 2 * block * 2 + (block * (2 + 4) if backward else 0)
+
+    def _train_activations(self, shape: ModelShape, tokens: int, checkpointing: bool) -> int:
+        per_layer = shape.train_act_bytes_per_token_layer * tokens
+        if checkpointing:  # the layer inputs are kept; one layer's graph is rebuilt at a time in backward
+            return shape.layers * tokens * shape.hidden * 2 + per_layer
+        return shape.layers * per_layer
+
+    def _logprob_head(self, rows: int, grad: bool) -> int:
+        """Fused chunked log-prob head (training/fused_logprob.py): hidden of the kept rows (and its gradient),
+        one chunk of logits in bf16 and fp32 with its softmax (and its gradient in backward)."""
+        v, h = self.s.vocab, self.s.hidden
+        chunk = min(rows, chunk_rows(v))
+        if not grad:
+            return rows * h * 2 + chunk * v * (2 + 4 + 4)
+        # backward: bf16 logits, fp32 log-probs, probabilities, logit grads and their bf16 copy; the head
+        # weight's gradient summed in fp32 from a bf16 product per chunk
+        return 2 * rows * h * 2 + chunk * v * (2 + 4 + 4 + 4 + 2) + v * h * (4 + 2)
+
+    # ------------------------------------------------------------------ phases
+    def gen(self, kv_blocks: int, block_size: int, rows: int, prefill_tokens: int) -> PhaseMemory:
+        r, s = self.r, self.s
+        kv = kv_blocks * self.kv_block_bytes(block_size)
+        # scheme A keeps its gradients (nothing drops them before generation); hybrid drops them first
+        parts = self._actor(grads=not r.hybrid, params_on_gpu=not (r.hybrid and r.param_offload),
+                            optim_on_gpu=not (r.hybrid and r.optimizer_offload))
+        parts.update(self._others(ref_on_gpu=not r.ref_offload))
+        tp = r.rollout_tp
+        parts["engine weights"] = self.engine_weights()
+        parts["kv cache"] = kv
+        # sampling all-gathers full-vocabulary logits per row: bf16 + fp32 + probabilities + noise
+        parts["sampling"] = rows * s.vocab * (2 + 4 * 3)
+        parts["prefill activations"] = prefill_tokens * (2 * 4 * s.hidden + 2 * 3 * s.intermediate // tp)
+        parts["cuda graphs"] = rows * (2 * 6 * s.hidden + 2 * 3 * s.intermediate // tp)
+        return PhaseMemory("gen", parts)
+
+    def log_prob(self, phase: str, micro_rows: int, seq_len: int, response_len: int, unshard_once: bool,
+                 kv_bytes: int) -> PhaseMemory:
+        r, s = self.r, self.s
+        optim = not r.optimizer_offload  # offloaded optimizer state comes back only right before the update
+        parts = self._actor(grads=False, params_on_gpu=True, optim_on_gpu=optim)
+        parts.update(self._others(ref_on_gpu=phase == "ref" or not r.ref_offload))
+        parts.update(self._scheme_a_engine(kv_bytes))
+        parts["unsharded params"] = self._fsdp_working(s, unshard_once, backward=False)
+        parts["activations"] = micro_rows * seq_len * s.infer_act_bytes_per_token
+        parts["log-prob head"] = self._logprob_head(micro_rows * response_len, grad=False)
+        return PhaseMemory(phase, parts)
+
+    def update_actor(self, micro_rows: int, seq_len: int, response_len: int, kv_bytes: int) -> PhaseMemory:
+        s = self.s
+        parts = self._actor(grads=True, params_on_gpu=True, optim_on_gpu=True)
+        parts.update(self._others(ref_on_gpu=not self.r.ref_offload))
+        parts.update(self._scheme_a_engine(kv_bytes))
+        parts["unsharded params"] = self._fsdp_working(s, False, backward=True)
+        parts["activations"] = self._train_activations(s, micro_rows * seq_len, self.r.gradient_checkpointing)
+        parts["log-prob head"] = self._logprob_head(micro_rows * response_len, grad=True)
+        return PhaseMemory("update_actor", parts)
+
+    def critic_phase(self, phase: str, micro_rows: int, seq_len: int, unshard_once: bool,
+                     kv_bytes: int) -> PhaseMemory:
+        r, c = self.r, self.r.critic
+        train = phase == "update_critic"
+        parts = self._actor(grads=False, params_on_gpu=True, optim_on_gpu=not r.optimizer_offload)
+        parts.update(self._others(ref_on_gpu=not r.ref_offload, critic_grads=train, critic_on_gpu=True))
+        parts.update(self._scheme_a_engine(kv_bytes))
+        parts["unsharded params"] = self._fsdp_working(c, unshard_once and not train, backward=train)
+        tokens = micro_rows * seq_len
+        parts["activations"] = (self._train_activations(c, tokens, r.critic_gradient_checkpointing) if train
+                                else tokens * c.infer_act_bytes_per_token)
+        return PhaseMemory(phase, parts)

@@ -1,0 +1,260 @@
+"""The run plan: every fact of a run derived once on the driver — meshes and per-GPU batch sizes (the layout),
+micro-batch sizes of each pass (`auto` resolved by the memory model), the KV cache each engine needs for this
+step's batch, engine concurrency, unshard choices, reshard strategy — with the predicted peak memory of every
+phase. Workers receive it frozen and read these facts instead of re-deriving them from the config.
+
+Automatic sizes: the largest micro-batch (a divisor of the per-GPU mini-batch for updates) whose tokens stay
+within a throughput target (beyond it a GPU gains nothing and only memory grows) and whose predicted phase peak
+fits `SAFETY` of the GPU. An explicit size keeps verl's meaning, and a plan whose predicted peak does not fit
+is refused, naming the key and a value that fits.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, field, replace
+
+from omegaconf import DictConfig, OmegaConf
+
+from hybridrl.config.layout import Layout, derive_layout
+from hybridrl.config.validate import ConfigError
+from hybridrl.plan.memory import GiB, MemoryModel, PhaseMemory, Residency
+from hybridrl.plan.model_shape import ModelShape
+
+SAFETY = 0.9                    # fraction of a GPU's memory a phase may be planned to use
+UPDATE_TOKENS_TARGET = 16384    # tokens per training micro-batch where an H200's GEMMs saturate
+LOGPROB_TOKENS_TARGET = 32768   # tokens per no-grad log-prob micro-batch
+
+
+@dataclass(frozen=True)
+class DeviceSpec:
+    type: str                   # "cuda" | "cpu"
+    name: str
+    total_bytes: int | None     # per GPU; None on CPU (no device memory to plan against)
+
+    def __str__(self) -> str:
+        if self.total_bytes is None:
+            return f"{self.type} (no device memory model)"
+        return f"{self.name}, {self.total_bytes / GiB:.1f} GiB per GPU"
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    layout: Layout
+    device: DeviceSpec
+    model: ModelShape
+    actor_micro: int | None             # rows per forward/backward per GPU; None = dynamic (token budget)
+    log_prob_micro: int | None
+    ref_log_prob_micro: int | None
+    critic_micro: int | None
+    critic_forward_micro: int | None
+    log_prob_unshard_once: bool
+    ref_log_prob_unshard_once: bool
+    critic_forward_unshard_once: bool
+    kv_blocks: int                      # per engine (one TP rank): the step's need; capped at wake on GPUs
+    kv_blocks_unshared: int             # the same batch without prompt sharing
+    engine_max_num_seqs: int
+    reshard_strategy: str
+    old_log_prob_pass: bool             # false: the update's own detached log-probs are the old ones (on-policy)
+    predicted: dict = field(default_factory=dict)   # phase -> PhaseMemory
+    choices: tuple = ()                 # how each automatic value was chosen
+
+    def predicted_peak_gb(self) -> dict[str, float]:
+        return {f"plan/predicted_peak_gb/{k}": v.total / GiB for k, v in self.predicted.items()}
+
+    def __str__(self) -> str:
+        lines = [str(self.layout), f"device          {self.device}",
+                 f"model           {self.model.num_params / 1e9:.3f}B params, {self.model.layers} layers, "
+                 f"vocab {self.model.vocab}",
+                 *([f"critic          micro-batch per GPU: update {_fmt(self.critic_micro)}, values "
+                    f"{_fmt(self.critic_forward_micro)}"] if self.layout.critic_mini_batch_per_gpu is not None else []),
+                 f"kv cache        {self.kv_blocks} blocks per engine ({self.kv_blocks_unshared} without prompt "
+                 f"sharing), {self.engine_max_num_seqs} sequences at most",
+                 *(f"  auto: {c}" for c in self.choices)]
+        if self.predicted:
+            lines.append("predicted peak per GPU (GiB), by phase:")
+            for name, pm in self.predicted.items():
+                lines.append(f"  {name:<14}{pm.total / GiB:7.2f}  = {pm.describe()}")
+        return "\n".join(lines)
+
+
+def _fmt(v) -> str:
+    return "dynamic" if v is None else str(v)
+
+
+def local_device(config: DictConfig | dict) -> DeviceSpec:
+    """The GPU this process sees (or the CPU): what `config check` and a single-machine run plan against."""
+    import torch
+
+    device = _get(config, "trainer.device")
+    if device != "cpu" and torch.cuda.is_available():
+        p = torch.cuda.get_device_properties(0)
+        return DeviceSpec("cuda", p.name, int(p.total_memory))
+    if device == "cuda":
+        raise ValueError("trainer.device=cuda but this process sees no CUDA device")
+    return DeviceSpec("cpu", "cpu", None)
+
+
+def _get(c, path: str):
+    node = c
+    for k in path.split("."):
+        node = node[k]
+    return node
+
+
+def _auto(value) -> bool:
+    return isinstance(value, str) and value == "auto"
+
+
+def _divisors_desc(n: int) -> list[int]:
+    return sorted({d for i in range(1, int(math.isqrt(n)) + 1) if n % i == 0 for d in (i, n // i)}, reverse=True)
+
+
+def kv_need(prompts: int, n: int, prompt_len: int, response_len: int, block_size: int, sharing: bool,
+            max_num_seqs: int) -> tuple[int, int]:
+    """KV blocks one engine needs for `prompts` × n samples at the longest lengths, with and without prompt
+    sharing (the full blocks of a prompt are shared by its n samples; the partial one is copied on write).
+    At most max_num_seqs sequences run at once, which bounds the need of larger batches."""
+    per_seq = -(-(prompt_len + response_len) // block_size)
+    unshared = prompts * n * per_seq
+    shared_blocks = prompt_len // block_size if (sharing and n > 1) else 0
+    shared = prompts * shared_blocks + prompts * n * (per_seq - shared_blocks)
+    cap = max_num_seqs * per_seq
+    return min(shared, cap), min(unshared, cap)
+
+
+def make_plan(config: DictConfig | dict, hf_config, device: DeviceSpec, val_prompts: int | None = None) -> RunPlan:
+    """The plan of a PPO/GRPO config on `device`; raises ConfigError when a phase cannot fit."""
+    layout = derive_layout(config)
+    c = OmegaConf.to_container(config, resolve=True) if isinstance(config, DictConfig) else config
+    g = lambda p: _get(c, p)  # noqa: E731
+    shape = ModelShape.from_hf_config(hf_config)
+    a, rl, ref = "actor_rollout_ref.actor", "actor_rollout_ref.rollout", "actor_rollout_ref.ref"
+    gae = layout.critic_mini_batch_per_gpu is not None
+    world = layout.world_size
+    fsdp = g(f"{a}.fsdp_config.fsdp_size")
+    critic_fsdp = g("critic.model.fsdp_config.fsdp_size") if gae else -1
+    res = Residency(
+        shard=world if fsdp == -1 else fsdp,
+        master_bytes=2 if g(f"{a}.fsdp_config.model_dtype") in ("bf16", "bfloat16", "fp16", "float16") else 4,
+        param_offload=g(f"{a}.fsdp_config.param_offload"), optimizer_offload=g(f"{a}.fsdp_config.optimizer_offload"),
+        has_ref=bool(g(f"{a}.use_kl_loss") or g("algorithm.use_kl_in_reward")),
+        ref_offload=g(f"{ref}.fsdp_config.param_offload"),
+        critic=shape if gae else None, critic_shard=world if critic_fsdp == -1 else critic_fsdp,
+        critic_param_offload=g("critic.model.fsdp_config.param_offload"),
+        critic_optimizer_offload=g("critic.model.fsdp_config.optimizer_offload"),
+        hybrid=bool(g("actor_rollout_ref.hybrid_engine") and g(f"{rl}.free_cache_engine")),
+        rollout_tp=layout.rollout_tp,
+        gradient_checkpointing=bool(g("actor_rollout_ref.model.enable_gradient_checkpointing")),
+        critic_gradient_checkpointing=bool(g("critic.model.enable_gradient_checkpointing")))
+    mm = MemoryModel(shape, res)
+    P, R = g("data.max_prompt_length"), g("data.max_response_length")
+    S, bs = P + R, g(f"{rl}.block_size")
+    budget = None if device.total_bytes is None else SAFETY * device.total_bytes
+    choices: list[str] = []
+
+    # ---- rollout: KV for this step's batch (and validation's), engine concurrency
+    val_n = g(f"{rl}.val_kwargs.n")
+    val_per_dp = -(-(val_prompts or 0) // layout.rollout_dp)
+    rows = max(layout.rollout_samples_per_dp, val_per_dp * val_n)
+    engine_seqs = min(g(f"{rl}.max_num_seqs"), rows)
+    sharing = g(f"{rl}.enable_prefix_sharing")
+    kv, kv_unshared = kv_need(layout.rollout_prompts_per_dp, layout.n, P, R, bs, sharing, engine_seqs)
+    val_kv, val_unshared = kv_need(val_per_dp, val_n, P, R, bs, sharing, engine_seqs)
+    kv, kv_unshared = max(kv, val_kv), max(kv_unshared, val_unshared)
+    kv_bytes = kv * mm.kv_block_bytes(bs)
+    prefill = min(g(f"{rl}.max_num_batched_tokens"), engine_seqs * S)
+    predicted = {"gen": mm.gen(kv, bs, engine_seqs, prefill)}
+
+    def unshard(key: str, model: ModelShape) -> bool:  # 'auto': the bf16 model is at most 25% of the GPU
+        v = g(key)
+        if _auto(v):
+            return device.total_bytes is not None and model.num_params * 2 <= 0.25 * device.total_bytes
+        return bool(v)
+
+    lp_once, ref_once = unshard(f"{rl}.log_prob_unshard_once", shape), unshard(f"{ref}.log_prob_unshard_once", shape)
+
+    def pick(key: str, value, candidates: list[int], tokens_target: int, peak) -> int:
+        """The configured size, or the largest candidate within the token target that fits the budget."""
+        if not _auto(value):
+            if budget is not None and peak(value).total > budget:
+                fit = next((d for d in candidates if peak(d).total <= budget), None)
+                raise ConfigError([f"'{key}' = {value}: phase {peak(value).phase} is predicted to peak at "
+                                   f"{peak(value).total / GiB:.1f} GiB per GPU, over {SAFETY:.0%} of "
+                                   f"{device.total_bytes / GiB:.1f} GiB; "
+                                   + (f"set it to {fit} (or 'auto')" if fit else _no_fit_hint(key, peak(1)))])
+            return value
+        within = [d for d in candidates if d * S <= tokens_target] or [candidates[-1]]
+        for d in within:
+            if budget is None or peak(d).total <= budget:
+                choices.append(f"{key} = {d} ({d * S} tokens per micro-batch"
+                               + (f", predicted {peak(d).phase} peak {peak(d).total / GiB:.1f} GiB)"
+                                  if budget is not None else ")"))
+                return d
+        raise ConfigError([f"'{key}' = auto: even 1 row per micro-batch is predicted to need "
+                           f"{peak(1).total / GiB:.1f} GiB in phase {peak(1).phase}, over {SAFETY:.0%} of "
+                           f"{device.total_bytes / GiB:.1f} GiB; " + _no_fit_hint(key, peak(1))])
+
+    samples_per_gpu = layout.train_batch_size * layout.n // layout.train_dp
+    lp_candidates = list(range(samples_per_gpu, 0, -1))
+    actor_micro = None
+    if not g(f"{a}.use_dynamic_bsz"):
+        actor_micro = pick(f"{a}.ppo_micro_batch_size_per_gpu", g(f"{a}.ppo_micro_batch_size_per_gpu"),
+                           _divisors_desc(layout.ppo_mini_batch_per_gpu), UPDATE_TOKENS_TARGET,
+                           lambda m: mm.update_actor(m, S, R, kv_bytes))
+        predicted["update_actor"] = mm.update_actor(actor_micro, S, R, kv_bytes)
+    else:
+        predicted["update_actor"] = mm.update_actor(1, g(f"{a}.ppo_max_token_len_per_gpu"), R, kv_bytes)
+    lp_micro = ref_micro = None
+    on_policy = (g(f"{a}.ppo_epochs") == 1 and layout.num_mini_batches == 1 and not g("algorithm.use_kl_in_reward"))
+    old_pass = g(f"{a}.old_log_prob_pass")
+    if old_pass is False and not on_policy:
+        raise ConfigError([f"'{a}.old_log_prob_pass' = false needs an on-policy update (ppo_epochs 1, "
+                           "ppo_mini_batch_size = train_batch_size, algorithm.use_kl_in_reward false)"])
+    old_pass = (not on_policy) if _auto(old_pass) else bool(old_pass)
+    if not old_pass:
+        choices.append(f"{a}.old_log_prob_pass = false (one on-policy mini-batch: the update's log-probs, detached, "
+                       "are the old ones)")
+    if old_pass and not g(f"{rl}.log_prob_use_dynamic_bsz"):
+        lp_micro = pick(f"{rl}.log_prob_micro_batch_size_per_gpu", g(f"{rl}.log_prob_micro_batch_size_per_gpu"),
+                        lp_candidates, LOGPROB_TOKENS_TARGET,
+                        lambda m: mm.log_prob("old_log_prob", m, S, R, lp_once, kv_bytes))
+        predicted["old_log_prob"] = mm.log_prob("old_log_prob", lp_micro, S, R, lp_once, kv_bytes)
+    if res.has_ref and not g(f"{ref}.log_prob_use_dynamic_bsz"):
+        ref_micro = pick(f"{ref}.log_prob_micro_batch_size_per_gpu", g(f"{ref}.log_prob_micro_batch_size_per_gpu"),
+                         lp_candidates, LOGPROB_TOKENS_TARGET,
+                         lambda m: mm.log_prob("ref", m, S, R, ref_once, kv_bytes))
+        predicted["ref"] = mm.log_prob("ref", ref_micro, S, R, ref_once, kv_bytes)
+    critic_micro = critic_fwd = None
+    critic_once = unshard("critic.forward_unshard_once", shape)
+    if gae and not g("critic.use_dynamic_bsz"):
+        critic_micro = pick("critic.ppo_micro_batch_size_per_gpu", g("critic.ppo_micro_batch_size_per_gpu"),
+                            _divisors_desc(layout.critic_mini_batch_per_gpu), UPDATE_TOKENS_TARGET,
+                            lambda m: mm.critic_phase("update_critic", m, S, False, kv_bytes))
+        critic_fwd = pick("critic.forward_micro_batch_size_per_gpu", g("critic.forward_micro_batch_size_per_gpu"),
+                          lp_candidates, LOGPROB_TOKENS_TARGET,
+                          lambda m: mm.critic_phase("values", m, S, critic_once, kv_bytes))
+        predicted["values"] = mm.critic_phase("values", critic_fwd, S, critic_once, kv_bytes)
+        predicted["update_critic"] = mm.critic_phase("update_critic", critic_micro, S, False, kv_bytes)
+    if budget is not None and predicted["gen"].total > budget:
+        raise ConfigError([f"rollout phase predicted at {predicted['gen'].total / GiB:.1f} GiB per GPU, over "
+                           f"{SAFETY:.0%} of {device.total_bytes / GiB:.1f} GiB ({predicted['gen'].describe()}): "
+                           f"raise '{rl}.tensor_model_parallel_size', lower 'data.train_batch_size', or set "
+                           f"'{a}.fsdp_config.param_offload' / 'optimizer_offload' = true"])
+    layout = replace(layout, ppo_micro_batch_per_gpu=actor_micro, log_prob_micro_batch_per_gpu=lp_micro,
+                     ref_log_prob_micro_batch_per_gpu=ref_micro,
+                     grad_accum_steps=None if actor_micro is None else layout.ppo_mini_batch_per_gpu // actor_micro)
+    return RunPlan(layout=layout, device=device, model=shape, actor_micro=actor_micro, log_prob_micro=lp_micro,
+                   ref_log_prob_micro=ref_micro, critic_micro=critic_micro, critic_forward_micro=critic_fwd,
+                   log_prob_unshard_once=lp_once, ref_log_prob_unshard_once=ref_once,
+                   critic_forward_unshard_once=critic_once, kv_blocks=kv, kv_blocks_unshared=kv_unshared,
+                   engine_max_num_seqs=engine_seqs,
+                   reshard_strategy=os.environ.get("HYBRIDRL_RESHARD", "slice"), old_log_prob_pass=old_pass,
+                   predicted=predicted, choices=tuple(choices))
+
+
+def _no_fit_hint(key: str, one: PhaseMemory) -> str:
+    return (f"it needs {one.total / GiB:.1f} GiB at 1 row ({one.describe()}): enable gradient checkpointing "
+            "(model.enable_gradient_checkpointing=true), offload (fsdp_config.param_offload / optimizer_offload), "
+            "bf16 masters (fsdp_config.model_dtype=bf16) or more GPUs")

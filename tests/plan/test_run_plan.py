@@ -1,0 +1,122 @@
+"""The run plan: automatic micro-batches from the memory model, explicit ones kept or refused with the key named,
+KV blocks sized to the step's batch, and the plan printed by `hybridrl config check`."""
+
+import pytest
+from transformers import AutoConfig
+
+from hybridrl import cli
+from hybridrl.config import ConfigError, load_config
+from hybridrl.plan import DeviceSpec, kv_need, make_plan
+from hybridrl.plan.memory import GiB
+
+A, R = "actor_rollout_ref.actor", "actor_rollout_ref.rollout"
+H200 = DeviceSpec("cuda", "H200", int(139.8 * GiB))
+STEP = ["data.train_batch_size=64", f"{R}.n=8", f"{A}.ppo_mini_batch_size=64", "data.max_prompt_length=256",
+        "data.max_response_length=256", "trainer.n_gpus_per_node=1"]
+
+
+def qwen(hidden, inter, layers, heads, kv, tied):
+    return AutoConfig.for_model("qwen2", hidden_size=hidden, intermediate_size=inter, num_hidden_layers=layers,
+                                num_attention_heads=heads, num_key_value_heads=kv, vocab_size=151936,
+                                tie_word_embeddings=tied)
+
+
+Q05 = qwen(896, 4864, 24, 14, 2, True)
+Q7 = qwen(3584, 18944, 28, 28, 4, False)
+
+
+def plan(extra=(), hf=Q05, device=H200, **kw):
+    return make_plan(load_config(overrides=[*STEP, *extra]), hf, device, **kw)
+
+
+def test_kv_need_counts_shared_prompt_blocks_once():
+    # 4 prompts x n=8, prompt 40 tokens (2 full blocks + a partial one), 30 generated, block 16: 5 blocks a sequence
+    shared, unshared = kv_need(4, 8, 40, 30, 16, sharing=True, max_num_seqs=1024)
+    assert unshared == 4 * 8 * 5
+    assert shared == 4 * 2 + 4 * 8 * 3          # the 2 full prompt blocks once per prompt, the rest per sample
+    assert kv_need(4, 8, 40, 30, 16, sharing=False, max_num_seqs=1024) == (unshared, unshared)
+    assert kv_need(4, 8, 40, 30, 16, sharing=True, max_num_seqs=10)[0] == 10 * 5  # concurrency bounds the need
+
+
+def test_plan_kv_blocks_follow_the_batch_not_the_gpu():
+    p = plan()
+    assert (p.kv_blocks, p.kv_blocks_unshared) == (64 * 16 + 512 * 16, 512 * 32)
+    assert p.engine_max_num_seqs == 512
+    bigger = plan(device=DeviceSpec("cuda", "x", int(2 * 139.8 * GiB)))
+    assert bigger.kv_blocks == p.kv_blocks
+    # validation batches count too: 1000 prompts greedy over one dp group need more than the training batch
+    assert plan(val_prompts=1000).kv_blocks == 1000 * 32 and plan(val_prompts=1000).engine_max_num_seqs == 1000
+
+
+def test_auto_micro_batches_stay_within_token_target_and_memory():
+    p = plan(["actor_rollout_ref.model.enable_gradient_checkpointing=true"])
+    assert p.actor_micro == 32 and p.layout.grad_accum_steps == 16   # 16384 tokens / 512 per row, divides 512
+    # one on-policy mini-batch: no old-log-prob pass (the update's own log-probs are the old ones)
+    assert p.old_log_prob_pass is False and p.log_prob_micro is None and "old_log_prob" not in p.predicted
+    two = plan(["actor_rollout_ref.model.enable_gradient_checkpointing=true", f"{A}.ppo_mini_batch_size=32"])
+    assert two.old_log_prob_pass and two.log_prob_micro == 64 and two.actor_micro == 32  # 256 rows: 32 divides
+    assert all(pm.total < 0.9 * H200.total_bytes for pm in p.predicted.values())
+    # a smaller GPU: the same config gets smaller micro-batches, chosen by the memory model
+    small = plan(["actor_rollout_ref.model.enable_gradient_checkpointing=true"],
+                 device=DeviceSpec("cuda", "small", 12 * GiB))
+    assert small.actor_micro < 32 and small.predicted["update_actor"].total <= 0.9 * 12 * GiB
+    assert small.layout.ppo_mini_batch_per_gpu % small.actor_micro == 0
+
+
+def test_checkpointing_changes_activation_memory():
+    on = plan(["actor_rollout_ref.model.enable_gradient_checkpointing=true", f"{A}.ppo_micro_batch_size_per_gpu=8"])
+    off = plan([f"{A}.ppo_micro_batch_size_per_gpu=8"])
+    assert off.predicted["update_actor"].parts["activations"] > 5 * on.predicted["update_actor"].parts["activations"]
+
+
+def test_explicit_micro_batch_is_kept_or_refused_naming_the_key():
+    assert plan([f"{A}.ppo_micro_batch_size_per_gpu=4"]).actor_micro == 4
+    with pytest.raises(ConfigError) as e:
+        plan([f"{A}.ppo_micro_batch_size_per_gpu=512"], device=DeviceSpec("cuda", "small", 24 * GiB))
+    msg = str(e.value)
+    assert f"'{A}.ppo_micro_batch_size_per_gpu' = 512" in msg and "set it to" in msg
+    fit = int(msg.split("set it to ")[1].split()[0])
+    assert plan([f"{A}.ppo_micro_batch_size_per_gpu={fit}"], device=DeviceSpec("cuda", "small", 24 * GiB))
+
+
+def test_a_model_that_cannot_fit_is_refused_with_a_hint():
+    with pytest.raises(ConfigError) as e:
+        plan(hf=Q7, device=DeviceSpec("cuda", "small", 80 * GiB))
+    assert "optimizer_offload" in str(e.value) and "GiB" in str(e.value)
+    # with bf16 masters and offloaded optimizer state the same model plans on the 80 GiB GPU
+    ok = plan([f"{A}.fsdp_config.model_dtype=bf16", f"{A}.fsdp_config.optimizer_offload=true",
+               "actor_rollout_ref.model.enable_gradient_checkpointing=true"], hf=Q7,
+              device=DeviceSpec("cuda", "small", 80 * GiB))
+    assert ok.predicted["gen"].parts["actor optimizer"] == 0
+
+
+def test_cpu_plan_has_no_memory_refusal_and_uses_token_targets():
+    p = plan(["algorithm.use_kl_in_reward=true"], device=DeviceSpec("cpu", "cpu", None))
+    assert p.actor_micro == 32 and p.log_prob_micro == 64 and p.log_prob_unshard_once is False
+    assert p.old_log_prob_pass and p.ref_log_prob_micro == 64   # KL in the reward needs the old log-probs first
+
+
+def test_old_log_prob_pass_false_needs_an_on_policy_update():
+    assert plan([f"{A}.old_log_prob_pass=true"]).old_log_prob_pass
+    with pytest.raises(ConfigError, match="old_log_prob_pass"):
+        plan([f"{A}.old_log_prob_pass=false", f"{A}.ppo_epochs=2"])
+
+
+def test_gae_plans_the_critic():
+    p = plan(["algorithm.adv_estimator=gae", "actor_rollout_ref.model.enable_gradient_checkpointing=true",
+              "critic.model.enable_gradient_checkpointing=true"])
+    assert p.critic_micro == 32 and p.critic_forward_micro == 64
+    assert {"values", "update_critic"} <= set(p.predicted)
+    assert p.predicted["gen"].parts["critic params"] > 0
+
+
+def test_config_check_prints_the_plan(tmp_path, capsys):
+    model = tmp_path / "m"
+    Q05.save_pretrained(model)
+    rc = cli.main(["config", "check", *STEP, f"actor_rollout_ref.model.path={model}", "--gpu-memory-gb", "141"])
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert "predicted peak per GPU" in out and "update_actor" in out and "kv cache        9216 blocks" in out
+    rc = cli.main(["config", "check", *STEP, f"actor_rollout_ref.model.path={model}", "--gpu-memory-gb", "8",
+                   f"{A}.ppo_micro_batch_size_per_gpu=512"])
+    assert rc == 1 and f"'{A}.ppo_micro_batch_size_per_gpu' = 512" in capsys.readouterr().err
