@@ -88,7 +88,11 @@ class RunLock:
             fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             flock_works = True
         except BlockingIOError:
-            raise self._refuse(self._read_holder()) from None
+            holder = self._read_holder()
+            if not holder:  # it took the lock an instant ago and is writing its name: read once more
+                time.sleep(0.2)
+                holder = self._read_holder()
+            raise self._refuse(holder) from None
         except OSError as e:
             if e.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):
                 raise
