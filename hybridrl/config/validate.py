@@ -19,6 +19,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from hybridrl.config.schema import ENUMS, EXTRA_TYPES, NULL_DEFAULT_TYPES, NULLABLE, type_name
+from hybridrl.models.tp_rules import model_tp_error
 
 __all__ = ["ConfigError", "check_schema", "check_semantics", "validate_config"]
 
@@ -200,6 +201,9 @@ def check_semantics(cfg: DictConfig | dict) -> list[str]:
     elif tbs % (world // tp):
         errors.append(f"'data.train_batch_size' = {tbs} must be divisible by the rollout dp size "
                       f"(world {world} / tensor_model_parallel_size {tp} = {world // tp})")
+    tp_error = model_tp_error(g("actor_rollout_ref.model.path"), tp) if g(f"{ROLLOUT}.name") == "native" else None
+    if tp_error:  # the model's heads bound the TP degree (the hf rollout backend runs TP=1 anyway)
+        errors.append(tp_error)
     if (tbs * n) % (mini * n):
         errors.append(f"'data.train_batch_size' × rollout.n ({tbs} × {n} = {tbs * n}) must be divisible by "
                       f"'{ACTOR}.ppo_mini_batch_size' × rollout.n ({mini} × {n} = {mini * n})")

@@ -22,12 +22,14 @@ from torch import nn
 
 from hybridrl.models import fused
 from hybridrl.models.rope import apply_rope, inv_frequencies
+from hybridrl.models.tp_rules import tp_size_error
 from hybridrl.models.tp_layers import (
     ColumnParallelLinear,
     ParallelLMHead,
     RowParallelLinear,
     VocabParallelEmbedding,
     column_parts,
+    tp_rank_size,
 )
 
 SUPPORTED_MODEL_TYPES = ("qwen2", "llama", "qwen3")
@@ -38,7 +40,9 @@ FUSED = {"q_proj": ("qkv_proj", "q"), "k_proj": ("qkv_proj", "k"), "v_proj": ("q
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 
 
-def check_supported(config) -> None:
+def check_supported(config, tp_size: int = 1) -> None:
+    """ValueError naming what the native engine cannot run: the model type, an option, or a TP degree that does not
+    split its heads (see tp_rules.py)."""
     mt = getattr(config, "model_type", None)
     if mt not in SUPPORTED_MODEL_TYPES:
         raise ValueError(f"model_type {mt!r} is not supported by the native rollout engine (supported: "
@@ -53,6 +57,9 @@ def check_supported(config) -> None:
         raise ValueError(f"{mt}: hidden_act={config.hidden_act!r} is not supported (only silu); "
                          "set actor_rollout_ref.rollout.name=hf")
     inv_frequencies(config, head_dim_of(config))  # raises on unsupported rope types
+    error = tp_size_error(config, tp_size)
+    if error:
+        raise ValueError(error)
 
 
 def head_dim_of(config) -> int:
@@ -149,7 +156,7 @@ class TPDecoderForCausalLM(nn.Module):
 
     def __init__(self, config, tp_group=None):
         super().__init__()
-        check_supported(config)
+        check_supported(config, tp_rank_size(tp_group)[1])
         self.config = config
         self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
         self.model = DecoderModel(config, tp_group)

@@ -1,0 +1,58 @@
+"""Which tensor-parallel degrees the rollout decoder can split a model into (no torch import: config checks use it).
+
+The decoder (tp_layers.py) splits attention by whole heads, the MLP by rows of intermediate_size, and pads the
+vocab, so a TP degree must
+- divide num_attention_heads (each rank holds whole query heads),
+- divide num_key_value_heads, or be a multiple of it (then KV heads are replicated, as in vLLM),
+- divide intermediate_size.
+SmolLM2-135M (9 heads, 3 KV heads, intermediate 1536) thus allows 1 and 3: not 2 (9 heads), not 9 (1536).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+__all__ = ["allowed_tp_sizes", "model_tp_error", "tp_size_error"]
+
+TP_KEY = "actor_rollout_ref.rollout.tensor_model_parallel_size"
+
+
+def _shape(config) -> tuple[int, int, int]:
+    get = config.get if isinstance(config, dict) else lambda k, d=None: getattr(config, k, d)
+    heads = int(get("num_attention_heads"))
+    kv_heads = int(get("num_key_value_heads", None) or heads)
+    return heads, kv_heads, int(get("intermediate_size"))
+
+
+def _fits(tp: int, heads: int, kv_heads: int, intermediate: int) -> bool:
+    return heads % tp == 0 and (kv_heads % tp == 0 or tp % kv_heads == 0) and intermediate % tp == 0
+
+
+def allowed_tp_sizes(config) -> list[int]:
+    """Every TP degree the decoder accepts for this HF config (an object or a config.json dict)."""
+    heads, kv_heads, intermediate = _shape(config)
+    return [tp for tp in range(1, heads + 1) if _fits(tp, heads, kv_heads, intermediate)]
+
+
+def tp_size_error(config, tp: int) -> str | None:
+    """None when `tp` fits the model, else the reason, naming the key, the value, the model's shape and the rule."""
+    heads, kv_heads, intermediate = _shape(config)
+    if _fits(tp, heads, kv_heads, intermediate):
+        return None
+    model_type = config.get("model_type") if isinstance(config, dict) else getattr(config, "model_type", None)
+    return (f"'{TP_KEY}' = {tp} does not fit the model ({model_type}: {heads} attention heads, {kv_heads} KV heads, "
+            f"intermediate_size {intermediate}): the TP degree must divide the attention heads, divide the KV heads "
+            f"or be a multiple of them, and divide intermediate_size; allowed: {allowed_tp_sizes(config)}")
+
+
+def model_tp_error(model_path, tp: int) -> str | None:
+    """tp_size_error for the config.json under a local model directory; None when there is none to read (a hub
+    name, or a directory made later): the engine checks again when it builds the model."""
+    config_file = Path(str(model_path)).expanduser() / "config.json"
+    if not config_file.is_file():
+        return None
+    config = json.loads(config_file.read_text())
+    if "num_attention_heads" not in config or "intermediate_size" not in config:
+        return None  # not a decoder config the native engine reads; check_supported names the problem
+    return tp_size_error(config, tp)
