@@ -50,3 +50,16 @@ def smollm2_dir(request, tmp_path_factory):
         shutil.rmtree(model_dir, ignore_errors=True)
         partial.rename(model_dir)  # complete or absent: an interrupted conversion is redone
     return model_dir
+
+
+@pytest.fixture(scope="session")
+def smollm2_add_task():
+    """The example recipe's data generator (examples/smollm2_arith/make_data.py), imported from its file."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "examples" / "smollm2_arith" / "make_data.py"
+    spec = importlib.util.spec_from_file_location("smollm2_arith_make_data", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
