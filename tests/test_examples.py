@@ -31,3 +31,25 @@ def test_example_with_ulysses_overrides_validates():
                          env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr + out.stdout
     assert "ulysses mesh" in out.stdout and "[[0, 1], [2, 3], [4, 5], [6, 7]]" in out.stdout
+
+
+SMOLLM2_SCRIPT = SCRIPT.parent.parent / "smollm2_arith" / "run.sh"
+
+
+def test_smollm2_recipe_config_validates():
+    env = {**os.environ, "HYBRIDRL_DRY_RUN": "1"}
+    out = subprocess.run(["bash", str(SMOLLM2_SCRIPT)], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr + out.stdout
+    assert ": OK" in out.stdout and "64 prompts x n=8 = 512 samples" in out.stdout
+
+
+def test_smollm2_recipe_refuses_a_tp_degree_its_heads_do_not_allow(tmp_path):
+    import transformers
+
+    transformers.LlamaConfig(hidden_size=576, num_attention_heads=9, num_key_value_heads=3, intermediate_size=1536,
+                             num_hidden_layers=30, vocab_size=49152, tie_word_embeddings=True).save_pretrained(tmp_path)
+    env = {**os.environ, "HYBRIDRL_DRY_RUN": "1", "MODEL": str(tmp_path)}
+    out = subprocess.run(["bash", str(SMOLLM2_SCRIPT), "trainer.n_gpus_per_node=2",
+                          "actor_rollout_ref.rollout.tensor_model_parallel_size=2"],
+                         env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 1 and "9 attention heads, 3 KV heads" in out.stderr and "allowed: [1, 3]" in out.stderr
