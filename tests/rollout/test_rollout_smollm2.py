@@ -12,8 +12,9 @@ from hybridrl.rollout.to_dataproto import outputs_to_dataproto
 
 pytestmark = pytest.mark.slow
 
-QUESTIONS = ["What is 7 + 5?", "What is 38 + 41?", "Name one primary color.", "What is the capital of France?",
-             "Say hello in Spanish."]
+# three answers end at <|im_end|> within MAX_TOKENS, two run on (the "length" path)
+QUESTIONS = ["What is 7 + 5?", "What is 38 + 41?", "What is the capital of France?", "What is 2 + 2?",
+             "Name one primary color."]
 MAX_TOKENS = 32
 TIE = 1e-3  # fp32 logits: the engine and HF differ by ~1e-5, so only a near-tie may flip a greedy choice
 
@@ -72,7 +73,8 @@ def test_greedy_chat_tokens_equal_hf_generate_and_stop_at_im_end(smollm2):
         stopped = out.finish_reason == "stop"
         assert stopped == (ours[-1] == eos) and eos not in ours[:-1], "a sequence must end at its first <|im_end|>"
     assert exact >= len(prompts) - 1, f"only {exact}/{len(prompts)} equal HF token for token"
-    assert sum(o.finish_reason == "stop" for o in outs) >= len(prompts) // 2, "too few answers reached <|im_end|>"
+    reasons = [o.finish_reason for o in outs]
+    assert "stop" in reasons and "length" in reasons, f"both ends must be exercised: {reasons}"
     assert "12" in tokenizer.decode(outs[0].token_ids)  # "What is 7 + 5?": the converted weights answer it
 
     # the rollout batch: the mask covers each response up to and including its <|im_end|>, nothing after
