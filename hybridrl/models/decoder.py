@@ -22,7 +22,6 @@ from torch import nn
 
 from hybridrl.models import fused
 from hybridrl.models.rope import apply_rope, inv_frequencies
-from hybridrl.models.tp_rules import tp_size_error
 from hybridrl.models.tp_layers import (
     ColumnParallelLinear,
     ParallelLMHead,
@@ -31,6 +30,7 @@ from hybridrl.models.tp_layers import (
     column_parts,
     tp_rank_size,
 )
+from hybridrl.models.tp_rules import tp_size_error
 
 SUPPORTED_MODEL_TYPES = ("qwen2", "llama", "qwen3")
 
