@@ -167,7 +167,10 @@ def check_semantics(cfg: DictConfig | dict) -> list[str]:
         if g(p) <= 0:
             errors.append(f"'{p}' must be > 0, got {g(p)}")
     for p in positive_or_null:
-        if g(p) is not None and g(p) <= 0:
+        if isinstance(g(p), str):  # micro-batch sizes take 'auto' (the run plan chooses)
+            if g(p) != "auto":
+                errors.append(f"'{p}' must be 'auto', a positive integer or null, got {g(p)!r}")
+        elif g(p) is not None and g(p) <= 0:
             errors.append(f"'{p}' must be > 0 or null, got {g(p)}")
     if errors:  # the arithmetic below divides by these
         raise ConfigError(errors)
@@ -265,7 +268,7 @@ def _check_mini_batch(sec: str, mini: int, n: int, dp: int, micro: int | None, d
     if rows % dp:
         errors.append(f"'{sec}.ppo_mini_batch_size' × rollout.n ({mini} × {n} = {rows}) must be divisible by "
                       f"the data-parallel size {dp} (world size / ulysses_sequence_parallel_size)")
-    elif not dynamic and micro is not None and (rows // dp) % micro:
+    elif not dynamic and isinstance(micro, int) and (rows // dp) % micro:
         errors.append(f"per-GPU mini-batch ({rows} rows / dp {dp} = {rows // dp}) must be divisible by "
                       f"'{sec}.ppo_micro_batch_size_per_gpu' = {micro}")
     elif not dynamic and micro is None:
