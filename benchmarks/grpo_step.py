@@ -138,7 +138,7 @@ def main(argv=None):
     a = p.parse_args(argv)
 
     from hybridrl.config.loader import load_config
-    from hybridrl.trainer.ppo_trainer import run_ppo
+    from hybridrl.trainer.launch import run_ppo
 
     work = Path(a.workdir)
     t0 = time.time()

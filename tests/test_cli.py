@@ -47,10 +47,10 @@ def test_train_dispatch(monkeypatch):
 
 
 def test_main_ppo_validates_then_calls_run_ppo(monkeypatch, capsys):
-    fake = types.ModuleType("hybridrl.trainer.ppo_trainer")
+    fake = types.ModuleType("hybridrl.trainer.launch")
     calls = []
     fake.run_ppo = lambda config: calls.append(config) or {"ok": True}
-    monkeypatch.setitem(sys.modules, "hybridrl.trainer.ppo_trainer", fake)
+    monkeypatch.setitem(sys.modules, "hybridrl.trainer.launch", fake)
     assert main_ppo.main(["--config", SEED]) == 0
     assert len(calls) == 1  # the layout is checked here; the run plan is printed by run_ppo once Ray is up
     assert main_ppo.main(["--config", SEED, "actor_rollout_ref.rollout.tensor_model_parallel_size=4"]) == 1

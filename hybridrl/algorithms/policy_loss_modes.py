@@ -97,6 +97,10 @@ def compute_policy_loss_gspo(old_log_prob, log_prob, advantages, response_mask,
     return pg_loss, _floats(pg_clipfrac=clipfrac, ppo_kl=ppo_kl, pg_clipfrac_lower=0.0)
 
 
+compute_policy_loss_gspo.loss_agg_mode = "seq-mean-token-mean"  # the aggregation it always uses: the actor scales
+# its micro-batch losses by this mode's normaliser
+
+
 @register_policy_loss("gpg")
 def compute_policy_loss_gpg(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean",
                             config=None, rollout_is_weights=None):

@@ -17,8 +17,15 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from hybridrl.config.loader import CONFIG_DIR
-from hybridrl.config.schema import ALIASES, ENUMS, EXTRA_TYPES, NULL_DEFAULT_TYPES, NULLABLE, type_name
+from hybridrl.config.schema import (
+    ALIASES,
+    CONFIG_DIR,
+    ENUMS,
+    EXTRA_TYPES,
+    NULL_DEFAULT_TYPES,
+    NULLABLE,
+    type_name,
+)
 
 _KEY = re.compile(r"^(\s*)([A-Za-z_][\w\-]*):(.*)$")
 

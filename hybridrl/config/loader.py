@@ -12,7 +12,7 @@ overrides, so overriding the source moves its dependants.
 
 A user YAML is nested like verl's; dotted keys inside it (`actor_rollout_ref.actor.fsdp_config.param_offload:
 False`, as the seed document writes them) are expanded. verl spellings in `schema.ALIASES` (rollout
-`vllm`, strategy `fsdp`) are rewritten to ours with a logged note. The deprecated global micro-batch keys
+`vllm`/`sglang`, strategy `fsdp`) are rewritten to ours with a logged WARNING. The deprecated global micro-batch keys
 (`ppo_micro_batch_size`, `log_prob_micro_batch_size`) are converted to their `_per_gpu` form by dividing by
 the data-parallel size, as verl does; setting both forms is an error.
 """
@@ -29,13 +29,12 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from hybridrl.config.schema import ALIASES
+from hybridrl.config.schema import ALIAS_NOTES, ALIASES, CONFIG_DIR, load_defaults
 from hybridrl.config.validate import ConfigError, _closest, _leaf_paths, check_schema, check_semantics
 
 __all__ = ["load_config", "load_defaults", "parse_override", "Override", "CONFIG_DIR"]
 
 log = logging.getLogger("hybridrl.config")
-CONFIG_DIR = Path(__file__).resolve().parent
 _FLOAT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
 _MISSING = object()
 
@@ -45,15 +44,6 @@ class Override:
     kind: str  # "set" | "add" | "force"
     key: str
     value: Any
-
-
-def load_defaults(name: str = "ppo_trainer") -> DictConfig:
-    """The packaged `hybridrl/config/<name>.yaml`, interpolations not yet resolved."""
-    path = CONFIG_DIR / f"{name}.yaml"
-    if not path.is_file():
-        have = sorted(p.stem for p in CONFIG_DIR.glob("*.yaml"))
-        raise FileNotFoundError(f"no packaged config named {name!r} ({path} does not exist); have {have}")
-    return OmegaConf.load(path)
 
 
 def _fix_floats(v: Any) -> Any:
@@ -187,7 +177,8 @@ def _apply_aliases(cfg: DictConfig) -> None:
     for key, table in ALIASES.items():
         value = OmegaConf.select(cfg, key, default=None)
         if isinstance(value, str) and value in table:
-            log.warning("config: %s=%s is read as %s=%s (hybridrl's engine for that role)", key, value, key, table[value])
+            note = ALIAS_NOTES.get(key, "hybridrl's engine for that role")
+            log.warning("config: %s=%s is read as %s=%s: %s", key, value, key, table[value], note)
             OmegaConf.update(cfg, key, table[value], merge=False)
 
 

@@ -6,15 +6,24 @@ Choices:
   (a test fails when one is missing), and keys that take more than one shape get `EXTRA_TYPES`.
 - Free dicts (default `{}`, e.g. `model.override_config`) take any keys: they are passed to HF configs.
   Only there may `+key=value` add a key; anywhere else a new key is a typo and is an error.
-- Aliases keep a verl user's YAML working: `rollout.name: vllm` and `strategy: fsdp` are rewritten to
-  our names (`native`, `fsdp2`) by the loader, with a logged note, so downstream code sees one spelling.
+- Aliases keep a verl user's YAML working: `rollout.name: vllm|sglang` and `strategy: fsdp` are rewritten to
+  our names (`native`, `fsdp2`) by the loader with a logged WARNING (saying, for the rollout, that no vLLM or
+  SGLang runs), so downstream code sees one spelling.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+CONFIG_DIR = Path(__file__).resolve().parent
 _DTYPES = ("fp32", "float32", "bf16", "bfloat16", "fp16", "float16")
 _LOSS_AGG = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 _KL_TYPES = ("kl", "k1", "k2", "mse", "k3", "low_var_kl", "abs")
+# the policy losses registered in hybridrl.algorithms.registry (a test keeps the two equal)
+POLICY_LOSS_MODES = ("vanilla", "gspo", "gpg", "clip_cov", "kl_cov", "cispo")
+CHECKPOINT_CONTENTS = ("model", "optimizer", "extra", "hf_model")
 
 # type of each key whose default is null (all of them are nullable)
 NULL_DEFAULT_TYPES: dict[str, type | tuple[type, ...]] = {
@@ -67,6 +76,8 @@ ENUMS: dict[str, tuple[str, ...]] = {
     "actor_rollout_ref.actor.strategy": ("fsdp2",),
     "critic.strategy": ("fsdp2",),
     "actor_rollout_ref.actor.loss_agg_mode": _LOSS_AGG,
+    "actor_rollout_ref.actor.policy_loss.loss_mode": POLICY_LOSS_MODES,
+    "actor_rollout_ref.actor.checkpoint.contents": CHECKPOINT_CONTENTS,  # checked per entry
     "critic.loss_agg_mode": _LOSS_AGG,
     "actor_rollout_ref.actor.kl_loss_type": _KL_TYPES,
     "algorithm.kl_penalty": _KL_TYPES,
@@ -90,12 +101,27 @@ ENUMS: dict[str, tuple[str, ...]] = {
     "actor_rollout_ref.actor.old_log_prob_pass": ("auto", True, False),
 }
 
+# why an alias is read as another value, in the warning the loader logs
+ALIAS_NOTES: dict[str, str] = {
+    "actor_rollout_ref.rollout.name": "hybridrl has no vLLM or SGLang backend: rollouts run on its native engine "
+                                      "(set rollout.name=native to silence this)",
+}
+
 # verl spellings rewritten to ours at load (key -> {alias: canonical})
 ALIASES: dict[str, dict[str, str]] = {
-    "actor_rollout_ref.rollout.name": {"vllm": "native"},
+    "actor_rollout_ref.rollout.name": {"vllm": "native", "sglang": "native"},
     "actor_rollout_ref.actor.strategy": {"fsdp": "fsdp2"},
     "critic.strategy": {"fsdp": "fsdp2"},
 }
+
+
+def load_defaults(name: str = "ppo_trainer") -> DictConfig:
+    """The packaged `hybridrl/config/<name>.yaml` (the schema), interpolations not yet resolved."""
+    path = CONFIG_DIR / f"{name}.yaml"
+    if not path.is_file():
+        have = sorted(p.stem for p in CONFIG_DIR.glob("*.yaml"))
+        raise FileNotFoundError(f"no packaged config named {name!r} ({path} does not exist); have {have}")
+    return OmegaConf.load(path)
 
 
 def type_name(t: type | tuple[type, ...]) -> str:

@@ -18,7 +18,8 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from hybridrl.config.schema import ENUMS, EXTRA_TYPES, NULL_DEFAULT_TYPES, NULLABLE, type_name
+from hybridrl.config.limits import check_limits
+from hybridrl.config.schema import ENUMS, EXTRA_TYPES, NULL_DEFAULT_TYPES, NULLABLE, load_defaults, type_name
 from hybridrl.models.tp_rules import model_tp_error
 
 __all__ = ["ConfigError", "check_schema", "check_semantics", "validate_config"]
@@ -235,6 +236,7 @@ def check_semantics(cfg: DictConfig | dict) -> list[str]:
     if g(f"{ACTOR}.use_kl_loss") and g("algorithm.use_kl_in_reward"):
         warnings.append(f"'{ACTOR}.use_kl_loss' and 'algorithm.use_kl_in_reward' are both true: "
                         "the KL penalty is applied twice (verl allows it; usually one is meant)")
+    errors += check_limits(c)  # values the types admit but hybridrl does not implement
     if adv in ("grpo", "rloo") and n == 1:
         warnings.append(f"'algorithm.adv_estimator' = {adv} with '{ROLLOUT}.n' = 1: every group has one sample, "
                         "so every advantage is 0 (set rollout.n > 1)")
@@ -284,7 +286,5 @@ def _check_token_len(key: str, c: dict, errors: list[str]) -> None:
 
 def validate_config(cfg: DictConfig | dict, defaults: str = "ppo_trainer") -> list[str]:
     """Both passes against the packaged `<defaults>.yaml`; returns warnings, raises ConfigError."""
-    from hybridrl.config.loader import load_defaults
-
     check_schema(cfg, load_defaults(defaults))
     return check_semantics(cfg) if defaults == "ppo_trainer" else []

@@ -12,7 +12,8 @@ Choices:
   filtering needs the lengths anyway.
 - Overlong prompts: `filter_overlong_prompts=True` drops them and counts them (`num_filtered`, logged);
   otherwise `truncation` decides: error (ValueError naming the row) | left (keep the end) | right (keep the
-  start); truncated rows are counted in `num_truncated`.
+  start); truncated rows are counted in `num_truncated`. Both counts are logged as `data/filtered_prompts` and
+  `data/truncated_prompts` (`dataset_metrics`, at step 0) and reported in the run summary.
 - Rows are left-padded to max_prompt_length with pad_token_id; position_ids = cumsum(mask) - 1 clipped at 0
   (docs/CONTRACTS.md).
 """
@@ -29,7 +30,7 @@ import torch
 from hybridrl.data.dataloader import StatefulDataLoader  # re-exported: callers import it from here too
 from hybridrl.protocol import DataProto, collate_rows
 
-__all__ = ["RLHFDataset", "StatefulDataLoader", "collate_fn", "read_rows"]
+__all__ = ["RLHFDataset", "StatefulDataLoader", "collate_fn", "dataset_metrics", "read_rows"]
 
 log = logging.getLogger(__name__)
 TRUNCATION_MODES = ("error", "left", "right")
@@ -121,6 +122,9 @@ class RLHFDataset(torch.utils.data.Dataset):
         if self.num_filtered:
             log.warning("RLHFDataset: filtered %d prompts longer than data.max_prompt_length=%d (kept %d)",
                         self.num_filtered, self.max_prompt_length, len(self.rows))
+        if self.num_truncated:
+            log.warning("RLHFDataset: truncated %d prompts longer than data.max_prompt_length=%d (data.truncation=%s)",
+                        self.num_truncated, self.max_prompt_length, self.truncation)
 
     def _tokenize(self, row: dict) -> list[int]:
         messages = [{"role": m["role"], "content": m["content"]} for m in row[self.prompt_key]]
@@ -152,6 +156,12 @@ class RLHFDataset(torch.utils.data.Dataset):
         if self.return_raw_chat:
             out["raw_prompt"] = row[self.prompt_key]
         return out
+
+
+def dataset_metrics(dataset: RLHFDataset) -> dict[str, float]:
+    """What loading did to the prompts: dropped as overlong, or cut to data.max_prompt_length."""
+    return {"data/filtered_prompts": float(dataset.num_filtered), "data/truncated_prompts": float(dataset.num_truncated),
+            "data/prompts": float(len(dataset))}
 
 
 def collate_fn(rows: list[dict]) -> DataProto:

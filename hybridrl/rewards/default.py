@@ -20,7 +20,8 @@ from hybridrl.rewards.verl_compat import (
     verl_scorer_module,
 )
 
-__all__ = ["LENIENT_MATH", "LENIENT_NUMERIC", "SCORERS", "default_compute_score"]
+__all__ = ["LENIENT_MATH", "LENIENT_NUMERIC", "SCORERS", "default_compute_score", "is_scorable",
+           "unscorable_sources_error"]
 
 LENIENT_NUMERIC = "hybridrl/lenient_numeric"
 LENIENT_MATH = "hybridrl/lenient_math"
@@ -34,6 +35,30 @@ SCORERS = {
     LENIENT_NUMERIC: lenient_numeric.compute_score,
     LENIENT_MATH: lenient_math.compute_score,
 }
+
+
+def is_scorable(data_source: str) -> bool:
+    """True when default_compute_score has a rule scorer for `data_source`: a name in SCORERS or one verl's
+    dispatch routes to a scorer here (e.g. any name starting with 'aime')."""
+    return data_source in SCORERS or verl_scorer_module(data_source) is not None
+
+
+def unscorable_sources_error(sources, reward_fn_key: str = "data_source") -> str | None:
+    """Why default_compute_score cannot score some of `sources` (code sources: no sandbox; others: unknown),
+    or None when it can score them all."""
+    code = sorted({s for s in sources if s in CODE_DATA_SOURCES})
+    unknown = sorted({s for s in sources if s not in CODE_DATA_SOURCES and not is_scorable(s)})
+    problems = []
+    if code:
+        problems.append(f"data_source(s) {code} need a code sandbox: they are scored by running the generated code "
+                        "against test cases, and hybridrl has no code-execution service")
+    if unknown:
+        problems.append(f"no rule scorer for data_source(s) {unknown}; known: {sorted(SCORERS)} and any name "
+                        "starting with 'aime'")
+    if not problems:
+        return None
+    return (f"reward (key data.reward_fn_key={reward_fn_key!r}): " + "; ".join(problems)
+            + ". Set custom_reward_function.path to score them.")
 
 
 def default_compute_score(data_source: str, solution_str: str, ground_truth, extra_info=None, **kwargs):

@@ -10,7 +10,8 @@
   (`reward/errors`, `reward/timeouts`); the run goes on. With a timeout the scorer runs in a worker process
   that is replaced when it overruns (score_worker.py). In batch mode the deadline is timeout_s × batch size and
   a failure zeroes (and counts) every sample of the batch. `timeout_s=None` scores in-process with no limit.
-- With the default scorer, an unknown data_source fails the call (a config error, not a sample error).
+- With the default scorer, a data_source it cannot score (unknown, or a code source needing a sandbox) fails
+  the call with the reason (a config error, not a sample error).
 - An empty response (no valid token) is still scored (on ""); its score cannot sit on a valid token, so it is
   put at position 0 and counted in `reward/empty_responses`.
 """
@@ -23,7 +24,7 @@ import math
 import torch
 
 from hybridrl.protocol import DataProto
-from hybridrl.rewards.default import SCORERS, default_compute_score
+from hybridrl.rewards.default import default_compute_score, unscorable_sources_error
 from hybridrl.rewards.score_worker import ScorerProcess
 
 __all__ = ["RewardManager", "default_compute_score_batch"]
@@ -94,10 +95,10 @@ class RewardManager:
             raise ValueError(f"data.reward_fn_key={self.reward_fn_key!r}: no such non-tensor key in the batch "
                              f"(have {sorted(data.non_tensor_batch)})")
         sources = [str(s) for s in data.non_tensor_batch[self.reward_fn_key]]
-        unknown = sorted(set(sources) - set(SCORERS))
-        if self.compute_score in (default_compute_score, default_compute_score_batch) and unknown:
-            raise ValueError(f"reward: no rule scorer for data_source(s) {unknown} (key {self.reward_fn_key!r}); "
-                             f"known: {sorted(SCORERS)}. Set custom_reward_function.path to score them.")
+        if self.compute_score in (default_compute_score, default_compute_score_batch):
+            problem = unscorable_sources_error(sources, self.reward_fn_key)
+            if problem:
+                raise ValueError(problem)
         truths = [rm["ground_truth"] for rm in data.non_tensor_batch["reward_model"]]
         extras = list(data.non_tensor_batch["extra_info"]) if "extra_info" in data.non_tensor_batch else [None] * bsz
         valid = mask.bool().cpu()

@@ -12,6 +12,9 @@ from pathlib import Path
 
 from omegaconf import DictConfig, open_dict
 
+from hybridrl.data.rl_dataset import dataset_metrics
+from hybridrl.models.external_lib import import_external_lib
+from hybridrl.seeding import seed_everything
 from hybridrl.trainer.ppo_trainer import RayPPOTrainer, need_critic, need_reference
 from hybridrl.trainer.run_dir import claim_run_dir, run_log_dirs
 
@@ -99,6 +102,8 @@ def _run_ppo_claimed(config: DictConfig) -> dict:
     from hybridrl.workers.critic import CriticWorker
 
     t = config.trainer
+    seed_everything(int(t.seed))  # the driver's own draws (e.g. group uids); workers seed themselves at init
+    import_external_lib(config.actor_rollout_ref.model.external_lib)  # before any HF config or model is read
     model_path = os.path.expanduser(config.actor_rollout_ref.model.path)
     if not Path(model_path).exists():
         raise FileNotFoundError(f"actor_rollout_ref.model.path={model_path!r} does not exist "
@@ -145,7 +150,9 @@ def _run_ppo_claimed(config: DictConfig) -> dict:
     run_dir.mkdir(parents=True, exist_ok=True)
     log_dir = run_dir / "logs"
     tracker = Tracking(t.project_name, t.experiment_name, _loggers(config), config=config, log_dir=str(log_dir))
+    # one directory per step holds actor and critic: validation refuses a different max_critic_ckpt_to_keep
     ckpt = CheckpointManager(str(run_dir), max_to_keep=t.max_actor_ckpt_to_keep)
+    tracker.log(dataset_metrics(train_set), step=0)
     timeline = MemoryTimeline()
     trainer = RayPPOTrainer(config, tokenizer, actor_wg, critic_wg, reward_fn, val_reward_fn, loader, val_set,
                             tracker, ckpt, n_gpus=world, memory_timeline=timeline, plan=plan)
@@ -164,8 +171,8 @@ def _run_ppo_claimed(config: DictConfig) -> dict:
         critic_wg.shutdown()
     pool.release()
     summary = {"history": history, "wall_s": time.time() - t0, "run_dir": str(run_dir), "log_dir": str(log_dir),
-               "memory_plot": str(plot) if plot else None, "filtered_prompts": getattr(train_set, "num_filtered", 0),
-               "init": init_info}
+               "memory_plot": str(plot) if plot else None, "filtered_prompts": train_set.num_filtered,
+               "truncated_prompts": train_set.num_truncated, "init": init_info}
     where = f"memory plot: {plot}" if plot else "memory plot: none (no GPU memory measured on CPU)"
     print(f"[hybridrl] done in {summary['wall_s']:.1f}s — logs: {log_dir}  {where}  checkpoints: {run_dir}")
     return summary

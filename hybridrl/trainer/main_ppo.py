@@ -1,7 +1,7 @@
 """verl-like entry point: `python -m hybridrl.trainer.main_ppo [--config F] key=value ...`.
 
 Loads and validates the config on the driver (so a bad batch size fails in a second, before Ray or any
-worker starts), prints the device layout, then hands over to `hybridrl.trainer.ppo_trainer.run_ppo`.
+worker starts), prints the device layout, then hands over to `hybridrl.trainer.launch.run_ppo`.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ def run(config: DictConfig):
     """Validate (errors only; load_config already logged warnings), print the layout, train."""
     validate_config(config)
     derive_layout(config)  # batch arithmetic fails here, in a second; the run plan is printed once Ray is up
-    from hybridrl.trainer.ppo_trainer import run_ppo
+    from hybridrl.trainer.launch import run_ppo
 
     return run_ppo(config)
 

@@ -21,6 +21,7 @@ from omegaconf import DictConfig
 from hybridrl.algorithms import agg_loss, apply_kl_penalty, compute_advantage, get_kl_controller
 from hybridrl.data.rl_dataset import collate_fn
 from hybridrl.protocol import DataProto
+from hybridrl.seeding import shuffle_seed, step_sampling_seed, validation_sampling_seed
 from hybridrl.trainer.metrics import (
     compute_data_metrics,
     compute_throughout_metrics,
@@ -132,7 +133,8 @@ class RayPPOTrainer:
             batch = collate_fn([val[i] for i in range(start, min(len(val), start + bs))])
             assign_uids(batch)
             gen = batch.select(GEN_KEYS, ["raw_prompt_ids"])
-            gen.meta_info = {**self._meta(), "validate": True}
+            gen.meta_info = {**self._meta(), "validate": True, "seed": validation_sampling_seed(
+                cfg.trainer.seed, cfg.actor_rollout_ref.rollout.seed)}
             out = self.actor_rollout_wg.generate_sequences(gen)
             out.meta_info.pop("metrics", None)
             batch = attach_rollout(batch, out, n)
@@ -200,7 +202,9 @@ class RayPPOTrainer:
         assign_uids(batch)
         gen = batch.select(GEN_KEYS, ["raw_prompt_ids"])
         # a fresh sampling seed each step, derived from the step so a resumed run samples what the original did
-        gen.meta_info = {**self._meta(), "seed": int(cfg.actor_rollout_ref.rollout.seed) * 100003 + self.global_steps}
+        seed = int(cfg.trainer.seed)
+        gen.meta_info = {**self._meta(),
+                         "seed": step_sampling_seed(seed, cfg.actor_rollout_ref.rollout.seed, self.global_steps)}
         with marked_timer("step", timing):
             with marked_timer("gen", timing):
                 out = self.actor_rollout_wg.generate_sequences(gen)
@@ -220,6 +224,7 @@ class RayPPOTrainer:
                 sp = int(cfg.actor_rollout_ref.actor.ulysses_sequence_parallel_size)
                 metrics.update(balance_batch(batch, self.n_gpus // sp))
             batch.meta_info["global_token_num"] = batch.batch["attention_mask"].sum(-1).tolist()
+            batch.meta_info["shuffle_seed"] = shuffle_seed(seed, self.global_steps)  # actor/critic mini-batch order
 
             with marked_timer("reward", timing):
                 result = self.reward_fn(batch)
@@ -319,9 +324,3 @@ class RayPPOTrainer:
         bar.close()
         return self.history
 
-
-def run_ppo(config: DictConfig) -> dict:
-    """Entry used by `hybridrl train` and `python -m hybridrl.trainer.main_ppo` (wiring lives in launch.py)."""
-    from hybridrl.trainer.launch import run_ppo as _run_ppo
-
-    return _run_ppo(config)

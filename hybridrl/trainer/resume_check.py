@@ -5,8 +5,8 @@ compared with it key by key. A changed key is
 - refused when it conflicts with what the checkpoint holds (another model or tokenizer than the weights were
   trained from, the master dtype, the data order the saved dataloader position refers to, adding or dropping
   the critic): the run stops before any worker loads, naming every such key with both values;
-- ignored when the checkpoint's state wins (RNG states, the in-reward KL controller's coefficient): listed so
-  nobody believes a new value is in use;
+- ignored when the checkpoint's state wins (the in-reward KL controller's coefficient): listed so nobody
+  believes a new value is in use;
 - taking effect otherwise, since everything else is read from the config as the run goes. The optimizer
   settings (`*.optim.*`: lr, betas, weight decay, schedule) are re-applied over the loaded optimizer and
   scheduler state by `training.checkpoint.load_checkpoint`.
@@ -50,10 +50,10 @@ REFUSED = {
     "data.shuffle": _DATA,
     "data.seed": _DATA,
 }
-IGNORED = {
-    "trainer.seed": "the RNG states are restored from the checkpoint",
-}
+IGNORED: dict[str, str] = {}  # keys whose checkpointed state always wins (none today; see _special for the KL coef)
 NOTES = {
+    "trainer.seed": "the sampling and mini-batch shuffle seeds of the coming steps derive from it; the restored RNG "
+                    "states are the checkpoint's",
     "optim.": "applied to the loaded optimizer and lr schedule",
     "trainer.total_epochs": "the run ends at the new horizon; a cosine schedule's horizon follows it",
     "trainer.total_training_steps": "the run ends at the new horizon; a cosine schedule's horizon follows it",

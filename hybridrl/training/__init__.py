@@ -1,6 +1,9 @@
-"""FSDP2 training engine: mesh + per-block wrapping (fsdp), AdamW + schedule (optim), phase offload (offload),
-sequence packing and dynamic micro-batches (packing, micro_batches), the PPO actor and critic, sharded
-checkpoints (checkpoint) and their merge into a HF directory (merge)."""
+"""The FSDP2 training engine that runs inside each worker process on its GPU (not to be confused with
+`hybridrl.trainer`, the driver's fit loop that calls the workers): mesh + per-block wrapping (fsdp), AdamW +
+schedule (optim), phase offload (offload), sequence packing and dynamic micro-batches (packing, micro_batches),
+the PPO actor and critic updates (actor, critic), sharded checkpoints of one model (checkpoint), HF export
+(hf_export) and the offline merge of a checkpoint into a HF directory (merge). It knows nothing of Ray or of
+the run's steps: a worker hands it a batch and gets losses and log-probs back."""
 
 from hybridrl.training.actor import DataParallelPPOActor
 from hybridrl.training.checkpoint import load_checkpoint, save_checkpoint, save_hf_model

@@ -14,7 +14,10 @@ Choices:
   each runs 1/P of every packed micro-batch's tokens; results and metrics are identical on them.
 - `update_policy`: ppo_epochs x mini-batches of `ppo_mini_batch_size` rows (already per rank) x micro-batches
   of `ppo_micro_batch_size_per_gpu` (or dynamic), accumulating gradients with exact weights (micro_batches.py).
-  The loss is compute_policy_loss (clip-higher, dual-clip) - entropy_coeff * entropy + kl_loss_coef * KL(ref).
+  The loss is the policy loss registered as `policy_loss.loss_mode` (verl's registry: vanilla = PPO clip-higher
+  + dual-clip, gspo, gpg, clip_cov, kl_cov, cispo; called with this actor config, which holds the clip ratios and
+  policy_loss.*) - entropy_coeff * entropy + kl_loss_coef * KL(ref). A loss that fixes its own aggregation (gspo:
+  seq-mean-token-mean, its `loss_agg_mode` attribute) is scaled across micro-batches by that mode.
 - Gradients are clipped to `grad_clip`; a non-finite norm skips that optimizer step and is counted in
   `actor/grad_norm_nonfinite_skips`. The lr scheduler steps once per `update_policy` call (one training step),
   and `actor/lr` reports the lr that call used.
@@ -29,8 +32,8 @@ import torch
 
 from hybridrl.algorithms import (
     agg_loss,
-    compute_policy_loss,
     entropy_from_logits,
+    get_policy_loss_fn,
     kl_penalty,
     logprobs_from_logits,
 )
@@ -126,11 +129,18 @@ class DataParallelPPOActor(FSDPUpdater):
         return self._train_step(data, "actor", lambda mini, metrics: self._update_mini_batch(
             mini, temperature, mode, entropy_coeff, use_kl_loss, own_old, metrics))
 
+    def _policy_loss_fn(self):
+        policy_loss = self.config.get("policy_loss") or {}
+        return get_policy_loss_fn(policy_loss.get("loss_mode", "vanilla"))
+
     def _update_mini_batch(self, mini: DataProto, temperature, mode, entropy_coeff, use_kl_loss, own_old, metrics):
         cfg = self.config
         micros, _ = make_micro_batches(mini, bool(cfg.get("use_dynamic_bsz", False)),
                                        cfg.get("ppo_micro_batch_size_per_gpu"), cfg.get("ppo_max_token_len_per_gpu"))
+        policy_loss_fn = self._policy_loss_fn()
+        pg_mode = getattr(policy_loss_fn, "loss_agg_mode", mode)
         mini_norm = normaliser(mini.batch["response_mask"], mode)
+        pg_mini_norm = normaliser(mini.batch["response_mask"], pg_mode)
         for micro in micros:
             b = {k: v.to(self.device) for k, v in micro.batch.items()}
             mask = b["response_mask"]
@@ -138,23 +148,21 @@ class DataParallelPPOActor(FSDPUpdater):
             log_prob, entropy = self._forward_micro_batch(micro, temperature,
                                                           calculate_entropy=entropy_coeff != 0 or own_old)
             old_log_prob = log_prob.detach() if own_old else b["old_log_probs"]
-            pg_loss, pg_clipfrac, ppo_kl, pg_clipfrac_lower = compute_policy_loss(
-                old_log_prob, log_prob, b["advantages"], mask, cliprange=cfg.get("clip_ratio", 0.2),
-                cliprange_low=cfg.get("clip_ratio_low"), cliprange_high=cfg.get("clip_ratio_high"),
-                clip_ratio_c=float(cfg.get("clip_ratio_c", 3.0)), loss_agg_mode=mode)
-            policy_loss = pg_loss
+            pg_loss, pg_metrics = policy_loss_fn(old_log_prob, log_prob, b["advantages"], mask,
+                                                 loss_agg_mode=mode, config=cfg)
+            regularisers = torch.zeros((), device=log_prob.device)  # entropy and KL terms, aggregated with `mode`
             if entropy is not None:
                 entropy_loss = agg_loss(entropy, mask, mode)
                 if entropy_coeff != 0:
-                    policy_loss = policy_loss - entropy_coeff * entropy_loss
+                    regularisers = regularisers - entropy_coeff * entropy_loss
                 metrics["entropy"].append(entropy_loss.item())
             if use_kl_loss:
                 kld = kl_penalty(log_prob, b["ref_log_prob"], cfg.get("kl_loss_type", "low_var_kl"))
                 kl_loss = agg_loss(kld, mask, mode)
-                policy_loss = policy_loss + float(cfg.get("kl_loss_coef", 0.001)) * kl_loss
+                regularisers = regularisers + float(cfg.get("kl_loss_coef", 0.001)) * kl_loss
                 metrics["kl_loss"].append(kl_loss.item())
-            (policy_loss * loss_scale(mask, mini_norm, mode)).backward()
+            loss = pg_loss * loss_scale(mask, pg_mini_norm, pg_mode) + regularisers * loss_scale(mask, mini_norm, mode)
+            loss.backward()
             metrics["pg_loss"].append(pg_loss.item())
-            metrics["pg_clipfrac"].append(pg_clipfrac.item())
-            metrics["ppo_kl"].append(ppo_kl.item())
-            metrics["pg_clipfrac_lower"].append(pg_clipfrac_lower.item())
+            for key, value in pg_metrics.items():  # verl's actor/pg_clipfrac, actor/ppo_kl, ...: prefixed by the updater
+                metrics[key.removeprefix("actor/")].append(value)

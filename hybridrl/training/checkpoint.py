@@ -214,7 +214,7 @@ def _load_extra(ckpt_dir: Path, lr_scheduler) -> dict:
 def save_hf_model(module, out_dir, *, hf_config=None, tokenizer=None, role: str = "actor",
                   dtype=torch.bfloat16) -> Path:
     """Collective: gather the full state dict (to CPU) and let rank 0 write a `from_pretrained` directory."""
-    from hybridrl.training.merge import write_hf_model
+    from hybridrl.training.hf_export import write_hf_model
 
     full = get_model_state_dict(module, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     rank, _ = _rank_world()

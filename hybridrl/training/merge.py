@@ -15,36 +15,10 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["merge_checkpoint", "write_hf_model", "register"]
+from hybridrl.training.checkpoint import CHECKPOINT_META
+from hybridrl.training.hf_export import model_skeleton, write_hf_model
 
-
-def _skeleton(hf_config, role: str):
-    from hybridrl.training.fsdp import _model_class
-
-    with torch.device("meta"):
-        return _model_class(role).from_config(hf_config, dtype=torch.float32)
-
-
-def write_hf_model(state_dict: dict, hf_config, role: str, out_dir, dtype=torch.bfloat16, tokenizer=None) -> Path:
-    from hybridrl.training.fsdp import resolve_dtype
-
-    dtype = resolve_dtype(dtype, "merge dtype")
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    model = _skeleton(hf_config, role)
-    expected = set(model.state_dict())
-    missing = sorted(expected - set(state_dict))
-    tied = set(getattr(model, "_tied_weights_keys", None) or [])
-    if [k for k in missing if k not in tied]:
-        raise ValueError(f"checkpoint is missing weights {missing[:5]} (of {len(missing)}) for {type(model).__name__}")
-    cast = {k: v.to(dtype) if v.is_floating_point() else v for k, v in state_dict.items() if k in expected}
-    model.load_state_dict(cast, strict=False, assign=True)
-    model.tie_weights()
-    model.config.dtype = dtype
-    model.save_pretrained(out_dir, state_dict=cast)
-    if tokenizer is not None:
-        tokenizer.save_pretrained(out_dir)
-    return out_dir
+__all__ = ["merge_checkpoint", "register"]
 
 
 def merge_checkpoint(ckpt_dir, out_dir, dtype: str = "bfloat16") -> Path:
@@ -52,15 +26,13 @@ def merge_checkpoint(ckpt_dir, out_dir, dtype: str = "bfloat16") -> Path:
     from torch.distributed.checkpoint import DefaultLoadPlanner
     from transformers import AutoConfig
 
-    from hybridrl.training.checkpoint import CHECKPOINT_META
-
     ckpt_dir, out_dir = Path(ckpt_dir), Path(out_dir)
     for need in (ckpt_dir / "model", ckpt_dir / "huggingface" / "config.json", ckpt_dir / CHECKPOINT_META):
         if not need.exists():
             raise FileNotFoundError(f"merge: {need} not found; is {ckpt_dir} a hybridrl checkpoint directory?")
     meta = json.loads((ckpt_dir / CHECKPOINT_META).read_text())
     hf_config = AutoConfig.from_pretrained(ckpt_dir / "huggingface")
-    model = _skeleton(hf_config, meta["role"])
+    model = model_skeleton(hf_config, meta["role"])
     master = getattr(torch, meta.get("master_dtype", "float32"))
     state = {k: torch.empty(v.shape, dtype=master if v.is_floating_point() else v.dtype)
              for k, v in model.state_dict().items()}

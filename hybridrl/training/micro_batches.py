@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from hybridrl.protocol import DataProto
+from hybridrl.seeding import derive_seed
 from hybridrl.training.packing import rearrange_micro_batches
 
 __all__ = ["make_micro_batches", "loss_scale", "normaliser"]
@@ -51,13 +52,16 @@ def make_micro_batches(data: DataProto, use_dynamic_bsz: bool, micro_batch_size:
 
 def iter_mini_batches(data: DataProto, cfg, role: str):
     """ppo_epochs passes over `data` in mini-batches of cfg.ppo_mini_batch_size rows (per rank), reshuffled each
-    epoch when cfg.shuffle (seeded, so a resumed run replays the same order). Shared by the actor and the critic."""
+    epoch when cfg.shuffle. The order is seeded by the step's `meta_info["shuffle_seed"]` (the driver derives it
+    from trainer.seed and the step, hybridrl/seeding.py), so steps differ and a resumed run replays the same
+    orders. Shared by the actor and the critic."""
     mini_size = int(cfg.get("ppo_mini_batch_size"))
     if mini_size <= 0:
         raise ValueError(f"{role}.ppo_mini_batch_size={mini_size} (rows per rank) must be > 0")
+    seed = int(data.meta_info.get("shuffle_seed", 0))
     for epoch in range(int(cfg.get("ppo_epochs", 1))):
         epoch_data = data
         if cfg.get("shuffle", False):
-            g = torch.Generator().manual_seed(int(cfg.get("seed", 0)) * 1000 + epoch)
+            g = torch.Generator().manual_seed(derive_seed(seed, epoch))
             epoch_data = data.select_idxs(torch.randperm(len(data), generator=g))
         yield from epoch_data.split(mini_size)

@@ -30,6 +30,7 @@ from hybridrl.workers.common import (
     build_sp_group,
     normalize_actor_batch_sizes,
     pick_device,
+    prepare_process,
     rollout_dtype,
     sampling_params_from,
 )
@@ -70,6 +71,7 @@ class ActorRolloutRefWorker(Worker):
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self):
         cfg = self.config.actor_rollout_ref
+        prepare_process(self.config)
         timeout = float(self.config.trainer.worker_timeout_s)
         self.init_distributed(timeout_s=timeout)
         self.compute_device = pick_device(self.config.trainer.device)
@@ -148,7 +150,7 @@ class ActorRolloutRefWorker(Worker):
         from hybridrl.rollout.to_dataproto import outputs_to_dataproto
 
         rcfg = self.config.actor_rollout_ref.rollout
-        params = sampling_params_from(rcfg, prompts.meta_info)
+        params = sampling_params_from(rcfg, prompts.meta_info, dp_rank=self.rollout_coords.dp_rank)
         metrics: dict = {}
         t0 = time.perf_counter()
         with self.hybrid.rollout(metrics) as engine:
@@ -221,14 +223,19 @@ class ActorRolloutRefWorker(Worker):
         from hybridrl.training.checkpoint import save_checkpoint
 
         save_checkpoint(path, self.actor_module, self.optimizer, self.scheduler, role="actor",
-                        hf_config=self.actor_module.config)
+                        hf_config=self.actor_module.config, contents=self._checkpoint_contents())
         return True
+
+    def _checkpoint_contents(self) -> tuple[str, ...]:
+        """actor.checkpoint.contents: what is saved and, on resume, loaded (a resume without 'optimizer' starts
+        a fresh AdamW; without 'extra' a fresh lr schedule and unrestored RNG states)."""
+        return tuple(self.config.actor_rollout_ref.actor.checkpoint.contents)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def load_checkpoint(self, path: str):
         from hybridrl.training.checkpoint import load_checkpoint
 
-        load_checkpoint(path, self.actor_module, self.optimizer, self.scheduler)
+        load_checkpoint(path, self.actor_module, self.optimizer, self.scheduler, contents=self._checkpoint_contents())
         self.hybrid.after_update()
         return True
 

@@ -63,9 +63,11 @@ def normalize_actor_batch_sizes(cfg: DictConfig, world_size: int, micro_batch: i
     return actor
 
 
-def sampling_params_from(rollout_cfg: DictConfig, meta: dict):
+def sampling_params_from(rollout_cfg: DictConfig, meta: dict, dp_rank: int = 0):
     """Training rollouts use rollout.*; validation sends meta_info {'validate': True} and uses rollout.val_kwargs;
-    meta_info may override do_sample / n / temperature (e.g. ReMax's greedy baseline)."""
+    meta_info may override do_sample / n / temperature (e.g. ReMax's greedy baseline). The seed is the driver's
+    (meta_info['seed'], else rollout.seed) plus this rollout data-parallel group's `dp_rank`: groups draw
+    different streams, the TP ranks of a group the same one (hybridrl/seeding.py)."""
     from hybridrl.rollout.sampling_params import SamplingParams
 
     src = rollout_cfg.val_kwargs if meta.get("validate") else rollout_cfg
@@ -79,7 +81,7 @@ def sampling_params_from(rollout_cfg: DictConfig, meta: dict):
         max_tokens=int(meta.get("max_tokens", rollout_cfg.response_length)),
         ignore_eos=bool(rollout_cfg.ignore_eos),
         stop_token_ids=list(meta.get("stop_token_ids", [])),
-        seed=int(meta.get("seed", rollout_cfg.seed)),
+        seed=int(meta.get("seed", rollout_cfg.seed)) + int(dp_rank),
     )
 
 
@@ -96,3 +98,13 @@ def build_fsdp_model(model_cfg: DictConfig, fsdp_cfg: DictConfig, optim_cfg: Dic
     optimizer = build_optimizer(module.parameters(), optim_cfg)
     scheduler = build_lr_scheduler(optimizer, optim_cfg)
     return module, optimizer, scheduler
+
+
+def prepare_process(config: DictConfig) -> None:
+    """What every process of a run does before it builds a model: seed its RNGs from trainer.seed and import
+    actor_rollout_ref.model.external_lib (custom HF classes must be registered before from_pretrained)."""
+    from hybridrl.models.external_lib import import_external_lib
+    from hybridrl.seeding import seed_everything
+
+    seed_everything(int(config.trainer.seed))
+    import_external_lib(config.actor_rollout_ref.model.external_lib)

@@ -8,7 +8,7 @@ from omegaconf import DictConfig, open_dict
 from hybridrl.controller import Dispatch, Worker, make_mesh_dispatch, register
 from hybridrl.hybrid.memory import track_phase
 from hybridrl.protocol import DataProto
-from hybridrl.workers.common import build_fsdp_model, build_sp_group, pick_device
+from hybridrl.workers.common import build_fsdp_model, build_sp_group, pick_device, prepare_process
 
 
 class CriticWorker(Worker):
@@ -19,6 +19,7 @@ class CriticWorker(Worker):
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self):
+        prepare_process(self.config)
         self.init_distributed(timeout_s=float(self.config.trainer.worker_timeout_s))
         self.compute_device = pick_device(self.config.trainer.device)
         world, rank = dist.get_world_size(), dist.get_rank()

@@ -22,7 +22,7 @@ BAD = [
     (["data.train_batch_size=20", f"{A}.ppo_mini_batch_size=20"], "data.train_batch_size", "rollout dp size"),
     ([f"{R}.gpu_memory_utilization=0"], f"{R}.gpu_memory_utilization", "(0, 1]"),
     ([f"{R}.gpu_memory_utilization=1.2"], f"{R}.gpu_memory_utilization", "(0, 1]"),
-    ([f"{R}.name=sglang"], f"{R}.name", "not one of"),
+    ([f"{R}.name=trtllm"], f"{R}.name", "not one of"),
     (["algorithm.adv_estimator=ppo"], "algorithm.adv_estimator", "not one of"),
     ([f"{A}.loss_agg_mode=mean"], f"{A}.loss_agg_mode", "not one of"),
     ([f"{A}.kl_loss_type=k4"], f"{A}.kl_loss_type", "not one of"),

@@ -5,6 +5,7 @@ import torch
 from transformers import AutoTokenizer
 
 from hybridrl.data import RLHFDataset, StatefulDataLoader, make_task
+from hybridrl.data.rl_dataset import dataset_metrics
 from hybridrl.protocol import DataProto
 
 INSTRUCTION = 'Let\'s think step by step and output the final answer after "####".'
@@ -69,6 +70,21 @@ def test_truncation_modes(tmp_path, tok, mode):
     assert len(ids) == 16 and ds.num_truncated == 1 and ds[0]["attention_mask"].all()
     start = tok.convert_tokens_to_ids("<|im_start|>")
     assert (ids[0] == start) == (mode == "right")
+
+
+def test_truncated_and_filtered_prompts_are_reported(tmp_path, tok, caplog):
+    long_row = {"data_source": "arith", "prompt": [{"role": "user", "content": "word " * 100}],
+                "reward_model": {"style": "rule", "ground_truth": "1"}}
+    short_row = {**long_row, "prompt": [{"role": "user", "content": "hi"}]}
+    pq.write_table(pa.Table.from_pylist([long_row, short_row, long_row]), tmp_path / "mixed.parquet")
+    cfg = {"max_prompt_length": 16, "filter_overlong_prompts": False, "truncation": "left"}
+    with caplog.at_level("WARNING"):
+        truncated = RLHFDataset(tmp_path / "mixed.parquet", tok, cfg)
+    assert dataset_metrics(truncated) == {"data/filtered_prompts": 0.0, "data/truncated_prompts": 2.0,
+                                          "data/prompts": 3.0}
+    assert "truncated 2 prompts" in caplog.text
+    filtered = RLHFDataset(tmp_path / "mixed.parquet", tok, {**cfg, "filter_overlong_prompts": True})
+    assert dataset_metrics(filtered)["data/filtered_prompts"] == 2.0
 
 
 def test_schema_errors_name_file_and_column(tmp_path, tok):

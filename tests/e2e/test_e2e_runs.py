@@ -8,7 +8,7 @@ import math
 import pytest
 
 from hybridrl.config.loader import load_config
-from hybridrl.trainer.ppo_trainer import run_ppo
+from hybridrl.trainer.launch import run_ppo
 
 pytestmark = pytest.mark.slow
 

@@ -40,7 +40,7 @@ def test_each_changed_key_gets_its_verdict():
                  "actor_rollout_ref.actor.optim.lr=3e-6", "data.seed=7", "trainer.logger=[console,file]",
                  "trainer.resume_mode=resume_path")
     assert verdicts(classify_changes(old, new)) == {
-        "actor_rollout_ref.model.path": "refused", "data.seed": "refused", "trainer.seed": "ignored",
+        "actor_rollout_ref.model.path": "refused", "data.seed": "refused", "trainer.seed": "takes effect",
         "trainer.total_training_steps": "takes effect", "actor_rollout_ref.actor.optim.lr": "takes effect",
         "trainer.logger": "takes effect"}  # resume_mode is how one resumes, never a change
 

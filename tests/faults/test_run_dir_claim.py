@@ -71,7 +71,7 @@ def test_check_writable_lists_every_failing_directory(tmp_path):
 
 def test_run_ppo_claims_the_directory_first_and_releases_it_on_any_exit(tmp_path):
     from hybridrl.config.loader import load_config
-    from hybridrl.trainer.ppo_trainer import run_ppo
+    from hybridrl.trainer.launch import run_ppo
 
     cfg = load_config(overrides=[f"trainer.default_local_dir={tmp_path}", "actor_rollout_ref.rollout.n=2",
                                  f"actor_rollout_ref.model.path={tmp_path / 'no_model'}"])

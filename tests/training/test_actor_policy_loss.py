@@ -1,0 +1,75 @@
+"""actor.policy_loss.loss_mode selects the policy loss from verl's registry inside the actor update."""
+
+import copy
+
+import pytest
+import torch
+import transformers
+from _training_tiny import make_ppo_batch, tiny_qwen2_config
+
+from hybridrl.algorithms import POLICY_LOSS_REGISTRY
+from hybridrl.config.loader import load_config
+from hybridrl.config.schema import POLICY_LOSS_MODES
+from hybridrl.config.validate import ConfigError
+from hybridrl.training import DataParallelPPOActor
+
+
+@pytest.fixture(scope="module")
+def base_model():
+    torch.manual_seed(0)
+    return transformers.AutoModelForCausalLM.from_config(tiny_qwen2_config(), dtype=torch.float32)
+
+
+def actor_cfg(loss_mode: str, **kw):
+    cfg = dict(ppo_mini_batch_size=4, ppo_micro_batch_size_per_gpu=4, ppo_epochs=1, clip_ratio=0.2,
+               loss_agg_mode="token-mean", entropy_coeff=0.0, use_kl_loss=False, grad_clip=1e9,
+               use_dynamic_bsz=False, policy_loss={"loss_mode": loss_mode})
+    cfg.update(kw)
+    return cfg
+
+
+def update_delta(model, cfg, data):
+    """Parameter change of one SGD(lr=1) update, i.e. minus the gradient; and the metrics."""
+    model = copy.deepcopy(model)
+    before = [p.detach().clone() for p in model.parameters()]
+    metrics = DataParallelPPOActor(cfg, model, torch.optim.SGD(model.parameters(), lr=1.0)).update_policy(data)
+    return torch.cat([(b - p.detach()).flatten() for b, p in zip(before, model.parameters())]), metrics
+
+
+def off_policy_batch():
+    """Old log-probs far from the tiny model's (~ -5.7): ratios well away from 1, where the losses differ."""
+    data = make_ppo_batch(batch=4, seed=5)
+    data.batch["old_log_probs"] = data.batch["old_log_probs"] - 0.3
+    return data
+
+
+def test_gspo_changes_the_update_and_vanilla_is_the_default(base_model):
+    data = off_policy_batch()
+    vanilla, m_vanilla = update_delta(base_model, actor_cfg("vanilla"), data)
+    default, _ = update_delta(base_model, {k: v for k, v in actor_cfg("vanilla").items() if k != "policy_loss"}, data)
+    gspo, m_gspo = update_delta(base_model, actor_cfg("gspo"), data)
+    assert vanilla.abs().max() > 0 and gspo.abs().max() > 0
+    torch.testing.assert_close(default, vanilla)
+    assert not torch.allclose(gspo, vanilla, rtol=1e-3, atol=1e-7)
+    assert m_gspo["actor/pg_clipfrac_lower"] == 0.0 and "actor/ppo_kl" in m_vanilla
+
+
+def test_gspo_accumulates_over_micro_batches_by_its_own_aggregation(base_model):
+    """gspo always averages over sequences: micro-batches of 1 must give the one-micro-batch gradient even when
+    loss_agg_mode (token-mean) would weight them by token counts."""
+    data = off_policy_batch()
+    one, _ = update_delta(base_model, actor_cfg("gspo", ppo_micro_batch_size_per_gpu=4), data)
+    four, _ = update_delta(base_model, actor_cfg("gspo", ppo_micro_batch_size_per_gpu=1), data)
+    torch.testing.assert_close(four, one, atol=1e-6, rtol=1e-4)
+
+
+def test_unknown_loss_mode_is_refused_at_config_validation():
+    with pytest.raises(ConfigError) as e:
+        load_config(overrides=["actor_rollout_ref.actor.policy_loss.loss_mode=ppo2"])
+    message = str(e.value)
+    assert "actor_rollout_ref.actor.policy_loss.loss_mode" in message and "'ppo2'" in message
+    assert all(mode in message for mode in POLICY_LOSS_MODES)
+
+
+def test_the_allowed_modes_are_the_registered_losses():
+    assert sorted(POLICY_LOSS_MODES) == sorted(POLICY_LOSS_REGISTRY)
