@@ -8,13 +8,17 @@ bundle: each takes 1/max_colocate_count of it, which lets a second role share th
 ActorRolloutRefWorker does; a role can also get its own pool).
 
 Choices: placement groups are created lazily and waited on with a timeout, so a pool asking for more
-than the cluster has fails with the numbers in the message instead of waiting forever. With
-``n_gpus_per_node`` equal to a node's GPU count, STRICT_PACK forces one placement group per machine.
+than the cluster has fails with the numbers in the message instead of waiting forever. Each placement group
+after the first excludes the machines the earlier ones took (a node-id label selector), so the pool's
+"nodes" are distinct machines even when one machine could hold two of them (a CPU pool, or
+``n_gpus_per_node`` below a machine's GPU count); without that, Ray's packing could put "node" 0 and 1 on one
+machine and rank 0's machine would host ranks the config meant for another.
 """
 
 from __future__ import annotations
 
 import os
+import time
 from typing import Any
 
 __all__ = ["RayResourcePool", "init_ray"]
@@ -57,6 +61,7 @@ class RayResourcePool:
         self.name_prefix = name_prefix
         self.placement_timeout_s = placement_timeout_s
         self._pgs: list | None = None
+        self.node_ids: list[str] = []  # Ray node id of each placement group, in node order
 
     @property
     def world_size(self) -> int:
@@ -79,21 +84,35 @@ class RayResourcePool:
         if self._pgs is not None:
             return self._pgs
         import ray
-        from ray.util.placement_group import placement_group, remove_placement_group
+        from ray.util.placement_group import placement_group, placement_group_table, remove_placement_group
 
-        pgs = [placement_group([self.bundle()] * n, strategy="STRICT_PACK", name=f"{self.name_prefix}_node{i}")
-               for i, n in enumerate(self.process_on_nodes)]
-        try:
-            ray.get([pg.ready() for pg in pgs], timeout=self.placement_timeout_s)
-        except ray.exceptions.GetTimeoutError:
-            for pg in pgs:
-                remove_placement_group(pg)
-            raise ValueError(f"RayResourcePool {self.name_prefix!r}: could not reserve {self.process_on_nodes} "
-                             f"bundles of {self.bundle()} (one placement group per node) within "
-                             f"{self.placement_timeout_s}s; the cluster has {ray.available_resources()} free of "
-                             f"{ray.cluster_resources()}. Check trainer.nnodes / trainer.n_gpus_per_node") from None
-        self._pgs = pgs
+        deadline = time.monotonic() + self.placement_timeout_s
+        pgs, nodes = [], []
+        for i, n in enumerate(self.process_on_nodes):
+            other_machine = [{"ray.io/node-id": f"!in({','.join(nodes)})"}] * n if nodes else None
+            pgs.append(placement_group([self.bundle()] * n, strategy="STRICT_PACK", name=f"{self.name_prefix}_node{i}",
+                                       bundle_label_selector=other_machine))
+            try:
+                ray.get(pgs[-1].ready(), timeout=max(deadline - time.monotonic(), 0.01))
+            except ray.exceptions.GetTimeoutError:
+                for pg in pgs:
+                    remove_placement_group(pg)
+                raise ValueError(self._unplaced(i)) from None
+            nodes.append(placement_group_table(pgs[-1])["bundles_to_node_id"][0])
+        self._pgs, self.node_ids = pgs, nodes
         return pgs
+
+    def _unplaced(self, node: int) -> str:
+        import ray
+
+        n = self.process_on_nodes[node]
+        where = (f"node {node} found no machine, other than those of nodes 0-{node - 1}, with {n} bundles free"
+                 if node else f"node 0 found no machine with {n} bundles free")
+        return (f"RayResourcePool {self.name_prefix!r}: could not reserve {self.process_on_nodes} bundles of "
+                f"{self.bundle()} (one placement group per node, each on its own machine) within "
+                f"{self.placement_timeout_s}s: {where}; the cluster has {sum(n['Alive'] for n in ray.nodes())} machines, "
+                f"{ray.available_resources()} free of {ray.cluster_resources()}. "
+                "Check trainer.nnodes / trainer.n_gpus_per_node")
 
     def placements(self) -> list[tuple[Any, int, int]]:
         """(placement group, bundle index, node rank) for each rank, in rank order."""

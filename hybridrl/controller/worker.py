@@ -1,8 +1,9 @@
 """Worker: the base class of every process a worker group drives (one Ray actor per GPU / CPU bundle).
 
 The group sets, before the user's ``__init__`` runs, the environment torch.distributed reads:
-RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT (a free port picked at run time
-on rank 0's node, never a fixed one). A ``Worker`` reads them into ``rank``, ``world_size``,
+RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR (rank 0's node) and HYBRIDRL_RDZV_KEY. There is
+no MASTER_PORT yet: ``init_distributed`` has rank 0 bind its store on a port the OS assigns and hands it to
+the others (rendezvous.py), then sets MASTER_PORT. A ``Worker`` reads the env into ``rank``, ``world_size``,
 ``local_rank`` (position on its node) and ``device_index``.
 
 Choices:
@@ -26,7 +27,7 @@ import socket
 
 __all__ = ["Worker", "init_distributed", "use_cuda", "find_free_port", "node_ip_address"]
 
-ENV_KEYS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+ENV_KEYS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT",
             "HYBRIDRL_USE_GPU")
 
 
@@ -68,13 +69,17 @@ def use_cuda() -> bool:
 
 
 def init_distributed(timeout_s: float = 1800.0, backend: str | None = None) -> str:
-    """Initialise the default process group from the env the group set (env:// rendezvous).
+    """Initialise the default process group from the env the group set: through the group's rendezvous
+    (HYBRIDRL_RDZV_KEY, race-free port), else env:// (MASTER_PORT set by torchrun or the caller).
 
     Returns the backend used. Idempotent when already initialised with the same world size."""
     import torch
     import torch.distributed as dist
 
-    missing = [k for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if k not in os.environ]
+    from hybridrl.controller.rendezvous import RDZV_KEY_ENV, rendezvous_store
+
+    port_source = RDZV_KEY_ENV if RDZV_KEY_ENV in os.environ else "MASTER_PORT"
+    missing = [k for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", port_source) if k not in os.environ]
     if missing:
         raise ValueError(f"init_distributed: environment variables {missing} are not set; start the "
                          "process through RayWorkerGroup (or torchrun) which sets them")
@@ -90,8 +95,13 @@ def init_distributed(timeout_s: float = 1800.0, backend: str | None = None) -> s
     backend = backend or ("nccl" if cuda else "gloo")
     if cuda and backend == "nccl":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-    dist.init_process_group(backend=backend, init_method="env://", rank=rank, world_size=world_size,
-                            timeout=datetime.timedelta(seconds=timeout_s))
+    timeout = datetime.timedelta(seconds=timeout_s)
+    if port_source == RDZV_KEY_ENV:
+        store = rendezvous_store(rank, world_size, timeout_s)
+        dist.init_process_group(backend=backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
+    else:
+        dist.init_process_group(backend=backend, init_method="env://", rank=rank, world_size=world_size,
+                                timeout=timeout)
     return backend
 
 
@@ -132,6 +142,13 @@ class Worker:
     def get_dispatch_info(self, mesh_name: str) -> tuple[int, int, bool] | None:
         self._read_env()
         return self._dispatch_info.get(mesh_name)
+
+    def placement_info(self) -> dict:
+        """Where this process runs: rank, node rank (its placement group), local rank and Ray node id."""
+        import ray
+
+        return {"rank": self.rank, "node_rank": int(os.environ.get("NODE_RANK", "0")), "local_rank": self.local_rank,
+                "node_id": ray.get_runtime_context().get_node_id()}
 
     def get_env(self) -> dict[str, str]:
         """The distributed env and visible devices of this process (for diagnostics and tests)."""

@@ -8,8 +8,9 @@ decorator) returns a ``WorkerGroupFuture``.
 Choices:
 - Rank env is handed to each actor's constructor (a thin subclass sets os.environ before the user's
   ``__init__``) instead of a per-actor Ray runtime_env, so actors reuse Ray's pooled worker processes.
-  MASTER_PORT is picked by a zero-CPU task pinned to rank 0's node, before any actor exists: a user
-  ``__init__`` that already calls ``init_distributed`` cannot deadlock the group's start-up.
+  MASTER_ADDR is rank 0's node; the port is bound by rank 0 itself inside ``init_distributed`` and handed to
+  the other ranks through Ray's key-value store (rendezvous.py), so no port is chosen before it is bound and
+  none can be taken in between. A user ``__init__`` that already calls ``init_distributed`` works the same.
 - Futures keep one ObjectRef per rank. When the next call splits the data the same way (same number of
   DP chunks, no padding), the chunks go as ObjectRefs straight to the next workers (Ray moves them
   worker to worker); otherwise the future is resolved on the driver and split again.
@@ -34,7 +35,7 @@ from collections.abc import Callable
 from typing import Any
 
 import ray
-from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from hybridrl.controller.dispatch import (
     ChunkLayout,
@@ -44,8 +45,9 @@ from hybridrl.controller.dispatch import (
     get_dispatch_spec,
     split_dataproto,
 )
+from hybridrl.controller.rendezvous import RDZV_KEY_ENV, forget_rendezvous
 from hybridrl.controller.resource_pool import RayResourcePool
-from hybridrl.controller.worker import Worker, find_free_port, node_ip_address
+from hybridrl.controller.worker import Worker
 from hybridrl.protocol import DataProto
 
 __all__ = ["RayClassWithInitArgs", "RayWorkerGroup", "WorkerGroupFuture", "WorkerError", "WorkerDiedError"]
@@ -90,11 +92,6 @@ def _actor_class(cls: type) -> type:
         cls.__init__(self, *args, **kwargs)
 
     return type(cls.__name__, (cls,), {"__init__": __init__, "__qualname__": cls.__qualname__})
-
-
-@ray.remote(num_cpus=0)
-def _master_addr_port() -> tuple[str, int]:
-    return node_ip_address(), find_free_port()
 
 
 class WorkerGroupFuture:
@@ -161,7 +158,8 @@ class RayWorkerGroup:
         self.padded_rows: dict[str, int] = {}  # method -> rows added by DP padding so far (computed, then dropped)
         placements = resource_pool.placements()
         self.world_size = len(placements)
-        self.master_addr, self.master_port = self._pick_master(*placements[0][:2])
+        self.master_addr = self._node_address(*placements[0][:2])
+        self.rendezvous_key = f"hybridrl_rdzv_{self.name_prefix}_{uuid.uuid4().hex}"
         actor_cls = ray.remote(_actor_class(cls))
         local_world = resource_pool.process_on_nodes
         self.workers = []
@@ -169,19 +167,21 @@ class RayWorkerGroup:
             env = {"RANK": str(rank), "WORLD_SIZE": str(self.world_size), "LOCAL_RANK": str(bundle),
                    "HYBRIDRL_LOCAL_RANK": str(bundle), "LOCAL_WORLD_SIZE": str(local_world[node]),
                    "NODE_RANK": str(node), "HYBRIDRL_USE_GPU": str(int(resource_pool.use_gpu)),
-                   "MASTER_ADDR": self.master_addr, "MASTER_PORT": str(self.master_port)}
+                   "MASTER_ADDR": self.master_addr, RDZV_KEY_ENV: self.rendezvous_key}
             options = {**resource_pool.actor_resources(), "name": f"{self.name_prefix}_rank{rank}",
                        "scheduling_strategy": PlacementGroupSchedulingStrategy(pg, bundle),
                        **ray_cls_with_init.ray_options}
             self.workers.append(actor_cls.options(**options).remote(env, *ray_cls_with_init.args,
                                                                      **ray_cls_with_init.kwargs))
         self._bind_methods(cls)
-        self._wait([w.get_env.remote() for w in self.workers], "__init__", None)
+        # the first answer also says that every constructor finished; `placement` records where each rank runs
+        self.placement = self._wait([w.placement_info.remote() for w in self.workers], "__init__", None)
 
-    def _pick_master(self, pg, bundle: int) -> tuple[str, int]:
+    @staticmethod
+    def _node_address(pg, bundle: int) -> str:
+        """The IP of the node holding `bundle` of `pg` (rank 0's: MASTER_ADDR)."""
         node_id = ray.util.placement_group_table(pg)["bundles_to_node_id"][bundle]
-        task = _master_addr_port.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False))
-        return ray.get(task.remote(), timeout=self.worker_timeout_s)
+        return next(n["NodeManagerAddress"] for n in ray.nodes() if n["NodeID"] == node_id)
 
     def _bind_methods(self, cls: type) -> None:
         for name in dir(cls):
@@ -204,6 +204,7 @@ class RayWorkerGroup:
                 ray.kill(w, no_restart=True)
             except Exception:  # already dead: nothing left to kill
                 pass
+        forget_rendezvous(self.rendezvous_key)
         self._alive = False
 
     # ---------------------------------------------------------------- dispatch

@@ -98,8 +98,7 @@ def test_ranks_and_distributed_env(wg):
     envs = wg.env()
     assert [e["RANK"] for e in envs] == ["0", "1"] and {e["WORLD_SIZE"] for e in envs} == {"2"}
     assert [e["local_rank"] for e in envs] == [0, 1]
-    assert len({(e["MASTER_ADDR"], e["MASTER_PORT"]) for e in envs}) == 1
-    assert 0 < int(envs[0]["MASTER_PORT"]) < 65536
+    assert len({e["MASTER_ADDR"] for e in envs}) == 1  # the port is bound at init_distributed (test_rendezvous.py)
 
 
 def test_all_to_all_and_rank_zero(wg):
