@@ -64,6 +64,8 @@ EXTRA_TYPES: dict[str, tuple[type, ...]] = {
 # as in verl; the semantic check then says which key is missing)
 NULLABLE: set[str] = {
     "data.val_files",
+    "reward_model.timeout_s",            # no time limit: scored in-process
+    "reward_model.max_error_fraction",   # never stop on reward errors
     "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu",
     "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu",
     "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu",

@@ -154,14 +154,16 @@ def check_semantics(cfg: DictConfig | dict) -> list[str]:
                 f"{ACTOR}.ppo_max_token_len_per_gpu", f"{ROLLOUT}.n", f"{ROLLOUT}.tensor_model_parallel_size",
                 f"{ROLLOUT}.block_size", f"{ROLLOUT}.max_num_seqs", f"{ROLLOUT}.max_num_batched_tokens",
                 f"{ROLLOUT}.val_kwargs.n", f"{ROLLOUT}.log_prob_max_token_len_per_gpu",
-                f"{REF}.log_prob_max_token_len_per_gpu", "critic.ulysses_sequence_parallel_size"]
+                f"{REF}.log_prob_max_token_len_per_gpu", "critic.ulysses_sequence_parallel_size",
+                f"{ACTOR}.optim.lr", "reward_model.error_window_steps"]
     positive_or_null = ["data.val_batch_size", "trainer.total_training_steps", f"{ACTOR}.ppo_micro_batch_size_per_gpu",
                         f"{ROLLOUT}.log_prob_micro_batch_size_per_gpu", f"{REF}.log_prob_micro_batch_size_per_gpu",
                         f"{ACTOR}.ppo_micro_batch_size", f"{ROLLOUT}.log_prob_micro_batch_size",
                         f"{REF}.log_prob_micro_batch_size"]
     adv = g("algorithm.adv_estimator")
     if adv == "gae":
-        positive += ["critic.ppo_mini_batch_size", "critic.ppo_epochs", "critic.ppo_max_token_len_per_gpu"]
+        positive += ["critic.ppo_mini_batch_size", "critic.ppo_epochs", "critic.ppo_max_token_len_per_gpu",
+                     "critic.optim.lr"]
         positive_or_null += ["critic.ppo_micro_batch_size_per_gpu", "critic.forward_micro_batch_size_per_gpu",
                              "critic.ppo_micro_batch_size"]
     for p in positive:
@@ -184,6 +186,11 @@ def check_semantics(cfg: DictConfig | dict) -> list[str]:
         errors.append(f"'{ROLLOUT}.top_p' must be in (0, 1], got {top_p}")
     if g(f"{ROLLOUT}.temperature") < 0:
         errors.append(f"'{ROLLOUT}.temperature' must be >= 0, got {g(f'{ROLLOUT}.temperature')}")
+    if g("reward_model.timeout_s") is not None and g("reward_model.timeout_s") <= 0:
+        errors.append(f"'reward_model.timeout_s' must be > 0 or null (no limit), got {g('reward_model.timeout_s')}")
+    max_err = g("reward_model.max_error_fraction")
+    if max_err is not None and not 0 < max_err <= 1:
+        errors.append(f"'reward_model.max_error_fraction' must be in (0, 1] or null (never stop), got {max_err}")
     if g("reward_model.enable"):
         errors.append("'reward_model.enable' = true: model-based rewards are not implemented; "
                       "use rule rewards or custom_reward_function.path")

@@ -6,10 +6,13 @@
 - The score goes on the last valid response token, zeros elsewhere. A scorer returning a dict contributes its
   "score"; all its keys (like verl, "score" included) land in `reward_extra_info`, one entry per sample (None where
   a sample had no such key).
-- A scorer that raises, returns a non-number, or overruns `timeout_s` gives 0 for that sample and is counted
-  (`reward/errors`, `reward/timeouts`); the run goes on. With a timeout the scorer runs in a worker process
-  that is replaced when it overruns (score_worker.py). In batch mode the deadline is timeout_s × batch size and
-  a failure zeroes (and counts) every sample of the batch. `timeout_s=None` scores in-process with no limit.
+- A scorer that raises, returns a non-number or a non-finite one (NaN, inf, -inf), or overruns `timeout_s` gives 0
+  for that sample and is counted (`reward/errors`, `reward/timeouts`); the run goes on (the trainer stops it when
+  too many samples fail: rewards/error_guard.py). A sample whose ground truth is missing (None or NaN) is not
+  scored: it gets 0 and counts as an error, and also in `reward/missing_ground_truths`. `reward/samples` is the
+  batch size. With a timeout the scorer runs in a worker process that is replaced when it overruns
+  (score_worker.py). In batch mode the deadline is timeout_s × batch size and a failure zeroes (and counts)
+  every sample of the batch. `timeout_s=None` scores in-process with no limit.
 - With the default scorer, a data_source it cannot score (unknown, or a code source needing a sandbox) fails
   the call with the reason (a config error, not a sample error).
 - An empty response (no valid token) is still scored (on ""); its score cannot sit on a valid token, so it is
@@ -31,6 +34,13 @@ __all__ = ["RewardManager", "default_compute_score_batch"]
 
 log = logging.getLogger(__name__)
 MODES = ("naive", "batch")
+
+
+MISSING_TRUTH = "no ground truth (reward_model.ground_truth is None or NaN in the data): not scored"
+
+
+def _missing(ground_truth) -> bool:
+    return ground_truth is None or (isinstance(ground_truth, float) and math.isnan(ground_truth))
 
 
 def default_compute_score_batch(data_sources, solution_strs, ground_truths, extra_infos):
@@ -65,6 +75,16 @@ class RewardManager:
         return self._worker.call(args, kwargs, budget_s)
 
     def _score_all(self, sources, texts, truths, extras) -> list[tuple[str, object]]:
+        """(status, value) per sample; samples without a ground truth are not sent to the scorer."""
+        results: list[tuple[str, object]] = [("error", MISSING_TRUTH)] * len(texts)
+        have = [i for i, gt in enumerate(truths) if not _missing(gt)]
+        if have:
+            pick = lambda xs: [xs[i] for i in have]  # noqa: E731
+            for i, r in zip(have, self._score_present(pick(sources), pick(texts), pick(truths), pick(extras))):
+                results[i] = r
+        return results
+
+    def _score_present(self, sources, texts, truths, extras) -> list[tuple[str, object]]:
         if self.mode == "naive":
             return [self._call((ds, s, gt, ei), None, self.timeout_s)
                     for ds, s, gt, ei in zip(sources, texts, truths, extras)]
@@ -80,8 +100,8 @@ class RewardManager:
         extra = dict(value) if isinstance(value, dict) else {}
         raw = value["score"] if isinstance(value, dict) else value
         score = float(raw)  # TypeError / KeyError / ValueError are the caller's "error"
-        if math.isnan(score):
-            raise ValueError("score is NaN")
+        if not math.isfinite(score):  # one inf turns every advantage of its group (or batch) into NaN
+            raise ValueError(f"score is {score} (not finite)")
         return score, extra
 
     # ------------------------------------------------------------------ entry point
@@ -99,7 +119,8 @@ class RewardManager:
             problem = unscorable_sources_error(sources, self.reward_fn_key)
             if problem:
                 raise ValueError(problem)
-        truths = [rm["ground_truth"] for rm in data.non_tensor_batch["reward_model"]]
+        truths = [rm.get("ground_truth") if isinstance(rm, dict) else None
+                  for rm in data.non_tensor_batch["reward_model"]]
         extras = list(data.non_tensor_batch["extra_info"]) if "extra_info" in data.non_tensor_batch else [None] * bsz
         valid = mask.bool().cpu()
         texts = [self.tokenizer.decode(responses[i].cpu()[valid[i]].tolist(), skip_special_tokens=True)
@@ -107,6 +128,7 @@ class RewardManager:
 
         reward = torch.zeros(bsz, resp_len, dtype=torch.float32)
         errors = timeouts = empty = 0
+        missing = sum(map(_missing, truths))
         extra_info: dict[str, list] = {}
         for i, (status, value) in enumerate(self._score_all(sources, texts, truths, extras)):
             score, extra = 0.0, {}
@@ -132,5 +154,6 @@ class RewardManager:
             if i < self.num_examine:
                 log.info("[reward] data_source=%s score=%s response=%r ground_truth=%r", sources[i], score,
                          texts[i][-500:], truths[i])
-        metrics = {"reward/errors": errors, "reward/timeouts": timeouts, "reward/empty_responses": empty}
+        metrics = {"reward/errors": errors, "reward/timeouts": timeouts, "reward/empty_responses": empty,
+                   "reward/missing_ground_truths": missing, "reward/samples": bsz}
         return {"reward_tensor": reward.to(responses.device), "reward_extra_info": extra_info, "metrics": metrics}

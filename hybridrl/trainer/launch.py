@@ -6,6 +6,7 @@ Everything a user can get wrong (files, reward function, batch arithmetic) is ch
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from pathlib import Path
@@ -28,13 +29,46 @@ def _files(value, key: str) -> list[str]:
     return paths
 
 
+def check_model_dir(path: str, key: str) -> str:
+    """`path` expanded, once it is a directory holding config.json; else an error naming the key, the directory and
+    what is missing (a half-copied or empty model directory otherwise fails later in the tokenizer or a worker)."""
+    path = os.path.expanduser(str(path))
+    where = Path(path)
+    if not where.exists():
+        raise FileNotFoundError(f"{key}={path!r} does not exist (make a tiny model with `hybridrl assets tiny-model DIR`)")
+    if not where.is_dir():
+        raise NotADirectoryError(f"{key}={path!r} is a file; it must be a HF model directory (config.json, weights, "
+                                 "tokenizer)")
+    if not (where / "config.json").is_file():
+        found = sorted(p.name for p in where.iterdir())[:10]
+        raise FileNotFoundError(f"{key}={path!r}: the model directory has no config.json (it holds "
+                                f"{found or 'nothing'}); a HF model directory needs config.json, weights and tokenizer")
+    return path
+
+
+def load_dataset(files, key: str, tokenizer, data_config):
+    """An RLHFDataset of the files named by `key`, refused when no row is left (an empty file, or every prompt
+    filtered as overlong), naming the files."""
+    from hybridrl.data.rl_dataset import RLHFDataset
+
+    paths = _files(files, key)
+    dataset = RLHFDataset(paths, tokenizer, data_config)
+    if len(dataset) == 0:
+        filtered = getattr(dataset, "num_filtered", 0)
+        why = (f"all {filtered} prompts are longer than data.max_prompt_length={data_config.max_prompt_length}"
+               if filtered else "the files hold no rows")
+        raise ValueError(f"{key}: {paths} give no samples ({why}); every dataset needs at least one row")
+    return dataset
+
+
 def build_reward_fns(config: DictConfig, tokenizer):
     from hybridrl.rewards import RewardManager, default_compute_score, load_custom_reward_function
 
     custom = load_custom_reward_function(config.custom_reward_function.path, config.custom_reward_function.name)
     score = custom or default_compute_score
     rm = config.reward_model
-    kwargs = dict(compute_score=score, reward_fn_key=config.data.reward_fn_key, timeout_s=float(rm.timeout_s),
+    timeout_s = None if rm.timeout_s is None else float(rm.timeout_s)  # null: in-process, no time limit
+    kwargs = dict(compute_score=score, reward_fn_key=config.data.reward_fn_key, timeout_s=timeout_s,
                   mode=rm.reward_manager)
     return RewardManager(tokenizer, **kwargs), RewardManager(tokenizer, **kwargs)
 
@@ -86,15 +120,17 @@ def run_ppo(config: DictConfig) -> dict:
     """The whole run holds the lock on trainer.default_local_dir, taken (with a write check of the checkpoint and
     log directories) before anything else starts: a second run on the directory stops here, naming the holder."""
     run_dir = Path(os.path.expanduser(config.trainer.default_local_dir))
-    with claim_run_dir(run_dir, run_log_dirs(_loggers(config), run_dir / "logs")):
-        return _run_ppo_claimed(config)
+    with claim_run_dir(run_dir, run_log_dirs(_loggers(config), run_dir / "logs")), contextlib.ExitStack() as cleanup:
+        return _run_ppo_claimed(config, cleanup)
 
 
-def _run_ppo_claimed(config: DictConfig) -> dict:
+def _run_ppo_claimed(config: DictConfig, cleanup: contextlib.ExitStack) -> dict:
+    """`cleanup` shuts the worker groups down and releases the pool however the run ends: a failed run must
+    not leave its workers and placement groups behind in a Ray that a later run reuses."""
     from transformers import AutoTokenizer
 
     from hybridrl.controller import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup, init_ray
-    from hybridrl.data.rl_dataset import RLHFDataset, StatefulDataLoader
+    from hybridrl.data.rl_dataset import StatefulDataLoader
     from hybridrl.trainer.checkpoint_manager import CheckpointManager
     from hybridrl.trainer.memory_timeline import MemoryTimeline
     from hybridrl.trainer.tracking import Tracking
@@ -104,15 +140,14 @@ def _run_ppo_claimed(config: DictConfig) -> dict:
     t = config.trainer
     seed_everything(int(t.seed))  # the driver's own draws (e.g. group uids); workers seed themselves at init
     import_external_lib(config.actor_rollout_ref.model.external_lib)  # before any HF config or model is read
-    model_path = os.path.expanduser(config.actor_rollout_ref.model.path)
-    if not Path(model_path).exists():
-        raise FileNotFoundError(f"actor_rollout_ref.model.path={model_path!r} does not exist "
-                                "(make a tiny one with `hybridrl assets tiny-model DIR`)")
+    model_path = check_model_dir(config.actor_rollout_ref.model.path, "actor_rollout_ref.model.path")
+    if need_critic(config):
+        check_model_dir(config.critic.model.path, "critic.model.path")
     tokenizer = AutoTokenizer.from_pretrained(os.path.expanduser(config.data.tokenizer or model_path))
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
-    train_set = RLHFDataset(_files(config.data.train_files, "data.train_files"), tokenizer, config.data)
-    val_set = RLHFDataset(_files(config.data.val_files, "data.val_files"), tokenizer, config.data) if config.data.val_files else None
+    train_set = load_dataset(config.data.train_files, "data.train_files", tokenizer, config.data)
+    val_set = load_dataset(config.data.val_files, "data.val_files", tokenizer, config.data) if config.data.val_files else None
     loader = StatefulDataLoader(train_set, batch_size=int(config.data.train_batch_size), shuffle=bool(config.data.shuffle),
                                 seed=int(config.data.seed), drop_last=True)
     if len(loader) == 0:
@@ -135,15 +170,18 @@ def _run_ppo_claimed(config: DictConfig) -> dict:
     print(plan, flush=True)
     pool = RayResourcePool([int(t.n_gpus_per_node)] * int(t.nnodes), use_gpu=use_gpu,
                            max_colocate_count=2 if with_critic else 1)
+    cleanup.callback(pool.release)  # callbacks run last-in first-out: the groups first, then their pool
     timeout = float(t.worker_timeout_s)
     role = "actor_rollout_ref" if need_reference(config) else "actor_rollout"
     actor_wg = RayWorkerGroup(pool, RayClassWithInitArgs(ActorRolloutRefWorker, config, plan, role=role),
                               name_prefix="actor_rollout", worker_timeout_s=timeout)
+    cleanup.callback(actor_wg.shutdown)
     init_info = actor_wg.init_model()
     critic_wg = None
     if with_critic:
         critic_wg = RayWorkerGroup(pool, RayClassWithInitArgs(CriticWorker, config, plan), name_prefix="critic",
                                    worker_timeout_s=timeout)
+        cleanup.callback(critic_wg.shutdown)
         critic_wg.init_model()
 
     run_dir = Path(os.path.expanduser(t.default_local_dir))
@@ -166,13 +204,11 @@ def _run_ppo_claimed(config: DictConfig) -> dict:
         plot = run_dir / "memory_timeline.png"
         timeline.to_json(str(run_dir / "memory_timeline.json"))
         timeline.plot(str(plot), title=f"{t.project_name}/{t.experiment_name}: GPU memory by phase")
-    actor_wg.shutdown()
-    if critic_wg is not None:
-        critic_wg.shutdown()
-    pool.release()
     summary = {"history": history, "wall_s": time.time() - t0, "run_dir": str(run_dir), "log_dir": str(log_dir),
                "memory_plot": str(plot) if plot else None, "filtered_prompts": train_set.num_filtered,
-               "truncated_prompts": train_set.num_truncated, "init": init_info}
+               "truncated_prompts": train_set.num_truncated, "init": init_info,
+               "placement": {"actor_rollout": actor_wg.placement,
+                             "critic": critic_wg.placement if critic_wg is not None else None}}
     where = f"memory plot: {plot}" if plot else "memory plot: none (no GPU memory measured on CPU)"
     print(f"[hybridrl] done in {summary['wall_s']:.1f}s — logs: {log_dir}  {where}  checkpoints: {run_dir}")
     return summary

@@ -21,6 +21,7 @@ from omegaconf import DictConfig
 from hybridrl.algorithms import agg_loss, apply_kl_penalty, compute_advantage, get_kl_controller
 from hybridrl.data.rl_dataset import collate_fn
 from hybridrl.protocol import DataProto
+from hybridrl.rewards.error_guard import RewardErrorGuard
 from hybridrl.seeding import shuffle_seed, step_sampling_seed, validation_sampling_seed
 from hybridrl.trainer.metrics import (
     compute_data_metrics,
@@ -110,6 +111,8 @@ class RayPPOTrainer:
         self.global_steps = 0
         self.total_training_steps = self._total_steps()
         self.history: list[dict] = []
+        rm = config.reward_model
+        self.reward_guard = RewardErrorGuard(rm.max_error_fraction, int(rm.error_window_steps))
 
     def _total_steps(self) -> int:
         t = self.config.trainer
@@ -129,6 +132,7 @@ class RayPPOTrainer:
         n = int(cfg.actor_rollout_ref.rollout.val_kwargs.n)
         scores, sources, uids, inputs, outputs = [], [], [], [], []
         extra: dict[str, list] = {}  # numeric extra info a scorer returned (e.g. {"score", "len"}), as verl reports it
+        failed = {"errors": 0, "timeouts": 0, "missing_ground_truths": 0}  # scored 0: reported, never hidden
         for start in range(0, len(val), bs):
             batch = collate_fn([val[i] for i in range(start, min(len(val), start + bs))])
             assign_uids(batch)
@@ -140,6 +144,8 @@ class RayPPOTrainer:
             batch = attach_rollout(batch, out, n)
             result = self.val_reward_fn(batch)
             scores.extend(result["reward_tensor"].sum(-1).tolist())
+            for key in failed:
+                failed[key] += int(result.get("metrics", {}).get(f"reward/{key}", 0))
             for key, values in result.get("reward_extra_info", {}).items():
                 extra.setdefault(key, []).extend(values)
             sources.extend(batch.non_tensor_batch.get("data_source", np.array(["unknown"] * len(batch))).tolist())
@@ -151,6 +157,7 @@ class RayPPOTrainer:
             if key not in infos and len(values) == len(scores) and all(isinstance(v, (int, float)) for v in values):
                 infos[key] = values
         metrics = flatten_validation_metrics(process_validation_metrics(sources, uids, infos))
+        metrics.update({f"val-aux/reward/{key}": float(v) for key, v in failed.items()})
         k = int(cfg.trainer.log_val_generations)
         if k > 0:
             self.tracker.log_generations(list(zip(inputs[:k], outputs[:k], scores[:k])), self.global_steps)
@@ -230,6 +237,8 @@ class RayPPOTrainer:
                 result = self.reward_fn(batch)
                 batch.batch["token_level_scores"] = result["reward_tensor"]
                 metrics.update(result.get("metrics", {}))
+                # failed samples were scored 0; past the configured share the run stops before any update uses them
+                metrics["reward/failed_fraction"] = self.reward_guard.check(self.global_steps, metrics)
             if self.plan is None or self.plan.old_log_prob_pass:  # else the update's own log-probs (plan)
                 with marked_timer("old_log_prob", timing):
                     old = self.actor_rollout_wg.compute_log_prob(batch)

@@ -85,7 +85,8 @@ def test_manager_places_default_scores_on_last_valid_token(tok):
     assert reward[0, last[0]] == 1.0 and reward[0].sum() == 1.0
     assert reward[1].abs().sum() == 0 and reward[3].abs().sum() == 0
     assert reward[2, last[2]] == 0.0  # empty text (eos only) still scored, on its one valid token
-    assert out["metrics"] == {"reward/errors": 0, "reward/timeouts": 0, "reward/empty_responses": 0}
+    assert out["metrics"] == {"reward/errors": 0, "reward/timeouts": 0, "reward/empty_responses": 0,
+                              "reward/missing_ground_truths": 0, "reward/samples": 4}
 
 
 def test_manager_dict_scores_errors_and_timeouts_in_worker(tok, scorer_file):

@@ -1,0 +1,46 @@
+"""Settings that used to pass `config check` and fail later (or were refused although documented): each is now
+decided at load time, naming the key, the value and the rule."""
+
+import pytest
+
+from hybridrl import cli
+from hybridrl.config import ConfigError, load_config
+
+SEED = "examples/seed_6gpu.yaml"
+A = "actor_rollout_ref.actor"
+
+
+@pytest.mark.parametrize("override, key", [
+    (f"{A}.optim.lr=-1e-05", f"{A}.optim.lr"),
+    (f"{A}.optim.lr=0", f"{A}.optim.lr"),
+    ("critic.optim.lr=-0.001", "critic.optim.lr"),
+])
+def test_config_check_refuses_a_learning_rate_that_is_not_positive(capsys, override, key):
+    extra = ["algorithm.adv_estimator=gae"] if key.startswith("critic") else []
+    assert cli.main(["config", "check", SEED, override, *extra]) == 1
+    err = capsys.readouterr().err
+    assert f"'{key}' must be > 0, got {override.split('=')[1]}" in err, err
+
+
+@pytest.mark.parametrize("override, key, rule", [
+    ("reward_model.timeout_s=0", "reward_model.timeout_s", "> 0 or null"),
+    ("reward_model.max_error_fraction=0", "reward_model.max_error_fraction", "(0, 1] or null"),
+    ("reward_model.max_error_fraction=1.5", "reward_model.max_error_fraction", "(0, 1] or null"),
+    ("reward_model.error_window_steps=0", "reward_model.error_window_steps", "> 0"),
+])
+def test_reward_limits_are_checked_at_load(override, key, rule):
+    with pytest.raises(ConfigError) as e:
+        load_config(overrides=[override])
+    assert f"'{key}'" in str(e.value) and rule in str(e.value) and override.split("=")[1] in str(e.value)
+
+
+def test_null_timeout_means_no_time_limit(tiny_model_dir):
+    from transformers import AutoTokenizer
+
+    from hybridrl.trainer.launch import build_reward_fns
+
+    cfg = load_config(overrides=["reward_model.timeout_s=null", "reward_model.max_error_fraction=null"])
+    assert cfg.reward_model.timeout_s is None and cfg.reward_model.max_error_fraction is None
+    train_fn, val_fn = build_reward_fns(cfg, AutoTokenizer.from_pretrained(tiny_model_dir))
+    assert train_fn.timeout_s is None and train_fn._worker is None  # scored in-process, no deadline
+    assert val_fn.timeout_s is None and val_fn._worker is None

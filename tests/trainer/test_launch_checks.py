@@ -1,0 +1,65 @@
+"""Inputs that launch.py refuses before Ray or any worker starts: an empty (or config-less) model directory and a
+data file without rows, each named in the error."""
+
+import pyarrow.parquet as pq
+import pytest
+
+from hybridrl.config.loader import load_config
+from hybridrl.trainer.launch import run_ppo
+
+
+@pytest.fixture(scope="module")
+def arith_files(tmp_path_factory):
+    from hybridrl.data.tasks import make_dataset
+
+    out = tmp_path_factory.mktemp("arith")
+    make_dataset("arith", out, n_train=8, n_test=4, seed=0, digits=1, operands=2, ops="+")
+    empty = out / "empty.parquet"
+    pq.write_table(pq.read_table(out / "test.parquet").slice(0, 0), empty)  # the schema, no rows
+    return out
+
+
+@pytest.fixture
+def no_ray(monkeypatch):
+    """Fails the test if the run gets as far as starting (or joining) Ray."""
+    def refuse(*args, **kwargs):
+        raise AssertionError("Ray was started before the bad input was refused")
+
+    monkeypatch.setattr("hybridrl.controller.init_ray", refuse)
+
+
+def config(tmp_path, model_dir, arith_files, *extra):
+    return load_config(overrides=[
+        f"actor_rollout_ref.model.path={model_dir}", f"data.train_files={arith_files / 'train.parquet'}",
+        f"data.val_files={arith_files / 'test.parquet'}", "data.train_batch_size=4", "trainer.n_gpus_per_node=1",
+        "actor_rollout_ref.rollout.tensor_model_parallel_size=1", "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+        "trainer.device=cpu", f"trainer.default_local_dir={tmp_path / 'run'}", *extra])
+
+
+@pytest.mark.parametrize("contents", [[], ["model.safetensors", "tokenizer.json"]], ids=["empty", "no_config_json"])
+def test_model_directory_without_config_json_is_named(tmp_path, arith_files, no_ray, contents):
+    model = tmp_path / "model"
+    model.mkdir()
+    for name in contents:
+        (model / name).write_text("")
+    with pytest.raises(FileNotFoundError) as e:
+        run_ppo(config(tmp_path, model, arith_files))
+    msg = str(e.value)
+    assert f"actor_rollout_ref.model.path='{model}'" in msg and "no config.json" in msg, msg
+    assert all(name in msg for name in contents), msg
+
+
+def test_critic_model_directory_is_checked_too(tmp_path, tiny_model_dir, arith_files, no_ray):
+    (tmp_path / "critic").mkdir()
+    with pytest.raises(FileNotFoundError, match=r"critic.model.path=.*no config.json"):
+        run_ppo(config(tmp_path, tiny_model_dir, arith_files, "algorithm.adv_estimator=gae",
+                       f"critic.model.path={tmp_path / 'critic'}"))
+
+
+@pytest.mark.parametrize("key", ["data.val_files", "data.train_files"])
+def test_data_file_without_rows_is_named(tmp_path, tiny_model_dir, arith_files, no_ray, key):
+    empty = arith_files / "empty.parquet"
+    with pytest.raises(ValueError) as e:
+        run_ppo(config(tmp_path, tiny_model_dir, arith_files, f"{key}={empty}"))
+    msg = str(e.value)
+    assert msg.startswith(f"{key}:") and str(empty) in msg and "no rows" in msg, msg
