@@ -1,10 +1,12 @@
-"""Replays the run-directory and checkpoint faults a user meets and prints what the user gets, one row each.
+"""Replays the faults a user meets (run directory and checkpoints; rewards; bad inputs) and prints what the user
+gets, one row each.
 
     python tests/faults/fault_table.py        # prints the table; exit status 1 if any case misbehaves
 
-Each case damages a run the way a disk, a copy or a second user would, goes through the real code path (the
-driver's save/resume in RayPPOTrainer, the checkpoint files of the tests' tiny Qwen2, the run-directory claim of
-launch.py), checks the behaviour and returns the outcome. No Ray: a local stand-in replaces the worker group, so
+Each case damages a run the way a disk, a copy or a second user would (or feeds it what a bad scorer, data file
+or setting gives), goes through the real code path (the driver's save/resume in RayPPOTrainer, the checkpoint
+files of the tests' tiny Qwen2, the run-directory claim and input checks of launch.py, the reward manager and
+the trainer's reward-error guard, config validation), checks the behaviour and returns the outcome. No Ray: a local stand-in replaces the worker group, so
 the whole table runs in seconds (tests/faults/test_fault_table.py runs it in CI).
 """
 
@@ -155,9 +157,115 @@ def case_changed_model_on_resume(tmp: Path) -> str:
     return "refused before any weights load, naming actor_rollout_ref.model.path with both values"
 
 
+class _CharTokenizer:
+    """What the reward manager needs of a tokenizer (decode), and a pad id for a dataset."""
+
+    pad_token_id = eos_token_id = 0
+
+    def decode(self, ids, skip_special_tokens=True) -> str:
+        return "".join(chr(ord("a") + i % 26) for i in ids)
+
+
+def _scored(truths: list, scores: list[float]) -> tuple[dict, int]:
+    """The reward manager's output for one response per truth; the scorer returns `scores` in order and counts
+    its calls (in-process: timeout_s=None)."""
+    import torch
+
+    from hybridrl.protocol import DataProto
+    from hybridrl.rewards import RewardManager
+
+    calls = []
+
+    def scorer(data_source, solution_str, ground_truth, extra_info=None):
+        calls.append(ground_truth)
+        return scores[len(calls) - 1]
+
+    n = len(truths)
+    batch = DataProto.from_dict({"responses": torch.ones(n, 4, dtype=torch.long),
+                                 "response_mask": torch.ones(n, 4, dtype=torch.long)},
+                                {"data_source": ["arith"] * n, "reward_model": [{"ground_truth": t} for t in truths]})
+    with captured_logs("hybridrl.rewards.reward_manager"):
+        out = RewardManager(_CharTokenizer(), compute_score=scorer, timeout_s=None)(batch)
+    return out, len(calls)
+
+
+def case_non_finite_reward(tmp: Path) -> str:
+    from hybridrl.rewards.error_guard import RewardErrorLimitError
+
+    out, _ = _scored(["1"] * 4, [float("inf"), float("-inf"), float("nan"), 1.0])
+    rewards, m = out["reward_tensor"].sum(-1).tolist(), out["metrics"]
+    assert rewards == [0.0, 0.0, 0.0, 1.0] and m["reward/errors"] == 3, (rewards, m)
+    trainer = make_trainer(tmp / "run")
+    trainer.reward_guard.check(1, m)  # 3 of 4 failed: below the default limit (all of a step), the run goes on
+    all_bad, _ = _scored(["1"] * 4, [float("inf")] * 4)
+    try:
+        trainer.reward_guard.check(2, all_bad["metrics"])
+    except RewardErrorLimitError as e:
+        msg = str(e)
+    else:
+        raise AssertionError("a step whose every reward was inf did not stop the run")
+    return ("inf/-inf/NaN scored 0 and counted (reward/errors=3 of 4); a step where all fail stops the run: "
+            + msg.split(", which")[0])
+
+
+def case_missing_ground_truth(tmp: Path) -> str:
+    out, calls = _scored(["1", None, "2"], [1.0, 1.0])
+    m = out["metrics"]
+    assert out["reward_tensor"].sum(-1).tolist() == [1.0, 0.0, 1.0] and calls == 2, (out["reward_tensor"], calls)
+    assert m["reward/errors"] == 1 and m["reward/missing_ground_truths"] == 1, m
+    return "not scored: 0 and counted (reward/errors=1, reward/missing_ground_truths=1); the scorer never sees None"
+
+
+def case_empty_val_file(tmp: Path) -> str:
+    import pyarrow.parquet as pq
+
+    from hybridrl.config.loader import load_config
+    from hybridrl.data.tasks import make_dataset
+    from hybridrl.trainer.launch import load_dataset
+
+    make_dataset("arith", tmp, n_train=2, n_test=2, seed=0, digits=1, operands=2, ops="+")
+    empty = tmp / "empty.parquet"
+    pq.write_table(pq.read_table(tmp / "test.parquet").slice(0, 0), empty)
+    try:
+        load_dataset(str(empty), "data.val_files", _CharTokenizer(), load_config().data)
+    except ValueError as e:
+        msg = str(e)
+    else:
+        raise AssertionError("an empty validation file was accepted")
+    assert str(empty) in msg and "data.val_files" in msg, msg
+    return "refused before any worker starts: " + msg.replace(str(tmp), "…")
+
+
+def case_negative_lr(tmp: Path) -> str:
+    from hybridrl.config import ConfigError, load_config
+
+    try:
+        load_config(overrides=["actor_rollout_ref.actor.optim.lr=-1e-05"])
+    except ConfigError as e:
+        msg = str(e)
+    else:
+        raise AssertionError("a negative learning rate was accepted")
+    assert "'actor_rollout_ref.actor.optim.lr' must be > 0, got -1e-05" in msg, msg
+    return "refused at load (and by `hybridrl config check`): " + msg.split("\n  - ")[1]
+
+
+def case_empty_model_dir(tmp: Path) -> str:
+    from hybridrl.trainer.launch import check_model_dir
+
+    (tmp / "model").mkdir()
+    try:
+        check_model_dir(tmp / "model", "actor_rollout_ref.model.path")
+    except FileNotFoundError as e:
+        msg = str(e)
+    else:
+        raise AssertionError("an empty model directory was accepted")
+    return "refused before any worker starts: " + msg.replace(str(tmp), "…").split(";")[0]
+
+
 CASES = [case_corrupt_shard, case_truncated_shard, case_garbage_shard, case_second_run_same_dir,
          case_lock_left_by_crashed_run, case_read_only_checkpoint_root, case_changed_lr_on_resume,
-         case_changed_model_on_resume]
+         case_changed_model_on_resume, case_non_finite_reward, case_missing_ground_truth, case_empty_val_file,
+         case_negative_lr, case_empty_model_dir]
 
 
 def run_case(case: Callable[[Path], str]) -> tuple[str, str, bool]:
