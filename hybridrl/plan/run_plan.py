@@ -52,13 +52,22 @@ class RunPlan:
     log_prob_unshard_once: bool
     ref_log_prob_unshard_once: bool
     critic_forward_unshard_once: bool
-    kv_blocks: int                      # per engine (one TP rank): the step's need; capped at wake on GPUs
+    kv_blocks: int                      # per engine (one TP rank): the largest call's need; capped at wake on GPUs
     kv_blocks_unshared: int             # the same batch without prompt sharing
     engine_max_num_seqs: int
     reshard_strategy: str
     old_log_prob_pass: bool             # false: the update's own detached log-probs are the old ones (on-policy)
+    hybrid: bool                        # scheme B (engine sleeps between rollouts) or A (resident engine)
+    kv_rule: tuple = ()                 # (prompt_len, response_len, block_size, prefix_sharing) for kv_blocks_for
     predicted: dict = field(default_factory=dict)   # phase -> PhaseMemory
     choices: tuple = ()                 # how each automatic value was chosen
+
+    def kv_blocks_for(self, prompts: int, n: int) -> int:
+        """KV blocks one generate call of `prompts` x n needs on this engine (a hybrid engine allocates its KV per
+        call, so a validation batch larger than the training one does not inflate every training step)."""
+        prompt_len, response_len, block_size, sharing = self.kv_rule
+        need, _ = kv_need(prompts, n, prompt_len, response_len, block_size, sharing, self.engine_max_num_seqs)
+        return max(1, min(need, self.kv_blocks))
 
     def predicted_peak_gb(self) -> dict[str, float]:
         return {f"plan/predicted_peak_gb/{k}": v.total / GiB for k, v in self.predicted.items()}
@@ -163,9 +172,12 @@ def make_plan(config: DictConfig | dict, hf_config, device: DeviceSpec, val_prom
     kv, kv_unshared = kv_need(layout.rollout_prompts_per_dp, layout.n, P, R, bs, sharing, engine_seqs)
     val_kv, val_unshared = kv_need(val_per_dp, val_n, P, R, bs, sharing, engine_seqs)
     kv, kv_unshared = max(kv, val_kv), max(kv_unshared, val_unshared)
+    # a hybrid engine allocates per call (the training step's need); a resident one holds the largest call's
+    train_kv = kv_need(layout.rollout_prompts_per_dp, layout.n, P, R, bs, sharing, engine_seqs)[0]
+    step_kv = train_kv if res.hybrid else kv
     kv_bytes = kv * mm.kv_block_bytes(bs)
     prefill = min(g(f"{rl}.max_num_batched_tokens"), engine_seqs * S)
-    predicted = {"gen": mm.gen(kv, bs, engine_seqs, prefill)}
+    predicted = {"gen": mm.gen(step_kv, bs, min(engine_seqs, layout.rollout_samples_per_dp), prefill)}
 
     def unshard(key: str, model: ModelShape) -> bool:  # 'auto': the bf16 model is at most 25% of the GPU
         v = g(key)
@@ -251,6 +263,7 @@ def make_plan(config: DictConfig | dict, hf_config, device: DeviceSpec, val_prom
                    critic_forward_unshard_once=critic_once, kv_blocks=kv, kv_blocks_unshared=kv_unshared,
                    engine_max_num_seqs=engine_seqs,
                    reshard_strategy=os.environ.get("HYBRIDRL_RESHARD", "slice"), old_log_prob_pass=old_pass,
+                   hybrid=res.hybrid, kv_rule=(P, R, bs, sharing),
                    predicted=predicted, choices=tuple(choices))
 
 

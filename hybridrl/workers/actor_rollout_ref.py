@@ -28,7 +28,7 @@ from hybridrl.protocol import DataProto
 from hybridrl.workers.common import (
     build_fsdp_model,
     build_sp_group,
-    normalize_actor_batch_sizes,
+    per_rank_section,
     pick_device,
     prepare_process,
     rollout_dtype,
@@ -89,7 +89,7 @@ class ActorRolloutRefWorker(Worker):
         packed = bool(cfg.model.use_remove_padding)
 
         if self._has_actor:
-            actor_cfg = normalize_actor_batch_sizes(cfg, world, self.plan.actor_micro)
+            actor_cfg = per_rank_section(cfg.actor, self.plan.layout.ppo_mini_batch_per_gpu, self.plan.actor_micro)
             self.actor_module, self.optimizer, self.scheduler = build_fsdp_model(
                 cfg.model, cfg.actor.fsdp_config, cfg.actor.optim, self.device_mesh, self.compute_device, trainable=True)
             from hybridrl.training.actor import DataParallelPPOActor
@@ -105,7 +105,7 @@ class ActorRolloutRefWorker(Worker):
                                                      self.compute_device, trainable=False)
             from hybridrl.training.actor import DataParallelPPOActor
 
-            self.ref = DataParallelPPOActor(normalize_actor_batch_sizes(cfg, world, None), self.ref_module, None, None,
+            self.ref = DataParallelPPOActor(cfg.actor, self.ref_module, None, None,
                                             use_remove_padding=packed, sp_group=self.sp_group)
             self._ref_offload = bool(cfg.ref.fsdp_config.param_offload)
             if self._ref_offload:
@@ -139,7 +139,7 @@ class ActorRolloutRefWorker(Worker):
             max_num_seqs=self.plan.engine_max_num_seqs)
         self.hybrid = HybridEngine(
             self.actor_module, self.optimizer, self.engine, device=self.compute_device, dtype=rollout_dtype(rcfg, self.compute_device),
-            hybrid=bool(cfg.hybrid_engine) and bool(rcfg.free_cache_engine),
+            hybrid=self.plan.hybrid,
             param_offload=bool(cfg.actor.fsdp_config.param_offload),
             optimizer_offload=bool(cfg.actor.fsdp_config.optimizer_offload),
             reshard_strategy=self.plan.reshard_strategy)
@@ -151,6 +151,8 @@ class ActorRolloutRefWorker(Worker):
 
         rcfg = self.config.actor_rollout_ref.rollout
         params = sampling_params_from(rcfg, prompts.meta_info, dp_rank=self.rollout_coords.dp_rank)
+        if self.plan.hybrid and hasattr(self.engine, "num_kv_blocks"):  # KV for this call's batch (run plan)
+            self.engine.num_kv_blocks = self.plan.kv_blocks_for(len(prompts), params.n)
         metrics: dict = {}
         t0 = time.perf_counter()
         with self.hybrid.rollout(metrics) as engine:

@@ -45,22 +45,14 @@ def build_sp_group(device_type: str, world: int, sp: int, name: str):
     return rank // sp, world // sp, rank % sp == 0, mesh.get_group("sp")
 
 
-def normalize_actor_batch_sizes(cfg: DictConfig, world_size: int, micro_batch: int | None) -> DictConfig:
-    """verl's convention: config sizes are global in prompts; each rank updates on
-    ppo_mini_batch_size * n / dp rows per mini-batch, in micro-batches of the plan's `micro_batch` rows
-    (None: dynamic batch size). Returns a per-rank copy of the actor section."""
-    actor = copy.deepcopy(cfg.actor)
-    n = int(cfg.rollout.n)
-    sp = int(actor.get("ulysses_sequence_parallel_size", 1))
-    dp = world_size // sp
-    rows = int(actor.ppo_mini_batch_size) * n
-    if rows % dp:
-        raise ValueError(f"actor_rollout_ref.actor.ppo_mini_batch_size * rollout.n = {rows} is not divisible by the "
-                         f"data-parallel size {dp}")
-    with open_dict(actor):
-        actor.ppo_mini_batch_size = rows // dp
-        actor.ppo_micro_batch_size_per_gpu = micro_batch
-    return actor
+def per_rank_section(section: DictConfig, mini_batch_rows: int, micro_batch: int | None) -> DictConfig:
+    """A copy of an actor/critic config section with the plan's per-rank sizes: `ppo_mini_batch_size` in rows per
+    rank (verl's global prompts x n / dp) and `ppo_micro_batch_size_per_gpu` (None: dynamic batch size)."""
+    section = copy.deepcopy(section)
+    with open_dict(section):
+        section.ppo_mini_batch_size = mini_batch_rows
+        section.ppo_micro_batch_size_per_gpu = micro_batch
+    return section
 
 
 def sampling_params_from(rollout_cfg: DictConfig, meta: dict, dp_rank: int = 0):

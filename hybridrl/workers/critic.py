@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import torch.distributed as dist
-from omegaconf import DictConfig, open_dict
+from omegaconf import DictConfig
 
 from hybridrl.controller import Dispatch, Worker, make_mesh_dispatch, register
 from hybridrl.hybrid.memory import track_phase
 from hybridrl.protocol import DataProto
-from hybridrl.workers.common import build_fsdp_model, build_sp_group, pick_device, prepare_process
+from hybridrl.workers.common import (
+    build_fsdp_model,
+    build_sp_group,
+    per_rank_section,
+    pick_device,
+    prepare_process,
+)
 
 
 class CriticWorker(Worker):
@@ -32,7 +38,7 @@ class CriticWorker(Worker):
         self.set_dispatch_info("critic", *dispatch)
         self.module, self.optimizer, self.scheduler = build_fsdp_model(
             c.model, c.model.fsdp_config, c.optim, self.mesh, self.compute_device, trainable=True, critic=True)
-        cfg = self._per_rank_config(dispatch[1])
+        cfg = per_rank_section(c, self.plan.layout.critic_mini_batch_per_gpu, self.plan.critic_micro)
         from hybridrl.training.critic import DataParallelPPOCritic
 
         self.critic = DataParallelPPOCritic(cfg, self.module, self.optimizer, self.scheduler, sp_group=sp_group)
@@ -57,19 +63,6 @@ class CriticWorker(Worker):
             load_fsdp_params(self.module, self.compute_device)
         if optimizer:
             load_optimizer(self.optimizer, self.compute_device)
-
-    def _per_rank_config(self, dp: int) -> DictConfig:
-        import copy
-
-        c = copy.deepcopy(self.config.critic)
-        n = int(self.config.actor_rollout_ref.rollout.n)
-        rows = int(c.ppo_mini_batch_size) * n
-        if rows % dp:
-            raise ValueError(f"critic.ppo_mini_batch_size * rollout.n = {rows} is not divisible by the data-parallel size {dp}")
-        with open_dict(c):
-            c.ppo_mini_batch_size = rows // dp
-            c.ppo_micro_batch_size_per_gpu = self.plan.critic_micro
-        return c
 
     @register(dispatch_mode=make_mesh_dispatch("critic"))
     def compute_values(self, data: DataProto) -> DataProto:

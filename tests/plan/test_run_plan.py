@@ -45,7 +45,13 @@ def test_plan_kv_blocks_follow_the_batch_not_the_gpu():
     bigger = plan(device=DeviceSpec("cuda", "x", int(2 * 139.8 * GiB)))
     assert bigger.kv_blocks == p.kv_blocks
     # validation batches count too: 1000 prompts greedy over one dp group need more than the training batch
-    assert plan(val_prompts=1000).kv_blocks == 1000 * 32 and plan(val_prompts=1000).engine_max_num_seqs == 1000
+    val = plan(val_prompts=1000)
+    assert val.kv_blocks == 1000 * 32 and val.engine_max_num_seqs == 1000
+    # ... but a hybrid engine allocates per call: the training step still gets (and is predicted at) its own need
+    assert val.kv_blocks_for(64, 8) == p.kv_blocks and val.kv_blocks_for(1000, 1) == 1000 * 32
+    assert val.predicted["gen"].parts["kv cache"] == p.predicted["gen"].parts["kv cache"]
+    resident = plan(["actor_rollout_ref.hybrid_engine=false"], val_prompts=1000)
+    assert resident.predicted["gen"].parts["kv cache"] > p.predicted["gen"].parts["kv cache"]
 
 
 def test_auto_micro_batches_stay_within_token_target_and_memory():
