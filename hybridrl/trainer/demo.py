@@ -100,7 +100,7 @@ def prepare(home: Path) -> tuple[Path, Path]:
 
 def run_demo(args=None) -> dict:
     from hybridrl.config.loader import load_config
-    from hybridrl.trainer.ppo_trainer import run_ppo
+    from hybridrl.trainer.launch import run_ppo
     from hybridrl.trainer.sft_trainer import load_sft_config, run_sft
 
     t0 = time.time()
