@@ -12,6 +12,8 @@ simply arrives whole through the same all_to_all_single.
 Shapes legend: FSDP2 shards every parameter on dim 0 over the FSDP group with torch.chunk semantics (rank g holds
 rows [g*ceil(N/S), min(N, (g+1)*ceil(N/S))) ); a TP slice is a box (dim d, [start, start+length)).
 Everything is cast to the engine dtype BEFORE communication, so bf16 rollout moves half the bytes of fp32 masters.
+With LoRA (training/lora.py) the engine gets merged weights under their HF names: each rank merges its own rows
+of a targeted weight (W + scaling·B·A) before the cast, so the exchange is the same as without adapters.
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
+
+from hybridrl.training.lora import engine_parameters
 
 SliceSpec = tuple[int, int, int] | None  # (dim, start, length) or None = the whole tensor
 
@@ -103,7 +107,7 @@ class FSDPToTPResharder:
     def _exchange_specs(self) -> dict[str, list[SliceSpec]]:
         mine: dict[str, SliceSpec] = {}
         group, size = None, 1
-        for name, p in self.module.named_parameters():
+        for name, p, _ in engine_parameters(self.module):
             mine[name] = self.engine.weight_shard_spec(name, tuple(p.shape))
             if isinstance(p, DTensor) and group is None:
                 group, size = _fsdp_group(p)
@@ -125,9 +129,11 @@ class FSDPToTPResharder:
             self._specs = self._exchange_specs()
         stats = ReshardStats(strategy=self.strategy)
         self.last = stats
-        for name, p in self.module.named_parameters():
+        for name, p, merge in engine_parameters(self.module):
             if isinstance(p, DTensor):
-                local = p.to_local().detach().to(self.device, self.dtype, non_blocking=True)
+                local = p.to_local().detach()
+                # LoRA: merge this rank's rows in the master dtype, before the cast and the exchange
+                local = (local if merge is None else merge(local)).to(self.device, self.dtype, non_blocking=True)
                 if self._use_slice(p):
                     tensor, received = self._slice_exchange(p, local, self._specs[name])
                 else:
@@ -135,7 +141,7 @@ class FSDPToTPResharder:
                                                 stride=p.stride()).full_tensor()
                     received = tensor.numel() - local.numel()
             else:
-                tensor, received = p.detach().to(self.device, self.dtype), 0
+                tensor, received = (p.detach() if merge is None else merge(p.detach())).to(self.device, self.dtype), 0
             stats.bytes_received += received * tensor.element_size()
             stats.tensors += 1
             yield name, tensor

@@ -5,12 +5,13 @@ Layout of `ckpt_dir` (the trainer's checkpoint manager owns temp-dir + rename an
   optim/                         DCP of the optimizer state dict (keyed by parameter FQN)
   extra_state_world_size_{W}_rank_{r}.pt   lr scheduler state, RNG states (python, numpy, torch, cuda), extras
   huggingface/                   HF config (+ generation config) and tokenizer files
-  hybridrl_checkpoint.json       role (actor / critic), world size, master dtype: what `merge` needs
+  hybridrl_checkpoint.json       role (actor / critic), world size, master dtype, LoRA settings: what `merge` needs
 
 Choices: DCP through `get/set_model_state_dict` and `get/set_optimizer_state_dict` writes each rank's shard in
 parallel and reshards on load, so a checkpoint taken on W ranks loads on any other count (model and
 optimizer; the RNG states then come from rank 0's file of the old run and the count is reported). The model
-state dict is saved flat (no "model." prefix) so `merge.py` reads it with the HF names directly.
+state dict is saved flat (no "model." prefix) so `merge.py` reads it with the HF names directly. With LoRA it
+holds the frozen base weights under peft's names (`x.base_layer.weight`) and the adapters, so a resume is exact.
 
 On load, the optimizer hyperparameters of the run doing the loading (lr, betas, weight decay, eps; the
 scheduler's base lrs) replace the saved ones: the saved optimizer state (moments, step counts) and scheduler
@@ -159,6 +160,8 @@ def save_checkpoint(ckpt_dir, module, optimizer=None, lr_scheduler=None, *, hf_c
         master = next(module.parameters()).dtype
         meta = {"role": role, "world_size": world, "master_dtype": str(master).replace("torch.", ""),
                 "contents": sorted(contents)}
+        if getattr(module, "hybridrl_lora", None) is not None:   # merge needs the adapters' scaling
+            meta["lora"] = module.hybridrl_lora.to_json()
         (ckpt_dir / CHECKPOINT_META).write_text(json.dumps(meta, indent=2))
     if "hf_model" in contents:
         save_hf_model(module, ckpt_dir / "huggingface", hf_config=hf_config, tokenizer=tokenizer, role=role)
@@ -220,6 +223,11 @@ def save_hf_model(module, out_dir, *, hf_config=None, tokenizer=None, role: str 
     rank, _ = _rank_world()
     out_dir = Path(out_dir)
     if rank == 0:
+        lora = getattr(module, "hybridrl_lora", None)
+        if lora is not None:   # the HF directory holds the merged weights
+            from hybridrl.training.lora import merge_lora_state
+
+            full = merge_lora_state(full, lora.scaling)[0]
         cfg = hf_config if hf_config is not None else module.config
         write_hf_model(full, cfg, role, out_dir, dtype=dtype, tokenizer=tokenizer)
     _barrier()

@@ -159,8 +159,10 @@ def load_hf_model(path: str, role: str = "actor", dtype=torch.float32, override_
 
 
 def build_fsdp_model(model_cfg: Mapping, fsdp_cfg: Mapping, mesh: DeviceMesh, device: torch.device,
-                     role: str = "actor", use_varlen_attention: bool | None = None) -> torch.nn.Module:
-    """Load `model_cfg['path']` and return it sharded on `mesh`, weights on `device` (see module docstring)."""
+                     role: str = "actor", use_varlen_attention: bool | None = None, lora=None) -> torch.nn.Module:
+    """Load `model_cfg['path']` and return it sharded on `mesh`, weights on `device` (see module docstring).
+    `lora` (training/lora.py LoraSettings): adapters injected before sharding; rank 0's initial adapters are
+    broadcast with the weights."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
     from hybridrl.training.packing import register_varlen_attention
@@ -171,6 +173,10 @@ def build_fsdp_model(model_cfg: Mapping, fsdp_cfg: Mapping, mesh: DeviceMesh, de
                   override_config=model_cfg.get("override_config") or {},
                   trust_remote_code=bool(model_cfg.get("trust_remote_code", False)))
     model = load_hf_model(model_cfg["path"], on_meta=rank != 0, **common)
+    if lora is not None:
+        from hybridrl.training.lora import apply_lora
+
+        model = apply_lora(model, lora)
     full_state = model.state_dict() if rank == 0 else None
     if use_varlen_attention is None:
         use_varlen_attention = bool(model_cfg.get("use_remove_padding", False))

@@ -5,6 +5,8 @@ model skeleton is built on the meta device from `huggingface/config.json` (no ra
 to learn the state-dict keys, shapes and dtypes; the loaded tensors are then assigned into it and written
 with `save_pretrained` (safetensors, sharded by HF when large, tied weights handled by HF). Output dtype is
 bf16 by default (what inference wants), fp32 on request. Tokenizer and generation-config files are copied.
+A LoRA checkpoint (its meta has `lora`) is merged too (W + lora_alpha / lora_rank · B·A, in the master dtype
+before the output cast), and its adapters are also written as a peft directory in `out_dir/adapter`.
 """
 
 from __future__ import annotations
@@ -32,18 +34,50 @@ def merge_checkpoint(ckpt_dir, out_dir, dtype: str = "bfloat16") -> Path:
             raise FileNotFoundError(f"merge: {need} not found; is {ckpt_dir} a hybridrl checkpoint directory?")
     meta = json.loads((ckpt_dir / CHECKPOINT_META).read_text())
     hf_config = AutoConfig.from_pretrained(ckpt_dir / "huggingface")
-    model = model_skeleton(hf_config, meta["role"])
     master = getattr(torch, meta.get("master_dtype", "float32"))
-    state = {k: torch.empty(v.shape, dtype=master if v.is_floating_point() else v.dtype)
-             for k, v in model.state_dict().items()}
+    if meta.get("lora"):
+        state = _lora_state(ckpt_dir / "model", master)
+    else:
+        state = {k: torch.empty(v.shape, dtype=master if v.is_floating_point() else v.dtype)
+                 for k, v in model_skeleton(hf_config, meta["role"]).state_dict().items()}
     dcp.load(state, checkpoint_id=str(ckpt_dir / "model"), planner=DefaultLoadPlanner(allow_partial_load=True),
              no_dist=True)
+    if meta.get("lora"):
+        state = write_lora_adapter(state, meta["lora"], out_dir / "adapter", dtype)
     write_hf_model(state, hf_config, meta["role"], out_dir, dtype=dtype)
     hf_src = ckpt_dir / "huggingface"
     for f in hf_src.iterdir():
         if f.is_file() and not (out_dir / f.name).exists():
             shutil.copy2(f, out_dir / f.name)
     return out_dir
+
+
+def _lora_state(model_dir: Path, master: torch.dtype) -> dict:
+    """Empty tensors for every key of a LoRA checkpoint (base weights under peft's names and the adapters), read
+    from the DCP metadata: the plain HF skeleton does not have these keys."""
+    from torch.distributed.checkpoint import FileSystemReader
+
+    meta = FileSystemReader(str(model_dir)).read_metadata().state_dict_metadata
+    return {k: torch.empty(tuple(v.size), dtype=master if v.properties.dtype.is_floating_point else v.properties.dtype)
+            for k, v in meta.items() if hasattr(v, "size")}
+
+
+def write_lora_adapter(state: dict, lora: dict, adapter_dir: Path, dtype: str) -> dict:
+    """Write the adapters as a peft directory (`PeftModel.from_pretrained(base, adapter_dir)` loads it) and return
+    the merged HF state dict (W + lora_alpha / lora_rank · B·A)."""
+    from peft import LoraConfig
+    from safetensors.torch import save_file
+
+    from hybridrl.training.fsdp import resolve_dtype
+    from hybridrl.training.lora import merge_lora_state
+
+    merged, adapter = merge_lora_state(state, lora["alpha"] / lora["rank"])
+    adapter_dir.mkdir(parents=True, exist_ok=True)
+    out = resolve_dtype(dtype, "merge dtype")
+    save_file({k: v.to(out).contiguous() for k, v in adapter.items()}, str(adapter_dir / "adapter_model.safetensors"))
+    LoraConfig(r=lora["rank"], lora_alpha=lora["alpha"], target_modules=lora["target_modules"],
+               lora_dropout=0.0, bias="none", task_type="CAUSAL_LM").save_pretrained(str(adapter_dir))
+    return merged
 
 
 def register(subparsers) -> None:

@@ -25,6 +25,7 @@ from hybridrl.hybrid.engine import HybridEngine
 from hybridrl.hybrid.memory import track_phase
 from hybridrl.hybrid.meshes import build_rollout_mesh, format_mesh, rollout_coords
 from hybridrl.protocol import DataProto
+from hybridrl.training.lora import adapters_disabled, has_lora
 from hybridrl.workers.common import (
     build_fsdp_model,
     build_sp_group,
@@ -97,7 +98,14 @@ class ActorRolloutRefWorker(Worker):
             self.actor = DataParallelPPOActor(actor_cfg, self.actor_module, self.optimizer, self.scheduler,
                                               use_remove_padding=packed, sp_group=self.sp_group)
             self._build_rollout()
-        if self._has_ref:
+        if self._has_ref and self._has_actor and has_lora(self.actor_module):
+            # LoRA: the reference is the actor's own module with its adapters switched off (no second copy)
+            from hybridrl.training.actor import DataParallelPPOActor
+
+            self.ref_module, self._ref_offload = self.actor_module, False
+            self.ref = DataParallelPPOActor(cfg.actor, self.ref_module, None, None,
+                                            use_remove_padding=packed, sp_group=self.sp_group)
+        elif self._has_ref:
             # the reference never trains: keep it in the compute dtype (bf16 on GPU), no fp32 master copy
             ref_fsdp = OmegaConf.merge(cfg.actor.fsdp_config, cfg.ref.fsdp_config,
                                        {"model_dtype": "bf16" if self.compute_device.type == "cuda" else "fp32"})
@@ -202,7 +210,8 @@ class ActorRolloutRefWorker(Worker):
         with track_phase("ref", metrics, self.compute_device):
             if self._ref_offload:  # the reference lives on the CPU except while it computes
                 load_fsdp_params(self.ref_module, self.compute_device)
-            log_probs, _ = self.ref.compute_log_prob(data.to(self.compute_device), calculate_entropy=False)
+            with adapters_disabled(self.ref_module):  # LoRA: base weights only; no-op without adapters
+                log_probs, _ = self.ref.compute_log_prob(data.to(self.compute_device), calculate_entropy=False)
             if self._ref_offload:
                 offload_fsdp_params(self.ref_module)
         return DataProto({"ref_log_prob": log_probs.cpu()}, meta_info={"metrics": {k: [v] for k, v in metrics.items()}})

@@ -79,15 +79,19 @@ def sampling_params_from(rollout_cfg: DictConfig, meta: dict, dp_rank: int = 0):
 
 def build_fsdp_model(model_cfg: DictConfig, fsdp_cfg: DictConfig, optim_cfg: DictConfig | None, mesh, device,
                      trainable: bool, critic: bool = False):
-    """HF model → FSDP2 (training/ applies FSDP; the model never knows). Returns (module, optimizer, scheduler)."""
+    """HF model → FSDP2 (training/ applies FSDP; the model never knows). Returns (module, optimizer, scheduler).
+    A trainable actor gets LoRA adapters when `model.lora_rank` > 0; the optimizer holds only what requires grad
+    (the adapters then, every parameter otherwise)."""
     from hybridrl.training.fsdp import build_fsdp_model as shard
+    from hybridrl.training.lora import lora_settings
     from hybridrl.training.optim import build_lr_scheduler, build_optimizer
 
-    module = shard(model_cfg, fsdp_cfg, mesh, device, role="critic" if critic else "actor")
+    lora = lora_settings(model_cfg) if trainable and not critic else None
+    module = shard(model_cfg, fsdp_cfg, mesh, device, role="critic" if critic else "actor", lora=lora)
     if not trainable:
         module.requires_grad_(False)
         return module, None, None
-    optimizer = build_optimizer(module.parameters(), optim_cfg)
+    optimizer = build_optimizer([p for p in module.parameters() if p.requires_grad], optim_cfg)
     scheduler = build_lr_scheduler(optimizer, optim_cfg)
     return module, optimizer, scheduler
 

@@ -1,0 +1,167 @@
+"""LoRA on the FSDP2 actor, 2 gloo ranks, against plain single-process references: only adapters are in the
+optimizer and change in an update; LoRA log-probs == the merged HF model's; adapters disabled == the base model;
+the resharder streams exactly the merged weights under HF names (slice and gather); checkpoint save -> load ->
+next step == uninterrupted; `merge` writes the merged model and a peft adapter that loads onto the base.
+One spawn runs all checks (process start-up dominates the cost)."""
+
+import pytest
+import torch
+import torch.distributed as dist
+import transformers
+from _training_tiny import TINY_ACTOR_CFG, make_ppo_batch, make_tiny_model_dir, run_ranks
+from omegaconf import OmegaConf
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+from hybridrl.hybrid.reshard import FSDPToTPResharder
+from hybridrl.training import (
+    DataParallelPPOActor,
+    build_training_mesh,
+    load_checkpoint,
+    merge_checkpoint,
+    save_checkpoint,
+)
+from hybridrl.training.lora import adapters_disabled, merge_lora_state
+from hybridrl.workers.common import build_fsdp_model
+
+OPTIM = dict(lr=1e-2, weight_decay=0.0, lr_warmup_steps=0, warmup_style="constant")
+LORA = dict(lora_rank=4, lora_alpha=8, target_modules="all-linear")
+COLUMN = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj", "embed_tokens", "lm_head")
+
+
+class SlicingEngine:
+    """Column-parallel linears and vocab rows split on dim 0, o_proj/down_proj on dim 1 (as the TP decoder)."""
+
+    def __init__(self, tp_rank, tp_size):
+        self.tp_rank, self.tp_size, self.received = tp_rank, tp_size, {}
+
+    def weight_shard_spec(self, name, shape):
+        if len(shape) == 2 and any(f"{c}." in name for c in COLUMN):
+            per = -(-shape[0] // self.tp_size)
+            start = min(shape[0], self.tp_rank * per)
+            return (0, start, min(shape[0], start + per) - start)
+        if len(shape) == 2 and ("o_proj." in name or "down_proj." in name):
+            per = shape[1] // self.tp_size
+            return (1, self.tp_rank * per, per)
+        return None
+
+    def load_weights(self, weights):
+        for name, t in weights:
+            self.received[name] = t.clone()
+
+    def expected(self, name, full):
+        spec = self.weight_shard_spec(name, tuple(full.shape))
+        return full if spec is None else full.narrow(*spec)
+
+
+def _build(model_dir, mesh):
+    model_cfg = OmegaConf.create({"path": model_dir, "use_remove_padding": True, **LORA})
+    fsdp_cfg = OmegaConf.create({"model_dtype": "fp32"})
+    module, opt, sched = build_fsdp_model(model_cfg, fsdp_cfg, OmegaConf.create(OPTIM), mesh, torch.device("cpu"),
+                                          trainable=True)
+    return DataParallelPPOActor(TINY_ACTOR_CFG, module, opt, sched, use_remove_padding=True)
+
+
+def _full(module):
+    """The full state dict on every rank (cpu_offload would leave it on rank 0 only), detached from the module."""
+    full = get_model_state_dict(module, options=StateDictOptions(full_state_dict=True))
+    return {k: v.detach().clone() for k, v in full.items()}
+
+
+def _plain_log_probs(model, data):
+    return DataParallelPPOActor(TINY_ACTOR_CFG, model, use_remove_padding=False).compute_log_prob(data)[0]
+
+
+def _merged_hf(model_dir, state):
+    model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    model.load_state_dict(merge_lora_state(state, LORA["lora_alpha"] / LORA["lora_rank"])[0])
+    return model
+
+
+def _batch(rank, seed):
+    data = make_ppo_batch(batch=4, seed=seed + rank, temperature=0.9)
+    data.meta_info["micro_batch_size"] = 2
+    return data
+
+
+def _worker(rank, world, model_dir, tmp):
+    torch.manual_seed(0)
+    mesh = build_training_mesh(world, device_type="cpu")
+    actor = _build(model_dir, mesh)
+    names = {p: n for n, p in actor.module.named_parameters()}
+    in_optim = sorted(names[p] for g in actor.optimizer.param_groups for p in g["params"])
+    assert in_optim and all(".lora_A." in n or ".lora_B." in n for n in in_optim), in_optim[:3]
+    assert len(in_optim) == 2 * 7 * 2   # A and B of 7 linears in 2 layers
+
+    # one update: adapters move, every base weight is bit-identical
+    before = _full(actor.module)
+    data = _batch(rank, 10)
+    data.batch["old_log_probs"] = actor.compute_log_prob(data)[0]
+    assert actor.update_policy(data)["actor/grad_norm"] > 0
+    after = _full(actor.module)
+    assert before.keys() == after.keys()
+    changed = {k for k in before if not torch.equal(before[k], after[k])}
+    assert changed and all(".lora_" in k for k in changed), sorted(changed)[:3]
+    assert any(".lora_B." in k for k in changed)   # B starts at 0: the merged delta is now non-zero
+
+    # LoRA log-probs == the merged plain model's; adapters off == the base model from disk
+    mask = data.batch["response_mask"].bool()
+    lp_lora = actor.compute_log_prob(data)[0]
+    torch.testing.assert_close(lp_lora[mask], _plain_log_probs(_merged_hf(model_dir, after), data)[mask],
+                               atol=1e-5, rtol=1e-5)
+    with adapters_disabled(actor.module):
+        lp_ref = actor.compute_log_prob(data)[0]
+    base = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    torch.testing.assert_close(lp_ref[mask], _plain_log_probs(base, data)[mask], atol=1e-5, rtol=1e-5)
+    assert (lp_ref[mask] - lp_lora[mask]).abs().max() > 1e-4   # the adapters do change the policy
+    torch.testing.assert_close(actor.compute_log_prob(data)[0], lp_lora, atol=0, rtol=0)   # re-enabled
+
+    # resharding streams the merged weights under HF names: with slice each rank gets exactly its TP slice
+    merged = merge_lora_state(after, LORA["lora_alpha"] / LORA["lora_rank"])[0]
+    for strategy in ("slice", "gather"):
+        engine = SlicingEngine(rank, world)
+        FSDPToTPResharder(actor.module, engine, torch.float32, torch.device("cpu"), strategy=strategy).reshard()
+        assert engine.received.keys() == merged.keys()
+        for name, full in merged.items():
+            want = engine.expected(name, full) if strategy == "slice" else full   # gather: the engine slices
+            torch.testing.assert_close(engine.received[name], want, atol=1e-6, rtol=1e-6,
+                                       msg=lambda m, n=name, s=strategy: f"{s} {n}: {m}")
+
+    # checkpoint -> second step == load into a fresh actor -> the same second step
+    ckpt = f"{tmp}/global_step_1"
+    save_checkpoint(ckpt, actor.module, actor.optimizer, actor.scheduler, role="actor")
+    data2 = _batch(rank, 20)
+    data2.batch["old_log_probs"] = actor.compute_log_prob(data2)[0]
+    actor.update_policy(data2)
+    lp_uninterrupted = actor.compute_log_prob(data2)[0]
+    save_checkpoint(f"{tmp}/global_step_2", actor.module, actor.optimizer, actor.scheduler, role="actor")
+    torch.manual_seed(123)   # the fresh actor's adapters start elsewhere: the load must overwrite them
+    fresh = _build(model_dir, mesh)
+    load_checkpoint(ckpt, fresh.module, fresh.optimizer, fresh.scheduler)
+    restored = _full(fresh.module)
+    assert all(torch.equal(restored[k], after[k]) for k in after)
+    fresh.update_policy(data2)
+    torch.testing.assert_close(fresh.compute_log_prob(data2)[0], lp_uninterrupted, atol=1e-6, rtol=1e-6)
+
+    dist.barrier()
+    if rank == 0:
+        from peft import PeftModel
+
+        out = merge_checkpoint(f"{tmp}/global_step_2", f"{tmp}/merged", dtype="float32")
+        merged_model = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)
+        m2 = data2.batch["response_mask"].bool()
+        torch.testing.assert_close(_plain_log_probs(merged_model, data2)[m2], lp_uninterrupted[m2],
+                                   atol=1e-5, rtol=1e-5)
+        base = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+        peft_model = PeftModel.from_pretrained(base, out / "adapter")
+        ids = data2.batch["input_ids"]
+        torch.testing.assert_close(peft_model(input_ids=ids).logits, merged_model(input_ids=ids).logits,
+                                   atol=1e-5, rtol=1e-5)
+    dist.barrier()
+
+
+@pytest.mark.slow
+def test_lora_two_ranks_update_logprobs_reshard_checkpoint_merge(tmp_path):
+    model_dir = make_tiny_model_dir(tmp_path / "model", with_tokenizer=False)
+    run_ranks(_worker, 2, str(model_dir), str(tmp_path))
+    assert (tmp_path / "merged" / "model.safetensors").exists()
+    assert (tmp_path / "merged" / "adapter" / "adapter_config.json").exists()
