@@ -53,6 +53,8 @@ EXTRA_TYPES: dict[str, tuple[type, ...]] = {
     "actor_rollout_ref.ref.log_prob_unshard_once": (str, bool),
     "critic.forward_unshard_once": (str, bool),
     "actor_rollout_ref.actor.old_log_prob_pass": (str, bool),
+    "actor_rollout_ref.model.lora_alpha": (int, float),
+    "actor_rollout_ref.model.target_modules": (str, list),   # 'all-linear' or module names
     # micro-batch sizes: 'auto' (the run plan chooses) or a number of rows
     **dict.fromkeys(("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu",
                      "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu",

@@ -244,6 +244,10 @@ def check_semantics(cfg: DictConfig | dict) -> list[str]:
         warnings.append(f"'{ACTOR}.use_kl_loss' and 'algorithm.use_kl_in_reward' are both true: "
                         "the KL penalty is applied twice (verl allows it; usually one is meant)")
     errors += check_limits(c)  # values the types admit but hybridrl does not implement
+    from hybridrl.training.lora import check_lora_keys
+
+    errors += check_lora_keys(*(g(f"actor_rollout_ref.model.{k}")
+                                for k in ("lora_rank", "lora_alpha", "target_modules")))
     if adv in ("grpo", "rloo") and n == 1:
         warnings.append(f"'algorithm.adv_estimator' = {adv} with '{ROLLOUT}.n' = 1: every group has one sample, "
                         "so every advantage is 0 (set rollout.n > 1)")

@@ -33,6 +33,8 @@ class Residency:
     rollout_tp: int
     gradient_checkpointing: bool
     critic_gradient_checkpointing: bool
+    lora_params: int = 0        # actor LoRA adapter parameters; 0 = full fine-tuning. With LoRA only the adapters
+                                # have grads and AdamW state, and the reference is the actor's base (no copy)
 
 
 @dataclass(frozen=True)
@@ -56,13 +58,14 @@ class MemoryModel:
     # ------------------------------------------------------------------ resident state
     def _actor(self, grads: bool, params_on_gpu: bool, optim_on_gpu: bool) -> dict:
         p, mb, shard = self.s.num_params, self.r.master_bytes, self.r.shard
-        return {"actor params": p * mb / shard if params_on_gpu else 0,
-                "actor grads": p * mb / shard if grads else 0,
-                "actor optimizer": 2 * p * mb / shard if optim_on_gpu else 0}
+        trained = self.r.lora_params or p   # LoRA: the frozen base needs no grads or optimizer state
+        return {"actor params": (p + self.r.lora_params) * mb / shard if params_on_gpu else 0,
+                "actor grads": trained * mb / shard if grads else 0,
+                "actor optimizer": 2 * trained * mb / shard if optim_on_gpu else 0}
 
     def _others(self, ref_on_gpu: bool, critic_grads: bool = False, critic_on_gpu: bool | None = None) -> dict:
         r, parts = self.r, {}
-        if r.has_ref and ref_on_gpu:
+        if r.has_ref and ref_on_gpu and not r.lora_params:
             parts["ref params"] = self.s.num_params * 2 / r.shard
         if r.critic is not None:
             pc = r.critic.num_params

@@ -21,6 +21,7 @@ from hybridrl.config.layout import Layout, derive_layout
 from hybridrl.config.validate import ConfigError
 from hybridrl.plan.memory import GiB, MemoryModel, PhaseMemory, Residency
 from hybridrl.plan.model_shape import ModelShape
+from hybridrl.training.lora import adapter_param_count
 
 SAFETY = 0.9                    # fraction of a GPU's memory a phase may be planned to use
 UPDATE_TOKENS_TARGET = 16384    # tokens per training micro-batch where an H200's GEMMs saturate
@@ -156,7 +157,9 @@ def make_plan(config: DictConfig | dict, hf_config, device: DeviceSpec, val_prom
         hybrid=bool(g("actor_rollout_ref.hybrid_engine") and g(f"{rl}.free_cache_engine")),
         rollout_tp=layout.rollout_tp,
         gradient_checkpointing=bool(g("actor_rollout_ref.model.enable_gradient_checkpointing")),
-        critic_gradient_checkpointing=bool(g("critic.model.enable_gradient_checkpointing")))
+        critic_gradient_checkpointing=bool(g("critic.model.enable_gradient_checkpointing")),
+        lora_params=adapter_param_count(shape, g("actor_rollout_ref.model.lora_rank"),
+                                        g("actor_rollout_ref.model.target_modules")))
     mm = MemoryModel(shape, res)
     P, R = g("data.max_prompt_length"), g("data.max_response_length")
     S, bs = P + R, g(f"{rl}.block_size")
