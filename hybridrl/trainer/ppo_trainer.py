@@ -274,6 +274,11 @@ class RayPPOTrainer:
             if self.global_steps >= int(cfg.trainer.critic_warmup):
                 with marked_timer("update_actor", timing):
                     absorb(self.actor_rollout_wg.update_actor(batch))
+        # without an old-log-prob pass the update measured verl's rollout-vs-trainer probability gap itself
+        for stat in ("mean", "max"):
+            if f"actor/rollout_probs_diff_{stat}" in worker_metrics:
+                values = worker_metrics.pop(f"actor/rollout_probs_diff_{stat}")
+                metrics[f"training/rollout_probs_diff_{stat}"] = max(values) if stat == "max" else sum(values) / len(values)
         for k, v in reduce_metrics(worker_metrics).items():
             if k.startswith(("perf/max_memory", "memory/")):
                 metrics[k] = max(worker_metrics[k])  # the peak over ranks, not the mean

@@ -118,6 +118,8 @@ class DataParallelPPOActor(FSDPUpdater):
         own_old = "old_log_probs" not in data.batch
         if not own_old:
             keys.append("old_log_probs")
+        elif "rollout_log_probs" in data.batch:  # verl's engine-vs-trainer check, made from the update's forward
+            keys.append("rollout_log_probs")
         if use_kl_loss:
             if "ref_log_prob" not in data.batch:
                 raise ValueError("actor.use_kl_loss=true needs 'ref_log_prob' in the batch (enable the reference "
@@ -148,6 +150,11 @@ class DataParallelPPOActor(FSDPUpdater):
             log_prob, entropy = self._forward_micro_batch(micro, temperature,
                                                           calculate_entropy=entropy_coeff != 0 or own_old)
             old_log_prob = log_prob.detach() if own_old else b["old_log_probs"]
+            if "rollout_log_probs" in b:
+                diff = (b["rollout_log_probs"].float().exp() - old_log_prob.float().exp()).abs()[mask.bool()]
+                if diff.numel():
+                    metrics["rollout_probs_diff_mean"].append(diff.mean().item())
+                    metrics["rollout_probs_diff_max"] = [max(metrics["rollout_probs_diff_max"] + [diff.max().item()])]
             pg_loss, pg_metrics = policy_loss_fn(old_log_prob, log_prob, b["advantages"], mask,
                                                  loss_agg_mode=mode, config=cfg)
             regularisers = torch.zeros((), device=log_prob.device)  # entropy and KL terms, aggregated with `mode`

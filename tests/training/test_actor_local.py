@@ -179,3 +179,10 @@ def test_update_without_old_log_probs_equals_update_with_recomputed_ones(base_mo
     for name in g_pass:
         torch.testing.assert_close(g_own[name], g_pass[name], atol=1e-6, rtol=1e-4)
     assert metrics["actor/ppo_kl"] == 0.0 and metrics["actor/pg_clipfrac"] == 0.0 and metrics["actor/entropy"] > 0
+    # with the engine's log-probs in the batch, verl's rollout-vs-trainer gap comes from the update's forward
+    own.batch["rollout_log_probs"] = data.batch["old_log_probs"] + 0.1 * data.batch["response_mask"]
+    _, metrics = _grads_after_update(base_model, actor_cfg(), own)
+    mask = data.batch["response_mask"].bool()
+    gap = (own.batch["rollout_log_probs"].exp() - data.batch["old_log_probs"].exp()).abs()[mask]
+    assert metrics["actor/rollout_probs_diff_max"] == pytest.approx(gap.max().item(), rel=1e-3)
+    assert metrics["actor/rollout_probs_diff_mean"] == pytest.approx(gap.mean().item(), rel=1e-3)
