@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from functools import partial
 
-from hybridrl.rewards import arith, countdown, lenient_math, lenient_numeric
+from hybridrl.rewards import arith, code_exec, countdown, lenient_math, lenient_numeric
 from hybridrl.rewards.verl_compat import (
     CODE_DATA_SOURCES,
     EXACT_SOURCES,
@@ -34,6 +34,7 @@ SCORERS = {
     "arith": arith.compute_score,
     LENIENT_NUMERIC: lenient_numeric.compute_score,
     LENIENT_MATH: lenient_math.compute_score,
+    code_exec.DATA_SOURCE: partial(code_exec.compute_score, code_exec.DATA_SOURCE),
 }
 
 
