@@ -14,7 +14,8 @@ __all__ = ["register", "run_make"]
 
 KNOB_FLAGS = {
     "arith": [("--digits", int, "digits per operand"), ("--operands", int, "number of operands"),
-              ("--ops", str, "operators to draw from, subset of '+-*/'")],
+              ("--ops", str, "operators to draw from, subset of '+-*/'"),
+              ("--unmarked", float, "fraction of solutions without the '#### N' line")],
     "countdown": [("--num-numbers", int, "numbers given"), ("--max-number", int, "largest given number"),
                   ("--max-target", int, "largest target")],
     "gsm8k-synthetic": [("--max-value", int, "bound on the numbers in the templates")],

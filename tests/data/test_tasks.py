@@ -61,3 +61,20 @@ def test_cli_make(tmp_path):
     rows = pq.read_table(tmp_path / "train.parquet").to_pylist()
     assert len(rows) == 5 and all(len(r["extra_info"]["numbers"]) == 3 for r in rows)
     assert pq.read_table(tmp_path / "test.parquet").num_rows == 2
+
+
+def test_arith_unmarked_solutions_lack_only_the_answer_line():
+    # the demo's SFT data: a fraction of solutions stop after the working, which the strict scorer gives 0
+    rows = TASKS["arith"].generate(200, 0, seed=0, knobs={"digits": 1, "operands": 3, "ops": "+",
+                                                           "unmarked": 0.6})["train"]
+    unmarked = [r for r in rows if "####" not in r["answer"]]
+    assert 0.5 < len(unmarked) / len(rows) < 0.7
+    for r in unmarked:
+        truth = r["reward_model"]["ground_truth"]
+        assert default_compute_score("arith", r["answer"], truth) == 0.0
+        assert r["answer"].endswith(f"= {truth}")  # the same working, right answer, no `#### N` line
+    plain = TASKS["arith"].generate(20, 5, seed=0, knobs={"digits": 1, "operands": 3, "ops": "+"})
+    zero = TASKS["arith"].generate(20, 5, seed=0, knobs={"digits": 1, "operands": 3, "ops": "+", "unmarked": 0})
+    assert plain == zero  # 0 draws nothing extra: earlier seeds give the same files
+    with pytest.raises(ValueError, match="'unmarked'"):
+        TASKS["arith"].generate(1, 0, 0, {"unmarked": 1.5})
