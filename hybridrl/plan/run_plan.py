@@ -21,6 +21,7 @@ from hybridrl.config.layout import Layout, derive_layout
 from hybridrl.config.validate import ConfigError
 from hybridrl.plan.memory import GiB, MemoryModel, PhaseMemory, Residency
 from hybridrl.plan.model_shape import ModelShape
+from hybridrl.training.fsdp import AUTO_UNSHARD_MAX_FRACTION
 from hybridrl.training.lora import adapter_param_count
 
 SAFETY = 0.9                    # fraction of a GPU's memory a phase may be planned to use
@@ -182,10 +183,11 @@ def make_plan(config: DictConfig | dict, hf_config, device: DeviceSpec, val_prom
     prefill = min(g(f"{rl}.max_num_batched_tokens"), engine_seqs * S)
     predicted = {"gen": mm.gen(step_kv, bs, min(engine_seqs, layout.rollout_samples_per_dp), prefill)}
 
-    def unshard(key: str, model: ModelShape) -> bool:  # 'auto': the bf16 model is at most 25% of the GPU
+    def unshard(key: str, model: ModelShape) -> bool:  # 'auto': fsdp.should_keep_unsharded's rule, on the plan's GPU
         v = g(key)
         if _auto(v):
-            return device.total_bytes is not None and model.num_params * 2 <= 0.25 * device.total_bytes
+            return (device.total_bytes is not None
+                    and model.num_params * 2 <= AUTO_UNSHARD_MAX_FRACTION * device.total_bytes)
         return bool(v)
 
     lp_once, ref_once = unshard(f"{rl}.log_prob_unshard_once", shape), unshard(f"{ref}.log_prob_unshard_once", shape)

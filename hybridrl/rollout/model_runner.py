@@ -136,7 +136,7 @@ class ModelRunner:
         self.num_blocks = num_kv_blocks
         self._alloc_step_buffers()
         if self.use_graphs:
-            self._capture_graphs()
+            self._set_graph_buckets()
 
     def _blocks_from_memory(self, utilization: float) -> int:
         if not self.is_cuda:
@@ -229,7 +229,7 @@ class ModelRunner:
     def _scratch(self):
         return self.num_blocks, self.num_blocks * self.block_size  # scratch block id, its first slot
 
-    def _capture_graphs(self) -> None:
+    def _set_graph_buckets(self) -> None:
         """Set up the graph buckets; each is captured the first time a decode step needs it (`_capture`), so a
         wake costs only the buckets the rollout uses (a GRPO batch that decodes at full width uses a few)."""
         max_bs = min(self.max_num_seqs, GRAPH_BATCH_SIZES[-1])

@@ -89,9 +89,9 @@ def _loggers(config: DictConfig) -> list[str]:
     return list(config.trainer.logger) if not isinstance(config.trainer.logger, str) else [config.trainer.logger]
 
 
-def _device_spec(config: DictConfig, use_gpu: bool):
+def _device_spec(use_gpu: bool):
     """The GPU the workers will get, asked of the cluster by a one-GPU task (the driver may have none)."""
-    from hybridrl.plan import DeviceSpec, local_device
+    from hybridrl.plan import DeviceSpec
 
     if not use_gpu:
         return DeviceSpec("cpu", "cpu", None)
@@ -104,7 +104,7 @@ def _device_spec(config: DictConfig, use_gpu: bool):
         return p.name, int(p.total_memory)
 
     name, total = ray.get(ray.remote(num_gpus=1)(probe).remote())
-    return DeviceSpec("cuda", name, total) if config.trainer.device != "cpu" else local_device(config)
+    return DeviceSpec("cuda", name, total)
 
 
 def make_run_plan(config: DictConfig, model_path: str, use_gpu: bool, val_prompts: int | None):
@@ -113,7 +113,7 @@ def make_run_plan(config: DictConfig, model_path: str, use_gpu: bool, val_prompt
 
     hf_config = load_hf_config(model_path, override_config=config.actor_rollout_ref.model.override_config,
                                trust_remote_code=bool(config.actor_rollout_ref.model.trust_remote_code))
-    return make_plan(config, hf_config, _device_spec(config, use_gpu), val_prompts=val_prompts)
+    return make_plan(config, hf_config, _device_spec(use_gpu), val_prompts=val_prompts)
 
 
 def run_ppo(config: DictConfig) -> dict:

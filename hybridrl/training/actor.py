@@ -75,7 +75,7 @@ class DataParallelPPOActor(FSDPUpdater):
         out = forward_response_logits(self.module, b["input_ids"].to(self.device),
                                       b["attention_mask"].to(self.device), b["position_ids"].to(self.device),
                                       responses.shape[1], self.use_remove_padding, keep_only_needed=True,
-                                      sp_group=self.sp_group, row_fn=per_token,
+                                      sp_group=self.sp_group, row_fn=None if self.fused_head else per_token,
                                       head_rows=fused if self.fused_head else None)
         return out[..., 0], (out[..., 1] if calculate_entropy else None)
 

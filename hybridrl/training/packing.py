@@ -186,17 +186,15 @@ def forward_response_logits(module, input_ids: torch.Tensor, attention_mask: tor
       log-prob pass moves M = 1-2 numbers a row between ranks instead of a vocabulary's width.
     head_rows(hidden [K, H], head weight [C, H], flat [K]) -> [K, M]: replaces the model's output head for the
       kept rows (inside the model's forward, so FSDP's unsharded head weight and its gradient hooks apply), so
-      the [K, C] logits are never returned; row_fn is then not used.
+      the [K, C] logits are never returned (give row_fn or head_rows, not both).
     """
     bsz, seq_len = input_ids.shape
     sp = SequenceParallel.from_group(sp_group)
     if sp is not None and not use_remove_padding:
         raise ValueError("Ulysses sequence parallelism needs the packed path (model.use_remove_padding=true)")
+    if head_rows is not None and (row_fn is not None or not keep_only_needed):
+        raise ValueError("head_rows replaces the head's logits: it needs keep_only_needed=True and no row_fn")
     row_fn = row_fn or (lambda rows, flat: rows)
-    if head_rows is not None:
-        if not keep_only_needed:
-            raise ValueError("head_rows needs keep_only_needed=True (a causal LM head)")
-        row_fn = lambda rows, flat: rows  # noqa: E731  (the replaced head already reduced them)
     if not use_remove_padding and head_rows is not None:
         flat = torch.arange(bsz * response_length, device=input_ids.device)
         with _replaced_head(module, head_rows, flat, drop_last=True):
