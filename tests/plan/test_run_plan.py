@@ -71,7 +71,7 @@ def test_auto_micro_batches_stay_within_token_target_and_memory():
 
 def test_checkpointing_changes_activation_memory():
     on = plan(["actor_rollout_ref.model.enable_gradient_checkpointing=true", f"{A}.ppo_micro_batch_size_per_gpu=8"])
-    off = plan([f"{A}.ppo_micro_batch_size_per_gpu=8"])
+    off = plan(["actor_rollout_ref.model.enable_gradient_checkpointing=false", f"{A}.ppo_micro_batch_size_per_gpu=8"])
     assert off.predicted["update_actor"].parts["activations"] > 5 * on.predicted["update_actor"].parts["activations"]
 
 
