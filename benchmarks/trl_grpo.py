@@ -78,6 +78,12 @@ def parse_args(argv=None):
     )
     p.add_argument("--reward", choices=("last_int", "constant"), default="last_int")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--val-prompts", help="parquet in the same schema: sampled validation accuracy on it")
+    p.add_argument("--val-every", type=int, default=0, help="validate every this many timed steps (0 = never)")
+    p.add_argument("--val-temperature", type=float, default=0.8)
+    p.add_argument("--val-batch", type=int, default=256, help="prompts per validation generate call")
+    p.add_argument("--lora-rank", type=int, default=0, help="> 0: train peft LoRA adapters (all linear layers)")
+    p.add_argument("--lora-alpha", type=int, default=16)
     p.add_argument("--out", required=True, help="result JSON path")
     a = p.parse_args(argv)
     total = a.batch_prompts * a.n
@@ -85,6 +91,8 @@ def parse_args(argv=None):
         p.error("--n must be >= 2 (GRPO needs a group)")
     if a.steps < 1:
         p.error("--steps must be >= 1")
+    if a.val_every and not a.val_prompts:
+        p.error("--val-every needs --val-prompts")
     if total % a.micro_batch:
         p.error(f"--micro-batch {a.micro_batch} must divide batch_prompts * n = {total}")
     return a
@@ -134,6 +142,32 @@ def load_prompts(path, tokenizer, max_prompt_len, min_rows, drop_overlong):
     return rows, n_unique, filtered
 
 
+def sampled_accuracy(model, tokenizer, rows, temperature, max_new_tokens, batch):
+    """Share of rows whose one sampled completion (T=temperature, top-p 1, no top-k) has the right last integer.
+    HF generate on the training model in eval mode with the KV cache, bf16 autocast as in training."""
+    import torch
+
+    was_training = model.training
+    model.eval()
+    correct = 0
+    try:
+        for i in range(0, len(rows), batch):
+            chunk = rows[i:i + batch]
+            texts = [tokenizer.apply_chat_template(r["prompt"], add_generation_prompt=True, tokenize=False)
+                     for r in chunk]
+            enc = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(model.device)
+            with torch.no_grad(), torch.autocast(model.device.type, dtype=torch.bfloat16,
+                                                 enabled=model.device.type == "cuda"):
+                out = model.generate(**enc, do_sample=True, temperature=temperature, top_p=1.0, top_k=0,
+                                     max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id,
+                                     use_cache=True)
+            completions = tokenizer.batch_decode(out[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
+            correct += sum(last_int_reward(completions, [r["ground_truth"] for r in chunk]))
+    finally:
+        model.train(was_training)
+    return correct / len(rows)
+
+
 def main(argv=None):
     args = parse_args(argv)
     import torch
@@ -156,8 +190,16 @@ def main(argv=None):
     )
     dataset = Dataset.from_list(rows)
 
+    val_rows = load_prompts(args.val_prompts, tokenizer, args.max_prompt_len, 0, False)[0] if args.val_prompts else []
+
     dtype = torch.float32 if args.weights == "fp32" else torch.bfloat16
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=dtype)
+    peft_config = None
+    if args.lora_rank > 0:
+        from peft import LoraConfig
+
+        peft_config = LoraConfig(r=args.lora_rank, lora_alpha=args.lora_alpha, target_modules="all-linear",
+                                 task_type="CAUSAL_LM")
 
     generation_kwargs = {"min_new_tokens": args.max_new_tokens} if args.ignore_eos else None
     config = GRPOConfig(
@@ -199,22 +241,40 @@ def main(argv=None):
             self.step_s = []
             self.peak_warmup = 0
             self.logs = []
+            self.val = []  # {step, train_wall_s (validation excluded), acc}
+
+        def _validate(self, model, step):
+            if not val_rows:
+                return
+            t0 = time.perf_counter()
+            acc = sampled_accuracy(model, tokenizer, val_rows, args.val_temperature, args.max_new_tokens,
+                                   args.val_batch)
+            self.val.append({"step": step, "train_wall_s": sum(self.step_s), "acc": acc,
+                             "val_s": time.perf_counter() - t0})
+            print(f"[trl] step {step} val acc {acc:.3f} train wall {sum(self.step_s):.1f}s", flush=True)
 
         def _sync(self):
             if cuda:
                 torch.cuda.synchronize()
 
-        def on_train_begin(self, a, state, control, **kw):
+        def on_train_begin(self, a, state, control, model=None, **kw):
+            self._validate(model, 0)
             self._sync()
             self.t_last = time.perf_counter()
 
-        def on_step_end(self, a, state, control, **kw):
+        def on_step_end(self, a, state, control, model=None, **kw):
             self._sync()
             now = time.perf_counter()
             self.step_s.append(now - self.t_last)
             if len(self.step_s) == 1 and cuda:  # after the warm-up step: peak so far, then reset
                 self.peak_warmup = torch.cuda.max_memory_allocated()
                 torch.cuda.reset_peak_memory_stats()
+            peak_gb = torch.cuda.max_memory_allocated() / 1024**3 if cuda else 0.0
+            print(f"[trl] step {state.global_step} {self.step_s[-1]:.2f} s, peak since warm-up {peak_gb:.2f} GiB",
+                  flush=True)  # a run cut short by a time limit keeps its numbers in the log
+            if args.val_every and state.global_step % args.val_every == 0:
+                self._validate(model, state.global_step)  # outside the timed interval
+            self._sync()
             self.t_last = time.perf_counter()
 
         def on_log(self, a, state, control, logs=None, **kw):
@@ -246,6 +306,7 @@ def main(argv=None):
         train_dataset=dataset,
         processing_class=tokenizer,
         callbacks=[timer],
+        peft_config=peft_config,
     )
     if cuda:
         torch.cuda.reset_peak_memory_stats()
@@ -286,6 +347,7 @@ def main(argv=None):
         "median_step_s": statistics.median(timed) if timed else None,
         "peak_allocated_gb": peak / gb,
         "peak_allocated_gb_incl_warmup": max(peak, timer.peak_warmup) / gb,
+        "val_curve": timer.val,  # validation at step 0 and every --val-every steps (not in step_s)
         "reward_mean_per_step": [r["reward"] for r in step_logs][1:],  # timed steps only, like step_s
         "reward_mean_warmup": step_logs[0]["reward"] if step_logs else None,
         "completion_mean_length_per_step": [r.get("completions/mean_length") for r in step_logs][1:],
