@@ -42,10 +42,24 @@ class DeviceSpec:
 
 
 @dataclass(frozen=True)
+class Parallelism:
+    """Process-group sizes each role builds its meshes from (the training mesh is 1-D FSDP when the shard group
+    is the world, else HSDP of world / shard replicas)."""
+    actor_fsdp: int             # ranks per FSDP shard group of the actor and reference
+    actor_sp: int               # Ulysses SP degree of the actor and reference
+    rollout_tp: int
+    critic_fsdp: int
+    critic_sp: int
+
+
+@dataclass(frozen=True)
 class RunPlan:
     layout: Layout
     device: DeviceSpec
     model: ModelShape
+    parallel: Parallelism
+    rollout_dtype: str                  # bf16 | fp16 | fp32: engine weights and KV (fp32 on CPU)
+    ref_dtype: str                      # the reference's weights: compute dtype, no fp32 master copy (fp32 on CPU)
     actor_micro: int | None             # rows per forward/backward per GPU; None = dynamic (token budget)
     log_prob_micro: int | None
     ref_log_prob_micro: int | None
@@ -80,6 +94,7 @@ class RunPlan:
                  f"vocab {self.model.vocab}",
                  *([f"critic          micro-batch per GPU: update {_fmt(self.critic_micro)}, values "
                     f"{_fmt(self.critic_forward_micro)}"] if self.layout.critic_mini_batch_per_gpu is not None else []),
+                 f"dtypes          rollout engine {self.rollout_dtype}, reference {self.ref_dtype}",
                  f"kv cache        {self.kv_blocks} blocks per engine ({self.kv_blocks_unshared} without prompt "
                  f"sharing), {self.engine_max_num_seqs} sequences at most",
                  *(f"  auto: {c}" for c in self.choices)]
@@ -262,7 +277,12 @@ def make_plan(config: DictConfig | dict, hf_config, device: DeviceSpec, val_prom
     layout = replace(layout, ppo_micro_batch_per_gpu=actor_micro, log_prob_micro_batch_per_gpu=lp_micro,
                      ref_log_prob_micro_batch_per_gpu=ref_micro,
                      grad_accum_steps=None if actor_micro is None else layout.ppo_mini_batch_per_gpu // actor_micro)
-    return RunPlan(layout=layout, device=device, model=shape, actor_micro=actor_micro, log_prob_micro=lp_micro,
+    cpu = device.type == "cpu"  # CPU runs are for correctness: fp32 everywhere (bf16 matmuls are slow there)
+    parallel = Parallelism(actor_fsdp=res.shard, actor_sp=layout.ulysses_sp, rollout_tp=layout.rollout_tp,
+                           critic_fsdp=res.critic_shard, critic_sp=g("critic.ulysses_sequence_parallel_size"))
+    return RunPlan(layout=layout, device=device, model=shape, parallel=parallel,
+                   rollout_dtype="fp32" if cpu else _DTYPE_NAMES[str(g(f"{rl}.dtype"))],
+                   ref_dtype="fp32" if cpu else "bf16", actor_micro=actor_micro, log_prob_micro=lp_micro,
                    ref_log_prob_micro=ref_micro, critic_micro=critic_micro, critic_forward_micro=critic_fwd,
                    log_prob_unshard_once=lp_once, ref_log_prob_unshard_once=ref_once,
                    critic_forward_unshard_once=critic_once, kv_blocks=kv, kv_blocks_unshared=kv_unshared,
@@ -270,6 +290,10 @@ def make_plan(config: DictConfig | dict, hf_config, device: DeviceSpec, val_prom
                    reshard_strategy=os.environ.get("HYBRIDRL_RESHARD", "slice"), old_log_prob_pass=old_pass,
                    hybrid=res.hybrid, kv_rule=(P, R, bs, sharing),
                    predicted=predicted, choices=tuple(choices))
+
+
+_DTYPE_NAMES = {"bfloat16": "bf16", "bf16": "bf16", "float16": "fp16", "fp16": "fp16", "float32": "fp32",
+                "fp32": "fp32"}
 
 
 def _no_fit_hint(key: str, one: PhaseMemory) -> str:

@@ -11,13 +11,11 @@ import torch
 from omegaconf import DictConfig
 from transformers import AutoConfig, AutoTokenizer
 
-from hybridrl.workers.common import rollout_dtype
 
-
-def build_rollout_engine(rcfg: DictConfig, *, model_path: str, device: torch.device, tp_group, num_kv_blocks: int,
-                         max_num_seqs: int, actor_module=None):
-    """num_kv_blocks: the run plan's need for a step's batch (on GPUs capped by gpu_memory_utilization at wake);
-    max_num_seqs: the plan's engine concurrency (rollout.max_num_seqs bounded by the batch)."""
+def build_rollout_engine(rcfg: DictConfig, *, model_path: str, device: torch.device, dtype: torch.dtype, tp_group,
+                         num_kv_blocks: int, max_num_seqs: int, actor_module=None):
+    """dtype, num_kv_blocks, max_num_seqs: the run plan's engine dtype, KV need for a step's batch (on GPUs capped
+    by gpu_memory_utilization at wake) and engine concurrency (rollout.max_num_seqs bounded by the batch)."""
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     eos = tokenizer.eos_token_id
     if rcfg.name == "hf":
@@ -37,7 +35,7 @@ def build_rollout_engine(rcfg: DictConfig, *, model_path: str, device: torch.dev
     hf_config = AutoConfig.from_pretrained(model_path)
     max_model_len = int(rcfg.prompt_length) + int(rcfg.response_length)
     return LLMEngine(
-        hf_config, tp_group=tp_group, device=device, dtype=rollout_dtype(rcfg, device),
+        hf_config, tp_group=tp_group, device=device, dtype=dtype,
         block_size=int(rcfg.block_size), gpu_memory_utilization=float(rcfg.gpu_memory_utilization),
         max_num_seqs=max_num_seqs,
         max_num_batched_tokens=int(rcfg.max_num_batched_tokens),

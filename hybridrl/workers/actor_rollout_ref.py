@@ -32,7 +32,6 @@ from hybridrl.workers.common import (
     per_rank_section,
     pick_device,
     prepare_process,
-    rollout_dtype,
     sampling_params_from,
 )
 
@@ -81,11 +80,11 @@ class ActorRolloutRefWorker(Worker):
 
         from hybridrl.training.fsdp import build_training_mesh
 
-        self.device_mesh = build_training_mesh(world, int(cfg.actor.fsdp_config.fsdp_size), self.compute_device.type)
+        par = self.plan.parallel
+        self.device_mesh = build_training_mesh(world, par.actor_fsdp, self.compute_device.type)
         logger.debug("self.device_mesh: %s", format_mesh(self.device_mesh, with_names=False))
         # Ulysses SP: the ranks of an SP group are one data-parallel rank of the actor, all fed the same rows
-        *dispatch, self.sp_group = build_sp_group(self.compute_device.type, world,
-                                                  int(cfg.actor.ulysses_sequence_parallel_size), "actor")
+        *dispatch, self.sp_group = build_sp_group(self.compute_device.type, world, par.actor_sp, "actor")
         self.set_dispatch_info("actor", *dispatch)
         packed = bool(cfg.model.use_remove_padding)
 
@@ -106,9 +105,8 @@ class ActorRolloutRefWorker(Worker):
             self.ref = DataParallelPPOActor(cfg.actor, self.ref_module, None, None,
                                             use_remove_padding=packed, sp_group=self.sp_group)
         elif self._has_ref:
-            # the reference never trains: keep it in the compute dtype (bf16 on GPU), no fp32 master copy
-            ref_fsdp = OmegaConf.merge(cfg.actor.fsdp_config, cfg.ref.fsdp_config,
-                                       {"model_dtype": "bf16" if self.compute_device.type == "cuda" else "fp32"})
+            # the reference never trains: keep it in the compute dtype (the plan's), no fp32 master copy
+            ref_fsdp = OmegaConf.merge(cfg.actor.fsdp_config, cfg.ref.fsdp_config, {"model_dtype": self.plan.ref_dtype})
             self.ref_module, _, _ = build_fsdp_model(cfg.model, ref_fsdp, None, self.device_mesh,
                                                      self.compute_device, trainable=False)
             from hybridrl.training.actor import DataParallelPPOActor
@@ -130,7 +128,7 @@ class ActorRolloutRefWorker(Worker):
     def _build_rollout(self):
         cfg = self.config.actor_rollout_ref
         world, rank = dist.get_world_size(), dist.get_rank()
-        tp = int(cfg.rollout.tensor_model_parallel_size)
+        tp = self.plan.parallel.rollout_tp
         coords = rollout_coords(rank, world, tp)
         self.rollout_mesh = build_rollout_mesh(self.compute_device.type, world, tp)
         logger.debug("rollout_device_mesh in ActorRolloutRefWorker._build_rollout: %s", format_mesh(self.rollout_mesh))
@@ -139,14 +137,16 @@ class ActorRolloutRefWorker(Worker):
 
         rcfg = cfg.rollout
         from hybridrl.rollout.factory import build_rollout_engine
+        from hybridrl.training.fsdp import resolve_dtype
 
+        dtype = resolve_dtype(self.plan.rollout_dtype, "plan.rollout_dtype")
         self.engine = build_rollout_engine(
-            rcfg, model_path=os.path.expanduser(cfg.model.path), device=self.compute_device,
+            rcfg, model_path=os.path.expanduser(cfg.model.path), device=self.compute_device, dtype=dtype,
             tp_group=self.rollout_mesh.get_group("infer_tp") if tp > 1 else None,
             actor_module=self.actor_module, num_kv_blocks=self.plan.kv_blocks,
             max_num_seqs=self.plan.engine_max_num_seqs)
         self.hybrid = HybridEngine(
-            self.actor_module, self.optimizer, self.engine, device=self.compute_device, dtype=rollout_dtype(rcfg, self.compute_device),
+            self.actor_module, self.optimizer, self.engine, device=self.compute_device, dtype=dtype,
             hybrid=self.plan.hybrid,
             param_offload=bool(cfg.actor.fsdp_config.param_offload),
             optimizer_offload=bool(cfg.actor.fsdp_config.optimizer_offload),

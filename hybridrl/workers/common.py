@@ -25,13 +25,6 @@ def pick_device(device: str) -> torch.device:
     return torch.device(device)
 
 
-def rollout_dtype(rollout_cfg: DictConfig, device: torch.device) -> torch.dtype:
-    if device.type != "cuda":
-        return torch.float32  # bf16 matmuls on CPU are slow and change greedy paths; CPU runs are for correctness
-    return {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16,
-            "float32": torch.float32, "fp32": torch.float32}[str(rollout_cfg.dtype)]
-
-
 def build_sp_group(device_type: str, world: int, sp: int, name: str):
     """Ulysses groups for a role with `sp` > 1: ranks [d*sp, (d+1)*sp) are its data-parallel rank d. Returns
     (dp_rank, dp_size, is_collect, sp process group or None) for `set_dispatch_info` and the trainer."""

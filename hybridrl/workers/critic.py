@@ -32,9 +32,9 @@ class CriticWorker(Worker):
         c = self.config.critic
         from hybridrl.training.fsdp import build_training_mesh
 
-        self.mesh = build_training_mesh(world, int(c.model.fsdp_config.fsdp_size), self.compute_device.type)
-        *dispatch, sp_group = build_sp_group(self.compute_device.type, world, int(c.ulysses_sequence_parallel_size),
-                                             "critic")
+        par = self.plan.parallel
+        self.mesh = build_training_mesh(world, par.critic_fsdp, self.compute_device.type)
+        *dispatch, sp_group = build_sp_group(self.compute_device.type, world, par.critic_sp, "critic")
         self.set_dispatch_info("critic", *dispatch)
         self.module, self.optimizer, self.scheduler = build_fsdp_model(
             c.model, c.model.fsdp_config, c.optim, self.mesh, self.compute_device, trainable=True, critic=True)
