@@ -53,3 +53,24 @@ def test_smollm2_recipe_refuses_a_tp_degree_its_heads_do_not_allow(tmp_path):
                           "actor_rollout_ref.rollout.tensor_model_parallel_size=2"],
                          env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 1 and "9 attention heads, 3 KV heads" in out.stderr and "allowed: [1, 3]" in out.stderr
+
+
+def test_smollm2_gsm8k_recipe_uses_verls_gsm8k_scorer_and_longer_sequences(tmp_path):
+    """The harder recipe overrides the arith one: 256+256 tokens, no custom reward (so verl's GSM8K scorer scores
+    data_source openai/gsm8k), and its own data directory; the resulting config validates."""
+    script = SCRIPT.parent.parent / "smollm2_gsm8k" / "run.sh"
+    env = {**os.environ, "HYBRIDRL_DRY_RUN": "1", "DATA": str(tmp_path / "gsm8k")}
+    out = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr + out.stdout
+    assert ": OK" in out.stdout and "64 prompts x n=8 = 512 samples" in out.stdout
+    # the arguments the recipe hands to `hybridrl`, seen by a stand-in first on PATH (later overrides win)
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "hybridrl").write_text('#!/bin/sh\nprintf "%s\\n" "$@"\n')
+    (tmp_path / "bin" / "hybridrl").chmod(0o755)
+    env["PATH"] = f"{tmp_path / 'bin'}:{env['PATH']}"
+    args = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True,
+                          timeout=60).stdout.splitlines()
+    reward = [a for a in args if a.startswith("custom_reward_function.path=")]
+    assert reward[-1] == "custom_reward_function.path=null" and len(reward) == 2
+    assert [a for a in args if a.startswith("data.max_response_length=")][-1] == "data.max_response_length=256"
+    assert f"data.train_files={tmp_path}/gsm8k/train.parquet" in args
