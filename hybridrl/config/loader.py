@@ -243,6 +243,13 @@ def load_config(config_file: str | Path | None = None, overrides: tuple[str, ...
         raise ConfigError([f"interpolation failed at '{getattr(e, 'full_key', '?')}': {e}"]) from e
     _apply_aliases(cfg)
     if validate:
+        if defaults == "ppo_trainer":  # its registrations (policy losses, estimators) are valid config values
+            from hybridrl.models.external_lib import ExternalLibError, import_external_lib
+
+            try:
+                import_external_lib(OmegaConf.select(cfg, "actor_rollout_ref.model.external_lib"))
+            except ExternalLibError as e:
+                raise ConfigError([str(e)]) from e
         check_schema(cfg, schema)
         if defaults == "ppo_trainer":
             _normalize_micro_batches(cfg, user_keys)

@@ -130,9 +130,21 @@ def _check_leaf(path: str, value: Any, default: Any, errors: list[str]) -> None:
             return
     allowed = ENUMS.get(path)
     if allowed is not None:
+        allowed = (*allowed, *_registered(path))
         for v in value if isinstance(value, list) else [value]:
             if v not in allowed:
                 errors.append(f"'{path}' = {v!r} is not one of {list(allowed)}")
+
+
+def _registered(path: str) -> tuple[str, ...]:
+    """Names added with verl's register_policy_loss / register_adv_est (e.g. by model.external_lib, which the
+    loader imports before validating) beyond the built-in ones the schema lists."""
+    if path not in ("actor_rollout_ref.actor.policy_loss.loss_mode", "algorithm.adv_estimator"):
+        return ()
+    from hybridrl.algorithms import registry
+
+    reg = registry.POLICY_LOSS_REGISTRY if path.endswith("loss_mode") else registry.ADV_ESTIMATOR_REGISTRY
+    return tuple(sorted(set(reg) - set(ENUMS[path])))
 
 
 def _get(tree: dict, path: str) -> Any:

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from hybridrl.config.loader import load_config
+from hybridrl.config.validate import ConfigError
 from hybridrl.models.external_lib import ExternalLibError
 from hybridrl.protocol import DataProto
 from hybridrl.seeding import derive_seed, shuffle_seed, step_sampling_seed
@@ -97,5 +98,29 @@ def test_external_lib_is_imported_and_a_failure_names_the_key(tmp_path, monkeypa
     monkeypatch.syspath_prepend(str(tmp_path))
     prepare_process(load_config(overrides=["actor_rollout_ref.model.external_lib=my_models_lib"]))
     assert sys.modules["my_models_lib"].REGISTERED
+    with pytest.raises(ConfigError, match=r"actor_rollout_ref\.model\.external_lib='no_such_lib_xyz'"):
+        load_config(overrides=["actor_rollout_ref.model.external_lib=no_such_lib_xyz"])  # refused when loaded
+    cfg = load_config(overrides=["actor_rollout_ref.model.external_lib=my_models_lib"])
+    cfg.actor_rollout_ref.model.external_lib = "no_such_lib_xyz"  # and in a worker, should it be missing there
     with pytest.raises(ExternalLibError, match=r"actor_rollout_ref\.model\.external_lib='no_such_lib_xyz'"):
-        prepare_process(load_config(overrides=["actor_rollout_ref.model.external_lib=no_such_lib_xyz"]))
+        prepare_process(cfg)
+
+
+def test_losses_and_estimators_registered_by_external_lib_are_valid_config_values(tmp_path, monkeypatch):
+    """verl users register their own policy loss / advantage estimator in external code; the config accepts the
+    registered names once that code is imported (the loader imports external_lib first), and still refuses others."""
+    (tmp_path / "my_algos.py").write_text(
+        "from hybridrl.algorithms import register_adv_est, register_policy_loss\n"
+        "@register_policy_loss('my_clip')\n"
+        "def my_clip(*a, **k):\n    raise NotImplementedError\n"
+        "@register_adv_est('my_adv')\n"
+        "def my_adv(*a, **k):\n    raise NotImplementedError\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    keys = ["actor_rollout_ref.actor.policy_loss.loss_mode=my_clip", "algorithm.adv_estimator=my_adv"]
+    with pytest.raises(ConfigError, match="'my_clip' is not one of"):
+        load_config(overrides=keys)
+    cfg = load_config(overrides=[*keys, "actor_rollout_ref.model.external_lib=my_algos"])
+    assert cfg.actor_rollout_ref.actor.policy_loss.loss_mode == "my_clip" and cfg.algorithm.adv_estimator == "my_adv"
+    with pytest.raises(ConfigError, match="'nope' is not one of"):
+        load_config(overrides=["actor_rollout_ref.actor.policy_loss.loss_mode=nope",
+                               "actor_rollout_ref.model.external_lib=my_algos"])
