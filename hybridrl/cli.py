@@ -63,13 +63,13 @@ def _config_check(args) -> int:
         print(derive_layout(config))
         print(f"(no memory plan: actor_rollout_ref.model.path={model_path!r} has no config.json)")
         return 0
-    from hybridrl.plan import DeviceSpec, local_device, make_plan
+    from hybridrl.plan import DeviceSpec, local_device, make_plan, reward_model_hf_config
     from hybridrl.training.fsdp import load_hf_config
 
     device = (DeviceSpec("cuda", f"a {args.gpu_memory_gb:g} GiB GPU", int(args.gpu_memory_gb * 1024**3))
               if args.gpu_memory_gb else local_device(config))
     hf_config = load_hf_config(model_path, override_config=config.actor_rollout_ref.model.override_config)
-    print(make_plan(config, hf_config, device))
+    print(make_plan(config, hf_config, device, rm_hf_config=reward_model_hf_config(config)))
     return 0
 
 

@@ -63,3 +63,12 @@ def smollm2_add_task():
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+@pytest.fixture(scope="session")
+def tiny_reward_model_dir(tmp_path_factory, tiny_model_dir):
+    """A tiny random Qwen2ForSequenceClassification (num_labels=1) sharing the tiny policy's tokenizer."""
+    from hybridrl.assets.tiny_model import build_tiny_reward_model
+
+    return build_tiny_reward_model(tmp_path_factory.mktemp("tiny_rm") / "same_tokenizer", seed=1,
+                                   tokenizer_from=tiny_model_dir)

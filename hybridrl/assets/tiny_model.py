@@ -11,6 +11,7 @@ Choices:
   model and random bf16 tensors (normal(0, initializer_range), ones for norms, zeros for biases) are streamed
   into ~2 GB safetensors shards with an index. `weights=False` writes only config + tokenizer (a benchmark may
   initialise on the GPU instead).
+- The tiny reward model is the same backbone as a `...ForSequenceClassification` with num_labels=1.
 - Every model directory also holds the tiny tokenizer (see tokenizer.py) and a generation_config with
   eos = <|im_end|> and <|endoftext|>, pad = <|pad|>.
 """
@@ -18,13 +19,15 @@ Choices:
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import torch
 
 from hybridrl.assets.tokenizer import save_tokenizer, train_tokenizer
 
-__all__ = ["ARCHS", "SIZE_PRESETS", "build_tiny_model", "make_config", "write_size_preset"]
+__all__ = ["ARCHS", "SIZE_PRESETS", "build_tiny_model", "build_tiny_reward_model", "make_config",
+           "write_size_preset"]
 
 ARCHS = ("qwen2", "llama", "qwen3")
 SIZE_PRESETS = {
@@ -91,6 +94,35 @@ def build_tiny_model(out_dir: str | Path, arch: str = "qwen2", layers: int = 2, 
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     model.save_pretrained(out_dir)
     _write_generation_config(out_dir, hf_tok)
+    return out_dir
+
+
+def build_tiny_reward_model(out_dir: str | Path, arch: str = "qwen2", layers: int = 2, hidden: int = 64,
+                            heads: int = 4, kv_heads: int = 2, seed: int = 0, chat_template: str | None = None,
+                            tokenizer_from: str | Path | None = None) -> Path:
+    """Write a tiny random `...ForSequenceClassification` (num_labels=1, a reward model) + a tokenizer into out_dir:
+    the tiny one, or the one in `tokenizer_from` copied (a reward model sharing a policy's tokenizer).
+    `chat_template` replaces the tokenizer's own (a reward model that renders chats its own way)."""
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    out_dir = Path(out_dir).expanduser()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if tokenizer_from is None:
+        hf_tok = save_tokenizer(train_tokenizer(), out_dir)
+    else:  # the files themselves, so the two directories hold the same tokenizer byte for byte
+        for f in Path(tokenizer_from).expanduser().iterdir():
+            if f.name.startswith("tokenizer") or f.name in ("vocab.json", "merges.txt", "special_tokens_map.json",
+                                                            "chat_template.jinja"):
+                shutil.copyfile(f, out_dir / f.name)
+        hf_tok = AutoTokenizer.from_pretrained(str(out_dir))
+    if chat_template is not None:
+        hf_tok.chat_template = chat_template
+        hf_tok.save_pretrained(str(out_dir))
+    config = make_config(arch, hidden=hidden, layers=layers, heads=heads, kv_heads=kv_heads, intermediate=2 * hidden,
+                         vocab_size=-(-len(hf_tok) // 64) * 64, token_ids=_token_ids(hf_tok))
+    config.num_labels = 1
+    torch.manual_seed(seed)
+    AutoModelForSequenceClassification.from_config(config, dtype=torch.float32).save_pretrained(out_dir)
     return out_dir
 
 

@@ -144,6 +144,27 @@ adapters switched off, so no reference copy is built. Each rollout streams merge
 lora_rank)·B·A to the engine, computed per tensor on each rank's own rows. Checkpoints hold base and adapters (exact
 resume); `hybridrl merge` writes the merged model and the adapter in peft's format under `adapter/`. Not done: GPU
 benchmarks, QLoRA (quantized frozen base) and activation offload; `use_shm` / `layered_summon` are not read.
+
+**Reward models** (`reward_model.enable=true`). `style: model` (verl's RewardModelWorker): a HF
+`...ForSequenceClassification` checkpoint with num_labels=1 at `reward_model.model.path` runs as its own worker
+group colocated on the training GPUs, FSDP2-sharded, in bf16 on GPUs (it never trains), its shards on the CPU
+outside the reward phase unless `model.fsdp_config.param_offload=false`; the run plan counts its weights in every
+phase where they are on the GPU and predicts a `reward_model` phase. It reads the policy's token ids when it shares
+the policy's tokenizer and chat template (`model.input_tokenizer: null`, checked at load); with `input_tokenizer`
+set to the policy's tokenizer (and `data.return_raw_chat=true`) each response is decoded and the chat re-rendered
+with the reward model's own template. The score is the head's output at the input's last token, placed as the
+token-level reward of the last valid response token (verl's `rm_scores`). `style: judge`: the policy itself judges,
+through its rollout engine (greedy, `judge.max_tokens`), each response rendered into `judge.prompt_template`; the
+last match of `judge.score_pattern` is the score. Combining with rule rewards, as verl: the model's score *is* the
+reward and no rule scorer runs; a `custom_reward_function` must take an `rm_score` argument (`rm_scores` with
+`reward_manager: batch`), receives the sample's model score with the usual arguments and returns the reward, e.g.
+`return default_compute_score(data_source, solution_str, ground_truth) + 0.1 * rm_score` (`from hybridrl.rewards
+import default_compute_score`); one without it is refused at start. Validation scores the same way. Metrics:
+`reward_model/score/{mean,max,min}`, `reward_model/truncated` (inputs cut to `max_length`),
+`reward_model/judge_failures` (unparsable verdicts and judge prompts too long for the engine, each scored 0; the
+reward error guard counts them), `reward_model/judge_overlong`, `timing_s/reward`,
+`memory/reward_model/peak_allocated_gb` on GPUs. Not done: a separate resource pool (`enable_resource_pool`), dynamic
+batch size, Ulysses and remove-padding for the reward model, a second model as judge (verl's GenRM server).
 """
 
 

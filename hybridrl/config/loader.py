@@ -191,7 +191,7 @@ def _normalize_micro_batches(cfg: DictConfig, user_keys: set[str]) -> None:
     pairs = [("actor_rollout_ref.actor.ppo_micro_batch_size", world // sp),
              ("actor_rollout_ref.rollout.log_prob_micro_batch_size", world // sp),
              ("actor_rollout_ref.ref.log_prob_micro_batch_size", world // sp),
-             ("critic.ppo_micro_batch_size", world)]
+             ("critic.ppo_micro_batch_size", world), ("reward_model.micro_batch_size", world)]
     errors = []
     for key, dp in pairs:
         total = OmegaConf.select(cfg, key)

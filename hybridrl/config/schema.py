@@ -37,6 +37,10 @@ NULL_DEFAULT_TYPES: dict[str, type | tuple[type, ...]] = {
     "actor_rollout_ref.rollout.log_prob_micro_batch_size": int,
     "critic.ppo_micro_batch_size": int,
     "custom_reward_function.path": str,
+    "reward_model.model.path": str,
+    "reward_model.model.input_tokenizer": str,
+    "reward_model.micro_batch_size": int,
+    "reward_model.max_length": int,
     "trainer.total_training_steps": int,
     "trainer.ray_address": str,
     "trainer.resume_from_path": str,
@@ -59,7 +63,8 @@ EXTRA_TYPES: dict[str, tuple[type, ...]] = {
     **dict.fromkeys(("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu",
                      "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu",
                      "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu",
-                     "critic.ppo_micro_batch_size_per_gpu", "critic.forward_micro_batch_size_per_gpu"), (str, int)),
+                     "critic.ppo_micro_batch_size_per_gpu", "critic.forward_micro_batch_size_per_gpu",
+                     "reward_model.micro_batch_size_per_gpu"), (str, int)),
 }
 
 # keys that may be null although their default is not (per-GPU micro-batches: null with dynamic batch size,
@@ -94,6 +99,8 @@ ENUMS: dict[str, tuple[str, ...]] = {
     "actor_rollout_ref.rollout.mode": ("sync",),
     "actor_rollout_ref.rollout.dtype": _DTYPES,
     "reward_model.reward_manager": ("naive", "batch"),
+    "reward_model.style": ("model", "judge"),
+    "reward_model.truncation": ("error", "left", "right"),
     "algorithm.adv_estimator": ("gae", "grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "remax"),
     "algorithm.kl_ctrl.type": ("fixed", "adaptive"),
     "trainer.logger": ("console", "file", "tensorboard", "wandb"),  # checked per entry

@@ -19,6 +19,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from hybridrl.config.limits import check_limits
+from hybridrl.config.reward_rules import reward_model_errors
 from hybridrl.config.schema import ENUMS, EXTRA_TYPES, NULL_DEFAULT_TYPES, NULLABLE, load_defaults, type_name
 from hybridrl.models.tp_rules import model_tp_error
 
@@ -203,9 +204,7 @@ def check_semantics(cfg: DictConfig | dict) -> list[str]:
     max_err = g("reward_model.max_error_fraction")
     if max_err is not None and not 0 < max_err <= 1:
         errors.append(f"'reward_model.max_error_fraction' must be in (0, 1] or null (never stop), got {max_err}")
-    if g("reward_model.enable"):
-        errors.append("'reward_model.enable' = true: model-based rewards are not implemented; "
-                      "use rule rewards or custom_reward_function.path")
+    errors += reward_model_errors(c)
 
     nodes, per_node = g("trainer.nnodes"), g("trainer.n_gpus_per_node")
     world = nodes * per_node

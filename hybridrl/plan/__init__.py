@@ -2,6 +2,13 @@
 (memory.py) of the model's shape (model_shape.py)."""
 
 from hybridrl.plan.model_shape import ModelShape
-from hybridrl.plan.run_plan import DeviceSpec, RunPlan, kv_need, local_device, make_plan
+from hybridrl.plan.run_plan import (
+    DeviceSpec,
+    RunPlan,
+    kv_need,
+    local_device,
+    make_plan,
+    reward_model_hf_config,
+)
 
-__all__ = ["DeviceSpec", "ModelShape", "RunPlan", "kv_need", "local_device", "make_plan"]
+__all__ = ["DeviceSpec", "ModelShape", "RunPlan", "kv_need", "local_device", "make_plan", "reward_model_hf_config"]

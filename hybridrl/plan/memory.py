@@ -35,6 +35,10 @@ class Residency:
     critic_gradient_checkpointing: bool
     lora_params: int = 0        # actor LoRA adapter parameters; 0 = full fine-tuning. With LoRA only the adapters
                                 # have grads and AdamW state, and the reference is the actor's base (no copy)
+    reward_model: ModelShape | None = None   # sequence-classification reward model (reward_model.style=model)
+    rm_shard: int = 1
+    rm_param_offload: bool = True   # its shards on the GPU only in the reward_model phase
+    rm_param_bytes: int = 2     # bf16 on GPUs (it never trains: no fp32 master)
 
 
 @dataclass(frozen=True)
@@ -63,8 +67,11 @@ class MemoryModel:
                 "actor grads": trained * mb / shard if grads else 0,
                 "actor optimizer": 2 * trained * mb / shard if optim_on_gpu else 0}
 
-    def _others(self, ref_on_gpu: bool, critic_grads: bool = False, critic_on_gpu: bool | None = None) -> dict:
+    def _others(self, ref_on_gpu: bool, critic_grads: bool = False, critic_on_gpu: bool | None = None,
+                rm_on_gpu: bool = False) -> dict:
         r, parts = self.r, {}
+        if r.reward_model is not None and (rm_on_gpu or not r.rm_param_offload):
+            parts["reward model params"] = r.reward_model.num_params * r.rm_param_bytes / r.rm_shard
         if r.has_ref and ref_on_gpu and not r.lora_params:
             parts["ref params"] = self.s.num_params * 2 / r.shard
         if r.critic is not None:
@@ -165,3 +172,15 @@ class MemoryModel:
         parts["activations"] = (self._train_activations(c, tokens, r.critic_gradient_checkpointing) if train
                                 else tokens * c.infer_act_bytes_per_token)
         return PhaseMemory(phase, parts)
+
+    def reward_model_phase(self, micro_rows: int, seq_len: int, unshard_once: bool, kv_bytes: int) -> PhaseMemory:
+        """Scoring with the reward model: the actor as after a rollout (parameters back, optimizer state where the
+        rollout left it), the reward model's shards on the GPU, and one no-grad micro-batch through it (the score
+        head's output is one number a token)."""
+        r, rm = self.r, self.r.reward_model
+        parts = self._actor(grads=False, params_on_gpu=True, optim_on_gpu=not (r.hybrid and r.optimizer_offload))
+        parts.update(self._others(ref_on_gpu=not r.ref_offload, rm_on_gpu=True))
+        parts.update(self._scheme_a_engine(kv_bytes))
+        parts["unsharded params"] = self._fsdp_working(rm, unshard_once, backward=False)
+        parts["activations"] = micro_rows * seq_len * rm.infer_act_bytes_per_token
+        return PhaseMemory("reward_model", parts)

@@ -77,6 +77,9 @@ class RunPlan:
     kv_rule: tuple = ()                 # (prompt_len, response_len, block_size, prefix_sharing) for kv_blocks_for
     predicted: dict = field(default_factory=dict)   # phase -> PhaseMemory
     choices: tuple = ()                 # how each automatic value was chosen
+    reward_model_micro: int | None = None       # sequences per reward-model forward per GPU (style=model)
+    reward_model_unshard_once: bool = False
+    reward_model_max_length: int = 0            # reward-model input tokens at most (reward_model.max_length or P + R)
 
     def kv_blocks_for(self, prompts: int, n: int) -> int:
         """KV blocks one generate call of `prompts` x n needs on this engine (a hybrid engine allocates its KV per
@@ -95,6 +98,8 @@ class RunPlan:
                  *([f"critic          micro-batch per GPU: update {_fmt(self.critic_micro)}, values "
                     f"{_fmt(self.critic_forward_micro)}"] if self.layout.critic_mini_batch_per_gpu is not None else []),
                  f"dtypes          rollout engine {self.rollout_dtype}, reference {self.ref_dtype}",
+                 *([f"reward model    micro-batch per GPU {self.reward_model_micro}, inputs up to "
+                    f"{self.reward_model_max_length} tokens"] if self.reward_model_micro is not None else []),
                  f"kv cache        {self.kv_blocks} blocks per engine ({self.kv_blocks_unshared} without prompt "
                  f"sharing), {self.engine_max_num_seqs} sequences at most",
                  *(f"  auto: {c}" for c in self.choices)]
@@ -150,8 +155,10 @@ def kv_need(prompts: int, n: int, prompt_len: int, response_len: int, block_size
     return min(shared, cap), min(unshared, cap)
 
 
-def make_plan(config: DictConfig | dict, hf_config, device: DeviceSpec, val_prompts: int | None = None) -> RunPlan:
-    """The plan of a PPO/GRPO config on `device`; raises ConfigError when a phase cannot fit."""
+def make_plan(config: DictConfig | dict, hf_config, device: DeviceSpec, val_prompts: int | None = None,
+              rm_hf_config=None) -> RunPlan:
+    """The plan of a PPO/GRPO config on `device`; raises ConfigError when a phase cannot fit. `rm_hf_config`: the
+    reward model's HF config, needed with reward_model.enable and style=model."""
     layout = derive_layout(config)
     c = OmegaConf.to_container(config, resolve=True) if isinstance(config, DictConfig) else config
     g = lambda p: _get(c, p)  # noqa: E731
@@ -161,6 +168,9 @@ def make_plan(config: DictConfig | dict, hf_config, device: DeviceSpec, val_prom
     world = layout.world_size
     fsdp = g(f"{a}.fsdp_config.fsdp_size")
     critic_fsdp = g("critic.model.fsdp_config.fsdp_size") if gae else -1
+    rm_shape = _reward_model_shape(c, rm_hf_config)
+    rm_fsdp = g("reward_model.model.fsdp_config.fsdp_size")
+    judge = bool(g("reward_model.enable")) and g("reward_model.style") == "judge"
     res = Residency(
         shard=world if fsdp == -1 else fsdp,
         master_bytes=2 if g(f"{a}.fsdp_config.model_dtype") in ("bf16", "bfloat16", "fp16", "float16") else 4,
@@ -175,7 +185,10 @@ def make_plan(config: DictConfig | dict, hf_config, device: DeviceSpec, val_prom
         gradient_checkpointing=bool(g("actor_rollout_ref.model.enable_gradient_checkpointing")),
         critic_gradient_checkpointing=bool(g("critic.model.enable_gradient_checkpointing")),
         lora_params=adapter_param_count(shape, g("actor_rollout_ref.model.lora_rank"),
-                                        g("actor_rollout_ref.model.target_modules")))
+                                        g("actor_rollout_ref.model.target_modules")),
+        reward_model=rm_shape, rm_shard=world if rm_fsdp == -1 else rm_fsdp,
+        rm_param_offload=bool(g("reward_model.model.fsdp_config.param_offload")),
+        rm_param_bytes=2 if device.type == "cuda" else 4)
     mm = MemoryModel(shape, res)
     P, R = g("data.max_prompt_length"), g("data.max_response_length")
     S, bs = P + R, g(f"{rl}.block_size")
@@ -193,21 +206,25 @@ def make_plan(config: DictConfig | dict, hf_config, device: DeviceSpec, val_prom
     kv, kv_unshared = max(kv, val_kv), max(kv_unshared, val_unshared)
     # a hybrid engine allocates per call (the training step's need); a resident one holds the largest call's
     train_kv = kv_need(layout.rollout_prompts_per_dp, layout.n, P, R, bs, sharing, engine_seqs)[0]
+    if judge:  # the judge's call: one prompt per sample (prompt + verdict within P + R), nothing shared
+        judge_kv = kv_need(layout.rollout_samples_per_dp, 1, P, R, bs, sharing, engine_seqs)[0]
+        train_kv, kv = max(train_kv, judge_kv), max(kv, judge_kv, val_unshared)
+        kv_unshared = max(kv_unshared, judge_kv)
     step_kv = train_kv if res.hybrid else kv
     kv_bytes = kv * mm.kv_block_bytes(bs)
     prefill = min(g(f"{rl}.max_num_batched_tokens"), engine_seqs * S)
     predicted = {"gen": mm.gen(step_kv, bs, min(engine_seqs, layout.rollout_samples_per_dp), prefill)}
 
-    def unshard(key: str, model: ModelShape) -> bool:  # 'auto': fsdp.should_keep_unsharded's rule, on the plan's GPU
+    def auto_unshard(model: ModelShape) -> bool:  # fsdp.should_keep_unsharded's 'auto' rule, on the plan's GPU
+        return device.total_bytes is not None and model.num_params * 2 <= AUTO_UNSHARD_MAX_FRACTION * device.total_bytes
+
+    def unshard(key: str, model: ModelShape) -> bool:
         v = g(key)
-        if _auto(v):
-            return (device.total_bytes is not None
-                    and model.num_params * 2 <= AUTO_UNSHARD_MAX_FRACTION * device.total_bytes)
-        return bool(v)
+        return auto_unshard(model) if _auto(v) else bool(v)
 
     lp_once, ref_once = unshard(f"{rl}.log_prob_unshard_once", shape), unshard(f"{ref}.log_prob_unshard_once", shape)
 
-    def pick(key: str, value, candidates: list[int], tokens_target: int, peak) -> int:
+    def pick(key: str, value, candidates: list[int], tokens_target: int, peak, seq_len: int = S) -> int:
         """The configured size, or the largest candidate within the token target that fits the budget."""
         if not _auto(value):
             if budget is not None and peak(value).total > budget:
@@ -217,10 +234,10 @@ def make_plan(config: DictConfig | dict, hf_config, device: DeviceSpec, val_prom
                                    f"{device.total_bytes / GiB:.1f} GiB; "
                                    + (f"set it to {fit} (or 'auto')" if fit else _no_fit_hint(key, peak(1)))])
             return value
-        within = [d for d in candidates if d * S <= tokens_target] or [candidates[-1]]
+        within = [d for d in candidates if d * seq_len <= tokens_target] or [candidates[-1]]
         for d in within:
             if budget is None or peak(d).total <= budget:
-                choices.append(f"{key} = {d} ({d * S} tokens per micro-batch"
+                choices.append(f"{key} = {d} ({d * seq_len} tokens per micro-batch"
                                + (f", predicted {peak(d).phase} peak {peak(d).total / GiB:.1f} GiB)"
                                   if budget is not None else ")"))
                 return d
@@ -269,6 +286,13 @@ def make_plan(config: DictConfig | dict, hf_config, device: DeviceSpec, val_prom
                           lambda m: mm.critic_phase("values", m, S, critic_once, kv_bytes))
         predicted["values"] = mm.critic_phase("values", critic_fwd, S, critic_once, kv_bytes)
         predicted["update_critic"] = mm.critic_phase("update_critic", critic_micro, S, False, kv_bytes)
+    rm_micro, rm_once, rm_len = None, False, g("reward_model.max_length") or S
+    if rm_shape is not None:
+        rm_once = auto_unshard(rm_shape)
+        rm_micro = pick("reward_model.micro_batch_size_per_gpu", g("reward_model.micro_batch_size_per_gpu"),
+                        list(range(max(1, layout.train_batch_size * layout.n // world), 0, -1)),
+                        LOGPROB_TOKENS_TARGET, lambda m: mm.reward_model_phase(m, rm_len, rm_once, kv_bytes), rm_len)
+        predicted["reward_model"] = mm.reward_model_phase(rm_micro, rm_len, rm_once, kv_bytes)
     if budget is not None and predicted["gen"].total > budget:
         raise ConfigError([f"rollout phase predicted at {predicted['gen'].total / GiB:.1f} GiB per GPU, over "
                            f"{SAFETY:.0%} of {device.total_bytes / GiB:.1f} GiB ({predicted['gen'].describe()}): "
@@ -289,7 +313,31 @@ def make_plan(config: DictConfig | dict, hf_config, device: DeviceSpec, val_prom
                    engine_max_num_seqs=engine_seqs,
                    reshard_strategy=os.environ.get("HYBRIDRL_RESHARD", "slice"), old_log_prob_pass=old_pass,
                    hybrid=res.hybrid, kv_rule=(P, R, bs, sharing),
-                   predicted=predicted, choices=tuple(choices))
+                   predicted=predicted, choices=tuple(choices), reward_model_micro=rm_micro,
+                   reward_model_unshard_once=rm_once, reward_model_max_length=rm_len)
+
+
+def reward_model_hf_config(config: DictConfig):
+    """The reward model's HF config when it runs as a worker (reward_model.enable, style=model), else None."""
+    rm = config.reward_model
+    if not (rm.enable and rm.style == "model"):
+        return None
+    from hybridrl.training.fsdp import load_hf_config
+
+    return load_hf_config(os.path.expanduser(rm.model.path), role="reward_model",
+                          override_config=rm.model.override_config, trust_remote_code=bool(rm.model.trust_remote_code))
+
+
+def _reward_model_shape(c: dict, rm_hf_config) -> ModelShape | None:
+    """The reward model's shape (style=model), or None. A ...ForSequenceClassification has no LM head: its
+    parameters are counted as a tied model's (the one-output score head is negligible)."""
+    rm = c["reward_model"]
+    if not rm["enable"] or rm["style"] != "model":
+        return None
+    if rm_hf_config is None:
+        raise ValueError("make_plan: reward_model.enable=true with style=model needs the reward model's HF config "
+                         "(rm_hf_config)")
+    return replace(ModelShape.from_hf_config(rm_hf_config), tied=True)
 
 
 _DTYPE_NAMES = {"bfloat16": "bf16", "bf16": "bf16", "float16": "fp16", "fp16": "fp16", "float32": "fp32",

@@ -47,6 +47,11 @@ class CustomRewardFunction:
     def __call__(self, *args, **kwargs):
         return self._fn(*args, **kwargs)
 
+    @property
+    def function(self):
+        """The loaded function itself (its signature says whether it takes `rm_score`)."""
+        return self._fn
+
     def __getstate__(self):
         return {"path": str(self.path), "name": self.name}
 

@@ -3,7 +3,8 @@
 A sample whose scorer raised, returned a non-finite or non-number score, timed out, or had no ground truth gets
 reward 0 and is counted (reward_manager.py). A few such samples are noise; when most of them fail, the rewards
 say nothing about the responses and every update trains on zeros while the run exits 0. The guard sums the
-failed samples (`reward/errors` + `reward/timeouts`) over the last `window` steps and raises once their share
+failed samples (`reward/errors` + `reward/timeouts`, and with an LLM judge the verdicts it could not read,
+`reward_model/judge_failures`; at most the step's samples) over the last `window` steps and raises once their share
 of the samples reaches `max_fraction` (config `reward_model.max_error_fraction` / `error_window_steps`; the
 default 1.0 over 1 step stops only when every sample of a step failed; null never stops).
 """
@@ -12,7 +13,9 @@ from __future__ import annotations
 
 from collections import deque
 
-__all__ = ["RewardErrorGuard", "RewardErrorLimitError"]
+__all__ = ["FAILURE_KEYS", "RewardErrorGuard", "RewardErrorLimitError"]
+
+FAILURE_KEYS = ("reward/errors", "reward/timeouts", "reward_model/judge_failures")
 
 
 class RewardErrorLimitError(RuntimeError):
@@ -30,8 +33,8 @@ class RewardErrorGuard:
 
     def check(self, step: int, metrics: dict) -> float:
         """Record one step's reward metrics; returns the failed fraction over the window, raises past the limit."""
-        failed = int(metrics.get("reward/errors", 0)) + int(metrics.get("reward/timeouts", 0))
         samples = int(metrics.get("reward/samples", 0))
+        failed = min(samples, sum(int(metrics.get(k, 0)) for k in FAILURE_KEYS))
         self._steps.append((step, failed, samples))
         total_failed = sum(f for _, f, _ in self._steps)
         total = sum(n for _, _, n in self._steps)

@@ -17,10 +17,16 @@
   the call with the reason (a config error, not a sample error).
 - An empty response (no valid token) is still scored (on ""); its score cannot sit on a valid token, so it is
   put at position 0 and counted in `reward/empty_responses`.
+- Model-based rewards (`reward_model.enable`): the batch carries `rm_scores` [B, R] (the reward model's or the
+  judge's score at the last response token). As in verl, that score is then the reward and no rule scorer runs
+  (no ground truth is needed); a non-finite one is an error, scored 0. A custom function that takes an
+  `rm_score` argument (`rm_scores`, a list, in batch mode) combines the two instead: it is called as usual plus
+  the sample's reward-model score, and what it returns is the reward.
 """
 
 from __future__ import annotations
 
+import inspect
 import logging
 import math
 
@@ -30,7 +36,7 @@ from hybridrl.protocol import DataProto
 from hybridrl.rewards.default import default_compute_score, unscorable_sources_error
 from hybridrl.rewards.score_worker import ScorerProcess
 
-__all__ = ["RewardManager", "default_compute_score_batch"]
+__all__ = ["RewardManager", "default_compute_score_batch", "takes_rm_score"]
 
 log = logging.getLogger(__name__)
 MODES = ("naive", "batch")
@@ -41,6 +47,17 @@ MISSING_TRUTH = "no ground truth (reward_model.ground_truth is None or NaN in th
 
 def _missing(ground_truth) -> bool:
     return ground_truth is None or (isinstance(ground_truth, float) and math.isnan(ground_truth))
+
+
+def takes_rm_score(compute_score, mode: str = "naive") -> bool:
+    """Whether a scorer combines rule and reward-model scores: it names an `rm_score` (naive) / `rm_scores` (batch)
+    parameter."""
+    fn = getattr(compute_score, "function", compute_score)
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+    return ("rm_score" if mode == "naive" else "rm_scores") in params
 
 
 def default_compute_score_batch(data_sources, solution_strs, ground_truths, extra_infos):
@@ -59,6 +76,7 @@ class RewardManager:
         self.tokenizer, self.reward_fn_key, self.mode = tokenizer, reward_fn_key, mode
         self.timeout_s, self.num_examine = timeout_s, num_examine
         self.compute_score = compute_score or (default_compute_score if mode == "naive" else default_compute_score_batch)
+        self.combines_rm = takes_rm_score(self.compute_score, mode)
         self._worker = ScorerProcess(self.compute_score) if timeout_s is not None else None
 
     def close(self) -> None:
@@ -74,23 +92,27 @@ class RewardManager:
                 return "error", repr(e)
         return self._worker.call(args, kwargs, budget_s)
 
-    def _score_all(self, sources, texts, truths, extras) -> list[tuple[str, object]]:
-        """(status, value) per sample; samples without a ground truth are not sent to the scorer."""
+    def _score_all(self, sources, texts, truths, extras, rm_scores) -> list[tuple[str, object]]:
+        """(status, value) per sample; samples without a ground truth are not sent to the scorer. `rm_scores`:
+        a float per sample for a scorer that combines them, else None."""
         results: list[tuple[str, object]] = [("error", MISSING_TRUTH)] * len(texts)
         have = [i for i, gt in enumerate(truths) if not _missing(gt)]
         if have:
-            pick = lambda xs: [xs[i] for i in have]  # noqa: E731
-            for i, r in zip(have, self._score_present(pick(sources), pick(texts), pick(truths), pick(extras))):
+            pick = lambda xs: None if xs is None else [xs[i] for i in have]  # noqa: E731
+            for i, r in zip(have, self._score_present(pick(sources), pick(texts), pick(truths), pick(extras),
+                                                      pick(rm_scores))):
                 results[i] = r
         return results
 
-    def _score_present(self, sources, texts, truths, extras) -> list[tuple[str, object]]:
+    def _score_present(self, sources, texts, truths, extras, rm_scores) -> list[tuple[str, object]]:
         if self.mode == "naive":
-            return [self._call((ds, s, gt, ei), None, self.timeout_s)
-                    for ds, s, gt, ei in zip(sources, texts, truths, extras)]
+            rm = [None] * len(texts) if rm_scores is None else [{"rm_score": x} for x in rm_scores]
+            return [self._call((ds, s, gt, ei), kw, self.timeout_s)
+                    for ds, s, gt, ei, kw in zip(sources, texts, truths, extras, rm)]
         budget = None if self.timeout_s is None else self.timeout_s * len(texts)
+        rm = {} if rm_scores is None else {"rm_scores": rm_scores}
         status, value = self._call((), {"data_sources": sources, "solution_strs": texts, "ground_truths": truths,
-                                        "extra_infos": extras}, budget)
+                                        "extra_infos": extras, **rm}, budget)
         if status == "ok" and (not isinstance(value, (list, tuple)) or len(value) != len(texts)):
             status, value = "error", f"batch compute_score must return a list of {len(texts)} scores, got {value!r}"[:500]
         return list(zip(["ok"] * len(texts), value)) if status == "ok" else [(status, value)] * len(texts)
@@ -104,13 +126,8 @@ class RewardManager:
             raise ValueError(f"score is {score} (not finite)")
         return score, extra
 
-    # ------------------------------------------------------------------ entry point
-    def __call__(self, data: DataProto) -> dict:
-        responses = data.batch["responses"]
-        bsz, resp_len = responses.shape
-        mask = data.batch.get("response_mask")
-        if mask is None:
-            mask = data.batch["attention_mask"][:, -resp_len:]
+    def _rule_inputs(self, data: DataProto) -> tuple[list[str], list, list]:
+        """(data sources, ground truths, extra infos) of a batch, refused when the rule scorer cannot use them."""
         if self.reward_fn_key not in data.non_tensor_batch:
             raise ValueError(f"data.reward_fn_key={self.reward_fn_key!r}: no such non-tensor key in the batch "
                              f"(have {sorted(data.non_tensor_batch)})")
@@ -121,16 +138,34 @@ class RewardManager:
                 raise ValueError(problem)
         truths = [rm.get("ground_truth") if isinstance(rm, dict) else None
                   for rm in data.non_tensor_batch["reward_model"]]
-        extras = list(data.non_tensor_batch["extra_info"]) if "extra_info" in data.non_tensor_batch else [None] * bsz
+        extras = list(data.non_tensor_batch["extra_info"]) if "extra_info" in data.non_tensor_batch else [None] * len(data)
+        return sources, truths, extras
+
+    # ------------------------------------------------------------------ entry point
+    def __call__(self, data: DataProto) -> dict:
+        responses = data.batch["responses"]
+        bsz, resp_len = responses.shape
+        mask = data.batch.get("response_mask")
+        if mask is None:
+            mask = data.batch["attention_mask"][:, -resp_len:]
         valid = mask.bool().cpu()
         texts = [self.tokenizer.decode(responses[i].cpu()[valid[i]].tolist(), skip_special_tokens=True)
                  for i in range(bsz)]
+        rm = data.batch.get("rm_scores")
+        rm_list = None if rm is None else rm.float().sum(-1).tolist()  # one non-zero token per row
+        if rm_list is not None and not self.combines_rm:  # verl: the reward model's score is the reward
+            sources = [str(s) for s in data.non_tensor_batch.get(self.reward_fn_key, ["reward_model"] * bsz)]
+            truths, results = [None] * bsz, [("ok", x) for x in rm_list]
+            missing = 0
+        else:
+            sources, truths, extras = self._rule_inputs(data)
+            results = self._score_all(sources, texts, truths, extras, rm_list)
+            missing = sum(map(_missing, truths))
 
         reward = torch.zeros(bsz, resp_len, dtype=torch.float32)
         errors = timeouts = empty = 0
-        missing = sum(map(_missing, truths))
         extra_info: dict[str, list] = {}
-        for i, (status, value) in enumerate(self._score_all(sources, texts, truths, extras)):
+        for i, (status, value) in enumerate(results):
             score, extra = 0.0, {}
             if status == "ok":
                 try:

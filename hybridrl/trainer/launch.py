@@ -63,10 +63,17 @@ def load_dataset(files, key: str, tokenizer, data_config):
 
 def build_reward_fns(config: DictConfig, tokenizer):
     from hybridrl.rewards import RewardManager, default_compute_score, load_custom_reward_function
+    from hybridrl.rewards.reward_manager import takes_rm_score
 
     custom = load_custom_reward_function(config.custom_reward_function.path, config.custom_reward_function.name)
     score = custom or default_compute_score
     rm = config.reward_model
+    if rm.enable and custom is not None and not takes_rm_score(custom, rm.reward_manager):
+        arg = "rm_score" if rm.reward_manager == "naive" else "rm_scores"
+        raise ValueError(f"custom_reward_function.path={config.custom_reward_function.path!r} with reward_model.enable="
+                         f"true: {config.custom_reward_function.name}() has no `{arg}` parameter, so either it or the "
+                         f"reward model would go unused; add `{arg}=None` to it and return the combined score (or "
+                         "drop custom_reward_function to train on the reward model's score alone)")
     timeout_s = None if rm.timeout_s is None else float(rm.timeout_s)  # null: in-process, no time limit
     kwargs = dict(compute_score=score, reward_fn_key=config.data.reward_fn_key, timeout_s=timeout_s,
                   mode=rm.reward_manager)
@@ -107,13 +114,18 @@ def _device_spec(use_gpu: bool):
     return DeviceSpec("cuda", name, total)
 
 
+def use_reward_model_worker(config: DictConfig) -> bool:
+    return bool(config.reward_model.enable) and config.reward_model.style == "model"
+
+
 def make_run_plan(config: DictConfig, model_path: str, use_gpu: bool, val_prompts: int | None):
-    from hybridrl.plan import make_plan
+    from hybridrl.plan import make_plan, reward_model_hf_config
     from hybridrl.training.fsdp import load_hf_config
 
     hf_config = load_hf_config(model_path, override_config=config.actor_rollout_ref.model.override_config,
                                trust_remote_code=bool(config.actor_rollout_ref.model.trust_remote_code))
-    return make_plan(config, hf_config, _device_spec(use_gpu), val_prompts=val_prompts)
+    return make_plan(config, hf_config, _device_spec(use_gpu), val_prompts=val_prompts,
+                     rm_hf_config=reward_model_hf_config(config))
 
 
 def run_ppo(config: DictConfig) -> dict:
@@ -143,6 +155,8 @@ def _run_ppo_claimed(config: DictConfig, cleanup: contextlib.ExitStack) -> dict:
     model_path = check_model_dir(config.actor_rollout_ref.model.path, "actor_rollout_ref.model.path")
     if need_critic(config):
         check_model_dir(config.critic.model.path, "critic.model.path")
+    if use_reward_model_worker(config):
+        check_model_dir(config.reward_model.model.path, "reward_model.model.path")
     tokenizer = AutoTokenizer.from_pretrained(os.path.expanduser(config.data.tokenizer or model_path))
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
@@ -168,8 +182,10 @@ def _run_ppo_claimed(config: DictConfig, cleanup: contextlib.ExitStack) -> dict:
     val_prompts = (int(config.data.val_batch_size or len(val_set))) if val_set is not None else None
     plan = make_run_plan(config, model_path, use_gpu, val_prompts)
     print(plan, flush=True)
+    with_rm = use_reward_model_worker(config)
+    # roles in their own processes share each GPU's bundle (the actor, rollout and reference are one process)
     pool = RayResourcePool([int(t.n_gpus_per_node)] * int(t.nnodes), use_gpu=use_gpu,
-                           max_colocate_count=2 if with_critic else 1)
+                           max_colocate_count=1 + with_critic + with_rm)
     cleanup.callback(pool.release)  # callbacks run last-in first-out: the groups first, then their pool
     timeout = float(t.worker_timeout_s)
     role = "actor_rollout_ref" if need_reference(config) else "actor_rollout"
@@ -183,6 +199,18 @@ def _run_ppo_claimed(config: DictConfig, cleanup: contextlib.ExitStack) -> dict:
                                    worker_timeout_s=timeout)
         cleanup.callback(critic_wg.shutdown)
         critic_wg.init_model()
+    reward_model = None
+    if with_rm:
+        from hybridrl.workers.reward_model import RewardModelWorker
+
+        reward_model = RayWorkerGroup(pool, RayClassWithInitArgs(RewardModelWorker, config, plan),
+                                      name_prefix="reward_model", worker_timeout_s=timeout)
+        cleanup.callback(reward_model.shutdown)
+        reward_model.init_model()
+    elif config.reward_model.enable:  # style=judge: the policy judges through its own rollout engine
+        from hybridrl.rewards.judge import JudgeRewardModel
+
+        reward_model = JudgeRewardModel(actor_wg, tokenizer, config)
 
     run_dir = Path(os.path.expanduser(t.default_local_dir))
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -193,7 +221,8 @@ def _run_ppo_claimed(config: DictConfig, cleanup: contextlib.ExitStack) -> dict:
     tracker.log(dataset_metrics(train_set), step=0)
     timeline = MemoryTimeline()
     trainer = RayPPOTrainer(config, tokenizer, actor_wg, critic_wg, reward_fn, val_reward_fn, loader, val_set,
-                            tracker, ckpt, n_gpus=world, memory_timeline=timeline, plan=plan)
+                            tracker, ckpt, n_gpus=world, memory_timeline=timeline, plan=plan,
+                            reward_model=reward_model)
     t0 = time.time()
     try:
         history = trainer.fit()
@@ -208,7 +237,8 @@ def _run_ppo_claimed(config: DictConfig, cleanup: contextlib.ExitStack) -> dict:
                "memory_plot": str(plot) if plot else None, "filtered_prompts": train_set.num_filtered,
                "truncated_prompts": train_set.num_truncated, "init": init_info,
                "placement": {"actor_rollout": actor_wg.placement,
-                             "critic": critic_wg.placement if critic_wg is not None else None}}
+                             "critic": critic_wg.placement if critic_wg is not None else None,
+                             "reward_model": reward_model.placement if with_rm else None}}
     where = f"memory plot: {plot}" if plot else "memory plot: none (no GPU memory measured on CPU)"
     print(f"[hybridrl] done in {summary['wall_s']:.1f}s — logs: {log_dir}  {where}  checkpoints: {run_dir}")
     return summary

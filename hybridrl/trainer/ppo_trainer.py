@@ -1,6 +1,6 @@
 """The PPO/GRPO fit loop on the driver (single controller), in verl's phase order:
 
-  gen → reward → old_log_prob → ref → values → adv → update_critic → update_actor → testing → save
+  gen → reward (reward model, then rule/custom) → old_log_prob → ref → values → adv → update_critic → update_actor → testing → save
 
 The algorithm lives here, on the driver; workers only run SPMD compute (generation, log-probs, updates). Every
 phase is timed as `timing_s/{phase}` and its metrics use verl's names, so a verl dashboard reads our runs.
@@ -32,6 +32,7 @@ from hybridrl.trainer.metrics import (
     reduce_metrics,
 )
 from hybridrl.trainer.resume_check import check_resume_config, save_resolved_config
+from hybridrl.trainer.reward_phase import RM_COUNTS, compute_reward
 from hybridrl.trainer.timer import marked_timer
 from hybridrl.trainer.tracking import make_progress_bar
 
@@ -95,10 +96,12 @@ def rollout_probs_diff(batch: DataProto) -> dict:
 
 class RayPPOTrainer:
     def __init__(self, config: DictConfig, tokenizer, actor_rollout_wg, critic_wg, reward_fn, val_reward_fn,
-                 train_loader, val_dataset, tracker, ckpt_manager, n_gpus: int, memory_timeline=None, plan=None):
+                 train_loader, val_dataset, tracker, ckpt_manager, n_gpus: int, memory_timeline=None, plan=None,
+                 reward_model=None):
         self.config = config
         self.tokenizer = tokenizer
         self.actor_rollout_wg, self.critic_wg = actor_rollout_wg, critic_wg
+        self.reward_model = reward_model  # RewardModelWorker group or JudgeRewardModel (reward_model.enable), or None
         self.reward_fn, self.val_reward_fn = reward_fn, val_reward_fn
         self.train_loader, self.val_dataset = train_loader, val_dataset
         self.tracker, self.ckpt = tracker, ckpt_manager
@@ -133,6 +136,7 @@ class RayPPOTrainer:
         scores, sources, uids, inputs, outputs = [], [], [], [], []
         extra: dict[str, list] = {}  # numeric extra info a scorer returned (e.g. {"score", "len"}), as verl reports it
         failed = {"errors": 0, "timeouts": 0, "missing_ground_truths": 0}  # scored 0: reported, never hidden
+        rm_counts: dict[str, float] = {}
         for start in range(0, len(val), bs):
             batch = collate_fn([val[i] for i in range(start, min(len(val), start + bs))])
             assign_uids(batch)
@@ -142,7 +146,10 @@ class RayPPOTrainer:
             out = self.actor_rollout_wg.generate_sequences(gen)
             out.meta_info.pop("metrics", None)
             batch = attach_rollout(batch, out, n)
-            result = self.val_reward_fn(batch)
+            result, rm_metrics, _ = compute_reward(batch, self.val_reward_fn, self.reward_model)
+            for key in RM_COUNTS:
+                if key in rm_metrics:
+                    rm_counts[key] = rm_counts.get(key, 0.0) + rm_metrics[key]
             scores.extend(result["reward_tensor"].sum(-1).tolist())
             for key in failed:
                 failed[key] += int(result.get("metrics", {}).get(f"reward/{key}", 0))
@@ -158,6 +165,7 @@ class RayPPOTrainer:
                 infos[key] = values
         metrics = flatten_validation_metrics(process_validation_metrics(sources, uids, infos))
         metrics.update({f"val-aux/reward/{key}": float(v) for key, v in failed.items()})
+        metrics.update({f"val-aux/{key}": v for key, v in rm_counts.items()})
         k = int(cfg.trainer.log_val_generations)
         if k > 0:
             self.tracker.log_generations(list(zip(inputs[:k], outputs[:k], scores[:k])), self.global_steps)
@@ -223,7 +231,7 @@ class RayPPOTrainer:
                     base.meta_info.pop("metrics", None)
                     base_batch = batch.select(batch_keys=[], non_tensor_batch_keys=list(batch.non_tensor_batch))
                     base_batch.union(base)
-                    baseline = self.reward_fn(base_batch)["reward_tensor"].sum(-1)
+                    baseline = compute_reward(base_batch, self.reward_fn, self.reward_model)[0]["reward_tensor"].sum(-1)
                     batch.batch["reward_baselines"] = baseline
             batch = attach_rollout(batch, out, n)
             if cfg.trainer.balance_batch:
@@ -234,9 +242,11 @@ class RayPPOTrainer:
             batch.meta_info["shuffle_seed"] = shuffle_seed(seed, self.global_steps)  # actor/critic mini-batch order
 
             with marked_timer("reward", timing):
-                result = self.reward_fn(batch)
+                result, rm_metrics, rm_worker = compute_reward(batch, self.reward_fn, self.reward_model)
+                absorb(DataProto(meta_info={"metrics": rm_worker}))
                 batch.batch["token_level_scores"] = result["reward_tensor"]
                 metrics.update(result.get("metrics", {}))
+                metrics.update(rm_metrics)
                 # failed samples were scored 0; past the configured share the run stops before any update uses them
                 metrics["reward/failed_fraction"] = self.reward_guard.check(self.global_steps, metrics)
             if self.plan is None or self.plan.old_log_prob_pass:  # else the update's own log-probs (plan)
@@ -288,8 +298,8 @@ class RayPPOTrainer:
                 metrics[k] = v
         # rows the dispatch repeated to make batches divisible (computed on, then dropped): counted, never silent
         padded = sum(getattr(self.actor_rollout_wg, "padded_rows", {}).values())
-        if self.critic_wg is not None:
-            padded += sum(getattr(self.critic_wg, "padded_rows", {}).values())
+        for wg in (self.critic_wg, self.reward_model):
+            padded += sum(getattr(wg, "padded_rows", {}).values())
         metrics["training/padded_rows_total"] = float(padded)
         if self.plan is not None and any(k.startswith("memory/") for k in metrics):
             metrics.update(self.plan.predicted_peak_gb())  # next to memory/{phase}/peak_allocated_gb

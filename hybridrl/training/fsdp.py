@@ -15,7 +15,8 @@ Choices:
   pass (`keep_unsharded`): one all-gather per block per pass instead of one per block per micro-batch, for
   the memory of one full `param_dtype` copy of the model while the pass runs (`unsharded_param_bytes`).
 - Critic = `AutoModelForTokenClassification(num_labels=1)` (HF backbone + linear score head) with
-  classifier dropout forced to 0, so values are deterministic.
+  classifier dropout forced to 0, so values are deterministic. Reward model = the checkpoint's own
+  `AutoModelForSequenceClassification`, which must have num_labels=1 (training/reward_model.py scores with it).
 """
 
 from __future__ import annotations
@@ -124,13 +125,19 @@ def keep_unsharded(model: torch.nn.Module, enabled: bool = True):
 
 
 def _model_class(role: str):
-    from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
+    from transformers import (
+        AutoModelForCausalLM,
+        AutoModelForSequenceClassification,
+        AutoModelForTokenClassification,
+    )
 
     if role == "critic":
         return AutoModelForTokenClassification
+    if role == "reward_model":
+        return AutoModelForSequenceClassification
     if role in ("actor", "ref", "causal_lm"):
         return AutoModelForCausalLM
-    raise ValueError(f"model role={role!r}: use actor, ref, causal_lm or critic")
+    raise ValueError(f"model role={role!r}: use actor, ref, causal_lm, critic or reward_model")
 
 
 def load_hf_config(path: str, role: str = "actor", override_config: Mapping | None = None,
@@ -143,6 +150,12 @@ def load_hf_config(path: str, role: str = "actor", override_config: Mapping | No
     if role == "critic":
         cfg.num_labels = 1
         cfg.classifier_dropout = 0.0
+    if role == "reward_model":
+        if cfg.num_labels != 1:
+            raise ValueError(f"reward_model.model.path={path!r} has num_labels={cfg.num_labels}; a reward model gives "
+                             "one score per sequence (num_labels=1)")
+        if cfg.pad_token_id is None:  # HF's pooling refuses batches without one; ours reads the attention mask
+            cfg.pad_token_id = 0
     return cfg
 
 

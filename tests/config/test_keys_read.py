@@ -17,9 +17,7 @@ from hybridrl.config.schema import CONFIG_DIR
 PACKAGE = Path(hybridrl.__file__).parent
 DESCRIBE_ONLY = ("config/schema.py", "config/docgen.py", "config/validate.py", "trainer/resume_check.py")
 # keys that are handled although no code outside DESCRIBE_ONLY names them, with the reason
-HANDLED_ELSEWHERE = {
-    "reward_model.enable": "refused when true by validate.check_semantics (model-based rewards are not implemented)",
-}
+HANDLED_ELSEWHERE: dict[str, str] = {}
 
 
 def leaf_keys(tree: dict, prefix: str = ""):

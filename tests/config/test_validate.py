@@ -47,7 +47,7 @@ BAD = [
     (["algorithm.adv_estimator=gae", "critic.ulysses_sequence_parallel_size=2"], "critic.ulysses_sequence_parallel_size",
      "critic.model.use_remove_padding"),
     (["critic.ulysses_sequence_parallel_size=0"], "critic.ulysses_sequence_parallel_size", "must be > 0"),
-    (["reward_model.enable=true"], "reward_model.enable", "not implemented"),
+    (["reward_model.enable=true"], "reward_model.model.path", "is null"),
     ([f"{A}.use_dynamic_bsz=true", f"{A}.ppo_max_token_len_per_gpu=100"], f"{A}.ppo_max_token_len_per_gpu", "1024"),
     (["algorithm.adv_estimator=gae", "critic.ppo_micro_batch_size_per_gpu=7"], "critic.ppo_micro_batch_size_per_gpu",
      "divisible"),
