@@ -50,6 +50,7 @@ class Parallelism:
     rollout_tp: int
     critic_fsdp: int
     critic_sp: int
+    reward_fsdp: int            # the reward model's (style=model)
 
 
 @dataclass(frozen=True)
@@ -59,7 +60,8 @@ class RunPlan:
     model: ModelShape
     parallel: Parallelism
     rollout_dtype: str                  # bf16 | fp16 | fp32: engine weights and KV (fp32 on CPU)
-    ref_dtype: str                      # the reference's weights: compute dtype, no fp32 master copy (fp32 on CPU)
+    frozen_dtype: str                   # models that never train (reference, reward model): the compute dtype, no
+                                        # fp32 master copy (fp32 on CPU)
     actor_micro: int | None             # rows per forward/backward per GPU; None = dynamic (token budget)
     log_prob_micro: int | None
     ref_log_prob_micro: int | None
@@ -97,7 +99,7 @@ class RunPlan:
                  f"vocab {self.model.vocab}",
                  *([f"critic          micro-batch per GPU: update {_fmt(self.critic_micro)}, values "
                     f"{_fmt(self.critic_forward_micro)}"] if self.layout.critic_mini_batch_per_gpu is not None else []),
-                 f"dtypes          rollout engine {self.rollout_dtype}, reference {self.ref_dtype}",
+                 f"dtypes          rollout engine {self.rollout_dtype}, reference and reward model {self.frozen_dtype}",
                  *([f"reward model    micro-batch per GPU {self.reward_model_micro}, inputs up to "
                     f"{self.reward_model_max_length} tokens"] if self.reward_model_micro is not None else []),
                  f"kv cache        {self.kv_blocks} blocks per engine ({self.kv_blocks_unshared} without prompt "
@@ -303,10 +305,11 @@ def make_plan(config: DictConfig | dict, hf_config, device: DeviceSpec, val_prom
                      grad_accum_steps=None if actor_micro is None else layout.ppo_mini_batch_per_gpu // actor_micro)
     cpu = device.type == "cpu"  # CPU runs are for correctness: fp32 everywhere (bf16 matmuls are slow there)
     parallel = Parallelism(actor_fsdp=res.shard, actor_sp=layout.ulysses_sp, rollout_tp=layout.rollout_tp,
-                           critic_fsdp=res.critic_shard, critic_sp=g("critic.ulysses_sequence_parallel_size"))
+                           critic_fsdp=res.critic_shard, critic_sp=g("critic.ulysses_sequence_parallel_size"),
+                           reward_fsdp=res.rm_shard)
     return RunPlan(layout=layout, device=device, model=shape, parallel=parallel,
                    rollout_dtype="fp32" if cpu else _DTYPE_NAMES[str(g(f"{rl}.dtype"))],
-                   ref_dtype="fp32" if cpu else "bf16", actor_micro=actor_micro, log_prob_micro=lp_micro,
+                   frozen_dtype="fp32" if cpu else "bf16", actor_micro=actor_micro, log_prob_micro=lp_micro,
                    ref_log_prob_micro=ref_micro, critic_micro=critic_micro, critic_forward_micro=critic_fwd,
                    log_prob_unshard_once=lp_once, ref_log_prob_unshard_once=ref_once,
                    critic_forward_unshard_once=critic_once, kv_blocks=kv, kv_blocks_unshared=kv_unshared,

@@ -106,7 +106,7 @@ class ActorRolloutRefWorker(Worker):
                                             use_remove_padding=packed, sp_group=self.sp_group)
         elif self._has_ref:
             # the reference never trains: keep it in the compute dtype (the plan's), no fp32 master copy
-            ref_fsdp = OmegaConf.merge(cfg.actor.fsdp_config, cfg.ref.fsdp_config, {"model_dtype": self.plan.ref_dtype})
+            ref_fsdp = OmegaConf.merge(cfg.actor.fsdp_config, cfg.ref.fsdp_config, {"model_dtype": self.plan.frozen_dtype})
             self.ref_module, _, _ = build_fsdp_model(cfg.model, ref_fsdp, None, self.device_mesh,
                                                      self.compute_device, trainable=False)
             from hybridrl.training.actor import DataParallelPPOActor

@@ -41,10 +41,9 @@ class RewardModelWorker(Worker):
         rm = self.config.reward_model
         from hybridrl.training.fsdp import build_fsdp_model, build_training_mesh
 
-        mesh = build_training_mesh(dist.get_world_size(), int(rm.model.fsdp_config.fsdp_size), self.compute_device.type)
+        mesh = build_training_mesh(dist.get_world_size(), self.plan.parallel.reward_fsdp, self.compute_device.type)
         self.set_dispatch_info("reward", dist.get_rank(), dist.get_world_size(), True)
-        gpu = self.compute_device.type == "cuda"
-        fsdp_cfg = {"model_dtype": "bf16" if gpu else "fp32",   # no master copy: it never trains
+        fsdp_cfg = {"model_dtype": self.plan.frozen_dtype,   # no master copy: it never trains
                     "mixed_precision": {"param_dtype": "bf16", "reduce_dtype": "fp32"}}
         self.module = build_fsdp_model(rm.model, fsdp_cfg, mesh, self.compute_device, role="reward_model")
         self.module.requires_grad_(False)
