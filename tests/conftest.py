@@ -63,3 +63,62 @@ def smollm2_add_task():
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+TOOL_CALL_ARGS = {"expression": "6*7"}
+
+
+def tool_conversation(tokenizer, question: str, tools):
+    """(prompt ids, turn-1 ids, appended ids, turn-2 ids) of the conversation the tool model learns: a calculator
+    call for 6*7, the tool's answer 42, then '#### 42'. Checked to tokenize as the whole conversation does."""
+    msgs = [{"role": "user", "content": question}]
+    call = {"function": {"name": "calculator", "arguments": TOOL_CALL_ARGS}}
+    convo = msgs + [{"role": "assistant", "content": "", "tool_calls": [call]}, {"role": "tool", "content": "42"},
+                    {"role": "assistant", "content": "#### 42"}]
+    prompt = tokenizer.apply_chat_template(msgs, tools=tools, add_generation_prompt=True, tokenize=False)
+    full = tokenizer.apply_chat_template(convo, tools=tools, tokenize=False).removesuffix("\n")
+    turn1_end = full.index("</tool_call>", len(prompt)) + len("</tool_call>")
+    turn2_start = full.rindex("<|im_start|>assistant\n") + len("<|im_start|>assistant\n")
+    parts = [full[:len(prompt)], full[len(prompt):turn1_end], full[turn1_end:turn2_start], full[turn2_start:]]
+    ids = [tokenizer.encode(p, add_special_tokens=False) for p in parts]
+    assert sum(ids, []) == tokenizer.encode(full, add_special_tokens=False)
+    return ids
+
+
+@pytest.fixture(scope="session")
+def tool_model_dir(tiny_model_dir, tmp_path_factory):
+    """The tiny model fine-tuned (a few seconds on CPU) to answer any 'Compute A * B.' prompt offering the
+    calculator with the calculator call for 6*7, and, after the tool's answer 42, with '#### 42<|im_end|>': a real
+    checkpoint that makes tool calls, for tests of the multi-turn path from the engine to a GRPO step."""
+    import shutil
+
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from hybridrl.tools.builtin import TOOL_SPECS
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    rows, masks = [], []
+    for question in ("Compute 31415926 * 27182818.", "Compute 16180339 * 14142135."):
+        prompt, turn1, appended, turn2 = tool_conversation(tok, question, TOOL_SPECS[:1])
+        rows.append(prompt + turn1 + appended + turn2)
+        masks.append([0] * len(prompt) + [1] * len(turn1) + [0] * len(appended) + [1] * len(turn2))
+    width = max(map(len, rows))
+    ids = torch.tensor([r + [0] * (width - len(r)) for r in rows])
+    mask = torch.tensor([m + [0] * (width - len(m)) for m in masks])[:, 1:].bool()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    for _ in range(400):
+        logp = torch.log_softmax(model(ids).logits[:, :-1].float(), -1).gather(-1, ids[:, 1:, None])[..., 0][mask]
+        if logp.min().item() > -0.02:  # every target token at p > 0.98
+            break
+        opt.zero_grad()
+        (-logp.mean()).backward()
+        opt.step()
+    else:
+        raise RuntimeError(f"tool model did not learn its conversation (min log-prob {logp.min().item():.3f})")
+    out = tmp_path_factory.mktemp("tool_model") / "qwen2"
+    shutil.copytree(tiny_model_dir, out)
+    model.save_pretrained(out)
+    return out
