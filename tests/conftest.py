@@ -66,16 +66,23 @@ def smollm2_add_task():
 
 
 TOOL_CALL_ARGS = {"expression": "6*7"}
+TOOL_MODEL_PROMPTS = (4, 0)  # the first 4 train rows of `hybridrl data make bignum --seed 0`
 
 
-def tool_conversation(tokenizer, question: str, tools):
+def bignum_prompts(n: int, seed: int) -> list[list[dict]]:
+    """Chat messages of `n` bignum task prompts (system + user)."""
+    from hybridrl.data.tasks import TASKS
+
+    return [row["prompt"] for row in TASKS["bignum"].generate(n, 0, seed=seed)["train"]]
+
+
+def tool_conversation(tokenizer, messages: list[dict], tools):
     """(prompt ids, turn-1 ids, appended ids, turn-2 ids) of the conversation the tool model learns: a calculator
     call for 6*7, the tool's answer 42, then '#### 42'. Checked to tokenize as the whole conversation does."""
-    msgs = [{"role": "user", "content": question}]
     call = {"function": {"name": "calculator", "arguments": TOOL_CALL_ARGS}}
-    convo = msgs + [{"role": "assistant", "content": "", "tool_calls": [call]}, {"role": "tool", "content": "42"},
-                    {"role": "assistant", "content": "#### 42"}]
-    prompt = tokenizer.apply_chat_template(msgs, tools=tools, add_generation_prompt=True, tokenize=False)
+    convo = messages + [{"role": "assistant", "content": "", "tool_calls": [call]}, {"role": "tool", "content": "42"},
+                        {"role": "assistant", "content": "#### 42"}]
+    prompt = tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=False)
     full = tokenizer.apply_chat_template(convo, tools=tools, tokenize=False).removesuffix("\n")
     turn1_end = full.index("</tool_call>", len(prompt)) + len("</tool_call>")
     turn2_start = full.rindex("<|im_start|>assistant\n") + len("<|im_start|>assistant\n")
@@ -87,9 +94,10 @@ def tool_conversation(tokenizer, question: str, tools):
 
 @pytest.fixture(scope="session")
 def tool_model_dir(tiny_model_dir, tmp_path_factory):
-    """The tiny model fine-tuned (a few seconds on CPU) to answer any 'Compute A * B.' prompt offering the
-    calculator with the calculator call for 6*7, and, after the tool's answer 42, with '#### 42<|im_end|>': a real
-    checkpoint that makes tool calls, for tests of the multi-turn path from the engine to a GRPO step."""
+    """The tiny model fine-tuned (seconds on CPU) to answer the bignum prompts of TOOL_MODEL_PROMPTS (which offer the
+    calculator) with the calculator call for 6*7 and, after the tool's answer 42, with '#### 42<|im_end|>': a real
+    checkpoint that makes tool calls, for tests of the multi-turn path from the engine to a GRPO step. Only those
+    prompts: memorizing a reply does not carry over to other numbers in a model this small."""
     import shutil
 
     import torch
@@ -101,8 +109,8 @@ def tool_model_dir(tiny_model_dir, tmp_path_factory):
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
     rows, masks = [], []
-    for question in ("Compute 31415926 * 27182818.", "Compute 16180339 * 14142135."):
-        prompt, turn1, appended, turn2 = tool_conversation(tok, question, TOOL_SPECS[:1])
+    for messages in bignum_prompts(*TOOL_MODEL_PROMPTS):
+        prompt, turn1, appended, turn2 = tool_conversation(tok, messages, TOOL_SPECS[:1])
         rows.append(prompt + turn1 + appended + turn2)
         masks.append([0] * len(prompt) + [1] * len(turn1) + [0] * len(appended) + [1] * len(turn2))
     width = max(map(len, rows))

@@ -199,9 +199,8 @@ class ToolAgent:
         st.tool_crashes += out.status == "crash"
         st.tool_timeouts += out.status == "timeout"
         s = self.settings
-        text = truncate_tool_response(out.text, s.max_tool_response_length, s.tool_response_truncate_side)
-        st.truncated_responses += text is not out.text
-        return text
+        st.truncated_responses += len(out.text) > s.max_tool_response_length
+        return truncate_tool_response(out.text, s.max_tool_response_length, s.tool_response_truncate_side)
 
     def _run_turn(self, st: TrajectoryStats, calls: list[ParsedCall], ended_on: int | None,
                   budget: int) -> TurnOutcome:

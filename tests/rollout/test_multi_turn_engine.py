@@ -19,14 +19,19 @@ INJECT = [30, 31, 32, 33, 34]
 
 
 class ScriptedAgent:
-    """Ends a turn after `turn_len` sampled tokens; appends INJECT (from a thread, after `delay_s`) `turns - 1`
-    times, then finishes the trajectory."""
+    """Ends a turn after `turn_len` sampled tokens; appends INJECT `turns - 1` times, then finishes the trajectory.
+    With `delay_s` the outcome comes from a thread after delay_s x the prompt's index (prompt 0 at once): the other
+    prompts' sequences are still "in their tools" while prompt 0's decode."""
 
     def __init__(self, turn_len=3, turns=3, delay_s=0.0, inject=INJECT):
         self.turn_len, self.turns, self.delay_s, self.inject = turn_len, turns, delay_s, inject
         self.budgets = []
+        self.in_tools = 0  # outcomes not delivered yet
+        self.lock = threading.Lock()
+        self.sampled_during_tools = 0  # tokens sampled (by any sequence) while some outcome was pending
 
     def ends_turn(self, seq):
+        self.sampled_during_tools += self.in_tools > 0
         return len(seq) - seq.turn_start >= self.turn_len
 
     def on_turn_end(self, seq, budget):
@@ -36,8 +41,16 @@ class ScriptedAgent:
         outcome = TurnOutcome(list(self.inject)) if seq.agent_state < self.turns else TurnOutcome(None, "stop")
         if len(self.inject) > budget and outcome.token_ids is not None:
             outcome = TurnOutcome(None, "length")
-        if self.delay_s:
-            threading.Thread(target=lambda: (time.sleep(self.delay_s), future.set_result(outcome))).start()
+        if self.delay_s and seq.request_id:
+            with self.lock:
+                self.in_tools += 1
+
+            def deliver():
+                time.sleep(self.delay_s * seq.request_id)
+                with self.lock:
+                    self.in_tools -= 1
+                future.set_result(outcome)
+            threading.Thread(target=deliver).start()
         else:
             future.set_result(outcome)
         return future
@@ -77,10 +90,11 @@ def test_continuation_on_cached_kv_equals_reprefill(engine_kw):
     model = tiny_hf_model("qwen2")
     engine = make_engine(model, **engine_kw)
     params = SamplingParams(n=2, temperature=0, max_tokens=40, ignore_eos=True)
-    agent = ScriptedAgent(turn_len=3, turns=3, delay_s=0.01)
+    agent = ScriptedAgent(turn_len=3, turns=3, delay_s=0.1)
     outs = engine.generate(PROMPTS, params, agent=agent)
     check_against_reprefill(model, outs, expected_mask(3, 3))
     assert all(c.finish_reason == "stop" and c.turn_stats == {"turns": 3} for o in outs for c in o.outputs)
+    assert agent.sampled_during_tools > 0  # the engine decoded other sequences while tools were running
     # the continuations prefilled only the last sampled token + the appended ones, never the history again
     prompt_tokens = sum(len(p) for p in PROMPTS) * (1 if engine_kw.get("enable_prefix_sharing", True) else 2)
     assert engine.stats["prefill_tokens_computed"] == prompt_tokens + 2 * len(PROMPTS) * 2 * (1 + len(INJECT))

@@ -1,11 +1,11 @@
 """Multi-turn tool rollouts in the native engine with the tiny tool model (tests/conftest.py `tool_model_dir`: it
-calls the calculator for 6*7, then answers '#### 42'): the trajectory's tokens, masks and log-probs, the limits,
+calls the calculator for 6*7 on bignum prompts, then answers '#### 42'): the trajectory's tokens, masks and log-probs, the limits,
 and tools that time out, crash or do not exist — each contained and counted."""
 
 import pytest
 import torch
 import yaml
-from conftest import tool_conversation
+from conftest import TOOL_MODEL_PROMPTS, bignum_prompts, tool_conversation
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from hybridrl.protocol import DataProto
@@ -16,7 +16,7 @@ from hybridrl.rollout.to_dataproto import outputs_to_dataproto
 from hybridrl.tools.builtin import TOOL_SPECS
 from hybridrl.tools.registry import load_tool_config
 
-QUESTIONS = ["Compute 12345678 * 87654321.", "Compute 99999999 * 11111111."]  # not the two it was tuned on
+QUESTIONS = bignum_prompts(*TOOL_MODEL_PROMPTS)[:2]
 CALCULATOR = {"class_name": "hybridrl.tools.builtin.calculator", "config": {"type": "native"}}
 GREEDY = SamplingParams(n=2, temperature=0, max_tokens=160)
 
