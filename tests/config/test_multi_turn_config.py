@@ -38,3 +38,16 @@ def test_bad_multi_turn_values_are_refused_by_name(tool_yaml, overrides, key, ru
     with pytest.raises(ConfigError) as e:
         load_config(overrides=overrides)
     assert f"'{key}'" in str(e.value) and rule in str(e.value), str(e.value)
+
+
+def test_example_multi_turn_config_validates(monkeypatch):
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[2]
+    monkeypatch.chdir(repo)  # the example names its tool config relative to the repo root
+    cfg = load_config(repo / "examples" / "multiturn_calculator" / "config.yaml")
+    mt = cfg.actor_rollout_ref.rollout.multi_turn
+    assert mt.enable and mt.max_assistant_turns == 4
+    from hybridrl.tools.registry import load_tool_config
+
+    assert list(load_tool_config(mt.tool_config_path)) == ["calculator"]

@@ -60,13 +60,13 @@ class ScriptedAgent:
 
 
 def teacher_forced(model, prompt, completion):
-    ids = torch.tensor([prompt + completion])
+    ids = torch.tensor([prompt + completion], device=model.device)
     with torch.no_grad():
         logits = model(ids).logits[0, len(prompt) - 1:-1].float()
-    return torch.log_softmax(logits, -1)
+    return torch.log_softmax(logits, -1).cpu()
 
 
-def check_against_reprefill(model, outputs, mask_expected):
+def check_against_reprefill(model, outputs, mask_expected, atol=1e-4):
     for prompt_out in outputs:
         for c in prompt_out.outputs:
             logp = teacher_forced(model, prompt_out.prompt_token_ids, c.token_ids)
@@ -76,7 +76,7 @@ def check_against_reprefill(model, outputs, mask_expected):
             assert logp[model_pos].argmax(-1).tolist() == tokens[model_pos].tolist()
             got = torch.tensor(c.logprobs)
             torch.testing.assert_close(got[model_pos], logp[model_pos].gather(1, tokens[model_pos, None])[:, 0],
-                                       atol=1e-4, rtol=0)
+                                       atol=atol, rtol=0)
             assert all(got[i] == 0.0 for i, m in enumerate(c.response_mask) if not m)
 
 
