@@ -3,6 +3,7 @@
 import os
 
 import pytest
+from tool_model_data import TOOL_MODEL_PROMPTS, bignum_prompts, tool_conversation
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -72,3 +73,43 @@ def tiny_reward_model_dir(tmp_path_factory, tiny_model_dir):
 
     return build_tiny_reward_model(tmp_path_factory.mktemp("tiny_rm") / "same_tokenizer", seed=1,
                                    tokenizer_from=tiny_model_dir)
+
+
+@pytest.fixture(scope="session")
+def tool_model_dir(tiny_model_dir, tmp_path_factory):
+    """The tiny model fine-tuned (seconds on CPU) to answer the bignum prompts of TOOL_MODEL_PROMPTS (which offer the
+    calculator) with the calculator call for 6*7 and, after the tool's answer 42, with '#### 42<|im_end|>': a real
+    checkpoint that makes tool calls, for tests of the multi-turn path from the engine to a GRPO step. Only those
+    prompts: memorizing a reply does not carry over to other numbers in a model this small."""
+    import shutil
+
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from hybridrl.tools.builtin import TOOL_SPECS
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    rows, masks = [], []
+    for messages in bignum_prompts(*TOOL_MODEL_PROMPTS):
+        prompt, turn1, appended, turn2 = tool_conversation(tok, messages, TOOL_SPECS[:1])
+        rows.append(prompt + turn1 + appended + turn2)
+        masks.append([0] * len(prompt) + [1] * len(turn1) + [0] * len(appended) + [1] * len(turn2))
+    width = max(map(len, rows))
+    ids = torch.tensor([r + [0] * (width - len(r)) for r in rows])
+    mask = torch.tensor([m + [0] * (width - len(m)) for m in masks])[:, 1:].bool()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    for _ in range(400):
+        logp = torch.log_softmax(model(ids).logits[:, :-1].float(), -1).gather(-1, ids[:, 1:, None])[..., 0][mask]
+        if logp.min().item() > -0.02:  # every target token at p > 0.98
+            break
+        opt.zero_grad()
+        (-logp.mean()).backward()
+        opt.step()
+    else:
+        raise RuntimeError(f"tool model did not learn its conversation (min log-prob {logp.min().item():.3f})")
+    out = tmp_path_factory.mktemp("tool_model") / "qwen2"
+    shutil.copytree(tiny_model_dir, out)
+    model.save_pretrained(out)
+    return out

@@ -165,6 +165,23 @@ import default_compute_score`); one without it is refused at start. Validation s
 reward error guard counts them), `reward_model/judge_overlong`, `timing_s/reward`,
 `memory/reward_model/peak_allocated_gb` on GPUs. Not done: a separate resource pool (`enable_resource_pool`), dynamic
 batch size, Ulysses and remove-padding for the reward model, a second model as judge (verl's GenRM server).
+
+**Multi-turn tool use** (`actor_rollout_ref.rollout.multi_turn.enable`, verl's keys; example:
+`examples/multiturn_calculator/`): prompts are rendered with the tools of `tool_config_path` (the chat template's
+`tools=`); in the native engine an assistant turn ends at eos or once it holds `max_parallel_calls` Hermes tool calls
+(`<tool_call>{"name": ..., "arguments": {...}}</tool_call>`), the calls run on a thread pool while the engine keeps
+decoding the other sequences, the answers are appended as `tool` messages tokenized exactly as the chat template
+writes them, and generation continues from the sequence's cached KV (only the new tokens are prefilled).
+`response_length` bounds model and tool tokens together; tool tokens are in `responses` and attended, but
+`response_mask` is 0 on them (no loss, advantage or KL) and their `rollout_log_probs` are 0. Malformed calls,
+unknown tools, crashes and timeouts become "Error: ..." tool messages; each is counted. Metrics per step:
+`num_turns/{min,max,mean}`, `tool_call_counts/{min,max,mean}` (verl's) and `multi_turn/{tool_calls, tool_errors,
+tool_timeouts, tool_crashes, malformed_calls, dropped_calls, truncated_responses, tool_time_s, tool_time_s_max,
+cut_by_turns, cut_by_length, masked_tokens}`. Tool config entries: `class_name` (`hybridrl.tools.builtin.calculator`,
+`hybridrl.tools.builtin.python`, or any `module.function` returning a string, which then needs a `tool_schema`),
+`config.type: native`, `config.timeout_s` (default 30), `config.memory_mb` (python). Not supported: verl's
+interactions (`interaction_config_path` must stay null), MCP tools, formats other than `hermes`, and
+`tensor_model_parallel_size` > 1 with multi-turn.
 """
 
 

@@ -57,6 +57,7 @@ def check_limits(c: dict) -> list[str]:
         errors.append(f"'{ACTOR}.checkpoint.contents' = {contents} must include 'model' (a checkpoint without "
                       "the weights cannot be resumed)")
     errors += _policy_loss_errors(g(f"{ACTOR}.policy_loss"))
+    errors += _multi_turn_errors(g("actor_rollout_ref.rollout"))
     if g("algorithm.adv_estimator") == "gae":  # the critic exists only then
         actor_tok = g("data.tokenizer") or g("actor_rollout_ref.model.path")
         critic_tok = g("critic.model.tokenizer_path")
@@ -73,4 +74,33 @@ def _policy_loss_errors(p: dict) -> list[str]:
               if not 0 < p[name] <= 1]
     if not p["clip_cov_lb"] < p["clip_cov_ub"]:
         errors.append(f"'{key}.clip_cov_lb' = {p['clip_cov_lb']} must be < '{key}.clip_cov_ub' = {p['clip_cov_ub']}")
+    return errors
+
+
+def _multi_turn_errors(rollout: dict) -> list[str]:
+    key = "actor_rollout_ref.rollout.multi_turn"
+    mt = rollout["multi_turn"]
+    errors = []
+    if mt["interaction_config_path"] is not None:
+        errors.append(f"'{key}.interaction_config_path' = {mt['interaction_config_path']!r}: verl's interactions "
+                      "(a simulated user answering each turn) are not supported; leave it null")
+    for name in ("max_assistant_turns", "max_user_turns"):
+        if mt[name] is not None and mt[name] < 1:
+            errors.append(f"'{key}.{name}' = {mt[name]} must be null (no limit) or >= 1")
+    for name in ("max_parallel_calls", "max_tool_response_length"):
+        if mt[name] < 1:
+            errors.append(f"'{key}.{name}' = {mt[name]} must be >= 1")
+    if not mt["enable"]:
+        return errors
+    if mt["tool_config_path"] is None:
+        errors.append(f"'{key}.enable' = true needs '{key}.tool_config_path' (a YAML listing the tools)")
+    elif not Path(os.path.expanduser(mt["tool_config_path"])).is_file():
+        errors.append(f"'{key}.tool_config_path' = {mt['tool_config_path']!r}: no such file")
+    if rollout["name"] != "native":
+        errors.append(f"'{key}.enable' = true runs in the native engine: 'actor_rollout_ref.rollout.name' = "
+                      f"{rollout['name']!r} must be 'native'")
+    if rollout["tensor_model_parallel_size"] != 1:
+        errors.append(f"'{key}.enable' = true needs 'actor_rollout_ref.rollout.tensor_model_parallel_size' = 1 "
+                      f"(got {rollout['tensor_model_parallel_size']}): the TP ranks of an engine would run each tool "
+                      "call separately and could disagree on its answer or its timing")
     return errors

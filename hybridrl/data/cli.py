@@ -16,6 +16,8 @@ KNOB_FLAGS = {
     "arith": [("--digits", int, "digits per operand"), ("--operands", int, "number of operands"),
               ("--ops", str, "operators to draw from, subset of '+-*/'"),
               ("--unmarked", float, "fraction of solutions without the '#### N' line")],
+    "bignum": [("--min-digits", int, "fewest digits of an operand"), ("--max-digits", int, "most digits of an operand"),
+               ("--operands", int, "numbers multiplied")],
     "countdown": [("--num-numbers", int, "numbers given"), ("--max-number", int, "largest given number"),
                   ("--max-target", int, "largest target")],
     "gsm8k-synthetic": [("--max-value", int, "bound on the numbers in the templates")],

@@ -7,7 +7,8 @@ Choices:
   `reward_model` (struct with `ground_truth`). Optional: `ability` (string, default ""), `extra_info` (struct).
   Other columns (e.g. `answer`) are ignored. A parquet as verl's examples/data_preprocess/gsm8k.py writes loads
   unchanged.
-- Prompts are rendered with `apply_chat_template(messages, add_generation_prompt=True, tokenize=False)` and
+- Prompts are rendered with `apply_chat_template(messages, add_generation_prompt=True, tokenize=False)` (plus
+  `tools=` — the tool schemas of a multi-turn run, which the template lists in the system message) and
   tokenized without extra special tokens (the template already holds them) — once, at construction, because
   filtering needs the lengths anyway.
 - Overlong prompts: `filter_overlong_prompts=True` drops them and counts them (`num_filtered`, logged);
@@ -92,8 +93,9 @@ def read_rows(files, prompt_key: str = "prompt") -> list[dict]:
 
 
 class RLHFDataset(torch.utils.data.Dataset):
-    def __init__(self, files, tokenizer, data_config=None):
+    def __init__(self, files, tokenizer, data_config=None, tools: list[dict] | None = None):
         self.tokenizer = tokenizer
+        self.tools = tools
         self.prompt_key = _cfg(data_config, "prompt_key", "prompt")
         self.max_prompt_length = int(_cfg(data_config, "max_prompt_length", 1024))
         self.filter_overlong_prompts = bool(_cfg(data_config, "filter_overlong_prompts", True))
@@ -128,7 +130,8 @@ class RLHFDataset(torch.utils.data.Dataset):
 
     def _tokenize(self, row: dict) -> list[int]:
         messages = [{"role": m["role"], "content": m["content"]} for m in row[self.prompt_key]]
-        text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        tools = {"tools": self.tools} if self.tools else {}
+        text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False, **tools)
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 
     def _truncate(self, ids: list[int], i: int, path: str) -> list[int]:

@@ -1,9 +1,9 @@
 """`default_compute_score`: pick the rule scorer from a sample's data_source.
 
 - verl's data sources get verl's verdict (`hybridrl.rewards.verl_compat`), so reward curves compare with verl's.
-- The project's own tasks keep their scorers: `countdown`, `arith`, and the lenient comparisons under their own
-  names, `hybridrl/lenient_numeric` (GSM8K-style `#### N`, compared as numbers) and `hybridrl/lenient_math`
-  (`\\boxed{}` answers, equal fractions accepted).
+- The project's own tasks keep their scorers: `countdown`, `arith`, `bignum` (exact integer), and the lenient
+  comparisons under their own names, `hybridrl/lenient_numeric` (GSM8K-style `#### N`, compared as numbers) and
+  `hybridrl/lenient_math` (`\\boxed{}` answers, equal fractions accepted).
 - verl's code sources raise NotImplementedError naming the sandbox they need; an unknown source is a ValueError
   naming the known ones — a silent 0 would train on noise.
 """
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from functools import partial
 
-from hybridrl.rewards import arith, code_exec, countdown, lenient_math, lenient_numeric
+from hybridrl.rewards import arith, bignum, code_exec, countdown, lenient_math, lenient_numeric
 from hybridrl.rewards.verl_compat import (
     CODE_DATA_SOURCES,
     EXACT_SOURCES,
@@ -32,6 +32,7 @@ SCORERS = {
     **{source: partial(verl_compute_score, source) for source in (*EXACT_SOURCES, *_AIME_NAMES)},
     "countdown": countdown.compute_score,
     "arith": arith.compute_score,
+    "bignum": bignum.compute_score,
     LENIENT_NUMERIC: lenient_numeric.compute_score,
     LENIENT_MATH: lenient_math.compute_score,
     code_exec.DATA_SOURCE: partial(code_exec.compute_score, code_exec.DATA_SOURCE),

@@ -6,6 +6,9 @@ Choices:
 - Copy-on-write happens only where a sequence would write into a shared block: the last, partial
   prompt block, at the sample's first decode step. `append_slot` then returns (src, dst) for the
   runner to copy on the device before that step. Full prompt blocks are never written again.
+- A multi-turn continuation (`extend`) keeps the sequence's blocks and adds what its appended tokens need; the
+  block holding the first recomputed position is copied first when it is still shared (a turn that ended on its
+  first sampled token never decoded, so its partial prompt block may still be its siblings').
 - No content-hash prefix cache across requests: the hybrid engine resets the cache every step
   (weights change), so only within-request sharing pays.
 """
@@ -73,6 +76,30 @@ class BlockManager:
         for block in reversed(seq.block_table):
             self._decref(block)
         seq.block_table = []
+
+    def _needs_copy(self, seq: Sequence, index: int) -> bool:
+        return index < len(seq.block_table) and self.ref_counts[seq.block_table[index]] > 1
+
+    def blocks_to_extend(self, seq: Sequence) -> int:
+        """Blocks `extend` takes: new ones for positions up to len-1, plus one copy of a shared block."""
+        first = seq.num_cached_tokens // self.block_size
+        return (seq.num_blocks_for(len(seq), self.block_size) - len(seq.block_table)
+                + self._needs_copy(seq, first))
+
+    def extend(self, seq: Sequence) -> list[tuple[int, int]]:
+        """Make positions num_cached_tokens..len-1 of a sequence that keeps its blocks writable; returns the
+        (src, dst) copies the runner makes before the step."""
+        copies = []
+        first = seq.num_cached_tokens // self.block_size
+        if self._needs_copy(seq, first):
+            src, dst = seq.block_table[first], self._take()
+            self._decref(src)
+            # a new list, not an in-place edit: the runner re-copies a block-table row when the list object changes
+            seq.block_table = seq.block_table[:first] + [dst] + seq.block_table[first + 1:]
+            copies.append((src, dst))
+        while len(seq.block_table) < seq.num_blocks_for(len(seq), self.block_size):
+            seq.block_table.append(self._take())
+        return copies
 
     def needs_free_block(self, seq: Sequence) -> bool:
         """Whether writing K/V of the last token (position len-1) needs a new block (fresh or copy)."""

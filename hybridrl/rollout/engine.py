@@ -23,10 +23,18 @@ Choices:
   host's per-step work hides behind the GPU instead of idling it. Greedy outputs, and sampled ones when no
   sequence ends on an eos/stop token, equal the synchronous loop's; otherwise a sequence that ends in step
   t costs one discarded sample in step t+1, which shifts the random stream (same distribution).
+- Multi-turn (`generate(..., agent=...)`, see rollout/multi_turn.py): a sequence whose sampled token ends an
+  assistant turn (`agent.ends_turn`) pauses with its KV blocks kept; `agent.on_turn_end(seq, budget)` returns a
+  Future (the tools run on the agent's threads while the engine keeps decoding the other sequences) resolving to
+  the tokens to append (tool messages in the chat template) or a finish reason. When it resolves the sequence
+  is resumed: only its last sampled token and the appended tokens are prefilled, onto its own blocks. `budget`:
+  how many tokens may be appended while leaving room for at least one more sampled token (max_tokens bounds
+  model and appended tokens together, as does max_model_len).
 """
 
 from __future__ import annotations
 
+import queue
 import random
 import time
 from collections.abc import Iterable
@@ -148,14 +156,38 @@ class LLMEngine:
             if min(p) < 0 or max(p) >= V:
                 raise ValueError(f"prompt {i} has token ids outside [0, vocab_size={V})")
 
-    def generate(self, prompt_token_ids: list[list[int]], sampling_params: SamplingParams) -> list[RequestOutput]:
+    def _turn_budget(self, seq: Sequence) -> int:
+        """Tokens that may be appended to a paused sequence so that one more can still be sampled."""
+        return min(seq.params.max_tokens - seq.num_completion_tokens, self.max_model_len - len(seq)) - 1
+
+    @staticmethod
+    def _apply_ready(sched: Scheduler, ready: queue.SimpleQueue, pending: dict, block: bool) -> None:
+        """Resume or finish the paused sequences whose turn outcome is known (waiting for one if `block`)."""
+        while pending:
+            try:
+                seq = ready.get(block=block)
+            except queue.Empty:
+                return
+            block = False
+            outcome = pending.pop(seq).result()  # the agent's own failures (not a tool's) propagate
+            if outcome.token_ids is not None:
+                sched.resume(seq, outcome.token_ids)
+            else:
+                sched.finish_paused(seq, outcome.finish_reason)
+
+    def generate(self, prompt_token_ids: list[list[int]], sampling_params: SamplingParams,
+                 agent=None) -> list[RequestOutput]:
+        """Generate `sampling_params.n` samples per prompt; with `agent`, multi-turn (see the module docstring)."""
         self._validate(prompt_token_ids, sampling_params)
         self._check_loaded()
         if self.runner.kv is None:
             self.wake_up(("kv_cache",))
         sched = Scheduler(BlockManager(self.runner.num_blocks, self.block_size), max_num_seqs=self.max_num_seqs,
                           max_num_batched_tokens=self.max_num_batched_tokens, max_model_len=self.max_model_len,
-                          enable_prefix_sharing=self.enable_prefix_sharing, eos_token_ids=self.eos_token_ids)
+                          enable_prefix_sharing=self.enable_prefix_sharing, eos_token_ids=self.eos_token_ids,
+                          turn_end=agent.ends_turn if agent is not None else None)
+        ready: queue.SimpleQueue = queue.SimpleQueue()  # paused sequences whose outcome is known (tool threads put)
+        pending: dict = {}
         groups = []
         for rid, prompt in enumerate(prompt_token_ids):
             group = [Sequence(prompt, sampling_params, rid, j) for j in range(sampling_params.n)]
@@ -171,17 +203,26 @@ class LLMEngine:
             t0 = time.perf_counter()
             if inflight is None:
                 batch = sched.schedule()
+                if batch is None:  # only paused sequences can move on: wait for a turn outcome
+                    self._apply_ready(sched, ready, pending, block=True)
+                    continue
                 host_s += time.perf_counter() - t0
                 inflight = batch, self.runner.launch(batch, gen, sampling_params)
             batch, handle = inflight
             t1 = time.perf_counter()
-            nxt = sched.schedule_lookahead(batch) if self.async_scheduling else None
+            lookahead = self.async_scheduling and ready.empty()  # a known outcome re-admits at the next schedule
+            nxt = sched.schedule_lookahead(batch) if lookahead else None
             host_s += time.perf_counter() - t1
             if nxt is not None:
                 nxt_handle = self.runner.launch(nxt, gen, sampling_params, TokenFeed(handle.tokens, nxt.feed_rows))
             tokens, logprobs = self.runner.read(handle)
             t2 = time.perf_counter()
             sched.postprocess(batch, tokens, logprobs)
+            if agent is not None:
+                for seq in sched.take_paused():
+                    future = pending[seq] = agent.on_turn_end(seq, self._turn_budget(seq))
+                    future.add_done_callback(lambda _, seq=seq: ready.put(seq))
+                self._apply_ready(sched, ready, pending, block=False)
             host_s += time.perf_counter() - t2
             inflight = (nxt, nxt_handle) if nxt is not None else None
         self.stats["schedule_s"] += host_s
@@ -190,7 +231,12 @@ class LLMEngine:
         self.stats.update(self.runner.timing)
         for key, value in sched.stats.items():
             self.stats[key] = max(self.stats[key], value) if key in _PEAK_KEYS else self.stats[key] + value
-        return [RequestOutput(rid, list(prompt_token_ids[rid]),
-                              [CompletionOutput(s.sample_index, s.completion_token_ids, s.logprobs, s.finish_reason)
-                               for s in group])
+        return [RequestOutput(rid, list(prompt_token_ids[rid]), [self._completion(s, agent) for s in group])
                 for rid, group in enumerate(groups)]
+
+    @staticmethod
+    def _completion(seq: Sequence, agent) -> CompletionOutput:
+        if agent is None:
+            return CompletionOutput(seq.sample_index, seq.completion_token_ids, seq.logprobs, seq.finish_reason)
+        return CompletionOutput(seq.sample_index, seq.completion_token_ids, seq.logprobs, seq.finish_reason,
+                                response_mask=seq.completion_mask(), turn_stats=agent.trajectory_stats(seq))

@@ -47,6 +47,8 @@ class CompletionOutput:
     token_ids: list[int]
     logprobs: list[float]
     finish_reason: str  # "stop" (eos / stop token) or "length" (max_tokens / max_model_len)
+    response_mask: list[int] | None = None  # multi-turn: 1 = sampled by the model, 0 = appended (tool messages)
+    turn_stats: dict | None = None  # multi-turn: the agent's per-trajectory counts (turns, tool calls, ...)
 
 
 @dataclass

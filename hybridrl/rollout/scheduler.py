@@ -16,6 +16,14 @@ Choices (after nano-vllm, minus its asserts for user errors):
   waits for admission or a new block is not free: admission and preemption decide on real tokens. A
   sequence that ends by eos/stop token in the step still in flight gets one wasted sample in the
   lookahead step; `postprocess` drops it (`num_lookahead_discarded`).
+- Multi-turn (`turn_end` given): a sampled token that ends an assistant turn (the predicate decides) pauses the
+  sequence instead of finishing it: it leaves `running` with its KV blocks and is reported by `take_paused`. The
+  engine later calls `resume` (tokens appended; the sequence goes to the FRONT of the queue, since it holds blocks,
+  and is prefilled from its last sampled token on — the history's K/V is reused) or `finish_paused`. A
+  continuation that cannot get its blocks while nothing runs gives them up (preempted: recomputed later from
+  scratch); `schedule` returns None when only paused sequences could make progress (the engine then waits for
+  a tool). Samples of a lookahead step for a sequence that paused meanwhile are dropped like those of a
+  finished one.
 - Stats: `kv_blocks_peak` (physical blocks in use) and `kv_blocks_peak_unshared` (sum of the running
   sequences' block tables = what the same schedule needs without sharing).
 """
@@ -40,7 +48,8 @@ class ScheduledBatch:
 
 class Scheduler:
     def __init__(self, block_manager: BlockManager, *, max_num_seqs: int, max_num_batched_tokens: int,
-                 max_model_len: int, enable_prefix_sharing: bool, eos_token_ids: tuple[int, ...] = ()):
+                 max_model_len: int, enable_prefix_sharing: bool, eos_token_ids: tuple[int, ...] = (),
+                 turn_end=None):
         self.bm = block_manager
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
@@ -49,6 +58,9 @@ class Scheduler:
         self.eos_token_ids = set(eos_token_ids)
         self.waiting: deque[list[Sequence]] = deque()
         self.running: deque[Sequence] = deque()
+        self.turn_end = turn_end  # (seq) -> bool: its last sampled token ends an assistant turn
+        self.paused: set[Sequence] = set()
+        self._newly_paused: list[Sequence] = []
         self.stats = {"num_preemptions": 0, "num_cow_copies": 0, "num_prefill_steps": 0, "num_decode_steps": 0,
                       "prefill_tokens_computed": 0, "kv_blocks_peak": 0, "kv_blocks_peak_unshared": 0,
                       "num_lookahead_steps": 0, "num_lookahead_discarded": 0}
@@ -60,7 +72,28 @@ class Scheduler:
             self.waiting.extend([s] for s in seqs)
 
     def is_finished(self) -> bool:
-        return not self.waiting and not self.running
+        return not self.waiting and not self.running and not self.paused
+
+    # ------------------------------------------------------------------ multi-turn
+    def take_paused(self) -> list[Sequence]:
+        """Sequences paused at a turn end since the last call."""
+        out, self._newly_paused = self._newly_paused, []
+        return out
+
+    def resume(self, seq: Sequence, token_ids: list[int]) -> None:
+        """Append `token_ids` (not sampled) and queue the sequence to continue on its cached K/V."""
+        self.paused.remove(seq)
+        last = len(seq) - 1  # the turn's last sampled token: its K/V is written by the continuation's prefill
+        seq.inject(token_ids)
+        seq.num_cached_tokens = last
+        seq.status = SeqStatus.WAITING
+        self.waiting.appendleft([seq])
+
+    def finish_paused(self, seq: Sequence, reason: str) -> None:
+        self.paused.remove(seq)
+        seq.finish_reason = reason
+        seq.status = SeqStatus.FINISHED
+        self.bm.free(seq)
 
     # ------------------------------------------------------------------ scheduling
     def _shared_prefix(self, seq: Sequence) -> list[int]:
@@ -72,13 +105,31 @@ class Scheduler:
                 return other.block_table[:full]
         return []
 
+    def _admit_continuation(self, seq: Sequence, tokens: int, copies: list) -> bool:
+        if tokens + len(seq) - seq.num_cached_tokens > self.max_num_batched_tokens:
+            return False
+        if not self.bm.can_allocate(self.bm.blocks_to_extend(seq)):
+            return False
+        copies += self.bm.extend(seq)
+        return True
+
     def _schedule_prefill(self) -> ScheduledBatch | None:
-        rows, groups, tokens = [], [], 0
+        rows, groups, tokens, copies = [], [], 0, []
         while self.waiting:
             group = self.waiting[0]
             leader = group[0]
             if len(self.running) + len(group) > self.max_num_seqs:
                 break
+            if leader.block_table:  # a multi-turn continuation: keeps its blocks, prefills only the new tokens
+                if not self._admit_continuation(leader, tokens, copies):
+                    break
+                self.waiting.popleft()
+                leader.status = SeqStatus.RUNNING
+                self.running.append(leader)
+                rows.append(leader)
+                groups.append(group)
+                tokens += len(leader) - leader.num_cached_tokens
+                continue
             prefix = self._shared_prefix(leader)
             cached = len(prefix) * self.bm.block_size
             if tokens + len(leader) - cached > self.max_num_batched_tokens:
@@ -100,7 +151,8 @@ class Scheduler:
             return None
         self.stats["num_prefill_steps"] += 1
         self.stats["prefill_tokens_computed"] += tokens
-        return ScheduledBatch(True, rows, groups)
+        self.stats["num_cow_copies"] += len(copies)
+        return ScheduledBatch(True, rows, groups, copies)
 
     def _preempt(self, seq: Sequence) -> None:
         self.bm.free(seq)
@@ -129,10 +181,16 @@ class Scheduler:
         self.stats["num_cow_copies"] += len(copies)
         return ScheduledBatch(False, scheduled, [[s] for s in scheduled], copies)
 
-    def schedule(self) -> ScheduledBatch:
+    def schedule(self) -> ScheduledBatch | None:
+        """The next step; None when nothing can run until a paused sequence resumes or finishes."""
         batch = self._schedule_prefill() if self.waiting else None
+        if batch is None and not self.running and self.waiting and self.waiting[0][0].block_table:
+            self._preempt(self.waiting.popleft()[0])  # a continuation that does not fit: free its blocks
+            batch = self._schedule_prefill()
         if batch is None:
             if not self.running:
+                if self.paused:
+                    return None
                 leader = self.waiting[0][0]
                 raise ValueError(
                     f"num_kv_blocks={self.bm.num_blocks} (block_size={self.bm.block_size}) cannot hold one "
@@ -170,17 +228,17 @@ class Scheduler:
 
     def _update_peaks(self) -> None:
         self.stats["kv_blocks_peak"] = max(self.stats["kv_blocks_peak"], self.bm.num_used)
-        unshared = sum(len(s.block_table) for s in self.running)
+        unshared = sum(len(s.block_table) for s in self.running) + sum(len(s.block_table) for s in self.paused)
         self.stats["kv_blocks_peak_unshared"] = max(self.stats["kv_blocks_peak_unshared"], unshared)
 
     # ------------------------------------------------------------------ results
     def postprocess(self, batch: ScheduledBatch, token_ids: list[int], logprobs: list[float]) -> list[Sequence]:
         """Append one sampled token per sequence (flattened over sample_groups); returns finished ones."""
-        finished = []
+        finished, paused = [], False
         flat = [s for group in batch.sample_groups for s in group]
         eos, max_len = self.eos_token_ids, self.max_model_len
         for seq, tok, lp in zip(flat, token_ids, logprobs, strict=True):
-            if seq.status is SeqStatus.FINISHED:  # ended while this (lookahead) step was in flight
+            if seq.status is not SeqStatus.RUNNING:  # ended or paused while this (lookahead) step was in flight
                 self.stats["num_lookahead_discarded"] += 1
                 continue
             if seq.pending:  # a lookahead step already holds this token's place (and its KV slot)
@@ -192,6 +250,12 @@ class Scheduler:
             seq.logprobs.append(lp)
             n = len(seq.token_ids)
             p = seq.params
+            if self.turn_end is not None and self.turn_end(seq):
+                seq.status = SeqStatus.PAUSED
+                self.paused.add(seq)
+                self._newly_paused.append(seq)
+                paused = True
+                continue
             if (not p.ignore_eos and tok in eos) or (p.stop_token_ids and tok in p.stop_token_ids):
                 seq.finish_reason = "stop"
             elif n - seq.num_prompt_tokens >= p.max_tokens or n >= max_len:
@@ -200,6 +264,6 @@ class Scheduler:
                 seq.status = SeqStatus.FINISHED
                 self.bm.free(seq)
                 finished.append(seq)
-        if finished:  # one pass instead of a deque.remove (O(running)) per finished sequence
-            self.running = deque(s for s in self.running if s.finish_reason is None)
+        if finished or paused:  # one pass instead of a deque.remove (O(running)) per sequence
+            self.running = deque(s for s in self.running if s.status is SeqStatus.RUNNING)
         return finished

@@ -5,6 +5,9 @@ blocks; `num_cached_tokens` counts the leading tokens whose K/V are already in t
 fresh prefill, the shared full prompt blocks for a re-admitted fork, len-1 while decoding).
 `group_id` ties the n samples of one prompt together for prefix sharing. `pending`: the last token is
 PLACEHOLDER, standing for the sample of a step still in flight (async scheduling, scheduler.py).
+Multi-turn: a sequence is PAUSED (its KV blocks kept) while the tools of its ended turn run; `inject` appends the
+tokens that did not come from the model (tool messages and the template around them) with log-prob 0, recording
+their span in `injected`, and the next turn starts at `turn_start`. `agent_state` belongs to the turn agent.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ class SeqStatus(enum.Enum):
     WAITING = 0
     RUNNING = 1
     FINISHED = 2
+    PAUSED = 3  # a turn ended; its tools run while the KV blocks are kept
 
 
 class Sequence:
@@ -40,6 +44,9 @@ class Sequence:
         self.logprobs: list[float] = []
         self.finish_reason: str | None = None
         self.pending = False
+        self.turn_start = self.num_prompt_tokens  # where the current assistant turn's tokens begin
+        self.injected: list[tuple[int, int]] = []  # completion-relative [start, end) spans not sampled by the model
+        self.agent_state = None
 
     def __len__(self) -> int:
         return len(self.token_ids)
@@ -58,6 +65,21 @@ class Sequence:
     def append(self, token_id: int, logprob: float) -> None:
         self.token_ids.append(token_id)
         self.logprobs.append(logprob)
+
+    def inject(self, token_ids: list[int]) -> None:
+        """Append non-model tokens (log-prob 0) and start the next assistant turn after them."""
+        start = self.num_completion_tokens
+        self.token_ids.extend(token_ids)
+        self.logprobs.extend([0.0] * len(token_ids))
+        self.injected.append((start, start + len(token_ids)))
+        self.turn_start = len(self.token_ids)
+
+    def completion_mask(self) -> list[int]:
+        """1 for each completion token the model sampled, 0 for injected ones."""
+        mask = [1] * self.num_completion_tokens
+        for start, end in self.injected:
+            mask[start:end] = [0] * (end - start)
+        return mask
 
     def __repr__(self) -> str:
         return (f"Sequence(id={self.seq_id}, len={len(self)}, cached={self.num_cached_tokens}, "

@@ -15,9 +15,9 @@ import json
 import math
 import operator
 
-from hybridrl.tools.sandbox import SandboxStats, run_python
+from hybridrl.tools.sandbox import SandboxResult, SandboxStats, run_python
 
-__all__ = ["MAX_DIGITS", "TOOLS", "TOOL_SPECS", "calculator", "call_tool", "python_executor"]
+__all__ = ["MAX_DIGITS", "TOOLS", "TOOL_SPECS", "calculator", "call_tool", "python_executor", "run_python_tool"]
 
 MAX_DIGITS = 10_000
 MAX_EXPRESSION_CHARS = 20_000
@@ -150,9 +150,18 @@ PYTHON_TOOL_STATS = SandboxStats()
 
 def python_executor(code: str, *, timeout_s: float = 10.0, memory_mb: int = 512) -> str:
     """Run `code` in the sandbox; stdout (print what you need), or "Error: ..." with the end of stderr."""
+    return run_python_tool(code, timeout_s=timeout_s, memory_mb=memory_mb)[0]
+
+
+def run_python_tool(code: str, *, timeout_s: float = 10.0, memory_mb: int = 512) -> tuple[str, SandboxResult | None]:
+    """`python_executor`'s text and the sandbox result it came from (None when no code was run)."""
     if not isinstance(code, str) or not code.strip():
-        return "Error: no code given"
+        return "Error: no code given", None
     r = run_python(code, timeout_s=timeout_s, memory_mb=memory_mb, stats=PYTHON_TOOL_STATS)
+    return _python_text(r, timeout_s, memory_mb), r
+
+
+def _python_text(r: SandboxResult, timeout_s: float, memory_mb: int) -> str:
     out = r.stdout + ("\n[output truncated]" if r.stdout_truncated else "")
     if r.ok:
         return out if out.strip() else "(no output; use print() to show results)"

@@ -46,13 +46,22 @@ def check_model_dir(path: str, key: str) -> str:
     return path
 
 
-def load_dataset(files, key: str, tokenizer, data_config):
+def prompt_tools(multi_turn: DictConfig) -> list[dict] | None:
+    """The tool schemas prompts are rendered with (the chat template's tools=): multi-turn runs only."""
+    if not multi_turn.enable:
+        return None
+    from hybridrl.tools.registry import load_tool_config
+
+    return [tool.schema for tool in load_tool_config(multi_turn.tool_config_path).values()]
+
+
+def load_dataset(files, key: str, tokenizer, data_config, tools: list[dict] | None = None):
     """An RLHFDataset of the files named by `key`, refused when no row is left (an empty file, or every prompt
-    filtered as overlong), naming the files."""
+    filtered as overlong), naming the files. `tools`: schemas the chat template offers in every prompt."""
     from hybridrl.data.rl_dataset import RLHFDataset
 
     paths = _files(files, key)
-    dataset = RLHFDataset(paths, tokenizer, data_config)
+    dataset = RLHFDataset(paths, tokenizer, data_config, tools=tools)
     if len(dataset) == 0:
         filtered = getattr(dataset, "num_filtered", 0)
         why = (f"all {filtered} prompts are longer than data.max_prompt_length={data_config.max_prompt_length}"
@@ -160,8 +169,10 @@ def _run_ppo_claimed(config: DictConfig, cleanup: contextlib.ExitStack) -> dict:
     tokenizer = AutoTokenizer.from_pretrained(os.path.expanduser(config.data.tokenizer or model_path))
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
-    train_set = load_dataset(config.data.train_files, "data.train_files", tokenizer, config.data)
-    val_set = load_dataset(config.data.val_files, "data.val_files", tokenizer, config.data) if config.data.val_files else None
+    tools = prompt_tools(config.actor_rollout_ref.rollout.multi_turn)
+    train_set = load_dataset(config.data.train_files, "data.train_files", tokenizer, config.data, tools)
+    val_set = (load_dataset(config.data.val_files, "data.val_files", tokenizer, config.data, tools)
+               if config.data.val_files else None)
     loader = StatefulDataLoader(train_set, batch_size=int(config.data.train_batch_size), shuffle=bool(config.data.shuffle),
                                 seed=int(config.data.seed), drop_last=True)
     if len(loader) == 0:

@@ -13,6 +13,10 @@ Choices, following verl's trainer/ppo/metric_utils.py unless stated:
   `clip_ratio` = fraction of rows whose length equals the padded maximum (P or R), i.e. truncated;
 - throughput uses `meta_info["global_token_num"]` (per-sample token counts, verl) when present and
   falls back to `attention_mask.sum()`; tokens / second / GPU;
+- multi-turn rollouts (`multi_turn_stats` in the batch): verl's `num_turns/{min,max,mean}` and
+  `tool_call_counts/{min,max,mean}`, and batch sums under `multi_turn/` (tool errors, timeouts, crashes, malformed
+  calls, dropped calls, truncated tool answers, trajectories cut by the turn or length limits, seconds in tools);
+  `multi_turn/masked_tokens` counts the tool tokens kept out of the loss;
 - validation: bootstrap as verl does (1000 resamples, `np.random.RandomState(seed)` — the same
   numbers as verl's `np.random.seed` + `np.random.choice` loop, checked in tests, but vectorised and
   without touching numpy's global RNG); majority vote ties go to the prediction seen first in the
@@ -99,7 +103,31 @@ def compute_data_metrics(batch: DataProto, use_critic: bool = True) -> dict[str,
     metrics["response/aborted_ratio"] = aborted.float().mean().item()
     metrics.update(_stats("prompt_length", prompt_len))
     metrics["prompt_length/clip_ratio"] = (prompt_len == max_prompt).float().mean().item()
+    if "multi_turn_stats" in batch.non_tensor_batch:
+        metrics.update(compute_multi_turn_metrics(batch))
     return metrics
+
+
+_MULTI_TURN_SUMS = ("tool_calls", "tool_errors", "tool_timeouts", "tool_crashes", "malformed_calls", "dropped_calls",
+                    "truncated_responses", "tool_time_s")
+
+
+def compute_multi_turn_metrics(batch: DataProto) -> dict[str, float]:
+    """Per-step tool-use metrics from the per-sample `multi_turn_stats` (see the module docstring)."""
+    stats = list(batch.non_tensor_batch["multi_turn_stats"])
+    out: dict[str, float] = {}
+    for name, key in (("num_turns", "num_turns"), ("tool_call_counts", "tool_calls")):
+        values = np.asarray([s.get(key, 0) for s in stats], dtype=np.float64)
+        out.update({f"{name}/min": values.min(), f"{name}/max": values.max(), f"{name}/mean": values.mean()})
+    for key in _MULTI_TURN_SUMS:
+        out[f"multi_turn/{key}"] = float(sum(s.get(key, 0) for s in stats))
+    out["multi_turn/tool_time_s_max"] = float(max(s.get("tool_time_s", 0.0) for s in stats))
+    out["multi_turn/cut_by_turns"] = float(sum(s.get("cut") == "turns" for s in stats))
+    out["multi_turn/cut_by_length"] = float(sum(s.get("cut") == "length" for s in stats))
+    resp = batch.batch["responses"].shape[-1]
+    attended = batch.batch["attention_mask"][:, -resp:].bool()
+    out["multi_turn/masked_tokens"] = float((attended & ~batch.batch["response_mask"].bool()).sum().item())
+    return {k: float(v) for k, v in out.items()}
 
 
 def compute_timing_metrics(batch: DataProto, timing_raw: dict[str, float]) -> dict[str, float]:

@@ -55,6 +55,19 @@ def prompt_token_lists(prompts: DataProto) -> list[list[int]]:
     return [row[m].tolist() for row, m in zip(ids, mask)]
 
 
+def build_tool_agent(mt: DictConfig, model_path: str, eos_token_ids):
+    """The multi-turn ToolAgent of `rollout.multi_turn` (None when disabled): its tools from tool_config_path."""
+    if not mt.enable:
+        return None
+    from transformers import AutoTokenizer
+
+    from hybridrl.rollout.multi_turn import MultiTurnSettings, ToolAgent
+    from hybridrl.tools.registry import load_tool_config
+
+    return ToolAgent(AutoTokenizer.from_pretrained(model_path), load_tool_config(mt.tool_config_path),
+                     MultiTurnSettings.from_config(mt), eos_token_ids=eos_token_ids)
+
+
 class ActorRolloutRefWorker(Worker):
     def __init__(self, config: DictConfig, plan, role: str = "actor_rollout_ref"):
         super().__init__()
@@ -145,6 +158,8 @@ class ActorRolloutRefWorker(Worker):
             tp_group=self.rollout_mesh.get_group("infer_tp") if tp > 1 else None,
             actor_module=self.actor_module, num_kv_blocks=self.plan.kv_blocks,
             max_num_seqs=self.plan.engine_max_num_seqs)
+        self.tool_agent = build_tool_agent(rcfg.multi_turn, os.path.expanduser(cfg.model.path),
+                                           getattr(self.engine, "eos_token_ids", ()))
         self.hybrid = HybridEngine(
             self.actor_module, self.optimizer, self.engine, device=self.compute_device, dtype=dtype,
             hybrid=self.plan.hybrid,
@@ -165,7 +180,8 @@ class ActorRolloutRefWorker(Worker):
         t0 = time.perf_counter()
         with self.hybrid.rollout(metrics) as engine:
             tg = time.perf_counter()
-            outputs = engine.generate(prompt_token_lists(prompts), params)
+            agent = {"agent": self.tool_agent} if self.tool_agent is not None else {}
+            outputs = engine.generate(prompt_token_lists(prompts), params, **agent)
             metrics["timing_s/gen_engine"] = time.perf_counter() - tg
             for k, v in getattr(engine, "stats", {}).items():
                 if isinstance(v, (int, float)):

@@ -23,11 +23,11 @@ def test_rows_follow_verl_schema_and_answers_score_one(tmp_path, name):
     paths = make_task(name, tmp_path, 30, 10, seed=1)
     train, test = (pq.read_table(paths[s]).to_pylist() for s in ("train", "test"))
     assert len(train) == 30 and len(test) == 10
-    questions = {r["prompt"][0]["content"] for r in train + test}
+    questions = {r["prompt"][-1]["content"] for r in train + test}
     assert len(questions) == 40  # unique across splits: no train/test leakage
     for split, rows in (("train", train), ("test", test)):
         for i, r in enumerate(rows):
-            assert r["prompt"][0]["role"] == "user" and r["reward_model"]["style"] == "rule"
+            assert r["prompt"][-1]["role"] == "user" and r["reward_model"]["style"] == "rule"
             assert r["extra_info"]["split"] == split and r["extra_info"]["index"] == i
             assert r["data_source"] == TASKS[name].data_source
             assert default_compute_score(r["data_source"], r["answer"], r["reward_model"]["ground_truth"]) == 1.0
@@ -78,3 +78,27 @@ def test_arith_unmarked_solutions_lack_only_the_answer_line():
     assert plain == zero  # 0 draws nothing extra: earlier seeds give the same files
     with pytest.raises(ValueError, match="'unmarked'"):
         TASKS["arith"].generate(1, 0, 0, {"unmarked": 1.5})
+
+
+def test_bignum_needs_the_calculator_and_pays_only_the_exact_integer(tiny_model_dir):
+    from transformers import AutoTokenizer
+
+    from hybridrl.tools.builtin import TOOL_SPECS, calculator
+
+    rows = TASKS["bignum"].generate(50, 0, seed=0)["train"]
+    for r in rows:
+        a, b = map(int, r["extra_info"]["expression"].split(" * "))
+        assert 8 <= len(str(a)) <= 12 and 8 <= len(str(b)) <= 12
+        truth = r["reward_model"]["ground_truth"]
+        assert calculator(r["extra_info"]["expression"]) == truth == str(a * b)
+        assert [m["role"] for m in r["prompt"]] == ["system", "user"] and "calculator" in r["prompt"][0]["content"]
+        assert default_compute_score("bignum", f"so\n#### {int(truth):,}", truth) == 1.0  # digit grouping is fine
+        for wrong in (f"#### {int(truth) + 1}", f"#### {truth}.0", f"#### {float(truth):e}", truth):
+            assert default_compute_score("bignum", wrong, truth) == 0.0, wrong
+    assert len({len(r["reward_model"]["ground_truth"]) for r in rows}) > 3  # 16..24-digit products
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)  # the system message and the tool list, as the dataset renders
+    text = tok.apply_chat_template(rows[0]["prompt"], tools=TOOL_SPECS[:1], add_generation_prompt=True, tokenize=False)
+    assert text.startswith("<|im_start|>system\n" + rows[0]["prompt"][0]["content"] + "\n\n# Tools")
+    assert '"name": "calculator"' in text
+    with pytest.raises(ValueError, match="min_digits=9 must be <= max_digits=8"):
+        TASKS["bignum"].generate(1, 0, 0, {"min_digits": 9, "max_digits": 8})

@@ -56,6 +56,27 @@ def test_engine_on_cuda_matches_hf_and_sleep_frees_memory(enforce_eager, async_s
     assert (engine.stats["num_lookahead_steps"] > 0) == async_scheduling
 
 
+@pytest.mark.parametrize("async_scheduling", [False, True])
+@pytest.mark.parametrize("turn_len,turns", [(3, 3), (1, 4)])
+def test_multi_turn_continuation_on_cuda_graphs_equals_reprefill(async_scheduling, turn_len, turns):
+    """Paused sequences resumed on their cached KV (prefill of the new tokens onto their blocks, copy-on-write of a
+    shared prompt block when turn_len=1), then decoded with CUDA graphs and the Triton kernel: the greedy tokens
+    are HF's argmax over the whole history and the log-probs match it."""
+    from test_multi_turn_engine import PROMPTS, ScriptedAgent, check_against_reprefill, expected_mask
+
+    model = tiny_hf_model("qwen2").cuda()
+    engine = LLMEngine(model.config, device="cuda", dtype=torch.float32, block_size=16, num_kv_blocks=64,
+                       max_num_seqs=64, max_num_batched_tokens=256, async_scheduling=async_scheduling)
+    engine.wake_up(("weights",))
+    engine.load_weights(model.state_dict().items())
+    engine.wake_up(("kv_cache",))
+    params = SamplingParams(n=2, temperature=0, max_tokens=60, ignore_eos=True)
+    outs = engine.generate(PROMPTS, params, agent=ScriptedAgent(turn_len=turn_len, turns=turns, delay_s=0.05))
+    check_against_reprefill(model, outs, expected_mask(turn_len, turns), atol=2e-3)
+    assert engine.stats["cuda_graph_capture_s"] > 0
+    engine.sleep()
+
+
 def test_fused_decoder_ops_match_torch_bf16():
     import torch.nn.functional as F
 

@@ -1,9 +1,9 @@
 """Built-in synthetic tasks, each writing verl-schema train/test parquet files (see base.py)."""
 
-from hybridrl.data.tasks import arith, countdown, gsm8k_synthetic
+from hybridrl.data.tasks import arith, bignum, countdown, gsm8k_synthetic
 from hybridrl.data.tasks.base import Example, Task, write_task
 
-TASKS: dict[str, Task] = {t.name: t for t in (arith.TASK, countdown.TASK, gsm8k_synthetic.TASK)}
+TASKS: dict[str, Task] = {t.name: t for t in (arith.TASK, bignum.TASK, countdown.TASK, gsm8k_synthetic.TASK)}
 
 
 def get_task(name: str) -> Task:

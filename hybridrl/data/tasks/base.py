@@ -46,6 +46,7 @@ class Task:
     make_example: Callable[[random.Random, dict], Example]
     defaults: dict
     validate: Callable[[dict], None]
+    system_prompt: str | None = None  # a system message before every user prompt
 
     def knobs(self, overrides: dict | None) -> dict:
         overrides = {k: v for k, v in (overrides or {}).items() if v is not None}
@@ -62,7 +63,8 @@ class Task:
                           ("reward_model", REWARD_MODEL_TYPE), ("extra_info", extra), ("answer", pa.string())])
 
     def row(self, ex: Example, split: str, index: int) -> dict:
-        return {"data_source": self.data_source, "prompt": [{"role": "user", "content": ex.prompt}],
+        system = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
+        return {"data_source": self.data_source, "prompt": [*system, {"role": "user", "content": ex.prompt}],
                 "ability": self.ability, "reward_model": {"style": "rule", "ground_truth": ex.ground_truth},
                 "extra_info": {"split": split, "index": index, **ex.extra}, "answer": ex.solution}
 

@@ -1,0 +1,224 @@
+"""ToolAgent: multi-turn tool use inside the native engine (`actor_rollout_ref.rollout.multi_turn`, verl's keys).
+
+The engine (engine.py) owns the sequences and their KV cache; this agent decides, token by token, where an
+assistant turn ends, and, once one has, what comes next: the tool messages to append or the end of the trajectory.
+
+Choices:
+- A turn ends at an eos token, or as soon as it holds `max_parallel_calls` complete tool calls (the token ids of
+  `</tool_call>` at its end; with Qwen's tokenizer one token): with the default of 1 the model stops right after
+  its call instead of running on to eos. A call whose closing tag the model tokenized unusually is still parsed
+  when the turn ends at eos.
+- The turn's text is parsed (tool_parser.py); a turn without a call ends the trajectory. Otherwise the calls run
+  on this agent's thread pool — the engine keeps decoding the other sequences meanwhile — and each answer,
+  truncated to `max_tool_response_length` characters on `tool_response_truncate_side` as verl does, becomes a
+  `tool` message. Malformed calls, unknown tools, bad arguments, crashing and timed-out tools all give an
+  "Error: ..." message instead (counted, never raised): the rollout goes on.
+- The appended tokens are exactly what the chat template writes between the assistant's content and the next
+  assistant generation prompt: the template is rendered with an assistant message holding a sentinel and the tool
+  messages after it (add_generation_prompt=True), and everything after the sentinel is tokenized. When the turn
+  ended on eos the eos text the template writes there is already in the sequence (sampled) and is left out.
+- Limits as in verl: after `max_assistant_turns` assistant turns, or `max_user_turns` tool turns, the trajectory
+  ends even if it asked for tools (counted as cut by turns); calls beyond `max_parallel_calls` in one turn are
+  dropped and counted; tool messages that do not fit in the response budget end the trajectory with
+  finish_reason "length" (counted as cut by length) — the response never holds a partial tool message.
+- Counts are kept per trajectory (`TrajectoryStats`, on the sequence) and summed by the trainer over the batch.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+
+from hybridrl.rollout.tool_parser import CALL_END, FORMATS, ParsedCall, parse_hermes
+from hybridrl.tools.registry import Tool
+
+__all__ = ["MultiTurnSettings", "ToolAgent", "TrajectoryStats", "TurnOutcome", "truncate_tool_response"]
+
+KEY = "actor_rollout_ref.rollout.multi_turn"
+TRUNCATE_SIDES = ("left", "middle", "right")
+SENTINEL = "\u2063HYBRIDRL-TURN-END\u2063"  # text no model writes: marks where the assistant's content ends
+TOOL_THREADS = 16
+
+
+@dataclass(frozen=True)
+class MultiTurnSettings:
+    max_assistant_turns: int | None = None
+    max_user_turns: int | None = None
+    max_parallel_calls: int = 1
+    max_tool_response_length: int = 256
+    tool_response_truncate_side: str = "middle"
+    format: str = "hermes"
+
+    def __post_init__(self):
+        for name in ("max_assistant_turns", "max_user_turns"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ValueError(f"{KEY}.{name}={value!r} must be null (no limit) or an integer >= 1")
+        for name in ("max_parallel_calls", "max_tool_response_length"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{KEY}.{name}={value!r} must be an integer >= 1")
+        if self.tool_response_truncate_side not in TRUNCATE_SIDES:
+            raise ValueError(f"{KEY}.tool_response_truncate_side={self.tool_response_truncate_side!r} must be one "
+                             f"of {TRUNCATE_SIDES}")
+        if self.format not in FORMATS:
+            raise ValueError(f"{KEY}.format={self.format!r}: supported formats are {FORMATS}")
+
+    @classmethod
+    def from_config(cls, mt) -> MultiTurnSettings:
+        return cls(max_assistant_turns=mt.max_assistant_turns, max_user_turns=mt.max_user_turns,
+                   max_parallel_calls=mt.max_parallel_calls, max_tool_response_length=mt.max_tool_response_length,
+                   tool_response_truncate_side=mt.tool_response_truncate_side, format=mt.format)
+
+
+@dataclass
+class TrajectoryStats:
+    assistant_turns: int = 0
+    user_turns: int = 0        # tool-message turns appended
+    tool_calls: int = 0        # calls answered (each gets a tool message), malformed ones included
+    tool_errors: int = 0       # calls answered with an error: malformed, unknown tool, bad arguments, crash, timeout
+    malformed_calls: int = 0   # not JSON / no name / unknown tool
+    tool_crashes: int = 0
+    tool_timeouts: int = 0
+    tool_time_s: float = 0.0
+    dropped_calls: int = 0     # beyond max_parallel_calls in a turn
+    truncated_responses: int = 0
+    cut: str = ""              # "" | "turns" | "length": ended by a limit while the model asked for tools
+
+    def as_dict(self) -> dict:
+        return {**asdict(self), "num_turns": self.assistant_turns + self.user_turns + 1}  # verl's count
+
+
+@dataclass(frozen=True)
+class TurnOutcome:
+    token_ids: list[int] | None  # tokens to append before the next assistant turn; None = the trajectory ends
+    finish_reason: str | None = None
+
+
+def truncate_tool_response(text: str, limit: int, side: str) -> str:
+    """verl's rule: `left` keeps the start, `right` the end, `middle` both halves, with a visible marker."""
+    if len(text) <= limit:
+        return text
+    if side == "left":
+        return text[:limit] + "...(truncated)"
+    if side == "right":
+        return "(truncated)..." + text[-limit:]
+    half = limit // 2
+    return text[:half] + "...(truncated)..." + text[len(text) - half:]
+
+
+def _done(outcome: TurnOutcome) -> Future:
+    future: Future = Future()
+    future.set_result(outcome)
+    return future
+
+
+def _count(seq: list[int], pattern: list[int]) -> int:
+    k, n, i = len(pattern), 0, 0
+    while i + k <= len(seq):
+        if seq[i:i + k] == pattern:
+            n, i = n + 1, i + k
+        else:
+            i += 1
+    return n
+
+
+class ToolAgent:
+    def __init__(self, tokenizer, tools: dict[str, Tool], settings: MultiTurnSettings, *, eos_token_ids,
+                 max_workers: int = TOOL_THREADS):
+        self.tokenizer, self.tools, self.settings = tokenizer, tools, settings
+        self.schemas = [t.schema for t in tools.values()]
+        self.eos = set(eos_token_ids)
+        if not self.eos:
+            raise ValueError(f"{KEY}.enable: the tokenizer has no eos token to end an assistant turn with")
+        self.call_end_ids = list(tokenizer.encode(CALL_END, add_special_tokens=False))
+        self.eos_text = {e: tokenizer.decode([e], skip_special_tokens=False) for e in self.eos}
+        self._check_template()
+        self.pool = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="hybridrl-tool")
+
+    def _check_template(self) -> None:
+        name = next(iter(self.tools))
+        prompt = self.tokenizer.apply_chat_template([{"role": "user", "content": "?"}], tools=self.schemas,
+                                                    add_generation_prompt=True, tokenize=False)
+        if name not in prompt:
+            raise ValueError(f"{KEY}.enable: the tokenizer's chat template does not render the tools given with "
+                             f"tools= (tool {name!r} is not in the prompt); multi-turn needs a Hermes/Qwen-style "
+                             "tool template")
+        probe = "PROBE-7f3a"
+        if probe not in self._delta_text([probe]):
+            raise ValueError(f"{KEY}.enable: the tokenizer's chat template does not render 'tool' messages")
+
+    # ------------------------------------------------------------------ engine interface
+    def ends_turn(self, seq) -> bool:
+        """Whether the token just sampled ends the current assistant turn (called for every sampled token)."""
+        ids = seq.token_ids
+        tok, end = ids[-1], self.call_end_ids
+        if tok in self.eos:
+            return True
+        if tok != end[-1] or ids[-len(end):] != end:
+            return False
+        limit = self.settings.max_parallel_calls
+        return limit == 1 or _count(ids[seq.turn_start:], end) >= limit
+
+    def on_turn_end(self, seq, budget: int) -> Future:
+        """Parse the ended turn and start its tools; the Future resolves to a TurnOutcome."""
+        st = seq.agent_state = seq.agent_state or TrajectoryStats()
+        st.assistant_turns += 1
+        turn = seq.token_ids[seq.turn_start:]
+        calls = parse_hermes(self.tokenizer.decode(turn, skip_special_tokens=False))
+        if not calls:
+            return _done(TurnOutcome(None, "stop"))
+        s = self.settings
+        if (s.max_assistant_turns and st.assistant_turns >= s.max_assistant_turns) or (
+                s.max_user_turns and st.user_turns >= s.max_user_turns):
+            st.cut = "turns"
+            return _done(TurnOutcome(None, "stop"))
+        if budget <= 0:  # not even an empty tool message fits
+            st.cut = "length"
+            return _done(TurnOutcome(None, "length"))
+        st.dropped_calls += max(0, len(calls) - s.max_parallel_calls)
+        ended_on = turn[-1] if turn[-1] in self.eos else None
+        return self.pool.submit(self._run_turn, st, calls[:s.max_parallel_calls], ended_on, budget)
+
+    def trajectory_stats(self, seq) -> dict:
+        return (seq.agent_state or TrajectoryStats()).as_dict()
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=False, cancel_futures=True)
+
+    # ------------------------------------------------------------------ on the tool threads
+    def _answer(self, call: ParsedCall, st: TrajectoryStats) -> str:
+        st.tool_calls += 1
+        if call.error is not None or call.name not in self.tools:
+            st.malformed_calls += 1
+            st.tool_errors += 1
+            return call.error or f"Error: unknown tool {call.name!r}; available: {sorted(self.tools)}"
+        out = self.tools[call.name].run(call.arguments)
+        st.tool_time_s += out.seconds
+        st.tool_errors += out.status != "ok"
+        st.tool_crashes += out.status == "crash"
+        st.tool_timeouts += out.status == "timeout"
+        s = self.settings
+        st.truncated_responses += len(out.text) > s.max_tool_response_length
+        return truncate_tool_response(out.text, s.max_tool_response_length, s.tool_response_truncate_side)
+
+    def _run_turn(self, st: TrajectoryStats, calls: list[ParsedCall], ended_on: int | None,
+                  budget: int) -> TurnOutcome:
+        contents = [self._answer(call, st) for call in calls]
+        text = self._delta_text(contents)
+        if ended_on is not None and text.startswith(self.eos_text[ended_on]):
+            text = text[len(self.eos_text[ended_on]):]
+        ids = list(self.tokenizer.encode(text, add_special_tokens=False))
+        if len(ids) > budget:
+            st.cut = "length"
+            return TurnOutcome(None, "length")
+        st.user_turns += 1
+        return TurnOutcome(ids)
+
+    def _delta_text(self, contents: list[str]) -> str:
+        """The template's text from the end of an assistant turn's content to the next generation prompt."""
+        messages = [{"role": "user", "content": "?"}, {"role": "assistant", "content": SENTINEL},
+                    *({"role": "tool", "content": c} for c in contents)]
+        text = self.tokenizer.apply_chat_template(messages, tools=self.schemas, add_generation_prompt=True,
+                                                  tokenize=False)
+        return text[text.index(SENTINEL) + len(SENTINEL):]

@@ -1,0 +1,53 @@
+"""actor_rollout_ref.rollout.multi_turn: verl's keys, each bad value refused naming the key and the rule."""
+
+import pytest
+
+from hybridrl.config import ConfigError, load_config
+
+MT = "actor_rollout_ref.rollout.multi_turn"
+
+
+@pytest.fixture
+def tool_yaml(tmp_path):
+    path = tmp_path / "tools.yaml"
+    path.write_text("tools:\n  - class_name: hybridrl.tools.builtin.calculator\n    config: {type: native}\n")
+    return path
+
+
+def test_enabled_multi_turn_config_loads(tool_yaml):
+    cfg = load_config(overrides=[f"{MT}.enable=true", f"{MT}.tool_config_path={tool_yaml}", f"{MT}.max_user_turns=4",
+                                 f"{MT}.tool_response_truncate_side=left"])
+    assert cfg.actor_rollout_ref.rollout.multi_turn.max_user_turns == 4
+
+
+@pytest.mark.parametrize("overrides,key,rule", [
+    ([f"{MT}.enable=true"], f"{MT}.tool_config_path", "a YAML listing the tools"),
+    ([f"{MT}.enable=true", f"{MT}.tool_config_path=/nonexistent/tools.yaml"], f"{MT}.tool_config_path", "no such file"),
+    ([f"{MT}.interaction_config_path=interaction.yaml"], f"{MT}.interaction_config_path", "not supported"),
+    ([f"{MT}.max_assistant_turns=0"], f"{MT}.max_assistant_turns", "must be null (no limit) or >= 1"),
+    ([f"{MT}.max_parallel_calls=0"], f"{MT}.max_parallel_calls", ">= 1"),
+    ([f"{MT}.max_tool_response_length=0"], f"{MT}.max_tool_response_length", ">= 1"),
+    ([f"{MT}.tool_response_truncate_side=top"], f"{MT}.tool_response_truncate_side", "not one of"),
+    ([f"{MT}.format=llama3_json"], f"{MT}.format", "not one of"),
+    ([f"{MT}.enable=true", "TOOLS", "actor_rollout_ref.rollout.name=hf"], f"{MT}.enable", "must be 'native'"),
+    ([f"{MT}.enable=true", "TOOLS", "actor_rollout_ref.rollout.tensor_model_parallel_size=2",
+      "trainer.n_gpus_per_node=2"], f"{MT}.enable", "tensor_model_parallel_size' = 1"),
+])
+def test_bad_multi_turn_values_are_refused_by_name(tool_yaml, overrides, key, rule):
+    overrides = [f"{MT}.tool_config_path={tool_yaml}" if o == "TOOLS" else o for o in overrides]
+    with pytest.raises(ConfigError) as e:
+        load_config(overrides=overrides)
+    assert f"'{key}'" in str(e.value) and rule in str(e.value), str(e.value)
+
+
+def test_example_multi_turn_config_validates(monkeypatch):
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[2]
+    monkeypatch.chdir(repo)  # the example names its tool config relative to the repo root
+    cfg = load_config(repo / "examples" / "multiturn_calculator" / "config.yaml")
+    mt = cfg.actor_rollout_ref.rollout.multi_turn
+    assert mt.enable and mt.max_assistant_turns == 4
+    from hybridrl.tools.registry import load_tool_config
+
+    assert list(load_tool_config(mt.tool_config_path)) == ["calculator"]
