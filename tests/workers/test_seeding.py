@@ -58,7 +58,8 @@ def generate_seed(dp_rank: int, tp_rank: int, meta: dict) -> int:
             import contextlib
             return contextlib.nullcontext(Engine())
 
-    fake = SimpleNamespace(config=cfg, hybrid=Hybrid(), plan=SimpleNamespace(hybrid=False), rollout_coords=SimpleNamespace(dp_rank=dp_rank, tp_rank=tp_rank))
+    fake = SimpleNamespace(config=cfg, hybrid=Hybrid(), plan=SimpleNamespace(hybrid=False),
+                           rollout_coords=SimpleNamespace(dp_rank=dp_rank, tp_rank=tp_rank), tool_agent=None)
     prompts = DataProto.from_dict({"input_ids": torch.ones(1, 2, dtype=torch.long),
                                    "attention_mask": torch.ones(1, 2, dtype=torch.long)}, meta_info=dict(meta))
     with pytest.raises(StopIteration):
