@@ -5,7 +5,8 @@ compute_advantage dispatcher), policy_loss (agg_loss, PPO clip-higher + dual-cli
 policy_loss_modes (verl's registered losses: vanilla, gspo, gpg, clip_cov, kl_cov, cispo), registry
 (register_adv_est / get_adv_estimator_fn, register_policy_loss / get_policy_loss_fn), value_loss (clipped
 value loss), kl (KL estimators, controllers, in-reward penalty). core_algos re-exports
-all of them under verl's module name (verl.trainer.ppo.core_algos).
+all of them under verl's module name (verl.trainer.ppo.core_algos). rollout_correction (truncated IS weights,
+rejection sampling and off-policy metrics of the rollout-vs-trainer mismatch) is imported from its module.
 """
 
 from hybridrl.algorithms.advantages import (

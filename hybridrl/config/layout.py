@@ -38,6 +38,7 @@ class Layout:
     rollout_dp: int
     rollout_mesh: list[list[int]]  # [dp][infer_tp]
     train_batch_size: int  # prompts per step
+    gen_batch_size: int  # prompts per generation batch (data.gen_batch_size, else train_batch_size)
     n: int  # samples per prompt
     num_mini_batches: int  # per PPO epoch
     ppo_mini_batch_per_gpu: int  # rows (samples) per GPU per mini-batch
@@ -70,7 +71,9 @@ class Layout:
             f"  [dp={self.rollout_dp} x tp={self.rollout_tp}]",
             f"per step        {self.train_batch_size} prompts x n={self.n} = {self.train_batch_size * self.n} samples, "
             f"{self.num_mini_batches} mini-batch(es) per epoch",
-            f"rollout         {self.rollout_prompts_per_dp} prompts -> {self.rollout_samples_per_dp} samples per dp group",
+            f"rollout         {self.rollout_prompts_per_dp} prompts -> {self.rollout_samples_per_dp} samples per dp group"
+            + (f" (generation batches of {self.gen_batch_size} prompts)" if self.gen_batch_size != self.train_batch_size
+               else ""),
             f"actor update    {self.ppo_mini_batch_per_gpu} rows per GPU per mini-batch = {micro}",
             f"log-prob        micro-batch per GPU: actor {self.log_prob_micro_batch_per_gpu}, "
             f"ref {self.ref_log_prob_micro_batch_per_gpu} (None = dynamic)",
@@ -95,6 +98,7 @@ def derive_layout(config: DictConfig | dict) -> Layout:
     sp = actor["ulysses_sequence_parallel_size"]
     tp = rollout["tensor_model_parallel_size"]
     n, tbs, mini = rollout["n"], c["data"]["train_batch_size"], actor["ppo_mini_batch_size"]
+    gen = c["data"]["gen_batch_size"] or tbs
     train_dp, rollout_dp = world // sp, world // tp
     mini_per_gpu = mini * n // train_dp
     micro = None if actor["use_dynamic_bsz"] else actor["ppo_micro_batch_size_per_gpu"]
@@ -107,13 +111,13 @@ def derive_layout(config: DictConfig | dict) -> Layout:
         training_mesh=training_mesh, training_mesh_dims=dims,
         ulysses_sp=sp, sp_mesh=_grid(train_dp, sp) if sp > 1 else None, train_dp=train_dp,
         rollout_tp=tp, rollout_dp=rollout_dp, rollout_mesh=_grid(rollout_dp, tp),
-        train_batch_size=tbs, n=n, num_mini_batches=tbs // mini,
+        train_batch_size=tbs, gen_batch_size=gen, n=n, num_mini_batches=tbs // mini,
         ppo_mini_batch_per_gpu=mini_per_gpu, ppo_micro_batch_per_gpu=micro,
         grad_accum_steps=mini_per_gpu // micro if isinstance(micro, int) else None,
         log_prob_micro_batch_per_gpu=None if rollout["log_prob_use_dynamic_bsz"] else
         rollout["log_prob_micro_batch_size_per_gpu"],
         ref_log_prob_micro_batch_per_gpu=None if ref["log_prob_use_dynamic_bsz"] else
         ref["log_prob_micro_batch_size_per_gpu"],
-        rollout_prompts_per_dp=tbs // rollout_dp, rollout_samples_per_dp=tbs // rollout_dp * n,
+        rollout_prompts_per_dp=gen // rollout_dp, rollout_samples_per_dp=gen // rollout_dp * n,
         critic_mini_batch_per_gpu=critic_mini,
     )

@@ -50,6 +50,11 @@ NULL_DEFAULT_TYPES: dict[str, type | tuple[type, ...]] = {
     "trainer.resume_from_path": str,
     "trainer.max_actor_ckpt_to_keep": int,
     "trainer.max_critic_ckpt_to_keep": int,
+    "data.gen_batch_size": int,
+    "algorithm.filter_groups.metric": str,
+    "algorithm.rollout_correction.rollout_is": str,
+    "algorithm.rollout_correction.rollout_rs": str,
+    "algorithm.rollout_correction.rollout_rs_threshold": (str, float),
 }
 
 # keys that accept another shape besides their default's type
@@ -107,6 +112,8 @@ ENUMS: dict[str, tuple[str, ...]] = {
     "reward_model.reward_manager": ("naive", "batch"),
     "reward_model.style": ("model", "judge"),
     "reward_model.truncation": ("error", "left", "right"),
+    "algorithm.filter_groups.metric": ("acc", "score", "seq_reward", "seq_final_reward"),
+    "algorithm.rollout_correction.rollout_is": ("token", "sequence"),
     "algorithm.adv_estimator": ("gae", "grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "remax"),
     "algorithm.kl_ctrl.type": ("fixed", "adaptive"),
     "trainer.logger": ("console", "file", "tensorboard", "wandb"),  # checked per entry
@@ -122,6 +129,8 @@ ENUMS: dict[str, tuple[str, ...]] = {
 ALIAS_NOTES: dict[str, str] = {
     "actor_rollout_ref.rollout.name": "hybridrl has no vLLM or SGLang backend: rollouts run on its native engine "
                                       "(set rollout.name=native to silence this)",
+    "reward_model.reward_manager": "hybridrl's per-sample manager, which applies reward_model.overlong_buffer as "
+                                   "verl's DAPO manager does (set reward_manager=naive to silence this)",
 }
 
 # verl spellings rewritten to ours at load (key -> {alias: canonical})
@@ -129,6 +138,7 @@ ALIASES: dict[str, dict[str, str]] = {
     "actor_rollout_ref.rollout.name": {"vllm": "native", "sglang": "native"},
     "actor_rollout_ref.actor.strategy": {"fsdp": "fsdp2"},
     "critic.strategy": {"fsdp": "fsdp2"},
+    "reward_model.reward_manager": {"dapo": "naive"},
 }
 
 

@@ -259,12 +259,53 @@ def check_semantics(cfg: DictConfig | dict) -> list[str]:
 
     errors += check_lora_keys(*(g(f"actor_rollout_ref.model.{k}")
                                 for k in ("lora_rank", "lora_alpha", "target_modules")))
+    _check_dapo(g, world // tp, errors, warnings)
     if adv in ("grpo", "rloo") and n == 1:
         warnings.append(f"'algorithm.adv_estimator' = {adv} with '{ROLLOUT}.n' = 1: every group has one sample, "
                         "so every advantage is 0 (set rollout.n > 1)")
     if errors:
         raise ConfigError(errors)
     return warnings
+
+
+def _check_dapo(g, rollout_dp: int, errors: list[str], warnings: list[str]) -> None:
+    """Dynamic sampling, the overlong buffer and rollout correction (DAPO / verl's recipe keys)."""
+    fg, tbs, gen = "algorithm.filter_groups", g("data.train_batch_size"), g("data.gen_batch_size")
+    if g(f"{fg}.enable") and g(f"{fg}.metric") is None:
+        errors.append(f"'{fg}.metric' is null but '{fg}.enable' is true: set acc, score, seq_reward or "
+                      "seq_final_reward")
+    if g(f"{fg}.max_num_gen_batches") < 0:
+        errors.append(f"'{fg}.max_num_gen_batches' = {g(f'{fg}.max_num_gen_batches')} must be >= 0 (0 = no limit)")
+    if g(f"{fg}.enable") and g("actor_rollout_ref.rollout.n") == 1:
+        warnings.append(f"'{fg}.enable' with rollout.n = 1: a one-sample group is always kept, nothing is filtered")
+    if gen is not None:
+        if gen <= 0 or gen % rollout_dp:
+            errors.append(f"'data.gen_batch_size' = {gen} must be a positive multiple of the rollout dp size "
+                          f"{rollout_dp}")
+        elif gen != tbs and not g(f"{fg}.enable"):
+            errors.append(f"'data.gen_batch_size' = {gen} differs from data.train_batch_size = {tbs} but "
+                          f"'{fg}.enable' is false: each step trains on one generation batch, so they must be equal")
+    ob = "reward_model.overlong_buffer"
+    if g(f"{ob}.enable"):
+        if not 0 < g(f"{ob}.len") <= g("data.max_response_length"):
+            errors.append(f"'{ob}.len' = {g(f'{ob}.len')} must be in (0, data.max_response_length = "
+                          f"{g('data.max_response_length')}]")
+        if g(f"{ob}.penalty_factor") < 0:
+            errors.append(f"'{ob}.penalty_factor' = {g(f'{ob}.penalty_factor')} must be >= 0")
+    rc = "algorithm.rollout_correction"
+    if g(f"{rc}.rollout_is") is not None and not g(f"{rc}.rollout_is_threshold") > 0:
+        errors.append(f"'{rc}.rollout_is_threshold' = {g(f'{rc}.rollout_is_threshold')} must be > 0")
+    if g(f"{rc}.rollout_is_batch_normalize") and g(f"{rc}.rollout_is") is None:
+        warnings.append(f"'{rc}.rollout_is_batch_normalize' is true but '{rc}.rollout_is' is null: no weights")
+    if g(f"{rc}.rollout_rs") is not None:
+        from hybridrl.algorithms.rollout_correction import parse_rs_thresholds
+
+        try:
+            parse_rs_thresholds(g(f"{rc}.rollout_rs"), g(f"{rc}.rollout_rs_threshold"))
+        except ValueError as e:
+            errors.append(str(e))
+    elif g(f"{rc}.rollout_rs_threshold") is not None:
+        warnings.append(f"'{rc}.rollout_rs_threshold' is set but '{rc}.rollout_rs' is null: nothing is rejected")
 
 
 def _check_sp(sec: str, model_sec: str, sp: int, g, world: int, world_s: str, errors: list[str]) -> bool:

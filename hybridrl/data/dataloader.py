@@ -19,11 +19,11 @@ __all__ = ["StatefulDataLoader"]
 
 class StatefulDataLoader:
     def __init__(self, dataset, batch_size: int, shuffle: bool = True, seed: int = 0, drop_last: bool = True,
-                 collate=collate_rows):
+                 collate=collate_rows, batch_size_key: str = "data.train_batch_size"):
         if not isinstance(batch_size, int) or batch_size <= 0:
-            raise ValueError(f"data.train_batch_size={batch_size!r}: must be a positive integer")
+            raise ValueError(f"{batch_size_key}={batch_size!r}: must be a positive integer")
         if drop_last and len(dataset) < batch_size:
-            raise ValueError(f"data.train_batch_size={batch_size} is larger than the dataset ({len(dataset)} rows "
+            raise ValueError(f"{batch_size_key}={batch_size} is larger than the dataset ({len(dataset)} rows "
                              "after filtering): no full batch can be formed")
         self.dataset, self.batch_size, self.shuffle, self.seed = dataset, batch_size, shuffle, seed
         self.drop_last, self.collate = drop_last, collate

@@ -263,7 +263,14 @@ def make_plan(config: DictConfig | dict, hf_config, device: DeviceSpec, val_prom
     if old_pass is False and not on_policy:
         raise ConfigError([f"'{a}.old_log_prob_pass' = false needs an on-policy update (ppo_epochs 1, "
                            "ppo_mini_batch_size = train_batch_size, algorithm.use_kl_in_reward false)"])
-    old_pass = (not on_policy) if _auto(old_pass) else bool(old_pass)
+    # rejection and batch-normalised IS weights change the whole batch's mask / weights before any update
+    # micro-batch runs: they need the old log-probs first (plain token/sequence weights are made per micro-batch)
+    rc = "algorithm.rollout_correction"
+    whole_batch = [k for k in (f"{rc}.rollout_rs", f"{rc}.rollout_is_batch_normalize") if g(k)]
+    if old_pass is False and whole_batch:
+        raise ConfigError([f"'{a}.old_log_prob_pass' = false cannot go with '{whole_batch[0]}' = {g(whole_batch[0])}: "
+                           "it needs the old log-probs of the whole batch before the update (set it to auto or true)"])
+    old_pass = (not on_policy or bool(whole_batch)) if _auto(old_pass) else bool(old_pass)
     if not old_pass:
         choices.append(f"{a}.old_log_prob_pass = false (one on-policy mini-batch: the update's log-probs, detached, "
                        "are the old ones)")

@@ -22,6 +22,14 @@
   (no ground truth is needed); a non-finite one is an error, scored 0. A custom function that takes an
   `rm_score` argument (`rm_scores`, a list, in batch mode) combines the two instead: it is called as usual plus
   the sample's reward-model score, and what it returns is the reward.
+- `overlong_buffer` (DAPO's soft overlong punishment, verl's DAPORewardManager): with L the valid response length
+  (the response part of the attention mask), M the max response length and B the buffer length, the reward gets
+  min(-(L - (M - B)) / B × penalty_factor, 0) added: 0 up to M - B tokens, then falling linearly to
+  -penalty_factor at M. It applies to every sample, failed ones included (the length is known). Counted in
+  `reward/overlong_samples` (penalised samples) and `reward/overlong_reward_mean`; with `log` also in
+  `reward_extra_info` as verl's `overlong_reward` and `overlong`.
+- The result's `scores` list holds each sample's score as the scorer gave it (0 when it failed), before the
+  overlong penalty (dynamic sampling filters on it).
 """
 
 from __future__ import annotations
@@ -29,6 +37,7 @@ from __future__ import annotations
 import inspect
 import logging
 import math
+from dataclasses import dataclass
 
 import torch
 
@@ -36,7 +45,7 @@ from hybridrl.protocol import DataProto
 from hybridrl.rewards.default import default_compute_score, unscorable_sources_error
 from hybridrl.rewards.score_worker import ScorerProcess
 
-__all__ = ["RewardManager", "default_compute_score_batch", "takes_rm_score"]
+__all__ = ["OverlongBuffer", "RewardManager", "default_compute_score_batch", "overlong_reward", "takes_rm_score"]
 
 log = logging.getLogger(__name__)
 MODES = ("naive", "batch")
@@ -66,14 +75,38 @@ def default_compute_score_batch(data_sources, solution_strs, ground_truths, extr
             for ds, s, gt, ei in zip(data_sources, solution_strs, ground_truths, extra_infos, strict=True)]
 
 
+@dataclass(frozen=True)
+class OverlongBuffer:
+    """reward_model.overlong_buffer (enabled) with data.max_response_length."""
+    length: int
+    penalty_factor: float
+    max_response_length: int
+    log: bool = False
+
+    def __post_init__(self):
+        if not 0 < self.length <= self.max_response_length:
+            raise ValueError(f"reward_model.overlong_buffer.len={self.length}: must be in (0, data.max_response_length"
+                             f"={self.max_response_length}]")
+        if not self.penalty_factor >= 0:
+            raise ValueError(f"reward_model.overlong_buffer.penalty_factor={self.penalty_factor}: must be >= 0")
+
+
+def overlong_reward(valid_length: int, buffer: OverlongBuffer) -> float:
+    """DAPO's soft overlong penalty (<= 0) of a response of `valid_length` tokens."""
+    exceed = valid_length - (buffer.max_response_length - buffer.length)
+    return min(-exceed / buffer.length * buffer.penalty_factor, 0.0)
+
+
 class RewardManager:
     def __init__(self, tokenizer, compute_score=None, reward_fn_key: str = "data_source",
-                 timeout_s: float | None = 10.0, mode: str = "naive", num_examine: int = 0):
+                 timeout_s: float | None = 10.0, mode: str = "naive", num_examine: int = 0,
+                 overlong_buffer: OverlongBuffer | None = None):
         if mode not in MODES:
             raise ValueError(f"reward_model.reward_manager={mode!r}: must be one of {MODES}")
         if timeout_s is not None and not (isinstance(timeout_s, (int, float)) and timeout_s > 0):
             raise ValueError(f"reward_model.timeout_s={timeout_s!r}: must be a positive number or null (no limit)")
         self.tokenizer, self.reward_fn_key, self.mode = tokenizer, reward_fn_key, mode
+        self.overlong_buffer = overlong_buffer
         self.timeout_s, self.num_examine = timeout_s, num_examine
         self.compute_score = compute_score or (default_compute_score if mode == "naive" else default_compute_score_batch)
         self.combines_rm = takes_rm_score(self.compute_score, mode)
@@ -149,6 +182,8 @@ class RewardManager:
         if mask is None:
             mask = data.batch["attention_mask"][:, -resp_len:]
         valid = mask.bool().cpu()
+        attention = data.batch.get("attention_mask")  # verl measures the length on the attention mask
+        lengths = (attention[:, -resp_len:] if attention is not None else mask).sum(-1).tolist()
         texts = [self.tokenizer.decode(responses[i].cpu()[valid[i]].tolist(), skip_special_tokens=True)
                  for i in range(bsz)]
         rm = data.batch.get("rm_scores")
@@ -165,6 +200,8 @@ class RewardManager:
         reward = torch.zeros(bsz, resp_len, dtype=torch.float32)
         errors = timeouts = empty = 0
         extra_info: dict[str, list] = {}
+        scores: list[float] = []
+        penalties: list[float] = []
         for i, (status, value) in enumerate(results):
             score, extra = 0.0, {}
             if status == "ok":
@@ -180,15 +217,27 @@ class RewardManager:
                     log.warning("reward scorer failed on sample %d (data_source=%r): %s", i, sources[i], value)
             for key, v in extra.items():
                 extra_info.setdefault(key, [None] * bsz)[i] = v
+            scores.append(score)
+            total = score
+            if self.overlong_buffer is not None:
+                penalties.append(overlong_reward(int(lengths[i]), self.overlong_buffer))
+                total += penalties[-1]
             positions = valid[i].nonzero()
             if len(positions) == 0:
                 empty += 1
-                reward[i, 0] = score
+                reward[i, 0] = total
             else:
-                reward[i, positions[-1, 0]] = score
+                reward[i, positions[-1, 0]] = total
             if i < self.num_examine:
                 log.info("[reward] data_source=%s score=%s response=%r ground_truth=%r", sources[i], score,
                          texts[i][-500:], truths[i])
         metrics = {"reward/errors": errors, "reward/timeouts": timeouts, "reward/empty_responses": empty,
                    "reward/missing_ground_truths": missing, "reward/samples": bsz}
-        return {"reward_tensor": reward.to(responses.device), "reward_extra_info": extra_info, "metrics": metrics}
+        if self.overlong_buffer is not None:
+            metrics["reward/overlong_samples"] = sum(p < 0 for p in penalties)
+            metrics["reward/overlong_reward_mean"] = sum(penalties) / max(1, bsz)
+            if self.overlong_buffer.log:
+                extra_info["overlong_reward"] = penalties
+                extra_info["overlong"] = [p < 0 for p in penalties]
+        return {"reward_tensor": reward.to(responses.device), "reward_extra_info": extra_info, "metrics": metrics,
+                "scores": scores}

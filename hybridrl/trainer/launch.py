@@ -72,7 +72,7 @@ def load_dataset(files, key: str, tokenizer, data_config, tools: list[dict] | No
 
 def build_reward_fns(config: DictConfig, tokenizer):
     from hybridrl.rewards import RewardManager, default_compute_score, load_custom_reward_function
-    from hybridrl.rewards.reward_manager import takes_rm_score
+    from hybridrl.rewards.reward_manager import OverlongBuffer, takes_rm_score
 
     custom = load_custom_reward_function(config.custom_reward_function.path, config.custom_reward_function.name)
     score = custom or default_compute_score
@@ -84,8 +84,11 @@ def build_reward_fns(config: DictConfig, tokenizer):
                          f"reward model would go unused; add `{arg}=None` to it and return the combined score (or "
                          "drop custom_reward_function to train on the reward model's score alone)")
     timeout_s = None if rm.timeout_s is None else float(rm.timeout_s)  # null: in-process, no time limit
+    ob = rm.overlong_buffer  # training and validation rewards both carry it, as in verl's DAPO trainer
+    overlong = OverlongBuffer(int(ob.len), float(ob.penalty_factor), int(config.data.max_response_length),
+                              bool(ob.log)) if ob.enable else None
     kwargs = dict(compute_score=score, reward_fn_key=config.data.reward_fn_key, timeout_s=timeout_s,
-                  mode=rm.reward_manager)
+                  mode=rm.reward_manager, overlong_buffer=overlong)
     return RewardManager(tokenizer, **kwargs), RewardManager(tokenizer, **kwargs)
 
 
@@ -173,10 +176,12 @@ def _run_ppo_claimed(config: DictConfig, cleanup: contextlib.ExitStack) -> dict:
     train_set = load_dataset(config.data.train_files, "data.train_files", tokenizer, config.data, tools)
     val_set = (load_dataset(config.data.val_files, "data.val_files", tokenizer, config.data, tools)
                if config.data.val_files else None)
-    loader = StatefulDataLoader(train_set, batch_size=int(config.data.train_batch_size), shuffle=bool(config.data.shuffle),
-                                seed=int(config.data.seed), drop_last=True)
+    # generation batches: data.gen_batch_size prompts (dynamic sampling may use several per step), else a step's
+    gen_key = "gen_batch_size" if config.data.gen_batch_size is not None else "train_batch_size"
+    loader = StatefulDataLoader(train_set, batch_size=int(config.data[gen_key]), shuffle=bool(config.data.shuffle),
+                                seed=int(config.data.seed), drop_last=True, batch_size_key=f"data.{gen_key}")
     if len(loader) == 0:
-        raise ValueError(f"data.train_batch_size={config.data.train_batch_size} is larger than the training set "
+        raise ValueError(f"data.{gen_key}={config.data[gen_key]} is larger than the training set "
                          f"({len(train_set)} rows after filtering) — no full batch can be formed")
     reward_fn, val_reward_fn = build_reward_fns(config, tokenizer)
     total_steps = int(t.total_training_steps) if t.total_training_steps is not None else len(loader) * int(t.total_epochs)

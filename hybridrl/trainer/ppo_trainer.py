@@ -4,14 +4,20 @@
 
 The algorithm lives here, on the driver; workers only run SPMD compute (generation, log-probs, updates). Every
 phase is timed as `timing_s/{phase}` and its metrics use verl's names, so a verl dashboard reads our runs.
+With `algorithm.filter_groups` (DAPO's dynamic sampling) gen → reward repeats over further generation batches
+until enough prompt groups with signal are collected (with KL in the reward, old_log_prob → ref too, per batch,
+as verl). `algorithm.rollout_correction` weighs (and optionally rejects) tokens by the rollout-vs-trainer
+probability ratio in adv, from the old log-probs, or inside the update when there is no old-log-prob pass.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import sys
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -19,10 +25,12 @@ import torch
 from omegaconf import DictConfig
 
 from hybridrl.algorithms import agg_loss, apply_kl_penalty, compute_advantage, get_kl_controller
+from hybridrl.algorithms.rollout_correction import apply_rollout_correction
 from hybridrl.data.rl_dataset import collate_fn
 from hybridrl.protocol import DataProto
 from hybridrl.rewards.error_guard import RewardErrorGuard
-from hybridrl.seeding import shuffle_seed, step_sampling_seed, validation_sampling_seed
+from hybridrl.seeding import derive_seed, shuffle_seed, step_sampling_seed, validation_sampling_seed
+from hybridrl.trainer.dynamic_sampling import GroupCollector, merge_reward_metrics, sample_metric
 from hybridrl.trainer.metrics import (
     compute_data_metrics,
     compute_throughout_metrics,
@@ -133,7 +141,7 @@ class RayPPOTrainer:
         val = self.val_dataset
         bs = int(cfg.data.val_batch_size or len(val))
         n = int(cfg.actor_rollout_ref.rollout.val_kwargs.n)
-        scores, sources, uids, inputs, outputs = [], [], [], [], []
+        scores, rewards, sources, uids, inputs, outputs = [], [], [], [], [], []
         extra: dict[str, list] = {}  # numeric extra info a scorer returned (e.g. {"score", "len"}), as verl reports it
         failed = {"errors": 0, "timeouts": 0, "missing_ground_truths": 0}  # scored 0: reported, never hidden
         rm_counts: dict[str, float] = {}
@@ -150,7 +158,8 @@ class RayPPOTrainer:
             for key in RM_COUNTS:
                 if key in rm_metrics:
                     rm_counts[key] = rm_counts.get(key, 0.0) + rm_metrics[key]
-            scores.extend(result["reward_tensor"].sum(-1).tolist())
+            rewards.extend(result["reward_tensor"].sum(-1).tolist())
+            scores.extend(result["scores"])  # the scorer's, without the overlong penalty: acc is accuracy
             for key in failed:
                 failed[key] += int(result.get("metrics", {}).get(f"reward/{key}", 0))
             for key, values in result.get("reward_extra_info", {}).items():
@@ -159,7 +168,7 @@ class RayPPOTrainer:
             uids.extend(batch.non_tensor_batch["uid"].tolist())
             inputs.extend(self.tokenizer.batch_decode(batch.batch["prompts"], skip_special_tokens=True))
             outputs.extend(self.tokenizer.batch_decode(batch.batch["responses"], skip_special_tokens=True))
-        infos = {"acc": scores, "reward": scores}
+        infos = {"acc": scores, "reward": rewards}
         for key, values in extra.items():
             if key not in infos and len(values) == len(scores) and all(isinstance(v, (int, float)) for v in values):
                 infos[key] = values
@@ -203,7 +212,102 @@ class RayPPOTrainer:
         return self.global_steps
 
     # ------------------------------------------------------------------ one step
-    def train_step(self, batch: DataProto) -> dict:
+    def _rollout_and_score(self, batch: DataProto, gen_index: int, balance: bool, metrics: dict, timing: dict,
+                           absorb) -> tuple[DataProto, dict]:
+        """One generation batch: rollout (and remax's greedy baseline), scores and token_level_rewards. With KL in
+        the reward the old and reference log-probs come first (dynamic sampling's seq_final_reward needs the
+        penalised rewards before it filters, as in verl). Returns (batch, the reward manager's result)."""
+        cfg = self.config
+        n = int(cfg.actor_rollout_ref.rollout.n)
+        assign_uids(batch)
+        gen = batch.select(GEN_KEYS, ["raw_prompt_ids"])
+        # a fresh sampling seed each step (and generation batch), derived from the step so a resumed run samples
+        # what the original did
+        seed = step_sampling_seed(int(cfg.trainer.seed), cfg.actor_rollout_ref.rollout.seed, self.global_steps)
+        gen.meta_info = {**self._meta(), "seed": seed if gen_index == 0 else derive_seed(seed, gen_index)}
+        with marked_timer("gen", timing):
+            out = self.actor_rollout_wg.generate_sequences(gen)
+            absorb(out)
+        if cfg.algorithm.adv_estimator == "remax":
+            with marked_timer("gen_max", timing):
+                gen.meta_info.update({"do_sample": False, "n": 1})
+                base = self.actor_rollout_wg.generate_sequences(gen)
+                base.meta_info.pop("metrics", None)
+                base_batch = batch.select(batch_keys=[], non_tensor_batch_keys=list(batch.non_tensor_batch))
+                base_batch.union(base)
+                baseline = compute_reward(base_batch, self.reward_fn, self.reward_model)[0]["reward_tensor"].sum(-1)
+                batch.batch["reward_baselines"] = baseline
+        batch = attach_rollout(batch, out, n)
+        if balance:
+            self._balance(batch, metrics)
+        with marked_timer("reward", timing):
+            result, rm_metrics, rm_worker = compute_reward(batch, self.reward_fn, self.reward_model)
+            absorb(DataProto(meta_info={"metrics": rm_worker}))
+            for key, value in rm_metrics.items():  # counts add up over generation batches (dynamic sampling)
+                metrics[key] = metrics.get(key, 0.0) + value if key in RM_COUNTS else value
+            batch.batch["token_level_scores"] = result["reward_tensor"]
+        if cfg.algorithm.use_kl_in_reward:
+            batch = self._old_and_ref_log_probs(batch, timing, absorb)
+            with marked_timer("adv", timing):
+                batch, kl_metrics = apply_kl_penalty(batch, self.kl_ctrl, cfg.algorithm.kl_penalty)
+                metrics.update(kl_metrics)
+        else:
+            batch.batch["token_level_rewards"] = batch.batch["token_level_scores"]
+        return batch, result
+
+    def _balance(self, batch: DataProto, metrics: dict) -> None:
+        # balanced over the actor's data-parallel ranks (Ulysses SP groups share their rows)
+        sp = int(self.config.actor_rollout_ref.actor.ulysses_sequence_parallel_size)
+        metrics.update(balance_batch(batch, self.n_gpus // sp))
+
+    def _old_and_ref_log_probs(self, batch: DataProto, timing: dict, absorb) -> DataProto:
+        if self.plan is None or self.plan.old_log_prob_pass:  # else the update's own log-probs (plan)
+            with marked_timer("old_log_prob", timing):
+                old = self.actor_rollout_wg.compute_log_prob(batch)
+                absorb(old)
+                batch.union(old)  # with the entropys, reported once the step's batch is final
+        if self.use_reference:
+            with marked_timer("ref", timing):
+                ref = self.actor_rollout_wg.compute_ref_log_prob(batch)
+                absorb(ref)
+                batch.union(ref)
+        return batch
+
+    def _collect_batch(self, batch: DataProto, more_batches, metrics: dict, timing: dict, absorb) -> DataProto:
+        """The step's scored batch: one generation batch, or with algorithm.filter_groups as many as it takes to
+        collect train_batch_size prompt groups with signal (trainer/dynamic_sampling.py). Reward counts are summed
+        over every generated sample, and the reward-failure guard sees them before any update."""
+        cfg = self.config
+        fg = cfg.algorithm.filter_groups
+        collector = None
+        if fg.enable:
+            collector = GroupCollector(int(cfg.data.train_batch_size), int(cfg.actor_rollout_ref.rollout.n),
+                                       int(fg.max_num_gen_batches))
+        balance = bool(cfg.trainer.balance_batch)
+        reward_metrics: list[dict] = []
+        for gen_index in itertools.count():
+            # balancing reorders rows: with filtering it waits for the trimmed batch (groups must stay adjacent)
+            part, result = self._rollout_and_score(batch, gen_index, balance and collector is None, metrics,
+                                                   timing, absorb)
+            reward_metrics.append(result.get("metrics", {}))
+            if collector is None:
+                break
+            if collector.add(part, sample_metric(part, fg.metric, result)):
+                part, fg_metrics = collector.batch()
+                metrics.update(fg_metrics)
+                if balance:
+                    self._balance(part, metrics)
+                break
+            batch = next(more_batches, None)
+            if batch is None:
+                raise RuntimeError("algorithm.filter_groups needs another generation batch but none was given")
+        metrics.update(merge_reward_metrics(reward_metrics))
+        # failed samples were scored 0; past the configured share the run stops before any update uses them
+        metrics["reward/failed_fraction"] = self.reward_guard.check(self.global_steps, metrics)
+        return part
+
+    def train_step(self, batch: DataProto, more_batches: Iterator[DataProto] | None = None) -> dict:
+        """One PPO/GRPO step on `batch`; dynamic sampling draws further generation batches from `more_batches`."""
         cfg = self.config
         n = int(cfg.actor_rollout_ref.rollout.n)
         metrics: dict = {}
@@ -214,67 +318,28 @@ class RayPPOTrainer:
             for k, v in out.meta_info.pop("metrics", {}).items():
                 worker_metrics.setdefault(k, []).extend(v if isinstance(v, list) else [v])
 
-        assign_uids(batch)
-        gen = batch.select(GEN_KEYS, ["raw_prompt_ids"])
-        # a fresh sampling seed each step, derived from the step so a resumed run samples what the original did
-        seed = int(cfg.trainer.seed)
-        gen.meta_info = {**self._meta(),
-                         "seed": step_sampling_seed(seed, cfg.actor_rollout_ref.rollout.seed, self.global_steps)}
+        rc = cfg.algorithm.rollout_correction
         with marked_timer("step", timing):
-            with marked_timer("gen", timing):
-                out = self.actor_rollout_wg.generate_sequences(gen)
-                absorb(out)
-            if cfg.algorithm.adv_estimator == "remax":
-                with marked_timer("gen_max", timing):
-                    gen.meta_info.update({"do_sample": False, "n": 1})
-                    base = self.actor_rollout_wg.generate_sequences(gen)
-                    base.meta_info.pop("metrics", None)
-                    base_batch = batch.select(batch_keys=[], non_tensor_batch_keys=list(batch.non_tensor_batch))
-                    base_batch.union(base)
-                    baseline = compute_reward(base_batch, self.reward_fn, self.reward_model)[0]["reward_tensor"].sum(-1)
-                    batch.batch["reward_baselines"] = baseline
-            batch = attach_rollout(batch, out, n)
-            if cfg.trainer.balance_batch:
-                # balanced over the actor's data-parallel ranks (Ulysses SP groups share their rows)
-                sp = int(cfg.actor_rollout_ref.actor.ulysses_sequence_parallel_size)
-                metrics.update(balance_batch(batch, self.n_gpus // sp))
+            batch = self._collect_batch(batch, more_batches or iter(()), metrics, timing, absorb)
             batch.meta_info["global_token_num"] = batch.batch["attention_mask"].sum(-1).tolist()
-            batch.meta_info["shuffle_seed"] = shuffle_seed(seed, self.global_steps)  # actor/critic mini-batch order
-
-            with marked_timer("reward", timing):
-                result, rm_metrics, rm_worker = compute_reward(batch, self.reward_fn, self.reward_model)
-                absorb(DataProto(meta_info={"metrics": rm_worker}))
-                batch.batch["token_level_scores"] = result["reward_tensor"]
-                metrics.update(result.get("metrics", {}))
-                metrics.update(rm_metrics)
-                # failed samples were scored 0; past the configured share the run stops before any update uses them
-                metrics["reward/failed_fraction"] = self.reward_guard.check(self.global_steps, metrics)
-            if self.plan is None or self.plan.old_log_prob_pass:  # else the update's own log-probs (plan)
-                with marked_timer("old_log_prob", timing):
-                    old = self.actor_rollout_wg.compute_log_prob(batch)
-                    absorb(old)
-                    entropys = old.batch.pop("entropys", None)
-                    if entropys is not None:
-                        metrics["actor/entropy"] = agg_loss(entropys, batch.batch["response_mask"],
-                                                            "token-mean").item()
-                    batch.union(old)
-                    metrics.update(rollout_probs_diff(batch))
-            if self.use_reference:
-                with marked_timer("ref", timing):
-                    ref = self.actor_rollout_wg.compute_ref_log_prob(batch)
-                    absorb(ref)
-                    batch.union(ref)
+            batch.meta_info["shuffle_seed"] = shuffle_seed(int(cfg.trainer.seed), self.global_steps)
+            if not cfg.algorithm.use_kl_in_reward:
+                batch = self._old_and_ref_log_probs(batch, timing, absorb)
+            entropys = batch.batch.pop("entropys", None)
+            if entropys is not None:
+                metrics["actor/entropy"] = agg_loss(entropys, batch.batch["response_mask"], "token-mean").item()
             if self.use_critic:
                 with marked_timer("values", timing):
                     values = self.critic_wg.compute_values(batch)
                     absorb(values)
                     batch.union(values)
             with marked_timer("adv", timing):
-                if cfg.algorithm.use_kl_in_reward:
-                    batch, kl_metrics = apply_kl_penalty(batch, self.kl_ctrl, cfg.algorithm.kl_penalty)
-                    metrics.update(kl_metrics)
-                else:
-                    batch.batch["token_level_rewards"] = batch.batch["token_level_scores"]
+                if "old_log_probs" in batch.batch and "rollout_log_probs" in batch.batch:
+                    metrics.update(rollout_probs_diff(batch))
+                    # IS weights and rejection (verl's decoupled mode) change the batch before the advantages
+                    metrics.update(apply_rollout_correction(batch, rc))
+                elif rc.rollout_is is not None:  # no old-log-prob pass: the actor weighs with its own log-probs
+                    batch.meta_info["rollout_is"] = {"level": rc.rollout_is, "threshold": float(rc.rollout_is_threshold)}
                 batch = compute_advantage(batch, cfg.algorithm.adv_estimator, gamma=float(cfg.algorithm.gamma),
                                           lam=float(cfg.algorithm.lam), num_repeat=n,
                                           norm_adv_by_std_in_grpo=bool(cfg.algorithm.norm_adv_by_std_in_grpo))
@@ -283,12 +348,13 @@ class RayPPOTrainer:
                     absorb(self.critic_wg.update_critic(batch))
             if self.global_steps >= int(cfg.trainer.critic_warmup):
                 with marked_timer("update_actor", timing):
-                    absorb(self.actor_rollout_wg.update_actor(batch))
-        # without an old-log-prob pass the update measured verl's rollout-vs-trainer probability gap itself
-        for stat in ("mean", "max"):
-            if f"actor/rollout_probs_diff_{stat}" in worker_metrics:
-                values = worker_metrics.pop(f"actor/rollout_probs_diff_{stat}")
-                metrics[f"training/rollout_probs_diff_{stat}"] = max(values) if stat == "max" else sum(values) / len(values)
+                    out = self.actor_rollout_wg.update_actor(batch)
+                    absorb(out)
+                if "old_log_probs" in out.batch and "rollout_log_probs" in batch.batch:
+                    # no old-log-prob pass: the update's own log-probs give the same metrics over the whole batch
+                    batch.batch["old_log_probs"] = out.batch["old_log_probs"]
+                    metrics.update(rollout_probs_diff(batch))
+                    metrics.update(apply_rollout_correction(batch, rc))
         for k, v in reduce_metrics(worker_metrics).items():
             if k.startswith(("perf/max_memory", "memory/")):
                 metrics[k] = max(worker_metrics[k])  # the peak over ranks, not the mean
@@ -309,6 +375,12 @@ class RayPPOTrainer:
         return metrics
 
     # ------------------------------------------------------------------ loop
+    def _generation_batches(self) -> Iterator[DataProto]:
+        """The loader's batches across epoch boundaries: a step may draw several (dynamic sampling), and one pass
+        over the data may end in the middle of a step."""
+        while True:
+            yield from self.train_loader
+
     def fit(self) -> list[dict]:
         cfg = self.config.trainer
         self.load_checkpoint()
@@ -316,35 +388,31 @@ class RayPPOTrainer:
             val = self.validate()
             self.tracker.log(val, step=0)
             self.history.append({"training/global_step": 0, **val})
-        epoch = self.train_loader.epoch if hasattr(self.train_loader, "epoch") else 0
         # a step bar on interactive terminals only: in log files the console logger's one line per step says it all
         bar = make_progress_bar(self.total_training_steps, min(self.global_steps, self.total_training_steps),
                                 disable=not sys.stderr.isatty())
+        batches = self._generation_batches()
         while self.global_steps < self.total_training_steps:
-            for batch in self.train_loader:
-                if self.global_steps >= self.total_training_steps:
-                    break
-                self.global_steps += 1
-                metrics = self.train_step(batch)
-                last = self.global_steps == self.total_training_steps
-                if self.val_dataset is not None and cfg.test_freq > 0 and (self.global_steps % cfg.test_freq == 0 or last):
-                    timing: dict = {}
-                    with marked_timer("testing", timing):
-                        metrics.update(self.validate())
-                    metrics["timing_s/testing"] = timing["testing"]
-                if cfg.save_freq > 0 and (self.global_steps % cfg.save_freq == 0 or last):
-                    timing = {}
-                    with marked_timer("save_checkpoint", timing):
-                        self.save_checkpoint()
-                    metrics["timing_s/save_checkpoint"] = timing["save_checkpoint"]
-                metrics["training/global_step"] = self.global_steps
-                metrics["training/epoch"] = getattr(self.train_loader, "epoch", epoch)
-                self.tracker.log(metrics, step=self.global_steps)
-                if self.memory_timeline is not None:
-                    self.memory_timeline.record_metrics(self.global_steps, metrics)
-                self.history.append(metrics)
-                bar.update(1)
-            epoch += 1
+            batch = next(batches)
+            self.global_steps += 1
+            metrics = self.train_step(batch, batches)
+            last = self.global_steps == self.total_training_steps
+            if self.val_dataset is not None and cfg.test_freq > 0 and (self.global_steps % cfg.test_freq == 0 or last):
+                timing: dict = {}
+                with marked_timer("testing", timing):
+                    metrics.update(self.validate())
+                metrics["timing_s/testing"] = timing["testing"]
+            if cfg.save_freq > 0 and (self.global_steps % cfg.save_freq == 0 or last):
+                timing = {}
+                with marked_timer("save_checkpoint", timing):
+                    self.save_checkpoint()
+                metrics["timing_s/save_checkpoint"] = timing["save_checkpoint"]
+            metrics["training/global_step"] = self.global_steps
+            metrics["training/epoch"] = getattr(self.train_loader, "epoch", 0)
+            self.tracker.log(metrics, step=self.global_steps)
+            if self.memory_timeline is not None:
+                self.memory_timeline.record_metrics(self.global_steps, metrics)
+            self.history.append(metrics)
+            bar.update(1)
         bar.close()
         return self.history
-

@@ -47,6 +47,7 @@ REFUSED = {
     "actor_rollout_ref.actor.checkpoint.contents": "the checkpoint holds only what the saved value lists",
     "data.train_files": _DATA,
     "data.train_batch_size": _DATA,
+    "data.gen_batch_size": _DATA,
     "data.shuffle": _DATA,
     "data.seed": _DATA,
 }

@@ -24,6 +24,11 @@ Choices:
 - Metrics are verl's names, each the mean over micro-batches (grad_norm: over mini-batches with a finite norm).
   `actor/entropy` is logged here only when entropy_coeff != 0 (it is then part of the loss); otherwise the
   trainer gets it from `compute_log_prob(calculate_entropy=True)` as newer verl does.
+- Rollout correction (algorithms/rollout_correction.py): `rollout_is_weights` in the batch (computed by the driver
+  from the old log-probs) multiply the per-token policy losses. Without `old_log_probs` (no old-log-prob pass)
+  the weights come from the update's own detached log-probs vs `rollout_log_probs`, per micro-batch, with the
+  level and threshold of `meta_info["rollout_is"]`; those log-probs are kept in `own_old_log_probs` (row order
+  of the input) so the driver can report the rollout-vs-trainer metrics over the whole batch.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ from hybridrl.algorithms import (
     kl_penalty,
     logprobs_from_logits,
 )
+from hybridrl.algorithms.rollout_correction import truncated_is_weights
 from hybridrl.protocol import DataProto
 from hybridrl.training.fsdp import keep_unsharded, should_keep_unsharded
 from hybridrl.training.fused_logprob import fused_logprob_entropy, plain_linear_head
@@ -55,6 +61,7 @@ class DataParallelPPOActor(FSDPUpdater):
                               else use_remove_padding))
         self.sp_group = sp_group  # Ulysses: every rank of this group gets the same rows and runs 1/P of the tokens
         self.fused_head = plain_linear_head(module)
+        self.own_old_log_probs: torch.Tensor | None = None  # [B, R] on CPU after an update without old_log_probs
 
     # ------------------------------------------------------------------ forward
     def _forward_micro_batch(self, micro: DataProto, temperature: float, calculate_entropy: bool):
@@ -118,8 +125,13 @@ class DataParallelPPOActor(FSDPUpdater):
         own_old = "old_log_probs" not in data.batch
         if not own_old:
             keys.append("old_log_probs")
-        elif "rollout_log_probs" in data.batch:  # verl's engine-vs-trainer check, made from the update's forward
+        elif "rollout_log_probs" in data.batch:  # the rollout-vs-trainer weights, made from the update's forward
             keys.append("rollout_log_probs")
+        if "rollout_is_weights" in data.batch:
+            keys.append("rollout_is_weights")
+        rollout_is = data.meta_info.get("rollout_is") if own_old else None
+        if rollout_is is not None and "rollout_log_probs" not in data.batch:
+            raise ValueError("algorithm.rollout_correction.rollout_is is set but the batch has no 'rollout_log_probs'")
         if use_kl_loss:
             if "ref_log_prob" not in data.batch:
                 raise ValueError("actor.use_kl_loss=true needs 'ref_log_prob' in the batch (enable the reference "
@@ -128,14 +140,19 @@ class DataParallelPPOActor(FSDPUpdater):
         data = data.select(keys)
         mode = cfg.get("loss_agg_mode", "token-mean")
         entropy_coeff = float(cfg.get("entropy_coeff", 0.0))
+        self.own_old_log_probs = None
+        if own_old:  # shuffling and dynamic micro-batches reorder rows: the index puts the log-probs back
+            data.batch["row_index"] = torch.arange(len(data))
+            self.own_old_log_probs = torch.zeros(data.batch["responses"].shape, dtype=torch.float32)
         return self._train_step(data, "actor", lambda mini, metrics: self._update_mini_batch(
-            mini, temperature, mode, entropy_coeff, use_kl_loss, own_old, metrics))
+            mini, temperature, mode, entropy_coeff, use_kl_loss, own_old, rollout_is, metrics))
 
     def _policy_loss_fn(self):
         policy_loss = self.config.get("policy_loss") or {}
         return get_policy_loss_fn(policy_loss.get("loss_mode", "vanilla"))
 
-    def _update_mini_batch(self, mini: DataProto, temperature, mode, entropy_coeff, use_kl_loss, own_old, metrics):
+    def _update_mini_batch(self, mini: DataProto, temperature, mode, entropy_coeff, use_kl_loss, own_old,
+                           rollout_is, metrics):
         cfg = self.config
         micros, _ = make_micro_batches(mini, bool(cfg.get("use_dynamic_bsz", False)),
                                        cfg.get("ppo_micro_batch_size_per_gpu"), cfg.get("ppo_max_token_len_per_gpu"))
@@ -150,13 +167,14 @@ class DataParallelPPOActor(FSDPUpdater):
             log_prob, entropy = self._forward_micro_batch(micro, temperature,
                                                           calculate_entropy=entropy_coeff != 0 or own_old)
             old_log_prob = log_prob.detach() if own_old else b["old_log_probs"]
-            if "rollout_log_probs" in b:
-                diff = (b["rollout_log_probs"].float().exp() - old_log_prob.float().exp()).abs()[mask.bool()]
-                if diff.numel():
-                    metrics["rollout_probs_diff_mean"].append(diff.mean().item())
-                    metrics["rollout_probs_diff_max"] = [max(metrics["rollout_probs_diff_max"] + [diff.max().item()])]
+            is_weights = b.get("rollout_is_weights")
+            if own_old:
+                self.own_old_log_probs[b["row_index"].cpu()] = old_log_prob.float().cpu()
+                if rollout_is is not None:  # per token or per row: the same weights a whole-batch pass gives
+                    is_weights = truncated_is_weights(old_log_prob - b["rollout_log_probs"], mask,
+                                                      rollout_is["level"], float(rollout_is["threshold"]))
             pg_loss, pg_metrics = policy_loss_fn(old_log_prob, log_prob, b["advantages"], mask,
-                                                 loss_agg_mode=mode, config=cfg)
+                                                 loss_agg_mode=mode, config=cfg, rollout_is_weights=is_weights)
             regularisers = torch.zeros((), device=log_prob.device)  # entropy and KL terms, aggregated with `mode`
             if entropy is not None:
                 entropy_loss = agg_loss(entropy, mask, mode)

@@ -242,7 +242,10 @@ class ActorRolloutRefWorker(Worker):
             train_metrics = self.actor.update_policy(data.to(self.compute_device))
         self.hybrid.after_update()
         metrics.update(train_metrics)
-        return DataProto(meta_info={"metrics": {k: (v if isinstance(v, list) else [v]) for k, v in metrics.items()}})
+        # without an old-log-prob pass the update's own log-probs were the old ones: they go back to the driver
+        own = self.actor.own_old_log_probs
+        return DataProto({} if own is None else {"old_log_probs": own},
+                         meta_info={"metrics": {k: (v if isinstance(v, list) else [v]) for k, v in metrics.items()}})
 
     # ------------------------------------------------------------------ checkpoints
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)

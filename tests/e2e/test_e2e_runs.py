@@ -122,3 +122,59 @@ def test_other_estimators_and_scheme_a_run(ray_local, tiny_model_dir, arith_dir,
         assert "actor/reward_kl_penalty" in steps[-1]
     if "actor_rollout_ref.rollout.async_scheduling=true" in extra:
         assert steps[-1]["rollout/num_lookahead_steps"] > 0
+
+
+SIGNAL_ON_EVEN_PROMPTS = '''
+import zlib
+
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    if extra_info["index"] % 2:  # odd prompts: every sample scores 0, a group without signal
+        return 0.0
+    return {"score": float(zlib.crc32(solution_str.encode()) % 2), "acc": zlib.crc32(solution_str.encode()) % 2 == 1}
+'''
+
+
+def test_dapo_dynamic_sampling_overlong_buffer_and_rollout_correction(ray_local, tiny_model_dir, arith_dir, tmp_path):
+    """filter_groups keeps generating batches until train_batch_size prompts with signal are there; the loader's
+    position counts every batch consumed. The overlong penalty and the TIS/RS correction run in the same steps."""
+    import json
+
+    scorer = tmp_path / "signal.py"
+    scorer.write_text(SIGNAL_ON_EVEN_PROMPTS)
+    fg, rc = "algorithm.filter_groups", "algorithm.rollout_correction"
+    cfg = load_config(overrides=overrides(
+        tiny_model_dir, arith_dir, tmp_path / "dapo", "trainer.total_training_steps=2", "trainer.save_freq=2",
+        f"custom_reward_function.path={scorer}", f"{fg}.enable=true", f"{fg}.metric=acc",
+        f"{fg}.max_num_gen_batches=12", "reward_model.overlong_buffer.enable=true",
+        "reward_model.overlong_buffer.len=4", "reward_model.overlong_buffer.penalty_factor=0.5",
+        "actor_rollout_ref.actor.clip_ratio_high=0.28", f"{rc}.rollout_is=token", f"{rc}.rollout_is_threshold=2.0",
+        f"{rc}.rollout_rs=token_k1", f"{rc}.rollout_rs_threshold=10"))
+    steps = train_metrics(run_ppo(cfg)["history"])
+    assert len(steps) == 2
+    gen_batches = [h["train/num_gen_batches"] for h in steps]
+    for h in steps:
+        assert h["train/filter_groups/kept"] == 4
+        assert h["train/filter_groups/kept"] + h["train/filter_groups/trimmed"] + h["train/filter_groups/dropped"] \
+            == 4 * h["train/num_gen_batches"]
+        assert h["reward/samples"] == 16 * h["train/num_gen_batches"]  # every generated sample was scored
+        assert h["reward/overlong_samples"] > 0 and h["reward/overlong_reward_mean"] < 0
+        for key in ("rollout_corr/rollout_is_mean", "rollout_corr/rollout_rs_masked_fraction", "rollout_corr/kl",
+                    "training/rollout_probs_diff_mean", "actor/pg_loss"):
+            assert math.isfinite(h[key]), key
+    assert sum(gen_batches) > 2  # at least one step needed a second generation batch (the odd prompts drop)
+    assert sum(h["train/filter_groups/dropped"] for h in steps) > 0
+    state = json.loads((tmp_path / "dapo" / "global_step_2" / "trainer_state.json").read_text())
+    assert state["dataloader"]["batch_index"] == sum(gen_batches)  # 16 batches an epoch: still the first
+
+
+def test_rollout_is_without_old_log_prob_pass_uses_the_updates_own_log_probs(ray_local, tiny_model_dir, arith_dir,
+                                                                              tmp_path):
+    """One on-policy mini-batch: no old-log-prob pass; the actor weighs with its own log-probs and hands them back
+    through the dispatch, so the driver reports the rollout-vs-trainer metrics over the whole batch."""
+    rc = "algorithm.rollout_correction"
+    cfg = load_config(overrides=overrides(tiny_model_dir, arith_dir, tmp_path / "own", "trainer.total_training_steps=1",
+                                          "actor_rollout_ref.actor.ppo_mini_batch_size=4", f"{rc}.rollout_is=sequence"))
+    (h,) = train_metrics(run_ppo(cfg)["history"])
+    assert "timing_s/old_log_prob" not in h
+    assert h["rollout_corr/rollout_is_mean"] == pytest.approx(1.0, abs=1e-3)  # the engine samples the actor's policy
+    assert 0 <= h["training/rollout_probs_diff_max"] < 1e-3 and math.isfinite(h["rollout_corr/chi2_seq"])

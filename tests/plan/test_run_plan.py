@@ -126,3 +126,19 @@ def test_config_check_prints_the_plan(tmp_path, capsys):
     rc = cli.main(["config", "check", *STEP, f"actor_rollout_ref.model.path={model}", "--gpu-memory-gb", "8",
                    f"{A}.ppo_micro_batch_size_per_gpu=512"])
     assert rc == 1 and f"'{A}.ppo_micro_batch_size_per_gpu' = 512" in capsys.readouterr().err
+
+
+def test_whole_batch_rollout_correction_needs_the_old_log_prob_pass():
+    rc = "algorithm.rollout_correction"
+    assert not plan([f"{rc}.rollout_is=token"]).old_log_prob_pass  # per-token weights: made inside the update
+    assert plan([f"{rc}.rollout_rs=token_k1", f"{rc}.rollout_rs_threshold=2"]).old_log_prob_pass
+    assert plan([f"{rc}.rollout_is=token", f"{rc}.rollout_is_batch_normalize=true"]).old_log_prob_pass
+    with pytest.raises(ConfigError, match=r"old_log_prob_pass' = false cannot go with "
+                                          r"'algorithm.rollout_correction.rollout_rs' = seq_mean_k3"):
+        plan([f"{A}.old_log_prob_pass=false", f"{rc}.rollout_rs=seq_mean_k3", f"{rc}.rollout_rs_threshold=0.1"])
+
+
+def test_generation_batches_size_the_rollout():
+    p = plan(["data.gen_batch_size=96", "algorithm.filter_groups.enable=true", "algorithm.filter_groups.metric=acc"])
+    assert p.layout.rollout_prompts_per_dp == 96 and p.layout.rollout_samples_per_dp == 96 * 8
+    assert p.kv_blocks == 96 * 16 + 96 * 8 * 16  # the prompt's 16 blocks once per prompt, 16 generated per sample

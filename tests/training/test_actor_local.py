@@ -179,10 +179,39 @@ def test_update_without_old_log_probs_equals_update_with_recomputed_ones(base_mo
     for name in g_pass:
         torch.testing.assert_close(g_own[name], g_pass[name], atol=1e-6, rtol=1e-4)
     assert metrics["actor/ppo_kl"] == 0.0 and metrics["actor/pg_clipfrac"] == 0.0 and metrics["actor/entropy"] > 0
-    # with the engine's log-probs in the batch, verl's rollout-vs-trainer gap comes from the update's forward
-    own.batch["rollout_log_probs"] = data.batch["old_log_probs"] + 0.1 * data.batch["response_mask"]
-    _, metrics = _grads_after_update(base_model, actor_cfg(), own)
-    mask = data.batch["response_mask"].bool()
-    gap = (own.batch["rollout_log_probs"].exp() - data.batch["old_log_probs"].exp()).abs()[mask]
-    assert metrics["actor/rollout_probs_diff_max"] == pytest.approx(gap.max().item(), rel=1e-3)
-    assert metrics["actor/rollout_probs_diff_mean"] == pytest.approx(gap.mean().item(), rel=1e-3)
+    # the update hands its own log-probs back (input row order, also when shuffled / dynamically micro-batched)
+    for cfg in (actor_cfg(shuffle=True), actor_cfg(use_dynamic_bsz=True, ppo_max_token_len_per_gpu=20)):
+        model = copy.deepcopy(base_model)
+        actor = DataParallelPPOActor(cfg, model, torch.optim.SGD(model.parameters(), lr=0.0))
+        actor.update_policy(own)
+        mask = data.batch["response_mask"].bool()
+        torch.testing.assert_close(actor.own_old_log_probs[mask], data.batch["old_log_probs"][mask],
+                                   atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("level", ["token", "sequence"])
+def test_is_weights_from_own_log_probs_equal_precomputed_ones(base_model, level):
+    """No old-log-prob pass: the actor makes the truncated IS weights per micro-batch from its own detached
+    log-probs; the gradient equals that of an update given the old log-probs and the driver's weights."""
+    from hybridrl.algorithms.rollout_correction import rollout_is_weights
+
+    data = make_ppo_batch(batch=4, seed=5)
+    data.batch.pop("old_log_probs")
+    actor = DataParallelPPOActor(actor_cfg(), copy.deepcopy(base_model))
+    old = actor.compute_log_prob(dict_meta(data))[0]
+    mask = data.batch["response_mask"]
+    # the engine's log-probs off by ±0.4 per token: some weights exceed the threshold 1.2, some fall below 1
+    shift = 0.4 * torch.sign(torch.randn(old.shape, generator=torch.Generator().manual_seed(0))) * mask
+    data.batch["rollout_log_probs"] = old + shift
+    weights, metrics = rollout_is_weights(old - data.batch["rollout_log_probs"], mask, level, 1.2)
+    assert metrics["rollout_is_ratio_fraction_high"] > 0 and (weights[mask.bool()] < 1).any()
+    given = data.select()
+    given.batch.update(old_log_probs=old, rollout_is_weights=weights)
+    g_given, _ = _grads_after_update(base_model, actor_cfg(), given)
+    g_plain, _ = _grads_after_update(base_model, actor_cfg(), given.select(
+        [k for k in given.batch if k != "rollout_is_weights"]))
+    data.meta_info["rollout_is"] = {"level": level, "threshold": 1.2}
+    g_own, _ = _grads_after_update(base_model, actor_cfg(ppo_micro_batch_size_per_gpu=1), data)
+    for name in g_given:
+        torch.testing.assert_close(g_own[name], g_given[name], atol=1e-6, rtol=1e-4)
+    assert any(not torch.allclose(g_plain[n], g_given[n], atol=1e-6) for n in g_given)  # the weights matter
