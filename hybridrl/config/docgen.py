@@ -139,9 +139,11 @@ mesh divisibility) and prints the device layout; `hybridrl config show` prints t
 **LoRA** (`actor_rollout_ref.model.lora_rank` > 0; needs `pip install -e '.[lora]'`): peft adapters on the
 `target_modules` of the actor (`all-linear`: q/k/v/o and gate/up/down projections), injected before FSDP. Only the
 adapters are trained and kept in optimizer state (the run plan counts gradients and AdamW state for them alone);
-the base weights stay frozen in `fsdp_config.model_dtype`. The reference policy (KL) is the actor's module with its
+they are stored in `fsdp_config.model_dtype`, while the frozen base is stored in the compute dtype (bf16 on GPUs,
+fp32 on CPU; never wider than `model_dtype`), since FSDP's `mixed_precision.param_dtype` casts it to that anyway.
+The reference policy (KL) is the actor's module with its
 adapters switched off, so no reference copy is built. Each rollout streams merged weights W + (lora_alpha /
-lora_rank)·B·A to the engine, computed per tensor on each rank's own rows. Checkpoints hold base and adapters (exact
+lora_rank)·B·A to the engine, summed in fp32 per tensor on each rank's own rows. Checkpoints hold base and adapters (exact
 resume); `hybridrl merge` writes the merged model and the adapter in peft's format under `adapter/`. Not done: GPU
 benchmarks, QLoRA (quantized frozen base) and activation offload; `use_shm` / `layered_summon` are not read.
 

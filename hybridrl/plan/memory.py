@@ -35,6 +35,7 @@ class Residency:
     critic_gradient_checkpointing: bool
     lora_params: int = 0        # actor LoRA adapter parameters; 0 = full fine-tuning. With LoRA only the adapters
                                 # have grads and AdamW state, and the reference is the actor's base (no copy)
+    lora_base_bytes: int = 0    # LoRA: bytes per frozen base parameter (2: bf16 on GPUs; adapters: master_bytes)
     reward_model: ModelShape | None = None   # sequence-classification reward model (reward_model.style=model)
     rm_shard: int = 1
     rm_param_offload: bool = True   # its shards on the GPU only in the reward_model phase
@@ -63,7 +64,8 @@ class MemoryModel:
     def _actor(self, grads: bool, params_on_gpu: bool, optim_on_gpu: bool) -> dict:
         p, mb, shard = self.s.num_params, self.r.master_bytes, self.r.shard
         trained = self.r.lora_params or p   # LoRA: the frozen base needs no grads or optimizer state
-        return {"actor params": (p + self.r.lora_params) * mb / shard if params_on_gpu else 0,
+        stored = p * self.r.lora_base_bytes + self.r.lora_params * mb if self.r.lora_params else p * mb
+        return {"actor params": stored / shard if params_on_gpu else 0,
                 "actor grads": trained * mb / shard if grads else 0,
                 "actor optimizer": 2 * trained * mb / shard if optim_on_gpu else 0}
 

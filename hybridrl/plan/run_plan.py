@@ -82,6 +82,8 @@ class RunPlan:
     reward_model_micro: int | None = None       # sequences per reward-model forward per GPU (style=model)
     reward_model_unshard_once: bool = False
     reward_model_max_length: int = 0            # reward-model input tokens at most (reward_model.max_length or P + R)
+    lora_base_dtype: str | None = None          # LoRA: the actor's frozen base weights, frozen_dtype unless
+                                                # model_dtype is narrower (adapters stay in model_dtype); None: no LoRA
 
     def kv_blocks_for(self, prompts: int, n: int) -> int:
         """KV blocks one generate call of `prompts` x n needs on this engine (a hybrid engine allocates its KV per
@@ -99,7 +101,8 @@ class RunPlan:
                  f"vocab {self.model.vocab}",
                  *([f"critic          micro-batch per GPU: update {_fmt(self.critic_micro)}, values "
                     f"{_fmt(self.critic_forward_micro)}"] if self.layout.critic_mini_batch_per_gpu is not None else []),
-                 f"dtypes          rollout engine {self.rollout_dtype}, reference and reward model {self.frozen_dtype}",
+                 f"dtypes          rollout engine {self.rollout_dtype}, reference and reward model {self.frozen_dtype}"
+                 + (f", LoRA base {self.lora_base_dtype}" if self.lora_base_dtype else ""),
                  *([f"reward model    micro-batch per GPU {self.reward_model_micro}, inputs up to "
                     f"{self.reward_model_max_length} tokens"] if self.reward_model_micro is not None else []),
                  f"kv cache        {self.kv_blocks} blocks per engine ({self.kv_blocks_unshared} without prompt "
@@ -173,9 +176,15 @@ def make_plan(config: DictConfig | dict, hf_config, device: DeviceSpec, val_prom
     rm_shape = _reward_model_shape(c, rm_hf_config)
     rm_fsdp = g("reward_model.model.fsdp_config.fsdp_size")
     judge = bool(g("reward_model.enable")) and g("reward_model.style") == "judge"
+    cpu = device.type == "cpu"  # CPU runs are for correctness: fp32 everywhere (bf16 matmuls are slow there)
+    frozen_dtype = "fp32" if cpu else "bf16"
+    master_dtype = _DTYPE_NAMES[str(g(f"{a}.fsdp_config.model_dtype"))]
+    lora_rank = g("actor_rollout_ref.model.lora_rank")
+    # a frozen base needs no master copy; never stored wider than the masters (model_dtype=bf16 on CPU stays bf16)
+    lora_base_dtype = min(frozen_dtype, master_dtype, key=_DTYPE_BYTES.get) if lora_rank else None
     res = Residency(
         shard=world if fsdp == -1 else fsdp,
-        master_bytes=2 if g(f"{a}.fsdp_config.model_dtype") in ("bf16", "bfloat16", "fp16", "float16") else 4,
+        master_bytes=_DTYPE_BYTES[master_dtype],
         param_offload=g(f"{a}.fsdp_config.param_offload"), optimizer_offload=g(f"{a}.fsdp_config.optimizer_offload"),
         has_ref=bool(g(f"{a}.use_kl_loss") or g("algorithm.use_kl_in_reward")),
         ref_offload=g(f"{ref}.fsdp_config.param_offload"),
@@ -186,8 +195,8 @@ def make_plan(config: DictConfig | dict, hf_config, device: DeviceSpec, val_prom
         rollout_tp=layout.rollout_tp,
         gradient_checkpointing=bool(g("actor_rollout_ref.model.enable_gradient_checkpointing")),
         critic_gradient_checkpointing=bool(g("critic.model.enable_gradient_checkpointing")),
-        lora_params=adapter_param_count(shape, g("actor_rollout_ref.model.lora_rank"),
-                                        g("actor_rollout_ref.model.target_modules")),
+        lora_params=adapter_param_count(shape, lora_rank, g("actor_rollout_ref.model.target_modules")),
+        lora_base_bytes=_DTYPE_BYTES[lora_base_dtype] if lora_base_dtype else 0,
         reward_model=rm_shape, rm_shard=world if rm_fsdp == -1 else rm_fsdp,
         rm_param_offload=bool(g("reward_model.model.fsdp_config.param_offload")),
         rm_param_bytes=2 if device.type == "cuda" else 4)
@@ -310,13 +319,12 @@ def make_plan(config: DictConfig | dict, hf_config, device: DeviceSpec, val_prom
     layout = replace(layout, ppo_micro_batch_per_gpu=actor_micro, log_prob_micro_batch_per_gpu=lp_micro,
                      ref_log_prob_micro_batch_per_gpu=ref_micro,
                      grad_accum_steps=None if actor_micro is None else layout.ppo_mini_batch_per_gpu // actor_micro)
-    cpu = device.type == "cpu"  # CPU runs are for correctness: fp32 everywhere (bf16 matmuls are slow there)
     parallel = Parallelism(actor_fsdp=res.shard, actor_sp=layout.ulysses_sp, rollout_tp=layout.rollout_tp,
                            critic_fsdp=res.critic_shard, critic_sp=g("critic.ulysses_sequence_parallel_size"),
                            reward_fsdp=res.rm_shard)
     return RunPlan(layout=layout, device=device, model=shape, parallel=parallel,
                    rollout_dtype="fp32" if cpu else _DTYPE_NAMES[str(g(f"{rl}.dtype"))],
-                   frozen_dtype="fp32" if cpu else "bf16", actor_micro=actor_micro, log_prob_micro=lp_micro,
+                   frozen_dtype=frozen_dtype, actor_micro=actor_micro, log_prob_micro=lp_micro,
                    ref_log_prob_micro=ref_micro, critic_micro=critic_micro, critic_forward_micro=critic_fwd,
                    log_prob_unshard_once=lp_once, ref_log_prob_unshard_once=ref_once,
                    critic_forward_unshard_once=critic_once, kv_blocks=kv, kv_blocks_unshared=kv_unshared,
@@ -324,7 +332,7 @@ def make_plan(config: DictConfig | dict, hf_config, device: DeviceSpec, val_prom
                    reshard_strategy=os.environ.get("HYBRIDRL_RESHARD", "slice"), old_log_prob_pass=old_pass,
                    hybrid=res.hybrid, kv_rule=(P, R, bs, sharing),
                    predicted=predicted, choices=tuple(choices), reward_model_micro=rm_micro,
-                   reward_model_unshard_once=rm_once, reward_model_max_length=rm_len)
+                   reward_model_unshard_once=rm_once, reward_model_max_length=rm_len, lora_base_dtype=lora_base_dtype)
 
 
 def reward_model_hf_config(config: DictConfig):
@@ -352,6 +360,7 @@ def _reward_model_shape(c: dict, rm_hf_config) -> ModelShape | None:
 
 _DTYPE_NAMES = {"bfloat16": "bf16", "bf16": "bf16", "float16": "fp16", "fp16": "fp16", "float32": "fp32",
                 "fp32": "fp32"}
+_DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 
 
 def _no_fit_hint(key: str, one: PhaseMemory) -> str:

@@ -157,7 +157,9 @@ def save_checkpoint(ckpt_dir, module, optimizer=None, lr_scheduler=None, *, hf_c
             hf_config.save_pretrained(ckpt_dir / "huggingface")
         if tokenizer is not None:
             tokenizer.save_pretrained(ckpt_dir / "huggingface")
-        master = next(module.parameters()).dtype
+        # the trained parameters' dtype (LoRA: the adapters'; the frozen base may be stored narrower)
+        params = list(module.parameters())
+        master = next((p for p in params if p.requires_grad), params[0]).dtype
         meta = {"role": role, "world_size": world, "master_dtype": str(master).replace("torch.", ""),
                 "contents": sorted(contents)}
         if getattr(module, "hybridrl_lora", None) is not None:   # merge needs the adapters' scaling

@@ -172,24 +172,31 @@ def load_hf_model(path: str, role: str = "actor", dtype=torch.float32, override_
 
 
 def build_fsdp_model(model_cfg: Mapping, fsdp_cfg: Mapping, mesh: DeviceMesh, device: torch.device,
-                     role: str = "actor", use_varlen_attention: bool | None = None, lora=None) -> torch.nn.Module:
+                     role: str = "actor", use_varlen_attention: bool | None = None, lora=None,
+                     lora_base_dtype=None) -> torch.nn.Module:
     """Load `model_cfg['path']` and return it sharded on `mesh`, weights on `device` (see module docstring).
     `lora` (training/lora.py LoraSettings): adapters injected before sharding; rank 0's initial adapters are
-    broadcast with the weights."""
+    broadcast with the weights. The frozen base is then loaded in `lora_base_dtype` (None: `model_dtype`) and
+    the adapters kept in `model_dtype`; FSDP2 all-gathers both in its `param_dtype`."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
     from hybridrl.training.packing import register_varlen_attention
 
     device = torch.device(device)
     rank = dist.get_rank() if dist.is_initialized() else 0
-    common = dict(role=role, dtype=fsdp_cfg.get("model_dtype", "fp32"),
-                  override_config=model_cfg.get("override_config") or {},
+    master = resolve_dtype(fsdp_cfg.get("model_dtype", "fp32"), "fsdp_config.model_dtype")
+    stored = master if lora is None or lora_base_dtype is None else resolve_dtype(lora_base_dtype, "lora_base_dtype")
+    if stored != master and torch.__version__ < (2, 8):   # pytorch#154103
+        raise RuntimeError(f"LoRA with the frozen base in {stored} and adapters in fsdp_config.model_dtype={master} "
+                           f"needs torch >= 2.8 (FSDP2 mixed frozen/trainable dtypes), this is {torch.__version__}: "
+                           "upgrade torch, or set actor_rollout_ref.actor.fsdp_config.model_dtype=bf16")
+    common = dict(role=role, dtype=stored, override_config=model_cfg.get("override_config") or {},
                   trust_remote_code=bool(model_cfg.get("trust_remote_code", False)))
     model = load_hf_model(model_cfg["path"], on_meta=rank != 0, **common)
     if lora is not None:
         from hybridrl.training.lora import apply_lora
 
-        model = apply_lora(model, lora)
+        model = apply_lora(model, lora, adapter_dtype=master)
     full_state = model.state_dict() if rank == 0 else None
     if use_varlen_attention is None:
         use_varlen_attention = bool(model_cfg.get("use_remove_padding", False))

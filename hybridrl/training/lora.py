@@ -4,11 +4,16 @@ How it fits the hybrid engine:
 - The adapters are injected into the plain HF model (`peft.inject_adapter_in_model`) before FSDP is applied, so
   the module keeps its HF class and FSDP shards base weights and adapters alike. peft freezes the base weights;
   only adapter parameters require grad, and only they go to the optimizer.
+- Storage: the frozen base is kept in the compute dtype (the plan's `lora_base_dtype`, bf16 on GPUs: a forward
+  never sees more of it) and the adapters in `fsdp_config.model_dtype` (fp32 masters for AdamW). FSDP2 casts
+  both to its `param_dtype` for the all-gather, so one block's mixed storage costs nothing at compute time.
 - The reference policy is the same module with its adapters switched off (`adapters_disabled`): no second copy.
 - The rollout engine gets merged weights W + (alpha / rank)·B·A under the HF names, computed per tensor on each
   rank's own FSDP rows (`engine_parameters`): FSDP shards W and B on the same rows, so a rank's rows of the merged
-  W need only its rows of B and the whole (small) A. The module itself is never merged in place.
-- Checkpoints hold the module's own state dict (base weights and adapters), so a resume is exact;
+  W need only its rows of B and the whole (small) A. The sum is taken in fp32 (a bf16 W would round a small
+  update away) and cast to the engine dtype after. The module itself is never merged in place.
+- Checkpoints hold the module's own state dict (base weights and adapters, each in its stored dtype), so a
+  resume is exact;
   `merge_lora_state` turns such a state dict into the merged HF weights and a peft adapter.
 """
 
@@ -77,15 +82,22 @@ def lora_settings(model_cfg: Mapping) -> LoraSettings | None:
     return LoraSettings(int(rank), float(alpha), targets if isinstance(targets, str) else tuple(targets))
 
 
-def apply_lora(model: torch.nn.Module, settings: LoraSettings) -> torch.nn.Module:
-    """Inject the adapters into `model` (in place, before FSDP); base weights are frozen. Dropout is 0 so that
-    log-probs are deterministic (the old log-probs and the update's must agree)."""
+def apply_lora(model: torch.nn.Module, settings: LoraSettings, adapter_dtype: torch.dtype | None = None
+               ) -> torch.nn.Module:
+    """Inject the adapters into `model` (in place, before FSDP); base weights are frozen and keep the dtype the
+    model was loaded in. The adapters are stored in `adapter_dtype` (None: the base's dtype, or fp32 where peft
+    upcasts a half-precision base's adapters). Dropout is 0 so that log-probs are deterministic (the old
+    log-probs and the update's must agree)."""
     from peft import LoraConfig, inject_adapter_in_model
 
     targets = settings.target_modules
     config = LoraConfig(r=settings.rank, lora_alpha=settings.alpha, lora_dropout=0.0, bias="none",
                         target_modules=targets if isinstance(targets, str) else list(targets))
     model = inject_adapter_in_model(config, model, adapter_name=ADAPTER)
+    if adapter_dtype is not None:
+        for layer in _lora_layers(model).values():
+            layer.lora_A.to(adapter_dtype)
+            layer.lora_B.to(adapter_dtype)
     model.hybridrl_lora = settings   # read by checkpoints (merge needs the scaling)
     return model
 
@@ -116,9 +128,14 @@ def adapters_disabled(module: torch.nn.Module):
             layer.enable_adapters(True)
 
 
+def _merged(w: torch.Tensor, b: torch.Tensor, a: torch.Tensor, scaling: float) -> torch.Tensor:
+    """w + scaling·b·a summed in fp32 (whatever the stored dtypes), returned in fp32."""
+    return torch.addmm(w.float(), b.float(), a.float(), alpha=scaling)
+
+
 def _merge_fn(layer):
-    """W_rows -> W_rows + scaling·B_rows·A for this rank's rows of a LoRA-wrapped linear (local FSDP shard or the
-    whole tensor)."""
+    """W_rows -> W_rows + scaling·B_rows·A in fp32 for this rank's rows of a LoRA-wrapped linear (local FSDP
+    shard or the whole tensor); the caller casts to the engine dtype."""
     def merge(w: torch.Tensor) -> torch.Tensor:
         a, b = layer.lora_A[ADAPTER].weight, layer.lora_B[ADAPTER].weight
         a = a.full_tensor() if isinstance(a, DTensor) else a     # [rank, in]: small, gathered whole
@@ -126,7 +143,7 @@ def _merge_fn(layer):
         if b.shape[0] != w.shape[0]:
             raise RuntimeError(f"LoRA merge: {b.shape[0]} rows of lora_B against {w.shape[0]} of the weight; "
                                "base weight and adapter must be sharded alike")
-        return torch.addmm(w, b.detach().to(w.dtype), a.detach().to(w.dtype), alpha=layer.scaling[ADAPTER])
+        return _merged(w, b.detach(), a.detach(), layer.scaling[ADAPTER])
     return merge
 
 
@@ -151,7 +168,8 @@ def engine_parameters(module: torch.nn.Module) -> Iterator[tuple[str, torch.Tens
 def merge_lora_state(state: Mapping[str, torch.Tensor], scaling: float) -> tuple[dict, dict]:
     """A module state dict with adapters -> (merged HF state dict, peft adapter state dict).
 
-    Merged: `x.weight` = base + scaling·B·A, computed in the state's dtype. Adapter keys follow peft's saved
+    Merged: `x.weight` = base + scaling·B·A, summed in fp32 and kept in the wider of the base's and the adapters'
+    dtypes (a bf16 base with fp32 adapters gives fp32: the update is not rounded to bf16 here). Adapter keys follow peft's saved
     format (`base_model.model.<x>.lora_A.weight`), which `PeftModel.from_pretrained` loads onto the base model."""
     merged, adapter = {}, {}
     for key, value in state.items():
@@ -165,7 +183,7 @@ def merge_lora_state(state: Mapping[str, torch.Tensor], scaling: float) -> tuple
             continue
         if leaf == "weight":
             a, b = state[f"{owner}.lora_A.{ADAPTER}.weight"], state[f"{owner}.lora_B.{ADAPTER}.weight"]
-            value = torch.addmm(value, b.to(value.dtype), a.to(value.dtype), alpha=scaling)
+            value = _merged(value, b, a, scaling).to(torch.promote_types(value.dtype, b.dtype))
         merged[f"{owner}.{leaf}"] = value
     return merged, adapter
 

@@ -5,8 +5,8 @@ model skeleton is built on the meta device from `huggingface/config.json` (no ra
 to learn the state-dict keys, shapes and dtypes; the loaded tensors are then assigned into it and written
 with `save_pretrained` (safetensors, sharded by HF when large, tied weights handled by HF). Output dtype is
 bf16 by default (what inference wants), fp32 on request. Tokenizer and generation-config files are copied.
-A LoRA checkpoint (its meta has `lora`) is merged too (W + lora_alpha / lora_rank · B·A, in the master dtype
-before the output cast), and its adapters are also written as a peft directory in `out_dir/adapter`.
+A LoRA checkpoint (its meta has `lora`) is read in its stored dtypes (a bf16 base, fp32 adapters) and merged
+(W + lora_alpha / lora_rank · B·A, summed in fp32 before the output cast), and its adapters are also written as a peft directory in `out_dir/adapter`.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ def merge_checkpoint(ckpt_dir, out_dir, dtype: str = "bfloat16") -> Path:
     hf_config = AutoConfig.from_pretrained(ckpt_dir / "huggingface")
     master = getattr(torch, meta.get("master_dtype", "float32"))
     if meta.get("lora"):
-        state = _lora_state(ckpt_dir / "model", master)
+        state = _lora_state(ckpt_dir / "model")
     else:
         state = {k: torch.empty(v.shape, dtype=master if v.is_floating_point() else v.dtype)
                  for k, v in model_skeleton(hf_config, meta["role"]).state_dict().items()}
@@ -52,14 +52,13 @@ def merge_checkpoint(ckpt_dir, out_dir, dtype: str = "bfloat16") -> Path:
     return out_dir
 
 
-def _lora_state(model_dir: Path, master: torch.dtype) -> dict:
-    """Empty tensors for every key of a LoRA checkpoint (base weights under peft's names and the adapters), read
-    from the DCP metadata: the plain HF skeleton does not have these keys."""
+def _lora_state(model_dir: Path) -> dict:
+    """Empty tensors for every key of a LoRA checkpoint (base weights under peft's names and the adapters) in
+    their stored dtypes, read from the DCP metadata: the plain HF skeleton does not have these keys."""
     from torch.distributed.checkpoint import FileSystemReader
 
     meta = FileSystemReader(str(model_dir)).read_metadata().state_dict_metadata
-    return {k: torch.empty(tuple(v.size), dtype=master if v.properties.dtype.is_floating_point else v.properties.dtype)
-            for k, v in meta.items() if hasattr(v, "size")}
+    return {k: torch.empty(tuple(v.size), dtype=v.properties.dtype) for k, v in meta.items() if hasattr(v, "size")}
 
 
 def write_lora_adapter(state: dict, lora: dict, adapter_dir: Path, dtype: str) -> dict:

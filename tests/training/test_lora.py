@@ -65,6 +65,25 @@ def test_plan_counts_optimizer_state_for_adapters_only_and_no_reference_copy():
     assert resident(full) - resident(lora) > 0.95 * 4 * shape.num_params * 2   # grads, 2 AdamW moments, reference
 
 
+@pytest.mark.parametrize("device, model_dtype, base, base_bytes", [
+    (H200, "fp32", "bf16", 2),                              # GPU: the frozen base in the compute dtype
+    (DeviceSpec("cpu", "cpu", None), "fp32", "fp32", 4),    # CPU computes in fp32
+    (DeviceSpec("cpu", "cpu", None), "bf16", "bf16", 2),    # never stored wider than the masters
+])
+def test_plan_stores_the_lora_base_in_the_compute_dtype_and_adapters_in_model_dtype(device, model_dtype, base,
+                                                                                      base_bytes):
+    overrides = [*STEP, f"{M}.lora_rank=64", f"actor_rollout_ref.actor.fsdp_config.model_dtype={model_dtype}"]
+    plan = make_plan(load_config(overrides=overrides), Q7, device)
+    shape = ModelShape.from_hf_config(Q7)
+    adapters, master = adapter_param_count(shape, 64, "all-linear"), 4 if model_dtype == "fp32" else 2
+    assert plan.lora_base_dtype == base and f"LoRA base {base}" in str(plan)
+    update = plan.predicted["update_actor"].parts
+    assert update["actor params"] == shape.num_params * base_bytes + adapters * master
+    assert update["actor grads"] == adapters * master and update["actor optimizer"] == 2 * adapters * master
+    full = [*STEP, "actor_rollout_ref.actor.fsdp_config.model_dtype=bf16"]   # fp32 full fine-tuning does not fit
+    assert make_plan(load_config(overrides=full), Q7, device).lora_base_dtype is None   # no LoRA
+
+
 def _tiny():
     cfg = AutoConfig.for_model("qwen2", hidden_size=32, intermediate_size=48, num_hidden_layers=2,
                                num_attention_heads=4, num_key_value_heads=2, vocab_size=64)

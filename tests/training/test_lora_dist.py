@@ -1,6 +1,8 @@
-"""LoRA on the FSDP2 actor, 2 gloo ranks, against plain single-process references: only adapters are in the
+"""LoRA on the FSDP2 actor, 2 gloo ranks, against plain single-process references, with the frozen base stored in
+fp32 and in bf16 (what the plan picks on GPUs; the adapters stay fp32): only adapters are in the
 optimizer and change in an update; LoRA log-probs == the merged HF model's; adapters disabled == the base model;
-the resharder streams exactly the merged weights under HF names (slice and gather); checkpoint save -> load ->
+the resharder streams exactly the merged weights under HF names (slice and gather), summed in fp32 before a
+bf16 engine's cast; checkpoint save -> load ->
 next step == uninterrupted; `merge` writes the merged model and a peft adapter that loads onto the base.
 One spawn runs all checks (process start-up dominates the cost)."""
 
@@ -53,11 +55,11 @@ class SlicingEngine:
         return full if spec is None else full.narrow(*spec)
 
 
-def _build(model_dir, mesh):
+def _build(model_dir, mesh, base_dtype):
     model_cfg = OmegaConf.create({"path": model_dir, "use_remove_padding": True, **LORA})
     fsdp_cfg = OmegaConf.create({"model_dtype": "fp32"})
     module, opt, sched = build_fsdp_model(model_cfg, fsdp_cfg, OmegaConf.create(OPTIM), mesh, torch.device("cpu"),
-                                          trainable=True)
+                                          trainable=True, lora_base_dtype=base_dtype)
     return DataParallelPPOActor(TINY_ACTOR_CFG, module, opt, sched, use_remove_padding=True)
 
 
@@ -69,6 +71,11 @@ def _full(module):
 
 def _plain_log_probs(model, data):
     return DataParallelPPOActor(TINY_ACTOR_CFG, model, use_remove_padding=False).compute_log_prob(data)[0]
+
+
+def _base_hf(model_dir, base_dtype):
+    """The base model from disk, rounded to the stored base dtype, computing in fp32 (as FSDP does on CPU)."""
+    return transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=base_dtype).float()
 
 
 def _merged_hf(model_dir, state):
@@ -83,14 +90,17 @@ def _batch(rank, seed):
     return data
 
 
-def _worker(rank, world, model_dir, tmp):
+def _worker(rank, world, model_dir, tmp, base_dtype):
     torch.manual_seed(0)
     mesh = build_training_mesh(world, device_type="cpu")
-    actor = _build(model_dir, mesh)
+    actor = _build(model_dir, mesh, base_dtype)
     names = {p: n for n, p in actor.module.named_parameters()}
     in_optim = sorted(names[p] for g in actor.optimizer.param_groups for p in g["params"])
     assert in_optim and all(".lora_A." in n or ".lora_B." in n for n in in_optim), in_optim[:3]
     assert len(in_optim) == 2 * 7 * 2   # A and B of 7 linears in 2 layers
+    stored = {n: p.dtype for n, p in actor.module.named_parameters()}
+    assert all(stored[n] == torch.float32 for n in in_optim)   # fp32 masters for AdamW
+    assert {d for n, d in stored.items() if n not in in_optim} == {base_dtype}
 
     # one update: adapters move, every base weight is bit-identical
     before = _full(actor.module)
@@ -110,8 +120,8 @@ def _worker(rank, world, model_dir, tmp):
                                atol=1e-5, rtol=1e-5)
     with adapters_disabled(actor.module):
         lp_ref = actor.compute_log_prob(data)[0]
-    base = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    torch.testing.assert_close(lp_ref[mask], _plain_log_probs(base, data)[mask], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(lp_ref[mask], _plain_log_probs(_base_hf(model_dir, base_dtype), data)[mask],
+                               atol=1e-5, rtol=1e-5)
     assert (lp_ref[mask] - lp_lora[mask]).abs().max() > 1e-4   # the adapters do change the policy
     torch.testing.assert_close(actor.compute_log_prob(data)[0], lp_lora, atol=0, rtol=0)   # re-enabled
 
@@ -122,9 +132,14 @@ def _worker(rank, world, model_dir, tmp):
         FSDPToTPResharder(actor.module, engine, torch.float32, torch.device("cpu"), strategy=strategy).reshard()
         assert engine.received.keys() == merged.keys()
         for name, full in merged.items():
-            want = engine.expected(name, full) if strategy == "slice" else full   # gather: the engine slices
+            want = (engine.expected(name, full) if strategy == "slice" else full).float()   # gather: the engine slices
             torch.testing.assert_close(engine.received[name], want, atol=1e-6, rtol=1e-6,
                                        msg=lambda m, n=name, s=strategy: f"{s} {n}: {m}")
+    # a bf16 engine gets the fp32 sum rounded once: W + s·B·A summed in bf16 would round twice
+    engine = SlicingEngine(rank, world)
+    FSDPToTPResharder(actor.module, engine, torch.bfloat16, torch.device("cpu")).reshard()
+    for name, full in merged.items():
+        assert torch.equal(engine.received[name], engine.expected(name, full).to(torch.bfloat16)), name
 
     # checkpoint -> second step == load into a fresh actor -> the same second step
     ckpt = f"{tmp}/global_step_1"
@@ -135,10 +150,10 @@ def _worker(rank, world, model_dir, tmp):
     lp_uninterrupted = actor.compute_log_prob(data2)[0]
     save_checkpoint(f"{tmp}/global_step_2", actor.module, actor.optimizer, actor.scheduler, role="actor")
     torch.manual_seed(123)   # the fresh actor's adapters start elsewhere: the load must overwrite them
-    fresh = _build(model_dir, mesh)
+    fresh = _build(model_dir, mesh, base_dtype)
     load_checkpoint(ckpt, fresh.module, fresh.optimizer, fresh.scheduler)
     restored = _full(fresh.module)
-    assert all(torch.equal(restored[k], after[k]) for k in after)
+    assert all(restored[k].dtype == after[k].dtype and torch.equal(restored[k], after[k]) for k in after)
     fresh.update_policy(data2)
     torch.testing.assert_close(fresh.compute_log_prob(data2)[0], lp_uninterrupted, atol=1e-6, rtol=1e-6)
 
@@ -151,8 +166,7 @@ def _worker(rank, world, model_dir, tmp):
         m2 = data2.batch["response_mask"].bool()
         torch.testing.assert_close(_plain_log_probs(merged_model, data2)[m2], lp_uninterrupted[m2],
                                    atol=1e-5, rtol=1e-5)
-        base = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-        peft_model = PeftModel.from_pretrained(base, out / "adapter")
+        peft_model = PeftModel.from_pretrained(_base_hf(model_dir, base_dtype), out / "adapter")
         ids = data2.batch["input_ids"]
         torch.testing.assert_close(peft_model(input_ids=ids).logits, merged_model(input_ids=ids).logits,
                                    atol=1e-5, rtol=1e-5)
@@ -160,8 +174,9 @@ def _worker(rank, world, model_dir, tmp):
 
 
 @pytest.mark.slow
-def test_lora_two_ranks_update_logprobs_reshard_checkpoint_merge(tmp_path):
+@pytest.mark.parametrize("base_dtype", [torch.float32, torch.bfloat16], ids=["fp32_base", "bf16_base"])
+def test_lora_two_ranks_update_logprobs_reshard_checkpoint_merge(tmp_path, base_dtype):
     model_dir = make_tiny_model_dir(tmp_path / "model", with_tokenizer=False)
-    run_ranks(_worker, 2, str(model_dir), str(tmp_path))
+    run_ranks(_worker, 2, str(model_dir), str(tmp_path), base_dtype)
     assert (tmp_path / "merged" / "model.safetensors").exists()
     assert (tmp_path / "merged" / "adapter" / "adapter_config.json").exists()
