@@ -21,7 +21,7 @@ from hybridrl.config.layout import Layout, derive_layout
 from hybridrl.config.validate import ConfigError
 from hybridrl.plan.memory import GiB, MemoryModel, PhaseMemory, Residency
 from hybridrl.plan.model_shape import ModelShape
-from hybridrl.training.fsdp import AUTO_UNSHARD_MAX_FRACTION
+from hybridrl.training.fsdp import AUTO_UNSHARD_MAX_FRACTION, resolve_dtype
 from hybridrl.training.lora import adapter_param_count
 
 SAFETY = 0.9                    # fraction of a GPU's memory a phase may be planned to use
@@ -178,13 +178,13 @@ def make_plan(config: DictConfig | dict, hf_config, device: DeviceSpec, val_prom
     judge = bool(g("reward_model.enable")) and g("reward_model.style") == "judge"
     cpu = device.type == "cpu"  # CPU runs are for correctness: fp32 everywhere (bf16 matmuls are slow there)
     frozen_dtype = "fp32" if cpu else "bf16"
-    master_dtype = _DTYPE_NAMES[str(g(f"{a}.fsdp_config.model_dtype"))]
+    master_dtype = _dtype_name(g(f"{a}.fsdp_config.model_dtype"))
     lora_rank = g("actor_rollout_ref.model.lora_rank")
     # a frozen base needs no master copy; never stored wider than the masters (model_dtype=bf16 on CPU stays bf16)
-    lora_base_dtype = min(frozen_dtype, master_dtype, key=_DTYPE_BYTES.get) if lora_rank else None
+    lora_base_dtype = min(frozen_dtype, master_dtype, key=_dtype_bytes) if lora_rank else None
     res = Residency(
         shard=world if fsdp == -1 else fsdp,
-        master_bytes=_DTYPE_BYTES[master_dtype],
+        master_bytes=_dtype_bytes(master_dtype),
         param_offload=g(f"{a}.fsdp_config.param_offload"), optimizer_offload=g(f"{a}.fsdp_config.optimizer_offload"),
         has_ref=bool(g(f"{a}.use_kl_loss") or g("algorithm.use_kl_in_reward")),
         ref_offload=g(f"{ref}.fsdp_config.param_offload"),
@@ -196,7 +196,7 @@ def make_plan(config: DictConfig | dict, hf_config, device: DeviceSpec, val_prom
         gradient_checkpointing=bool(g("actor_rollout_ref.model.enable_gradient_checkpointing")),
         critic_gradient_checkpointing=bool(g("critic.model.enable_gradient_checkpointing")),
         lora_params=adapter_param_count(shape, lora_rank, g("actor_rollout_ref.model.target_modules")),
-        lora_base_bytes=_DTYPE_BYTES[lora_base_dtype] if lora_base_dtype else 0,
+        lora_base_bytes=_dtype_bytes(lora_base_dtype) if lora_base_dtype else 0,
         reward_model=rm_shape, rm_shard=world if rm_fsdp == -1 else rm_fsdp,
         rm_param_offload=bool(g("reward_model.model.fsdp_config.param_offload")),
         rm_param_bytes=2 if device.type == "cuda" else 4)
@@ -323,7 +323,7 @@ def make_plan(config: DictConfig | dict, hf_config, device: DeviceSpec, val_prom
                            critic_fsdp=res.critic_shard, critic_sp=g("critic.ulysses_sequence_parallel_size"),
                            reward_fsdp=res.rm_shard)
     return RunPlan(layout=layout, device=device, model=shape, parallel=parallel,
-                   rollout_dtype="fp32" if cpu else _DTYPE_NAMES[str(g(f"{rl}.dtype"))],
+                   rollout_dtype="fp32" if cpu else _dtype_name(g(f"{rl}.dtype")),
                    frozen_dtype=frozen_dtype, actor_micro=actor_micro, log_prob_micro=lp_micro,
                    ref_log_prob_micro=ref_micro, critic_micro=critic_micro, critic_forward_micro=critic_fwd,
                    log_prob_unshard_once=lp_once, ref_log_prob_unshard_once=ref_once,
@@ -358,9 +358,13 @@ def _reward_model_shape(c: dict, rm_hf_config) -> ModelShape | None:
     return replace(ModelShape.from_hf_config(rm_hf_config), tied=True)
 
 
-_DTYPE_NAMES = {"bfloat16": "bf16", "bf16": "bf16", "float16": "fp16", "fp16": "fp16", "float32": "fp32",
-                "fp32": "fp32"}
-_DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+def _dtype_name(name: str) -> str:
+    """The short name (fp32 | bf16 | fp16) of a config dtype spelling; the aliases are fsdp.resolve_dtype's."""
+    return {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}[str(resolve_dtype(name)).removeprefix("torch.")]
+
+
+def _dtype_bytes(name: str) -> int:
+    return resolve_dtype(name).itemsize
 
 
 def _no_fit_hint(key: str, one: PhaseMemory) -> str:
