@@ -7,6 +7,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import nn
+from tp_slicing_engine import SlicingEngine
 
 
 def free_port() -> int:
@@ -15,25 +16,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-class FakeEngine:
-    """Column-parallel for 'col.*', row-parallel for 'row.*', replicated otherwise (like norms)."""
-
-    def __init__(self, tp_rank, tp_size):
-        self.tp_rank, self.tp_size, self.received = tp_rank, tp_size, {}
-
-    def weight_shard_spec(self, name, shape):
-        if name.startswith("col."):
-            per = -(-shape[0] // self.tp_size)
-            start = min(shape[0], self.tp_rank * per)
-            return (0, start, min(shape[0], start + per) - start)
-        if name.startswith("row.") and len(shape) == 2:
-            per = shape[1] // self.tp_size
-            return (1, self.tp_rank * per, per)
-        return None
-
-    def load_weights(self, weights):
-        for name, t in weights:
-            self.received[name] = t.clone()
+def fake_engine(rank, world):
+    """Column-parallel for 'col.*', row-parallel for 'row.*' (2-D), replicated otherwise (like norms)."""
+    return SlicingEngine(rank, world, column=lambda name, shape: name.startswith("col."),
+                         row=lambda name, shape: name.startswith("row.") and len(shape) == 2)
 
 
 class Net(nn.Module):
@@ -55,7 +41,7 @@ def _worker(rank, world, port, strategy, q):
     net = Net()
     full = {n: p.detach().clone() for n, p in net.named_parameters()}
     fully_shard(net, mesh=init_device_mesh("cpu", (world,), mesh_dim_names=("fsdp",)))
-    engine = FakeEngine(rank, world)
+    engine = fake_engine(rank, world)
     stats = FSDPToTPResharder(net, engine, torch.float32, torch.device("cpu"), strategy=strategy).reshard()
     errors = []
     for name, tensor in full.items():

@@ -13,6 +13,7 @@ import transformers
 from _training_tiny import TINY_ACTOR_CFG, make_ppo_batch, make_tiny_model_dir, run_ranks
 from omegaconf import OmegaConf
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+from tp_slicing_engine import SlicingEngine
 
 from hybridrl.hybrid.reshard import FSDPToTPResharder
 from hybridrl.training import (
@@ -30,29 +31,11 @@ LORA = dict(lora_rank=4, lora_alpha=8, target_modules="all-linear")
 COLUMN = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj", "embed_tokens", "lm_head")
 
 
-class SlicingEngine:
+def slicing_engine(rank, world):
     """Column-parallel linears and vocab rows split on dim 0, o_proj/down_proj on dim 1 (as the TP decoder)."""
-
-    def __init__(self, tp_rank, tp_size):
-        self.tp_rank, self.tp_size, self.received = tp_rank, tp_size, {}
-
-    def weight_shard_spec(self, name, shape):
-        if len(shape) == 2 and any(f"{c}." in name for c in COLUMN):
-            per = -(-shape[0] // self.tp_size)
-            start = min(shape[0], self.tp_rank * per)
-            return (0, start, min(shape[0], start + per) - start)
-        if len(shape) == 2 and ("o_proj." in name or "down_proj." in name):
-            per = shape[1] // self.tp_size
-            return (1, self.tp_rank * per, per)
-        return None
-
-    def load_weights(self, weights):
-        for name, t in weights:
-            self.received[name] = t.clone()
-
-    def expected(self, name, full):
-        spec = self.weight_shard_spec(name, tuple(full.shape))
-        return full if spec is None else full.narrow(*spec)
+    return SlicingEngine(rank, world,
+                         column=lambda name, shape: len(shape) == 2 and any(f"{c}." in name for c in COLUMN),
+                         row=lambda name, shape: len(shape) == 2 and ("o_proj." in name or "down_proj." in name))
 
 
 def _build(model_dir, mesh, base_dtype):
@@ -128,7 +111,7 @@ def _worker(rank, world, model_dir, tmp, base_dtype):
     # resharding streams the merged weights under HF names: with slice each rank gets exactly its TP slice
     merged = merge_lora_state(after, LORA["lora_alpha"] / LORA["lora_rank"])[0]
     for strategy in ("slice", "gather"):
-        engine = SlicingEngine(rank, world)
+        engine = slicing_engine(rank, world)
         FSDPToTPResharder(actor.module, engine, torch.float32, torch.device("cpu"), strategy=strategy).reshard()
         assert engine.received.keys() == merged.keys()
         for name, full in merged.items():
@@ -136,7 +119,7 @@ def _worker(rank, world, model_dir, tmp, base_dtype):
             torch.testing.assert_close(engine.received[name], want, atol=1e-6, rtol=1e-6,
                                        msg=lambda m, n=name, s=strategy: f"{s} {n}: {m}")
     # a bf16 engine gets the fp32 sum rounded once: W + s·B·A summed in bf16 would round twice
-    engine = SlicingEngine(rank, world)
+    engine = slicing_engine(rank, world)
     FSDPToTPResharder(actor.module, engine, torch.bfloat16, torch.device("cpu")).reshard()
     for name, full in merged.items():
         assert torch.equal(engine.received[name], engine.expected(name, full).to(torch.bfloat16)), name
