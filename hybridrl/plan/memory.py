@@ -40,6 +40,8 @@ class Residency:
     rm_shard: int = 1
     rm_param_offload: bool = True   # its shards on the GPU only in the reward_model phase
     rm_param_bytes: int = 2     # bf16 on GPUs (it never trains: no fp32 master)
+    fused_optimizer: bool = True    # AdamW's fused in-place kernel; false: the multi-tensor path, whose step holds
+                                    # sqrt(exp_avg_sq) of every trained tensor at once
 
 
 @dataclass(frozen=True)
@@ -160,7 +162,14 @@ class MemoryModel:
         parts["unsharded params"] = self._fsdp_working(s, False, backward=True)
         parts["activations"] = self._train_activations(s, micro_rows * seq_len, self.r.gradient_checkpointing)
         parts["log-prob head"] = self._logprob_head(micro_rows * response_len, grad=True)
+        parts["optimizer step"] = self._optimizer_step(self.r.lora_params or s.num_params, self.r.master_bytes,
+                                                       self.r.shard)
         return PhaseMemory("update_actor", parts)
+
+    def _optimizer_step(self, trained: int, master_bytes: int, shard: int) -> int:
+        """Temporaries of the AdamW step beyond the state it updates (the step follows the last backward, whose
+        activations are freed by then, so the larger of the two counts; summing them is the safe side)."""
+        return 0 if self.r.fused_optimizer else trained * master_bytes // shard
 
     def critic_phase(self, phase: str, micro_rows: int, seq_len: int, unshard_once: bool,
                      kv_bytes: int) -> PhaseMemory:
@@ -173,6 +182,8 @@ class MemoryModel:
         tokens = micro_rows * seq_len
         parts["activations"] = (self._train_activations(c, tokens, r.critic_gradient_checkpointing) if train
                                 else tokens * c.infer_act_bytes_per_token)
+        if train:
+            parts["optimizer step"] = self._optimizer_step(c.num_params, 4, r.critic_shard)
         return PhaseMemory(phase, parts)
 
     def reward_model_phase(self, micro_rows: int, seq_len: int, unshard_once: bool, kv_bytes: int) -> PhaseMemory:

@@ -84,6 +84,7 @@ class RunPlan:
     reward_model_max_length: int = 0            # reward-model input tokens at most (reward_model.max_length or P + R)
     lora_base_dtype: str | None = None          # LoRA: the actor's frozen base weights, frozen_dtype unless
                                                 # model_dtype is narrower (adapters stay in model_dtype); None: no LoRA
+    fused_optimizer: bool = False               # AdamW's fused in-place kernel (GPUs); false: multi-tensor (CPU)
 
     def kv_blocks_for(self, prompts: int, n: int) -> int:
         """KV blocks one generate call of `prompts` x n needs on this engine (a hybrid engine allocates its KV per
@@ -197,6 +198,7 @@ def make_plan(config: DictConfig | dict, hf_config, device: DeviceSpec, val_prom
         critic_gradient_checkpointing=bool(g("critic.model.enable_gradient_checkpointing")),
         lora_params=adapter_param_count(shape, lora_rank, g("actor_rollout_ref.model.target_modules")),
         lora_base_bytes=_dtype_bytes(lora_base_dtype) if lora_base_dtype else 0,
+        fused_optimizer=not cpu,
         reward_model=rm_shape, rm_shard=world if rm_fsdp == -1 else rm_fsdp,
         rm_param_offload=bool(g("reward_model.model.fsdp_config.param_offload")),
         rm_param_bytes=2 if device.type == "cuda" else 4)
@@ -332,7 +334,8 @@ def make_plan(config: DictConfig | dict, hf_config, device: DeviceSpec, val_prom
                    reshard_strategy=os.environ.get("HYBRIDRL_RESHARD", "slice"), old_log_prob_pass=old_pass,
                    hybrid=res.hybrid, kv_rule=(P, R, bs, sharing),
                    predicted=predicted, choices=tuple(choices), reward_model_micro=rm_micro,
-                   reward_model_unshard_once=rm_once, reward_model_max_length=rm_len, lora_base_dtype=lora_base_dtype)
+                   reward_model_unshard_once=rm_once, reward_model_max_length=rm_len, lora_base_dtype=lora_base_dtype,
+                   fused_optimizer=res.fused_optimizer)
 
 
 def reward_model_hf_config(config: DictConfig):

@@ -6,9 +6,10 @@ Choices:
   torch.cuda.memory_allocated() returns to its pre-wake level (caller-owned tensors aside).
 - One KV tensor [layers, 2, num_blocks + 1, block_size, K, D]; the extra last block is a scratch block
   that padded CUDA-graph rows write to and read from. Size: `num_kv_blocks` (the run plan's need) capped on
-  GPUs by the ceiling — whatever brings device usage to `gpu_memory_utilization` x total memory after
-  weights, minus the measured activation peak of a worst-case prefill + sampling step (measured once, then
-  reused every wake); without `num_kv_blocks`, the ceiling itself.
+  GPUs by the ceiling `kv_budget_bytes` (vLLM's per-instance meaning of `gpu_memory_utilization`: the
+  engine's weights, KV and activations within that fraction of the GPU, and the KV within what is free);
+  the activation peak is that of a worst-case prefill + sampling step (measured once, then reused every
+  wake); without `num_kv_blocks`, the ceiling itself.
 - CUDA graphs for decode at a few padded batch sizes, each captured the first time a step needs it (after
   a KV wake-up), sharing one memory pool, freed (graphs and pool) on sleep; capture time is summed in
   `last_capture_s`. Off with enforce_eager
@@ -81,6 +82,15 @@ def _triton_available(device) -> bool:
     return fused._triton_ok() and device.type == "cuda"
 
 
+def kv_budget_bytes(utilization: float, total: int, free: int, engine_weight_bytes: int,
+                    activation_reserve: int) -> int:
+    """Bytes the KV cache may take on wake. `gpu_memory_utilization` keeps vLLM's per-instance meaning: this
+    engine's own memory (its weights, KV and activation peak) stays within utilization x total; memory others
+    hold on the same GPU (a hybrid worker's training state, another process) is not charged to it, but the KV and
+    the activation peak must fit in what is free."""
+    return int(min(utilization * total - engine_weight_bytes, free) - activation_reserve)
+
+
 class ModelRunner:
     def __init__(self, hf_config, *, tp_group, device, dtype, block_size, max_num_seqs, max_num_batched_tokens,
                  max_model_len, enforce_eager):
@@ -144,14 +154,17 @@ class ModelRunner:
         if self.activation_reserve is None:
             self.activation_reserve = self._measure_activation_peak()
         free, total = torch.cuda.mem_get_info(self.device)
-        budget = utilization * total - (total - free) - self.activation_reserve
-        blocks = int(budget // self.block_bytes())
+        weights = sum(t.numel() * t.element_size() for t in (*self.model.parameters(), *self.model.buffers()))
+        blocks = kv_budget_bytes(utilization, total, free, weights, self.activation_reserve) // self.block_bytes()
         if blocks < 1:
+            gib = 2**30
             raise ValueError(
-                f"gpu_memory_utilization={utilization} leaves no room for the KV cache: {(total - free) / 2**30:.1f} "
-                f"GiB of {total / 2**30:.1f} GiB already used, activation reserve "
-                f"{self.activation_reserve / 2**30:.2f} GiB; raise it or free memory before wake_up")
-        return blocks
+                f"no room for the KV cache: gpu_memory_utilization={utilization} x {total / gib:.1f} GiB allows the "
+                f"engine {utilization * total / gib:.1f} GiB, its weights take {weights / gib:.1f} GiB and its "
+                f"activation reserve {self.activation_reserve / gib:.2f} GiB; {free / gib:.1f} GiB of the GPU is free "
+                "(the rest held by others, e.g. training state not offloaded). Raise gpu_memory_utilization or free "
+                "memory before wake_up")
+        return int(blocks)
 
     @torch.no_grad()
     def _measure_activation_peak(self) -> int:

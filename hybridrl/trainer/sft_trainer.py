@@ -205,7 +205,7 @@ def _train(cfg, device, world, rank, AutoTokenizer) -> dict:
     optim_cfg = {"lr": o.lr, "betas": list(o.betas), "weight_decay": o.weight_decay, "lr_warmup_steps": -1,
                  "lr_warmup_steps_ratio": o.warmup_steps_ratio, "warmup_style": o.lr_scheduler,
                  "min_lr_ratio": o.min_lr_ratio, "total_training_steps": total_steps}
-    optimizer = build_optimizer(module.parameters(), optim_cfg)
+    optimizer = build_optimizer(module.parameters(), optim_cfg, fused=device.type == "cuda")
     scheduler = build_lr_scheduler(optimizer, optim_cfg)
 
     history: list[dict] = []

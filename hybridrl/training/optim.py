@@ -1,6 +1,11 @@
 """AdamW + learning-rate schedule with verl's keys (`optim.lr`, `weight_decay`, `betas`, `lr_warmup_steps`,
 `lr_warmup_steps_ratio`, `warmup_style`, `min_lr_ratio`, `total_training_steps`).
 
+On GPUs AdamW runs as one fused kernel per tensor group (`fused=True`): it updates parameters and both moments
+in place. The default multi-tensor ("foreach") path first materialises sqrt(exp_avg_sq) for every tensor at
+once, a temporary as large as the whole optimizer moment: with fp32 masters of a 7B model on one GPU that is
+28 GiB more at the step than at any other point of the update. CPU runs keep the foreach path.
+
 Choices: one LambdaLR whose factor is a pure function of the step, so the scheduler state is just the step
 count (checkpoints stay tiny and resumable). Warmup is linear from 0 at step 0 (verl's
 `get_constant/cosine_schedule_with_warmup`);
@@ -19,7 +24,7 @@ import torch
 __all__ = ["build_optimizer", "build_lr_scheduler", "lr_factor"]
 
 
-def build_optimizer(params, optim_cfg: Mapping) -> torch.optim.Optimizer:
+def build_optimizer(params, optim_cfg: Mapping, fused: bool = False) -> torch.optim.Optimizer:
     lr = float(optim_cfg.get("lr", 1e-6))
     if lr < 0:
         raise ValueError(f"optim.lr={lr} must be >= 0")
@@ -27,7 +32,7 @@ def build_optimizer(params, optim_cfg: Mapping) -> torch.optim.Optimizer:
     if len(betas) != 2:
         raise ValueError(f"optim.betas={list(betas)} must have two values")
     return torch.optim.AdamW(params, lr=lr, betas=betas, weight_decay=float(optim_cfg.get("weight_decay", 0.01)),
-                             eps=float(optim_cfg.get("eps", 1e-8)))
+                             eps=float(optim_cfg.get("eps", 1e-8)), fused=True if fused else None)
 
 
 def lr_factor(step: int, warmup_steps: int, total_steps: int, style: str, min_lr_ratio: float) -> float:

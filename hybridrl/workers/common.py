@@ -71,11 +71,11 @@ def sampling_params_from(rollout_cfg: DictConfig, meta: dict, dp_rank: int = 0):
 
 
 def build_fsdp_model(model_cfg: DictConfig, fsdp_cfg: DictConfig, optim_cfg: DictConfig | None, mesh, device,
-                     trainable: bool, critic: bool = False, lora_base_dtype=None):
+                     trainable: bool, critic: bool = False, lora_base_dtype=None, fused_optimizer: bool = False):
     """HF model → FSDP2 (training/ applies FSDP; the model never knows). Returns (module, optimizer, scheduler).
     A trainable actor gets LoRA adapters when `model.lora_rank` > 0, in `fsdp_config.model_dtype`, over a frozen
     base stored in `lora_base_dtype` (the plan's; None: model_dtype); the optimizer holds only what requires grad
-    (the adapters then, every parameter otherwise)."""
+    (the adapters then, every parameter otherwise); `fused_optimizer` is the plan's choice of AdamW kernel."""
     from hybridrl.training.fsdp import build_fsdp_model as shard
     from hybridrl.training.lora import lora_settings
     from hybridrl.training.optim import build_lr_scheduler, build_optimizer
@@ -86,7 +86,8 @@ def build_fsdp_model(model_cfg: DictConfig, fsdp_cfg: DictConfig, optim_cfg: Dic
     if not trainable:
         module.requires_grad_(False)
         return module, None, None
-    optimizer = build_optimizer([p for p in module.parameters() if p.requires_grad], optim_cfg)
+    optimizer = build_optimizer([p for p in module.parameters() if p.requires_grad], optim_cfg,
+                                fused=fused_optimizer)
     scheduler = build_lr_scheduler(optimizer, optim_cfg)
     return module, optimizer, scheduler
 

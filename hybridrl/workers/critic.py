@@ -37,7 +37,8 @@ class CriticWorker(Worker):
         *dispatch, sp_group = build_sp_group(self.compute_device.type, world, par.critic_sp, "critic")
         self.set_dispatch_info("critic", *dispatch)
         self.module, self.optimizer, self.scheduler = build_fsdp_model(
-            c.model, c.model.fsdp_config, c.optim, self.mesh, self.compute_device, trainable=True, critic=True)
+            c.model, c.model.fsdp_config, c.optim, self.mesh, self.compute_device, trainable=True, critic=True,
+            fused_optimizer=self.plan.fused_optimizer)
         cfg = per_rank_section(c, self.plan.layout.critic_mini_batch_per_gpu, self.plan.critic_micro)
         from hybridrl.training.critic import DataParallelPPOCritic
 

@@ -142,3 +142,15 @@ def test_generation_batches_size_the_rollout():
     p = plan(["data.gen_batch_size=96", "algorithm.filter_groups.enable=true", "algorithm.filter_groups.metric=acc"])
     assert p.layout.rollout_prompts_per_dp == 96 and p.layout.rollout_samples_per_dp == 96 * 8
     assert p.kv_blocks == 96 * 16 + 96 * 8 * 16  # the prompt's 16 blocks once per prompt, 16 generated per sample
+
+
+def test_gpu_plans_fuse_the_adamw_step_and_cpu_plans_count_its_temporaries():
+    """A 7B model with fp32 masters on one H200: the multi-tensor AdamW step would hold sqrt(exp_avg_sq) of every
+    parameter at once (28 GiB), which no longer fits; the GPU plan takes the fused kernel and counts no temporary."""
+    gpu = plan(hf=Q7)
+    assert gpu.fused_optimizer and gpu.predicted["update_actor"].parts["optimizer step"] == 0
+    cpu = plan(hf=Q7, device=DeviceSpec("cpu", "cpu", None))
+    assert not cpu.fused_optimizer
+    assert cpu.predicted["update_actor"].parts["optimizer step"] == cpu.model.num_params * 4
+    lora = plan(["actor_rollout_ref.model.lora_rank=8"], hf=Q7, device=DeviceSpec("cpu", "cpu", None))
+    assert 0 < lora.predicted["update_actor"].parts["optimizer step"] < 0.01 * lora.model.num_params * 4

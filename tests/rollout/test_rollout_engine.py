@@ -127,3 +127,18 @@ def test_hf_backend_matches_native_greedy():
         assert [c.token_ids for c in a.outputs] == [c.token_ids for c in b.outputs]
         for ca, cb in zip(a.outputs, b.outputs):
             torch.testing.assert_close(torch.tensor(ca.logprobs), torch.tensor(cb.logprobs), atol=1e-4, rtol=0)
+
+
+def test_kv_budget_charges_only_the_engine_to_gpu_memory_utilization():
+    """vLLM's per-instance meaning: a hybrid worker's resident training state does not count against the ceiling
+    (7B on one H200 with fp32 masters and AdamW state on the GPU: 101.5 GiB in use before the KV wakes), but the
+    KV must fit in what is free; the activation reserve comes off either bound."""
+    from hybridrl.rollout.model_runner import kv_budget_bytes
+
+    G = 2**30
+    total, weights, reserve = int(139.8 * G), int(14.2 * G), 4 * G
+    hybrid_7b = kv_budget_bytes(0.5, total, total - int(101.5 * G), weights, reserve)
+    assert hybrid_7b == int(139.8 * G - 101.5 * G) - reserve          # bounded by what is free
+    empty_gpu = kv_budget_bytes(0.5, total, total, weights, reserve)
+    assert empty_gpu == int(0.5 * total) - weights - reserve           # bounded by the engine's share
+    assert kv_budget_bytes(0.1, total, total, weights, reserve) < 0    # weights alone exceed the share
