@@ -2,7 +2,7 @@
 # The GPU benchmark suite as run through the device tool (2 × H200). Usage: benchmarks/gpu_suite.sh PART OUTDIR
 #   part 1: CUDA smoke (tiny model, 1 step) + Qwen2.5-1.5B: hybrid vs scheme A, TP sweep, offload
 #   part 2: Qwen2.5-7B: hybrid vs scheme A
-#   parts 9-11 (not yet run): 7B on one GPU (full and LoRA) vs TRL bf16 / TRL+peft; SmolLM2 gsm8k and LoRA curves
+#   parts 9-11: 7B on one GPU (full and LoRA) vs TRL bf16 / TRL+peft; 7B on two GPUs; SmolLM2 TRL curve, LoRA, gsm8k
 #   part 3 (not yet run): Llama-3-8B shape hybrid vs scheme A; log-prob micro-batch sweep 1/4/8/16 in one run;
 #           20-step stability of the hybrid engine at gpu_memory_utilization 0.7 (where scheme A OOMs)
 set -uo pipefail
@@ -49,27 +49,41 @@ elif [ "$part" = 7 ]; then
       --variants "padded,packed:$pk,packed_sp2:$pk;actor_rollout_ref.actor.ulysses_sequence_parallel_size=2" \
       --out "$out/grpo_qwen2.5-1.5b_packing_ulysses.json"
 elif [ "$part" = 9 ]; then
-  # issue 18: Qwen2.5-7B shape on ONE GPU at the defaults (the plan predicts full fine-tuning with fp32 masters at
-  # ~125 GiB, within 90% of an H200), full fine-tuning and LoRA rank 64; then TRL bf16 and TRL + peft (part 10)
-  timeout 590 python benchmarks/grpo_step.py --preset qwen2.5-7b --gpus 1 --defaults --grad-ckpt --steps 3 \
-      --workdir /tmp/b7 --variants "full,lora64:actor_rollout_ref.model.lora_rank=64;actor_rollout_ref.model.lora_alpha=128" \
-      --out "$out/hybridrl_qwen2.5-7b_1gpu.json"
+  # Qwen2.5-7B shape on ONE GPU each (docs/benchmarks.md 0d): GPU 0 hybridrl at the defaults, full fine-tuning then
+  # LoRA r64; GPU 1 TRL bf16 then TRL + peft r64, same model, prompts and workload
+  M=/tmp/b7/models/qwen2.5-7b
+  [ -f $M/config.json ] || python -c "from hybridrl.assets.tiny_model import write_size_preset as w; w('$M', 'qwen2.5-7b', weights=True)"
+  ls /tmp/b7/data/prompts_*x256.parquet >/dev/null 2>&1 || python -c "from pathlib import Path; import sys; sys.path.insert(0, 'benchmarks'); from grpo_step import make_prompts as m; m(Path('/tmp/b7/data'), Path('$M'), 256, 256)"
+  (CUDA_VISIBLE_DEVICES=0 timeout 500 python benchmarks/grpo_step.py --preset qwen2.5-7b --gpus 1 --defaults --grad-ckpt \
+      --steps 3 --workdir /tmp/b7 --out "$out/hybridrl_qwen2.5-7b_1gpu.json" \
+      --variants "full,lora64:actor_rollout_ref.model.lora_rank=64;actor_rollout_ref.model.lora_alpha=128") &
+  (export CUDA_VISIBLE_DEVICES=1
+   for lora in 0 64; do
+     timeout 250 python benchmarks/trl_grpo.py --model $M --prompts "$(ls /tmp/b7/data/prompts_*x256.parquet | head -1)" \
+       --steps 2 --batch-prompts 64 --n 8 --max-prompt-len 256 --max-new-tokens 256 --weights bf16 --reward last_int \
+       --gradient-checkpointing --ignore-eos --lora-rank $lora --lora-alpha 128 --out "$out/trl_qwen2.5-7b_lora$lora.json"
+   done) &
+  wait
 elif [ "$part" = 10 ]; then
-  [ -f /tmp/b7/models/qwen2.5-7b/config.json ] || python -c "from hybridrl.assets.tiny_model import write_size_preset as w; w('/tmp/b7/models/qwen2.5-7b', 'qwen2.5-7b')"
-  ls /tmp/b7/data/prompts_*x256.parquet >/dev/null 2>&1 || python -c "from pathlib import Path; import sys; sys.path.insert(0, 'benchmarks'); from grpo_step import make_prompts as m; m(Path('/tmp/b7/data'), Path('/tmp/b7/models/qwen2.5-7b'), 256, 256)"
-  for lora in 0 64; do
-    timeout 280 python benchmarks/trl_grpo.py --model /tmp/b7/models/qwen2.5-7b --prompts "$(ls /tmp/b7/data/prompts_*x256.parquet | head -1)" \
-      --steps 2 --batch-prompts 64 --n 8 --max-prompt-len 256 --max-new-tokens 256 --weights bf16 \
-      --gradient-checkpointing --ignore-eos --lora-rank $lora --lora-alpha 128 --out "$out/trl_qwen2.5-7b_lora$lora.json"
-  done
+  # the same 7B workload on TWO GPUs at the defaults (after part 9 on the same machine: weights and prompts exist)
+  timeout 590 python benchmarks/grpo_step.py --preset qwen2.5-7b --gpus 2 --defaults --grad-ckpt --steps 3 \
+      --workdir /tmp/b7 --variants full --out "$out/hybridrl_qwen2.5-7b_2gpu_full.json"
 elif [ "$part" = 11 ]; then
-  # issue 15's harder task (MODEL=/tmp/smollm2 converted first; see ../shared/tools/real-model) and, issue 18,
-  # the arith task with LoRA; each writes metrics.jsonl under $out
-  VERL_FILE_LOGGER_PATH=$out/smollm2_gsm8k_metrics.jsonl MODEL=/tmp/smollm2 DATA=/tmp/smollm2_gsm8k \
-      timeout 400 bash examples/smollm2_gsm8k/run.sh trainer.total_training_steps=60
-  VERL_FILE_LOGGER_PATH=$out/smollm2_lora_metrics.jsonl MODEL=/tmp/smollm2 DATA=/tmp/smollm2_add \
-      timeout 190 bash examples/smollm2_arith/run.sh actor_rollout_ref.model.lora_rank=32 \
-      actor_rollout_ref.model.lora_alpha=64 actor_rollout_ref.actor.optim.lr=1e-4
+  # the real model (MODEL=/tmp/smollm2 converted first; see ../shared/tools/real-model): GPU 0 TRL's a + b curve to
+  # step 24 (docs/benchmarks.md 0b, run 2); GPU 1 hybridrl's LoRA curve on the same task, then the GSM8K task (0c)
+  D=/tmp/smollm2_add
+  [ -f $D/train.parquet ] || python examples/smollm2_arith/make_data.py --out $D --train 3000 --test 200 --seed 0
+  (CUDA_VISIBLE_DEVICES=0 timeout 585 python benchmarks/trl_grpo.py --model /tmp/smollm2 --prompts $D/train.parquet \
+     --val-prompts $D/test.parquet --val-every 12 --steps 24 --batch-prompts 64 --n 8 --micro-batch 8 \
+     --max-prompt-len 128 --max-new-tokens 128 --lr 1e-5 --temperature 0.8 --val-temperature 0.8 --weights fp32 \
+     --gradient-checkpointing --reward last_int --out "$out/trl.json" > "$out/trl_curve.log" 2>&1) &
+  (export CUDA_VISIBLE_DEVICES=1
+   VERL_FILE_LOGGER_PATH=$out/hybridrl_lora_metrics.jsonl MODEL=/tmp/smollm2 DATA=$D timeout 200 \
+     bash examples/smollm2_arith/run.sh trainer.total_training_steps=40 actor_rollout_ref.model.lora_rank=32 \
+     actor_rollout_ref.model.lora_alpha=64 actor_rollout_ref.actor.optim.lr=1e-4
+   VERL_FILE_LOGGER_PATH=$out/smollm2_gsm8k_metrics.jsonl MODEL=/tmp/smollm2 DATA=/tmp/smollm2_gsm8k timeout 330 \
+     bash examples/smollm2_gsm8k/run.sh trainer.total_training_steps=60) &
+  wait
 elif [ "$part" = 8 ]; then
   python benchmarks/rollout.py --models 0.5B,7B --skip-hf --ab-async 0.5B,7B --out "$out/rollout_async.json"
   python -m pytest -q tests -m gpu -p no:cacheprovider

@@ -8,6 +8,9 @@ OUT/smollm2_vs_trl.png.
 Inputs in OUT: hybridrl_metrics.jsonl (verl metrics per step); TRL's curve from trl.json (`val_curve`) or, for a
 run cut short by the device's time limit, the `[trl] step N val acc A train wall W s` lines of trl_curve.log;
 TRL's step time and peak from trl_mem.json when present (a short run without validation), else from the curve run.
+Optional: trl_curve_run1.log (an earlier, shorter TRL curve run, plotted) and hybridrl_lora_metrics.jsonl (the
+same task with LoRA, plotted and summarized). A level hybridrl reached and TRL's run did not is reported as an
+upper bound of the wall-time ratio (hybridrl's time over TRL's last validated wall time).
 """
 
 from __future__ import annotations
@@ -44,8 +47,7 @@ def trl_side(out: Path) -> dict:
         curve = data["val_curve"]
         step_s, peak = data["step_s"], data["peak_allocated_gb"]
     else:
-        text = (out / "trl_curve.log").read_text()
-        curve = [{"step": int(s), "train_wall_s": float(w), "acc": float(a)} for s, a, w in _TRL_VAL.findall(text)]
+        curve = trl_log_curve(out / "trl_curve.log")
         last = curve[-1]
         step_s, peak = [last["train_wall_s"] / last["step"]], None  # the cut-short run has no per-step times
     result = {"curve": curve, "median_step_s": statistics.median(step_s), "peak_allocated_gib": peak}
@@ -55,6 +57,10 @@ def trl_side(out: Path) -> dict:
         result.update(mem_run_median_step_s=m["median_step_s"], mem_run_step_s=m["step_s"],
                       peak_allocated_gib=m["peak_allocated_gb"])
     return result
+
+
+def trl_log_curve(path: Path) -> list[dict]:
+    return [{"step": int(s), "train_wall_s": float(w), "acc": float(a)} for s, a, w in _TRL_VAL.findall(path.read_text())]
 
 
 def first_reach(curve: list[dict], level: float) -> dict | None:
@@ -71,23 +77,41 @@ def main(out: str) -> dict:
             levels[str(level)] = {"hybridrl_step": a["step"], "hybridrl_wall_s": a["train_wall_s"],
                                   "trl_step": b["step"], "trl_wall_s": b["train_wall_s"],
                                   "wall_ratio": a["train_wall_s"] / b["train_wall_s"]}
-    summary = {"hybridrl": ours, "trl": trl, "reach": levels,
+        elif a:  # TRL's run ended below the level: its time to reach it is more than its last validated wall
+            last = trl["curve"][-1]
+            levels[str(level)] = {"hybridrl_step": a["step"], "hybridrl_wall_s": a["train_wall_s"],
+                                  "trl_not_reached_by_step": last["step"], "trl_acc_then": last["acc"],
+                                  "trl_wall_s_more_than": last["train_wall_s"],
+                                  "wall_ratio_below": a["train_wall_s"] / last["train_wall_s"]}
+    extra = {}
+    run1 = out / "trl_curve_run1.log"
+    if run1.is_file():
+        extra["trl_run1_curve"] = trl_log_curve(run1)
+    lora_path = out / "hybridrl_lora_metrics.jsonl"
+    if lora_path.is_file():
+        extra["hybridrl_lora"] = hybridrl_side(lora_path)
+    summary = {"hybridrl": ours, "trl": trl, **extra, "reach": levels,
                "step_time_ratio": ours["median_step_s"] / trl.get("mem_run_median_step_s", trl["median_step_s"]),
                "peak_ratio": (ours["peak_allocated_gib"] / trl["peak_allocated_gib"]
                               if trl["peak_allocated_gib"] else None)}
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
-    plot(out / "smollm2_vs_trl.png", ours["curve"], trl["curve"])
+    curves = [(ours["curve"], "hybridrl"), (trl["curve"], "TRL GRPOTrainer")]
+    if "trl_run1_curve" in extra:
+        curves.append((extra["trl_run1_curve"], "TRL GRPOTrainer (run 1)"))
+    if "hybridrl_lora" in extra:
+        curves.append((extra["hybridrl_lora"]["curve"], "hybridrl LoRA r32, lr 1e-4"))
+    plot(out / "smollm2_vs_trl.png", curves)
     return summary
 
 
-def plot(path: Path, ours: list[dict], trl: list[dict]) -> None:
+def plot(path: Path, curves: list[tuple[list[dict], str]]) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
-    for curve, name in ((ours, "hybridrl"), (trl, "TRL GRPOTrainer")):
+    for curve, name in curves:
         axes[0].plot([p["step"] for p in curve], [p["acc"] for p in curve], marker="o", label=name)
         axes[1].plot([p["train_wall_s"] / 60 for p in curve], [p["acc"] for p in curve], marker="o", label=name)
     axes[0].set_xlabel("GRPO step")
@@ -102,4 +126,5 @@ def plot(path: Path, ours: list[dict], trl: list[dict]) -> None:
 
 
 if __name__ == "__main__":
-    print(json.dumps({k: v for k, v in main(sys.argv[1]).items() if k != "hybridrl" and k != "trl"}, indent=2))
+    print(json.dumps({k: v for k, v in main(sys.argv[1]).items()
+                      if k not in ("hybridrl", "trl", "trl_run1_curve", "hybridrl_lora")}, indent=2))
