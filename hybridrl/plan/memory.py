@@ -99,14 +99,15 @@ class MemoryModel:
         return {} if self.r.hybrid else {"engine weights": self.engine_weights(), "kv cache": kv_bytes}
 
     # ------------------------------------------------------------------ transient (per phase)
-    def _fsdp_working(self, shape: ModelShape, unshard_once: bool, backward: bool) -> int:
+    def _fsdp_working(self, shape: ModelShape, unshard_once: bool, backward: bool, frozen: bool = False) -> int:
         """Unsharded bf16 parameters during compute: all of them (unshard once), else the root (embedding and
-        head) plus two blocks (the one computing and the one prefetched), plus a block's gradients in backward."""
+        head) plus two blocks (the one computing and the one prefetched), plus a block's gradients in backward
+        (none for a frozen LoRA base: its adapters' gradients are counted with the actor's)."""
         if unshard_once:
             return shape.num_params * 2
         root = shape.embed_params * (1 if shape.tied else 2) * 2
         block = shape.layer_params
-        return root + 2 * block * 2 + (block * (2 + 4) if backward else 0)
+        return root + 2 * block * 2 + (block * (2 + 4) if backward and not frozen else 0)
 
     def _train_activations(self, shape: ModelShape, tokens: int, checkpointing: bool) -> int:
         per_layer = shape.train_act_bytes_per_token_layer * tokens
@@ -114,7 +115,7 @@ class MemoryModel:
             return shape.layers * tokens * shape.hidden * 2 + per_layer
         return shape.layers * per_layer
 
-    def _logprob_head(self, rows: int, grad: bool) -> int:
+    def _logprob_head(self, rows: int, grad: bool, head_frozen: bool = False) -> int:
         """Fused chunked log-prob head (training/fused_logprob.py): hidden of the kept rows (and its gradient),
         one chunk of logits in bf16 and fp32 with its softmax (and its gradient in backward)."""
         v, h = self.s.vocab, self.s.hidden
@@ -122,8 +123,8 @@ class MemoryModel:
         if not grad:
             return rows * h * 2 + chunk * v * (2 + 4 + 4)
         # backward: bf16 logits, fp32 log-probs, probabilities, logit grads and their bf16 copy; the head
-        # weight's gradient summed in fp32 from a bf16 product per chunk
-        return 2 * rows * h * 2 + chunk * v * (2 + 4 + 4 + 4 + 2) + v * h * (4 + 2)
+        # weight's gradient summed in fp32 from a bf16 product per chunk (not with LoRA: the head stays frozen)
+        return 2 * rows * h * 2 + chunk * v * (2 + 4 + 4 + 4 + 2) + (0 if head_frozen else v * h * (4 + 2))
 
     # ------------------------------------------------------------------ phases
     def gen(self, kv_blocks: int, block_size: int, rows: int, prefill_tokens: int) -> PhaseMemory:
@@ -159,9 +160,10 @@ class MemoryModel:
         parts = self._actor(grads=True, params_on_gpu=True, optim_on_gpu=True)
         parts.update(self._others(ref_on_gpu=not self.r.ref_offload))
         parts.update(self._scheme_a_engine(kv_bytes))
-        parts["unsharded params"] = self._fsdp_working(s, False, backward=True)
+        lora = bool(self.r.lora_params)
+        parts["unsharded params"] = self._fsdp_working(s, False, backward=True, frozen=lora)
         parts["activations"] = self._train_activations(s, micro_rows * seq_len, self.r.gradient_checkpointing)
-        parts["log-prob head"] = self._logprob_head(micro_rows * response_len, grad=True)
+        parts["log-prob head"] = self._logprob_head(micro_rows * response_len, grad=True, head_frozen=lora)
         parts["optimizer step"] = self._optimizer_step(self.r.lora_params or s.num_params, self.r.master_bytes,
                                                        self.r.shard)
         return PhaseMemory("update_actor", parts)
