@@ -130,8 +130,8 @@ class MemoryModel:
     def gen(self, kv_blocks: int, block_size: int, rows: int, prefill_tokens: int) -> PhaseMemory:
         r, s = self.r, self.s
         kv = kv_blocks * self.kv_block_bytes(block_size)
-        # scheme A keeps its gradients (nothing drops them before generation); hybrid drops them first
-        parts = self._actor(grads=not r.hybrid, params_on_gpu=not (r.hybrid and r.param_offload),
+        # no gradients in either scheme: every optimizer step ends with zero_grad(set_to_none=True)
+        parts = self._actor(grads=False, params_on_gpu=not (r.hybrid and r.param_offload),
                             optim_on_gpu=not (r.hybrid and r.optimizer_offload))
         parts.update(self._others(ref_on_gpu=not r.ref_offload))
         tp = r.rollout_tp
