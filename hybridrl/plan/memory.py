@@ -40,6 +40,7 @@ class Residency:
     rm_shard: int = 1
     rm_param_offload: bool = True   # its shards on the GPU only in the reward_model phase
     rm_param_bytes: int = 2     # bf16 on GPUs (it never trains: no fp32 master)
+    sort_sampling: bool = False     # some sampling uses top-k / top-p (the sorting sampler), else the one-pass kernel
     fused_optimizer: bool = True    # AdamW's fused in-place kernel; false: the multi-tensor path, whose step holds
                                     # sqrt(exp_avg_sq) of every trained tensor at once
 
@@ -98,6 +99,15 @@ class MemoryModel:
     def _scheme_a_engine(self, kv_bytes: int) -> dict:
         return {} if self.r.hybrid else {"engine weights": self.engine_weights(), "kv cache": kv_bytes}
 
+    def _sampling_bytes_per_logit(self) -> float:
+        """Full-vocabulary logits per row (all-gathered from the TP shards when TP > 1), bf16, plus the sampler's
+        own tensors: the one-pass kernel (rollout/triton_sample.py) reads them with one fp32 noise tensor; the
+        top-k / top-p path (rollout/sampler.py) holds fp32 logits, scaled logits, log-probs, sorted values, int64
+        indices, a drop mask, probabilities and their cumulative sum, then the filtered logits and the noise."""
+        tp = self.r.rollout_tp
+        logits = 2 + (2 / tp if tp > 1 else 0)
+        return logits + (4 * 3 + 4 + 8 + 1 + 4 * 2 + 4 * 2 if self.r.sort_sampling else 4)
+
     # ------------------------------------------------------------------ transient (per phase)
     def _fsdp_working(self, shape: ModelShape, unshard_once: bool, backward: bool, frozen: bool = False) -> int:
         """Unsharded bf16 parameters during compute: all of them (unshard once), else the root (embedding and
@@ -137,8 +147,7 @@ class MemoryModel:
         tp = r.rollout_tp
         parts["engine weights"] = self.engine_weights()
         parts["kv cache"] = kv
-        # sampling all-gathers full-vocabulary logits per row: bf16 + fp32 + probabilities + noise
-        parts["sampling"] = rows * s.vocab * (2 + 4 * 3)
+        parts["sampling"] = rows * s.vocab * self._sampling_bytes_per_logit()
         parts["prefill activations"] = prefill_tokens * (2 * 4 * s.hidden + 2 * 3 * s.intermediate // tp)
         parts["cuda graphs"] = rows * (2 * 6 * s.hidden + 2 * 3 * s.intermediate // tp)
         return PhaseMemory("gen", parts)

@@ -194,6 +194,8 @@ def make_plan(config: DictConfig | dict, hf_config, device: DeviceSpec, val_prom
         critic_optimizer_offload=g("critic.model.fsdp_config.optimizer_offload"),
         hybrid=bool(g("actor_rollout_ref.hybrid_engine") and g(f"{rl}.free_cache_engine")),
         rollout_tp=layout.rollout_tp,
+        sort_sampling=any(0 < g(k) or 0 < 1 - g(p) for k, p in ((f"{rl}.top_k", f"{rl}.top_p"),
+                                                                (f"{rl}.val_kwargs.top_k", f"{rl}.val_kwargs.top_p"))),
         gradient_checkpointing=bool(g("actor_rollout_ref.model.enable_gradient_checkpointing")),
         critic_gradient_checkpointing=bool(g("critic.model.enable_gradient_checkpointing")),
         lora_params=adapter_param_count(shape, lora_rank, g("actor_rollout_ref.model.target_modules")),

@@ -172,3 +172,13 @@ def test_scheme_a_rollout_holds_no_gradients():
     hybrid, a = plan(), plan(["actor_rollout_ref.hybrid_engine=false"])
     assert a.predicted["gen"].parts["actor grads"] == 0
     assert a.predicted["gen"].total == hybrid.predicted["gen"].total
+
+
+def test_sampling_memory_follows_the_sampler_path():
+    """The default sampler (no top-k / top-p) is one kernel over bf16 logits and an fp32 noise tensor; top-p anywhere
+    (training or validation) takes the sorting path, which holds several full-vocabulary fp32 tensors."""
+    rows = 512
+    plain = plan().predicted["gen"].parts["sampling"]
+    assert plain == rows * 151936 * (2 + 4)
+    for key in (f"{R}.top_p=0.9", f"{R}.val_kwargs.top_k=20"):
+        assert plan([key]).predicted["gen"].parts["sampling"] > 5 * plain
