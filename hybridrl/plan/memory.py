@@ -33,6 +33,8 @@ class Residency:
     rollout_tp: int
     gradient_checkpointing: bool
     critic_gradient_checkpointing: bool
+    activation_offload: bool = False        # checkpointed layer inputs on the host during the update
+    critic_activation_offload: bool = False
     lora_params: int = 0        # actor LoRA adapter parameters; 0 = full fine-tuning. With LoRA only the adapters
                                 # have grads and AdamW state, and the reference is the actor's base (no copy)
     lora_base_bytes: int = 0    # LoRA: bytes per frozen base parameter (2: bf16 on GPUs; adapters: master_bytes)
@@ -119,10 +121,11 @@ class MemoryModel:
         block = shape.layer_params
         return root + 2 * block * 2 + (block * (2 + 4) if backward and not frozen else 0)
 
-    def _train_activations(self, shape: ModelShape, tokens: int, checkpointing: bool) -> int:
+    def _train_activations(self, shape: ModelShape, tokens: int, checkpointing: bool, offload: bool = False) -> int:
         per_layer = shape.train_act_bytes_per_token_layer * tokens
         if checkpointing:  # the layer inputs are kept; one layer's graph is rebuilt at a time in backward
-            return shape.layers * tokens * shape.hidden * 2 + per_layer
+            kept = 2 if offload else shape.layers  # offloaded: the input being recomputed and the one copied back
+            return kept * tokens * shape.hidden * 2 + per_layer
         return shape.layers * per_layer
 
     def _logprob_head(self, rows: int, grad: bool, head_frozen: bool = False) -> int:
@@ -171,7 +174,8 @@ class MemoryModel:
         parts.update(self._scheme_a_engine(kv_bytes))
         lora = bool(self.r.lora_params)
         parts["unsharded params"] = self._fsdp_working(s, False, backward=True, frozen=lora)
-        parts["activations"] = self._train_activations(s, micro_rows * seq_len, self.r.gradient_checkpointing)
+        parts["activations"] = self._train_activations(s, micro_rows * seq_len, self.r.gradient_checkpointing,
+                                                       self.r.activation_offload)
         parts["log-prob head"] = self._logprob_head(micro_rows * response_len, grad=True, head_frozen=lora)
         parts["optimizer step"] = self._optimizer_step(self.r.lora_params or s.num_params, self.r.master_bytes,
                                                        self.r.shard)
@@ -191,7 +195,8 @@ class MemoryModel:
         parts.update(self._scheme_a_engine(kv_bytes))
         parts["unsharded params"] = self._fsdp_working(c, unshard_once and not train, backward=train)
         tokens = micro_rows * seq_len
-        parts["activations"] = (self._train_activations(c, tokens, r.critic_gradient_checkpointing) if train
+        parts["activations"] = (self._train_activations(c, tokens, r.critic_gradient_checkpointing,
+                                                        r.critic_activation_offload) if train
                                 else tokens * c.infer_act_bytes_per_token)
         if train:
             parts["optimizer step"] = self._optimizer_step(c.num_params, 4, r.critic_shard)

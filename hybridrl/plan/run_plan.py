@@ -198,6 +198,8 @@ def make_plan(config: DictConfig | dict, hf_config, device: DeviceSpec, val_prom
                                                                 (f"{rl}.val_kwargs.top_k", f"{rl}.val_kwargs.top_p"))),
         gradient_checkpointing=bool(g("actor_rollout_ref.model.enable_gradient_checkpointing")),
         critic_gradient_checkpointing=bool(g("critic.model.enable_gradient_checkpointing")),
+        activation_offload=bool(g("actor_rollout_ref.model.enable_activation_offload")),
+        critic_activation_offload=bool(g("critic.model.enable_activation_offload")),
         lora_params=adapter_param_count(shape, lora_rank, g("actor_rollout_ref.model.target_modules")),
         lora_base_bytes=_dtype_bytes(lora_base_dtype) if lora_base_dtype else 0,
         fused_optimizer=not cpu,
@@ -374,5 +376,5 @@ def _dtype_bytes(name: str) -> int:
 
 def _no_fit_hint(key: str, one: PhaseMemory) -> str:
     return (f"it needs {one.total / GiB:.1f} GiB at 1 row ({one.describe()}): enable gradient checkpointing "
-            "(model.enable_gradient_checkpointing=true), offload (fsdp_config.param_offload / optimizer_offload), "
-            "bf16 masters (fsdp_config.model_dtype=bf16) or more GPUs")
+            "(model.enable_gradient_checkpointing=true) and activation offload (model.enable_activation_offload=true), "
+            "offload (fsdp_config.param_offload / optimizer_offload), bf16 masters (fsdp_config.model_dtype=bf16) or more GPUs")

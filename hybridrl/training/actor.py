@@ -55,10 +55,11 @@ __all__ = ["DataParallelPPOActor"]
 
 class DataParallelPPOActor(FSDPUpdater):
     def __init__(self, config, module: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None,
-                 scheduler=None, use_remove_padding: bool | None = None, sp_group=None):
+                 scheduler=None, use_remove_padding: bool | None = None, sp_group=None,
+                 activation_offload: bool = False):
         super().__init__(config, module, optimizer, scheduler,
                          bool(config.get("use_remove_padding", False) if use_remove_padding is None
-                              else use_remove_padding))
+                              else use_remove_padding), activation_offload)
         self.sp_group = sp_group  # Ulysses: every rank of this group gets the same rows and runs 1/P of the tokens
         self.fused_head = plain_linear_head(module)
         self.own_old_log_probs: torch.Tensor | None = None  # [B, R] on CPU after an update without old_log_probs
@@ -164,8 +165,9 @@ class DataParallelPPOActor(FSDPUpdater):
             b = {k: v.to(self.device) for k, v in micro.batch.items()}
             mask = b["response_mask"]
             # entropy is part of the loss with entropy_coeff, and the step's metric when no old-log-prob pass made it
-            log_prob, entropy = self._forward_micro_batch(micro, temperature,
-                                                          calculate_entropy=entropy_coeff != 0 or own_old)
+            with self.training_forward():
+                log_prob, entropy = self._forward_micro_batch(micro, temperature,
+                                                              calculate_entropy=entropy_coeff != 0 or own_old)
             old_log_prob = log_prob.detach() if own_old else b["old_log_probs"]
             is_weights = b.get("rollout_is_weights")
             if own_old:

@@ -27,7 +27,7 @@ class DataParallelPPOCritic(FSDPUpdater):
         model_cfg = config.get("model") or {}
         super().__init__(config, module, optimizer, scheduler,
                          bool(model_cfg.get("use_remove_padding", False) if use_remove_padding is None
-                              else use_remove_padding))
+                              else use_remove_padding), bool(model_cfg.get("enable_activation_offload", False)))
         self.sp_group = sp_group  # Ulysses, as in the actor (training/ulysses.py)
 
     def _forward_micro_batch(self, micro: DataProto) -> torch.Tensor:
@@ -72,7 +72,8 @@ class DataParallelPPOCritic(FSDPUpdater):
         mini_norm = normaliser(mini.batch["response_mask"], mode)
         for micro in micros:
             mask = micro.batch["response_mask"].to(self.device)
-            vpreds = self._forward_micro_batch(micro)
+            with self.training_forward():
+                vpreds = self._forward_micro_batch(micro)
             vf_loss, vf_clipfrac = compute_value_loss(vpreds, micro.batch["returns"].to(self.device),
                                                       micro.batch["values"].to(self.device), mask,
                                                       cliprange_value=float(cfg.get("cliprange_value", 0.5)),

@@ -11,6 +11,7 @@ import torch
 from torch.distributed.tensor import DTensor
 
 from hybridrl.protocol import DataProto
+from hybridrl.training.activation_offload import maybe_offload
 from hybridrl.training.micro_batches import iter_mini_batches
 
 
@@ -29,8 +30,10 @@ def _mean(values: dict[str, list[float]]) -> dict[str, float]:
 
 class FSDPUpdater:
     def __init__(self, config, module: torch.nn.Module, optimizer: torch.optim.Optimizer | None, scheduler,
-                 use_remove_padding: bool):
+                 use_remove_padding: bool, activation_offload: bool = False):
         self.config = config
+        self.activation_offload = activation_offload   # model.enable_activation_offload (training/activation_offload.py)
+        self._offload_stats: dict[str, int] = {}
         self.module = module
         self.optimizer = optimizer
         self.scheduler = scheduler
@@ -44,6 +47,7 @@ class FSDPUpdater:
         metrics: dict[str, list[float]] = defaultdict(list)
         lr = self.optimizer.param_groups[0]["lr"]
         skips_before = self.nonfinite_skips
+        self._offload_stats = {}
         self.module.train()
         for mini in iter_mini_batches(data, self.config, role):
             self.optimizer.zero_grad(set_to_none=True)
@@ -54,7 +58,14 @@ class FSDPUpdater:
         out = {f"{role}/{k}": v for k, v in _mean(metrics).items()}
         out[f"{role}/lr"] = lr
         out[f"{role}/grad_norm_nonfinite_skips"] = float(self.nonfinite_skips - skips_before)
+        if self.activation_offload:
+            out[f"{role}/activation_offload_gb"] = self._offload_stats.get("bytes", 0) / 2**30
         return out
+
+    def training_forward(self):
+        """Context for a forward whose graph the next backward uses: with activation offload its saved tensors go
+        to host memory (counted in `{role}/activation_offload_gb`)."""
+        return maybe_offload(self.activation_offload, self._offload_stats)
 
     def _optimizer_step(self, metrics: dict) -> None:
         grad_norm = clip_grad_norm(self.module, float(self.config.get("grad_clip", 1.0) or 0.0))

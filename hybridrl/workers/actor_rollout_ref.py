@@ -109,7 +109,8 @@ class ActorRolloutRefWorker(Worker):
             from hybridrl.training.actor import DataParallelPPOActor
 
             self.actor = DataParallelPPOActor(actor_cfg, self.actor_module, self.optimizer, self.scheduler,
-                                              use_remove_padding=packed, sp_group=self.sp_group)
+                                              use_remove_padding=packed, sp_group=self.sp_group,
+                                              activation_offload=bool(cfg.model.enable_activation_offload))
             self._build_rollout()
         if self._has_ref and self._has_actor and has_lora(self.actor_module):
             # LoRA: the reference is the actor's own module with its adapters switched off (no second copy)
