@@ -228,6 +228,16 @@ def make_plan(config: DictConfig | dict, hf_config, device: DeviceSpec, val_prom
         train_kv, kv = max(train_kv, judge_kv), max(kv, judge_kv, val_unshared)
         kv_unshared = max(kv_unshared, judge_kv)
     step_kv = train_kv if res.hybrid else kv
+    if budget is not None:  # more KV than fits: fewer sequences at once, the rest queue (nothing refused)
+        room = _kv_room(mm, res, budget, bs, S, R, min(engine_seqs, layout.rollout_samples_per_dp),
+                        min(g(f"{rl}.max_num_batched_tokens"), engine_seqs * S))
+        per_seq = -(-S // bs)
+        if per_seq <= room < kv:
+            seqs = min(engine_seqs, room // per_seq)
+            choices.append(f"kv cache = {room} blocks, {room / kv:.0%} of the step's need of {kv}: at most {seqs} "
+                           f"sequences at once (of {engine_seqs}; {rl}.max_num_seqs), the rest wait their turn; "
+                           f"more GPUs or '{rl}.tensor_model_parallel_size' for full concurrency")
+            kv, train_kv, step_kv, engine_seqs = room, min(train_kv, room), min(step_kv, room), seqs
     kv_bytes = kv * mm.kv_block_bytes(bs)
     prefill = min(g(f"{rl}.max_num_batched_tokens"), engine_seqs * S)
     predicted = {"gen": mm.gen(step_kv, bs, min(engine_seqs, layout.rollout_samples_per_dp), prefill)}
@@ -340,6 +350,17 @@ def make_plan(config: DictConfig | dict, hf_config, device: DeviceSpec, val_prom
                    predicted=predicted, choices=tuple(choices), reward_model_micro=rm_micro,
                    reward_model_unshard_once=rm_once, reward_model_max_length=rm_len, lora_base_dtype=lora_base_dtype,
                    fused_optimizer=res.fused_optimizer)
+
+
+def _kv_room(mm: MemoryModel, res: Residency, budget: float, block_size: int, seq_len: int, response_len: int,
+             rows: int, prefill: int) -> int:
+    """KV blocks that fit the budget next to everything else of the phases that hold the cache: the rollout, and
+    for a resident engine (scheme A) also the update and log-prob passes at one row per micro-batch."""
+    peaks = [mm.gen(0, block_size, rows, prefill).total]
+    if not res.hybrid:
+        peaks += [mm.update_actor(1, seq_len, response_len, 0).total,
+                  mm.log_prob("old_log_prob", 1, seq_len, response_len, False, 0).total]
+    return max(0, int((budget - max(peaks)) // mm.kv_block_bytes(block_size)))
 
 
 def reward_model_hf_config(config: DictConfig):

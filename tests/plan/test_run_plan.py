@@ -182,3 +182,16 @@ def test_sampling_memory_follows_the_sampler_path():
     assert plain == rows * 151936 * (2 + 4)
     for key in (f"{R}.top_p=0.9", f"{R}.val_kwargs.top_k=20"):
         assert plan([key]).predicted["gen"].parts["sampling"] > 5 * plain
+
+
+def test_kv_beyond_the_budget_lowers_concurrency_instead_of_refusing():
+    """7B full fine-tuning on one H200 with 256 prompts x 8: the step's KV need (1024 sequences at once) does not fit
+    next to the resident training state; the plan keeps what fits and lets fewer sequences run at once."""
+    p = plan(["data.train_batch_size=256", f"{A}.ppo_mini_batch_size=256"], hf=Q7)
+    per_seq = 512 // 16
+    assert p.kv_blocks < 1024 * per_seq and p.engine_max_num_seqs == p.kv_blocks // per_seq < 1024
+    assert p.kv_blocks_for(256, 8) <= p.kv_blocks
+    assert p.predicted["gen"].total <= 0.9 * H200.total_bytes
+    assert any("sequences at once" in c for c in p.choices)
+    # the batch that fits whole keeps its full concurrency
+    assert plan(hf=Q7).engine_max_num_seqs == 512
