@@ -191,6 +191,12 @@ def check_semantics(cfg: DictConfig | dict) -> list[str]:
     if errors:  # the arithmetic below divides by these
         raise ConfigError(errors)
 
+    try:
+        from hybridrl.models.tokenizer import resolve_chat_template
+
+        resolve_chat_template(g("actor_rollout_ref.model.custom_chat_template"))
+    except ValueError as e:
+        errors.append(str(e))
     for model_sec in ("actor_rollout_ref.model", "critic.model"):
         if g(f"{model_sec}.enable_activation_offload") and not g(f"{model_sec}.enable_gradient_checkpointing"):
             errors.append(f"'{model_sec}.enable_activation_offload' = true needs '{model_sec}."

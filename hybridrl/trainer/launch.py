@@ -151,10 +151,9 @@ def run_ppo(config: DictConfig) -> dict:
 def _run_ppo_claimed(config: DictConfig, cleanup: contextlib.ExitStack) -> dict:
     """`cleanup` shuts the worker groups down and releases the pool however the run ends: a failed run must
     not leave its workers and placement groups behind in a Ray that a later run reuses."""
-    from transformers import AutoTokenizer
-
     from hybridrl.controller import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup, init_ray
     from hybridrl.data.rl_dataset import StatefulDataLoader
+    from hybridrl.models.tokenizer import policy_tokenizer
     from hybridrl.trainer.checkpoint_manager import CheckpointManager
     from hybridrl.trainer.memory_timeline import MemoryTimeline
     from hybridrl.trainer.tracking import Tracking
@@ -169,9 +168,7 @@ def _run_ppo_claimed(config: DictConfig, cleanup: contextlib.ExitStack) -> dict:
         check_model_dir(config.critic.model.path, "critic.model.path")
     if use_reward_model_worker(config):
         check_model_dir(config.reward_model.model.path, "reward_model.model.path")
-    tokenizer = AutoTokenizer.from_pretrained(os.path.expanduser(config.data.tokenizer or model_path))
-    if tokenizer.pad_token_id is None:
-        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer = policy_tokenizer(config)
     tools = prompt_tools(config.actor_rollout_ref.rollout.multi_turn)
     train_set = load_dataset(config.data.train_files, "data.train_files", tokenizer, config.data, tools)
     val_set = (load_dataset(config.data.val_files, "data.val_files", tokenizer, config.data, tools)

@@ -55,16 +55,17 @@ def prompt_token_lists(prompts: DataProto) -> list[list[int]]:
     return [row[m].tolist() for row, m in zip(ids, mask)]
 
 
-def build_tool_agent(mt: DictConfig, model_path: str, eos_token_ids):
-    """The multi-turn ToolAgent of `rollout.multi_turn` (None when disabled): its tools from tool_config_path."""
+def build_tool_agent(config: DictConfig, eos_token_ids):
+    """The multi-turn ToolAgent of `rollout.multi_turn` (None when disabled): its tools from tool_config_path, the
+    tool messages rendered with the policy's tokenizer and chat template (models/tokenizer.py)."""
+    mt = config.actor_rollout_ref.rollout.multi_turn
     if not mt.enable:
         return None
-    from transformers import AutoTokenizer
-
+    from hybridrl.models.tokenizer import policy_tokenizer
     from hybridrl.rollout.multi_turn import MultiTurnSettings, ToolAgent
     from hybridrl.tools.registry import load_tool_config
 
-    return ToolAgent(AutoTokenizer.from_pretrained(model_path), load_tool_config(mt.tool_config_path),
+    return ToolAgent(policy_tokenizer(config), load_tool_config(mt.tool_config_path),
                      MultiTurnSettings.from_config(mt), eos_token_ids=eos_token_ids)
 
 
@@ -160,8 +161,7 @@ class ActorRolloutRefWorker(Worker):
             tp_group=self.rollout_mesh.get_group("infer_tp") if tp > 1 else None,
             actor_module=self.actor_module, num_kv_blocks=self.plan.kv_blocks,
             max_num_seqs=self.plan.engine_max_num_seqs)
-        self.tool_agent = build_tool_agent(rcfg.multi_turn, os.path.expanduser(cfg.model.path),
-                                           getattr(self.engine, "eos_token_ids", ()))
+        self.tool_agent = build_tool_agent(self.config, getattr(self.engine, "eos_token_ids", ()))
         self.hybrid = HybridEngine(
             self.actor_module, self.optimizer, self.engine, device=self.compute_device, dtype=dtype,
             hybrid=self.plan.hybrid,
