@@ -74,3 +74,44 @@ def test_smollm2_gsm8k_recipe_uses_verls_gsm8k_scorer_and_longer_sequences(tmp_p
     assert reward[-1] == "custom_reward_function.path=null" and len(reward) == 2
     assert [a for a in args if a.startswith("data.max_response_length=")][-1] == "data.max_response_length=256"
     assert f"data.train_files={tmp_path}/gsm8k/train.parquet" in args
+
+
+RM_SCRIPT = SCRIPT.parent.parent / "smollm2_reward_model" / "run.sh"
+
+
+def test_reward_model_recipe_validates_with_the_policy_standing_in_for_an_untrained_reward_model(tmp_path):
+    import transformers
+
+    transformers.LlamaConfig(hidden_size=576, num_attention_heads=9, num_key_value_heads=3, intermediate_size=1536,
+                             num_hidden_layers=30, vocab_size=49152, tie_word_embeddings=True).save_pretrained(tmp_path)
+    env = {**os.environ, "HYBRIDRL_DRY_RUN": "1", "MODEL": str(tmp_path), "RM": str(tmp_path / "no_rm")}
+    out = subprocess.run(["bash", str(RM_SCRIPT)], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr + out.stdout
+    assert ": OK" in out.stdout and "reward model    micro-batch" in out.stdout
+    assert f"checking with the policy {tmp_path} in its place" in out.stderr
+
+
+def test_reward_model_recipe_trains_grpo_on_the_reward_model_with_the_arith_recipe_settings(tmp_path):
+    """With model, data and reward model present, the recipe hands the arith recipe's arguments plus the reward-model
+    ones to `hybridrl train` (seen by a stand-in first on PATH)."""
+    for d in ("model", "rm"):
+        (tmp_path / d).mkdir()
+        (tmp_path / d / "model.safetensors").touch()
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "train.parquet").touch()
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "hybridrl").write_text('#!/bin/sh\nprintf "%s\\n" "$@"\n')
+    (tmp_path / "bin" / "hybridrl").chmod(0o755)
+    env = {**os.environ, "MODEL": str(tmp_path / "model"), "DATA": str(tmp_path / "data"), "RM": str(tmp_path / "rm"),
+           "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}"}
+    out = subprocess.run(["bash", str(RM_SCRIPT), "trainer.total_training_steps=2"], env=env, capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    args = out.stdout.splitlines()
+    assert args[0] == "train" and "algorithm.adv_estimator=grpo" in args and "actor_rollout_ref.rollout.n=8" in args
+    last = {a.split("=", 1)[0]: a.split("=", 1)[1] for a in args[1:]}  # later overrides win
+    assert last["reward_model.enable"] == "true" and last["reward_model.style"] == "model"
+    assert last["reward_model.model.path"] == str(tmp_path / "rm")
+    assert last["custom_reward_function.path"] == str(RM_SCRIPT.parent / "reward.py")
+    assert last["actor_rollout_ref.model.path"] == str(tmp_path / "model")
+    assert last["trainer.total_training_steps"] == "2"

@@ -161,7 +161,10 @@ last match of `judge.score_pattern` is the score. Combining with rule rewards, a
 reward and no rule scorer runs; a `custom_reward_function` must take an `rm_score` argument (`rm_scores` with
 `reward_manager: batch`), receives the sample's model score with the usual arguments and returns the reward, e.g.
 `return default_compute_score(data_source, solution_str, ground_truth) + 0.1 * rm_score` (`from hybridrl.rewards
-import default_compute_score`); one without it is refused at start. Validation scores the same way. Metrics:
+import default_compute_score`); one without it is refused at start. Validation scores the same way; a function
+returning `{"score": rm_score, "acc": rule}` trains on the model's score alone while validation reports the rule
+as `val-core/{data_source}/acc` and the model's score as `val-aux/{data_source}/reward` (recipe:
+`examples/smollm2_reward_model/`, which also trains the reward model from the policy's own samples). Metrics:
 `reward_model/score/{mean,max,min}`, `reward_model/truncated` (inputs cut to `max_length`),
 `reward_model/judge_failures` (unparsable verdicts and judge prompts too long for the engine, each scored 0; the
 reward error guard counts them), `reward_model/judge_overlong`, `timing_s/reward`,

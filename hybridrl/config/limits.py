@@ -10,12 +10,12 @@ import os
 from pathlib import Path
 from typing import Any
 
-__all__ = ["check_limits", "same_tokenizer"]
+__all__ = ["TOKENIZER_FILES", "check_limits", "same_tokenizer"]
 
 ACTOR = "actor_rollout_ref.actor"
 # the files a HF tokenizer is loaded from; two directories with equal copies hold the same tokenizer
-_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt", "tokenizer.model",
-                    "special_tokens_map.json")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt", "tokenizer.model",
+                   "special_tokens_map.json")
 
 
 def _get(tree: dict, path: str) -> Any:
@@ -35,7 +35,7 @@ def same_tokenizer(a: str, b: str) -> bool:
     da, db = Path(_real(a)), Path(_real(b))
     if not (da.is_dir() and db.is_dir()):
         return False
-    names = [n for n in _TOKENIZER_FILES if (da / n).is_file() or (db / n).is_file()]
+    names = [n for n in TOKENIZER_FILES if (da / n).is_file() or (db / n).is_file()]
     return bool(names) and all((da / n).is_file() and (db / n).is_file()
                                and (da / n).read_bytes() == (db / n).read_bytes() for n in names)
 

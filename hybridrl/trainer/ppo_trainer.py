@@ -168,7 +168,12 @@ class RayPPOTrainer:
             uids.extend(batch.non_tensor_batch["uid"].tolist())
             inputs.extend(self.tokenizer.batch_decode(batch.batch["prompts"], skip_special_tokens=True))
             outputs.extend(self.tokenizer.batch_decode(batch.batch["responses"], skip_special_tokens=True))
-        infos = {"acc": scores, "reward": rewards}
+        # `acc`: the scorer's own "acc" where it gave one for every sample (verl's core variable; e.g. a rule score
+        # reported next to a reward model's score), else the score itself
+        own_acc = extra.pop("acc", None)
+        numeric = own_acc is not None and len(own_acc) == len(scores) and all(
+            isinstance(v, (int, float)) for v in own_acc)
+        infos = {"acc": [float(v) for v in own_acc] if numeric else scores, "reward": rewards}
         for key, values in extra.items():
             if key not in infos and len(values) == len(scores) and all(isinstance(v, (int, float)) for v in values):
                 infos[key] = values

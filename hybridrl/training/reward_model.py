@@ -20,7 +20,7 @@ import torch
 from hybridrl.rewards.token_level import last_valid_index
 from hybridrl.training.fsdp import keep_unsharded, should_keep_unsharded
 
-__all__ = ["score_head", "score_batch", "score_sequences"]
+__all__ = ["last_token_scores", "score_head", "score_batch", "score_sequences"]
 
 
 def score_head(module: torch.nn.Module) -> torch.nn.Module:
@@ -34,6 +34,11 @@ def score_head(module: torch.nn.Module) -> torch.nn.Module:
 @torch.no_grad()
 def score_batch(module: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
     """[B, L] ids and 0/1 mask (any padding side) -> [B] fp32 scores at each row's last valid token."""
+    return last_token_scores(module, input_ids, attention_mask)
+
+
+def last_token_scores(module: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """score_batch with autograd on: what training a reward model (a loss on these scores) differentiates."""
     captured: list[torch.Tensor] = []
     hook = score_head(module).register_forward_hook(lambda _m, _i, out: captured.append(out))
     try:
