@@ -170,12 +170,14 @@ class RayPPOTrainer:
             outputs.extend(self.tokenizer.batch_decode(batch.batch["responses"], skip_special_tokens=True))
         # `acc`: the scorer's own "acc" where it gave one for every sample (verl's core variable; e.g. a rule score
         # reported next to a reward model's score), else the score itself
+        def per_sample(values) -> bool:  # one number for every sample: reportable as a validation variable
+            return values is not None and len(values) == len(scores) and all(
+                isinstance(v, (int, float)) for v in values)
+
         own_acc = extra.pop("acc", None)
-        numeric = own_acc is not None and len(own_acc) == len(scores) and all(
-            isinstance(v, (int, float)) for v in own_acc)
-        infos = {"acc": [float(v) for v in own_acc] if numeric else scores, "reward": rewards}
+        infos = {"acc": [float(v) for v in own_acc] if per_sample(own_acc) else scores, "reward": rewards}
         for key, values in extra.items():
-            if key not in infos and len(values) == len(scores) and all(isinstance(v, (int, float)) for v in values):
+            if key not in infos and per_sample(values):
                 infos[key] = values
         metrics = flatten_validation_metrics(process_validation_metrics(sources, uids, infos))
         metrics.update({f"val-aux/reward/{key}": float(v) for key, v in failed.items()})

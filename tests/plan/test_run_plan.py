@@ -195,3 +195,11 @@ def test_kv_beyond_the_budget_lowers_concurrency_instead_of_refusing():
     assert any("sequences at once" in c for c in p.choices)
     # the batch that fits whole keeps its full concurrency
     assert plan(hf=Q7).engine_max_num_seqs == 512
+
+
+def test_activation_offload_keeps_two_layer_inputs_on_the_gpu():
+    micro = f"{A}.ppo_micro_batch_size_per_gpu=8"
+    kept = plan([micro], hf=Q7).predicted["update_actor"].parts["activations"]
+    off = plan([micro, "actor_rollout_ref.model.enable_activation_offload=true"],
+               hf=Q7).predicted["update_actor"].parts["activations"]
+    assert kept - off == (28 - 2) * 8 * 512 * 3584 * 2
