@@ -67,7 +67,7 @@ def base_overrides(a, model_dir: Path, data: Path, run_dir: Path) -> list[str]:
         f"actor_rollout_ref.rollout.n={a.n}", f"actor_rollout_ref.rollout.tensor_model_parallel_size={a.tp}",
         "actor_rollout_ref.rollout.ignore_eos=true", *tuning,
         f"actor_rollout_ref.actor.ppo_mini_batch_size={a.mini_batch or a.prompts}",
-        f"actor_rollout_ref.model.enable_gradient_checkpointing={str(a.grad_ckpt).lower()}",
+        f"actor_rollout_ref.model.enable_gradient_checkpointing={a.grad_ckpt or ('auto' if a.defaults else 'false')}",
         "actor_rollout_ref.actor.optim.lr=1e-6",
         f"trainer.n_gpus_per_node={a.gpus}", "trainer.nnodes=1", f"trainer.device={a.device}",
         "trainer.val_before_train=false", "trainer.test_freq=-1", "trainer.save_freq=-1", "trainer.resume_mode=disable",
@@ -127,7 +127,8 @@ def main(argv=None):
     p.add_argument("--micro", type=int, default=8)
     p.add_argument("--logprob-micro", type=int, default=16)
     p.add_argument("--mini-batch", type=int, default=0, help="prompts per mini-batch (0 = the whole batch)")
-    p.add_argument("--grad-ckpt", action="store_true")
+    p.add_argument("--grad-ckpt", nargs="?", const="true", choices=["true", "false", "auto"], default=None,
+                   help="enable_gradient_checkpointing (bare flag: true; unset: auto with --defaults, else false)")
     p.add_argument("--gpu-mem", type=float, default=0.5)
     p.add_argument("--device", default="cuda")
     p.add_argument("--defaults", action="store_true", help="leave micro-batches, KV and engine sizes to the run plan")

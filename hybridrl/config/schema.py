@@ -67,6 +67,8 @@ EXTRA_TYPES: dict[str, tuple[type, ...]] = {
     "actor_rollout_ref.ref.log_prob_unshard_once": (str, bool),
     "critic.forward_unshard_once": (str, bool),
     "actor_rollout_ref.actor.old_log_prob_pass": (str, bool),
+    "actor_rollout_ref.model.enable_gradient_checkpointing": (str, bool),
+    "critic.model.enable_gradient_checkpointing": (str, bool),
     "actor_rollout_ref.model.lora_alpha": (int, float),
     "actor_rollout_ref.model.target_modules": (str, list),   # 'all-linear' or module names
     # micro-batch sizes: 'auto' (the run plan chooses) or a number of rows
@@ -124,6 +126,8 @@ ENUMS: dict[str, tuple[str, ...]] = {
     "actor_rollout_ref.ref.log_prob_unshard_once": ("auto", True, False),
     "critic.forward_unshard_once": ("auto", True, False),
     "actor_rollout_ref.actor.old_log_prob_pass": ("auto", True, False),
+    "actor_rollout_ref.model.enable_gradient_checkpointing": ("auto", True, False),
+    "critic.model.enable_gradient_checkpointing": ("auto", True, False),
 }
 
 # why an alias is read as another value, in the warning the loader logs

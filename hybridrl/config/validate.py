@@ -200,7 +200,7 @@ def check_semantics(cfg: DictConfig | dict) -> list[str]:
     for model_sec in ("actor_rollout_ref.model", "critic.model"):
         if g(f"{model_sec}.enable_activation_offload") and not g(f"{model_sec}.enable_gradient_checkpointing"):
             errors.append(f"'{model_sec}.enable_activation_offload' = true needs '{model_sec}."
-                          "enable_gradient_checkpointing' = true (it offloads the inputs checkpointing keeps)")
+                          "enable_gradient_checkpointing' = true or auto (it offloads the inputs checkpointing keeps)")
     gmu = g(f"{ROLLOUT}.gpu_memory_utilization")
     if not 0 < gmu <= 1:
         errors.append(f"'{ROLLOUT}.gpu_memory_utilization' must be in (0, 1], got {gmu}")

@@ -27,6 +27,7 @@ from hybridrl.training.lora import adapter_param_count
 SAFETY = 0.9                    # fraction of a GPU's memory a phase may be planned to use
 UPDATE_TOKENS_TARGET = 16384    # tokens per training micro-batch where an H200's GEMMs saturate
 LOGPROB_TOKENS_TARGET = 32768   # tokens per no-grad log-prob micro-batch
+MODEL = "actor_rollout_ref.model"
 
 
 @dataclass(frozen=True)
@@ -85,6 +86,8 @@ class RunPlan:
     lora_base_dtype: str | None = None          # LoRA: the actor's frozen base weights, frozen_dtype unless
                                                 # model_dtype is narrower (adapters stay in model_dtype); None: no LoRA
     fused_optimizer: bool = False               # AdamW's fused in-place kernel (GPUs); false: multi-tensor (CPU)
+    gradient_checkpointing: bool = True         # the actor's update recomputes each layer in backward
+    critic_gradient_checkpointing: bool = True
 
     def kv_blocks_for(self, prompts: int, n: int) -> int:
         """KV blocks one generate call of `prompts` x n needs on this engine (a hybrid engine allocates its KV per
@@ -195,8 +198,9 @@ def make_plan(config: DictConfig | dict, hf_config, device: DeviceSpec, val_prom
         hybrid=bool(g("actor_rollout_ref.hybrid_engine") and g(f"{rl}.free_cache_engine")),
         rollout_tp=layout.rollout_tp,
         sort_sampling=any(g(f"{sec}.top_k") > 0 or g(f"{sec}.top_p") < 1 for sec in (rl, f"{rl}.val_kwargs")),
-        gradient_checkpointing=bool(g("actor_rollout_ref.model.enable_gradient_checkpointing")),
-        critic_gradient_checkpointing=bool(g("critic.model.enable_gradient_checkpointing")),
+        # 'auto' is planned with checkpointing first; _resolve_checkpointing may then turn it off
+        gradient_checkpointing=g(f"{MODEL}.enable_gradient_checkpointing") is not False,
+        critic_gradient_checkpointing=g("critic.model.enable_gradient_checkpointing") is not False,
         activation_offload=bool(g("actor_rollout_ref.model.enable_activation_offload")),
         critic_activation_offload=bool(g("critic.model.enable_activation_offload")),
         lora_params=adapter_param_count(shape, lora_rank, g("actor_rollout_ref.model.target_modules")),
@@ -326,6 +330,19 @@ def make_plan(config: DictConfig | dict, hf_config, device: DeviceSpec, val_prom
                         list(range(max(1, layout.train_batch_size * layout.n // world), 0, -1)),
                         LOGPROB_TOKENS_TARGET, lambda m: mm.reward_model_phase(m, rm_len, rm_once, kv_bytes), rm_len)
         predicted["reward_model"] = mm.reward_model_phase(rm_micro, rm_len, rm_once, kv_bytes)
+    actor_ckpt, critic_ckpt = res.gradient_checkpointing, res.critic_gradient_checkpointing
+    if _auto(g(f"{MODEL}.enable_gradient_checkpointing")):
+        actor_ckpt = _resolve_checkpointing(
+            f"{MODEL}.enable_gradient_checkpointing", res.activation_offload, budget, predicted, actor_micro, S,
+            g(f"{a}.ppo_max_token_len_per_gpu") if g(f"{a}.use_dynamic_bsz") else None,
+            lambda m, t: MemoryModel(shape, replace(res, gradient_checkpointing=False)).update_actor(m, t, R, kv_bytes),
+            "update_actor", choices)
+    if gae and _auto(g("critic.model.enable_gradient_checkpointing")):
+        critic_ckpt = _resolve_checkpointing(
+            "critic.model.enable_gradient_checkpointing", res.critic_activation_offload, budget, predicted,
+            critic_micro, S, g("critic.ppo_max_token_len_per_gpu") if g("critic.use_dynamic_bsz") else None,
+            lambda m, t: MemoryModel(shape, replace(res, critic_gradient_checkpointing=False)
+                                     ).critic_phase("update_critic", m, t, False, kv_bytes), "update_critic", choices)
     if budget is not None and predicted["gen"].total > budget:
         raise ConfigError([f"rollout phase predicted at {predicted['gen'].total / GiB:.1f} GiB per GPU, over "
                            f"{SAFETY:.0%} of {device.total_bytes / GiB:.1f} GiB ({predicted['gen'].describe()}): "
@@ -348,7 +365,36 @@ def make_plan(config: DictConfig | dict, hf_config, device: DeviceSpec, val_prom
                    hybrid=res.hybrid, kv_rule=(P, R, bs, sharing),
                    predicted=predicted, choices=tuple(choices), reward_model_micro=rm_micro,
                    reward_model_unshard_once=rm_once, reward_model_max_length=rm_len, lora_base_dtype=lora_base_dtype,
-                   fused_optimizer=res.fused_optimizer)
+                   fused_optimizer=res.fused_optimizer, gradient_checkpointing=actor_ckpt,
+                   critic_gradient_checkpointing=critic_ckpt)
+
+
+def _resolve_checkpointing(key: str, offload: bool, budget: float | None, predicted: dict, micro: int | None,
+                           seq_len: int, dyn_tokens: int | None, peak_without, phase: str,
+                           choices: list[str]) -> bool:
+    """Gradient checkpointing 'auto': off (backward without recomputing each layer's forward: one forward fewer
+    per micro-batch) where the micro-batch chosen with it — or the token budget — also fits without it within the
+    run's predicted peak, the largest phase with checkpointing (e.g. a rollout holding a long-response KV cache);
+    else on. Lean first: it never raises the peak. It never shrinks the micro-batch to fit either: on a 7B LoRA
+    update, 128 micro-batches of 2048 tokens without recompute took 1.54x the time of 16 of 16384 with it
+    (docs/benchmarks.md). On a CPU (no memory model) it is off. Updates `predicted[phase]` when off."""
+    if offload:
+        choices.append(f"{key} = true (activation offload moves the inputs checkpointing keeps)")
+        return True
+    if budget is None:
+        choices.append(f"{key} = false (no device memory to plan against: recompute would only cost time)")
+        return False
+    ceiling = max(p.total for p in predicted.values())
+    rows, tokens = (1, dyn_tokens) if dyn_tokens is not None else (micro, seq_len)
+    without = peak_without(rows, tokens)
+    if without.total > ceiling:
+        choices.append(f"{key} = true (without it the {phase} micro-batch would peak at {without.total / GiB:.1f} "
+                       f"GiB, over the run's predicted {ceiling / GiB:.1f} GiB)")
+        return True
+    predicted[phase] = without
+    choices.append(f"{key} = false (no recompute: predicted {phase} peak {without.total / GiB:.1f} GiB, within the "
+                   f"run's {ceiling / GiB:.1f} GiB)")
+    return False
 
 
 def _kv_room(mm: MemoryModel, res: Residency, budget: float, block_size: int, seq_len: int, response_len: int,

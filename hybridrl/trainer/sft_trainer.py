@@ -201,7 +201,8 @@ def _train(cfg, device, world, rank, AutoTokenizer) -> dict:
     model_cfg = {"path": model_path, "trust_remote_code": m.trust_remote_code, "override_config": m.override_config,
                  "enable_gradient_checkpointing": m.enable_gradient_checkpointing,
                  "use_remove_padding": m.use_remove_padding}
-    module = build_fsdp_model(model_cfg, OmegaConf.to_container(m.fsdp_config), mesh, device, role="causal_lm")
+    module = build_fsdp_model(model_cfg, OmegaConf.to_container(m.fsdp_config), mesh, device, role="causal_lm",
+                              gradient_checkpointing=bool(m.enable_gradient_checkpointing))
     optim_cfg = {"lr": o.lr, "betas": list(o.betas), "weight_decay": o.weight_decay, "lr_warmup_steps": -1,
                  "lr_warmup_steps_ratio": o.warmup_steps_ratio, "warmup_style": o.lr_scheduler,
                  "min_lr_ratio": o.min_lr_ratio, "total_training_steps": total_steps}

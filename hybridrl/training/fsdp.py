@@ -173,8 +173,9 @@ def load_hf_model(path: str, role: str = "actor", dtype=torch.float32, override_
 
 def build_fsdp_model(model_cfg: Mapping, fsdp_cfg: Mapping, mesh: DeviceMesh, device: torch.device,
                      role: str = "actor", use_varlen_attention: bool | None = None, lora=None,
-                     lora_base_dtype=None) -> torch.nn.Module:
+                     lora_base_dtype=None, gradient_checkpointing: bool = False) -> torch.nn.Module:
     """Load `model_cfg['path']` and return it sharded on `mesh`, weights on `device` (see module docstring).
+    `gradient_checkpointing`: recompute each decoder layer in backward (the caller's resolved choice).
     `lora` (training/lora.py LoraSettings): adapters injected before sharding; rank 0's initial adapters are
     broadcast with the weights. The frozen base is then loaded in `lora_base_dtype` (None: `model_dtype`) and
     the adapters kept in `model_dtype`; FSDP2 all-gathers both in its `param_dtype`."""
@@ -202,7 +203,7 @@ def build_fsdp_model(model_cfg: Mapping, fsdp_cfg: Mapping, mesh: DeviceMesh, de
         use_varlen_attention = bool(model_cfg.get("use_remove_padding", False))
     if use_varlen_attention:
         model.set_attn_implementation(register_varlen_attention())
-    if model_cfg.get("enable_gradient_checkpointing", False):
+    if gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if device.type == "cpu":
         mp = {"param_dtype": torch.float32, "reduce_dtype": torch.float32}   # CPU kernels: fp32 everywhere

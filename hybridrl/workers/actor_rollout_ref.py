@@ -106,7 +106,8 @@ class ActorRolloutRefWorker(Worker):
             actor_cfg = per_rank_section(cfg.actor, self.plan.layout.ppo_mini_batch_per_gpu, self.plan.actor_micro)
             self.actor_module, self.optimizer, self.scheduler = build_fsdp_model(
                 cfg.model, cfg.actor.fsdp_config, cfg.actor.optim, self.device_mesh, self.compute_device, trainable=True,
-                lora_base_dtype=self.plan.lora_base_dtype, fused_optimizer=self.plan.fused_optimizer)
+                lora_base_dtype=self.plan.lora_base_dtype, fused_optimizer=self.plan.fused_optimizer,
+                gradient_checkpointing=self.plan.gradient_checkpointing)
             from hybridrl.training.actor import DataParallelPPOActor
 
             self.actor = DataParallelPPOActor(actor_cfg, self.actor_module, self.optimizer, self.scheduler,

@@ -1,5 +1,5 @@
 """2 gloo ranks: HSDP mesh shape, FSDP2 log-probs == single-process HF, an update step, sharded checkpoint
-save -> load -> next step == uninterrupted next step, merged HF model == trained model, offload round trip,
+save -> load -> next step (with gradient checkpointing) == uninterrupted next step (without), merged HF model == trained model, offload round trip,
 log-probs with the shards all-gathered once per pass == once per micro-batch (and fewer all-gathers).
 One spawn runs all checks (process start-up dominates the cost)."""
 
@@ -51,9 +51,10 @@ def _count_all_gathers(fn):
             setattr(dist, name, orig)
 
 
-def _build(model_dir, mesh):
+def _build(model_dir, mesh, gradient_checkpointing=False):
     model = build_fsdp_model({"path": str(model_dir), "use_remove_padding": True}, {"model_dtype": "fp32"}, mesh,
-                             torch.device("cpu"))
+                             torch.device("cpu"), gradient_checkpointing=gradient_checkpointing)
+    assert model.is_gradient_checkpointing == gradient_checkpointing
     opt = build_optimizer(model.parameters(), OPTIM)
     return DataParallelPPOActor(ACTOR, model, opt, build_lr_scheduler(opt, OPTIM), use_remove_padding=True)
 
@@ -111,7 +112,7 @@ def _worker(rank, world, model_dir, tmp):
     load_optimizer(actor.optimizer, "cpu")
     torch.testing.assert_close(actor.compute_log_prob(data2)[0], lp_uninterrupted, atol=0, rtol=0)
 
-    fresh = _build(model_dir, mesh)
+    fresh = _build(model_dir, mesh, gradient_checkpointing=True)   # recompute in backward: the same update
     extra = load_checkpoint(ckpt, fresh.module, fresh.optimizer, fresh.scheduler)
     assert extra == {"step": 1}
     m2_resumed = fresh.update_policy(data2)
