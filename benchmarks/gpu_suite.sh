@@ -2,7 +2,7 @@
 # The GPU benchmark suite as run through the device tool (2 × H200). Usage: benchmarks/gpu_suite.sh PART OUTDIR
 #   part 1: CUDA smoke (tiny model, 1 step) + Qwen2.5-1.5B: hybrid vs scheme A, TP sweep, offload
 #   part 2: Qwen2.5-7B: hybrid vs scheme A
-#   part 12 (not yet run): SmolLM2 GRPO driven by a trained reward model
+#   part 12: SmolLM2 GRPO driven by a trained reward model (docs/benchmarks.md §0e)
 #   parts 9-11: 7B on one GPU (full and LoRA) vs TRL bf16 / TRL+peft; 7B on two GPUs; SmolLM2 TRL curve, LoRA, gsm8k
 #   part 3 (not yet run): Llama-3-8B shape hybrid vs scheme A; log-prob micro-batch sweep 1/4/8/16 in one run;
 #           20-step stability of the hybrid engine at gpu_memory_utilization 0.7 (where scheme A OOMs)
@@ -86,7 +86,7 @@ elif [ "$part" = 11 ]; then
      bash examples/smollm2_gsm8k/run.sh trainer.total_training_steps=60) &
   wait
 elif [ "$part" = 12 ]; then
-  # issue 19 (not yet run): a reward model trained on the policy's own a + b answers drives GRPO on SmolLM2
+  # a reward model trained on the policy's own a + b answers drives GRPO on SmolLM2
   # (examples/smollm2_reward_model; MODEL=/tmp/smollm2 converted first); val-core acc is still the rule
   VERL_FILE_LOGGER_PATH=$out/smollm2_rm_metrics.jsonl MODEL=/tmp/smollm2 DATA=/tmp/smollm2_add RM=/tmp/smollm2_rm \
       timeout 580 bash examples/smollm2_reward_model/run.sh trainer.total_training_steps=40

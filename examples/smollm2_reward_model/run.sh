@@ -16,8 +16,10 @@
 #    unchanged and only reports the rule, so validation's val-core/smollm2_add/acc/mean@1 is still the rule
 #    accuracy (the arith recipe's key) and val-aux/smollm2_add/reward/mean@1 the reward model's mean score.
 #    Per step: reward_model/score/mean (= critic/score/mean), timing_s/reward.
-# Compare with the rule-rewarded run (0.06 -> 0.775 in 60 steps): does optimizing the learned score raise the
-# real accuracy, or does the policy find what the reward model mis-scores? Not measured yet.
+# Measured on one H200 (docs/benchmarks.md §0e): the reward model reached held-out AUC 0.78 (0.69 on the policy's
+# own samples); optimizing its score raised the rule accuracy 0.06 -> 0.30 by step 30, then the policy found what
+# the model over-scores and it fell to 0.115 at step 40 while the score kept rising (the rule-rewarded run: 0.06 ->
+# 0.735 at step 40). Watch val-core acc and stop early, or train a stronger reward model.
 # HYBRIDRL_DRY_RUN=1 only validates the config and prints the device layout (with the policy standing in for a
 # reward model not trained yet: the same tokenizer and size).
 set -euo pipefail
