@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from summarize_smollm2 import hybridrl_side  # noqa: E402
+from summarize_smollm2 import finish, hybridrl_side, two_panels  # noqa: E402
 
 
 def reward_model_side(path: Path) -> dict:
@@ -43,30 +43,17 @@ def main(out: str, rule_metrics: str | None = None) -> dict:
 
 
 def _plot(path: Path, run: dict, rule: dict | None) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
+    fig, axes = two_panels()
     acc = run["curve"]
     axes[0].plot([p["step"] for p in acc], [p["acc"] for p in acc], marker="o", label="rewarded by the reward model")
     if rule:
         axes[0].plot([p["step"] for p in rule["curve"]], [p["acc"] for p in rule["curve"]], marker="o",
                      label="rewarded by the rule")
-    axes[0].set_ylabel("validation accuracy by the rule (T=0.8)")
     axes[1].plot([p["step"] for p in run["train"]], [p["rm_score"] for p in run["train"]], label="train (mean)")
     axes[1].plot([p["step"] for p in run["val_rm_score"]], [p["rm_score"] for p in run["val_rm_score"]],
                  marker="o", label="validation (mean)")
-    axes[1].set_ylabel("reward model score")
-    for ax in axes:
-        ax.set_xlabel("GRPO step")
-        ax.grid(alpha=0.3)
-        ax.legend()
-    fig.suptitle("SmolLM2-135M-Instruct, a + b, GRPO on a learned reward model (one H200)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-
+    finish(fig, axes, ("validation accuracy by the rule (T=0.8)", "reward model score"), ("GRPO step", "GRPO step"),
+           "SmolLM2-135M-Instruct, a + b, GRPO on a learned reward model (one H200)", path)
 
 if __name__ == "__main__":
     print(json.dumps(main(*sys.argv[1:3]), indent=1)[:3000])

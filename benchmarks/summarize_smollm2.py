@@ -104,26 +104,35 @@ def main(out: str) -> dict:
     return summary
 
 
-def plot(path: Path, curves: list[tuple[list[dict], str]]) -> None:
+def two_panels():
+    """A figure with two side-by-side axes (matplotlib without a display)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
-    for curve, name in curves:
-        axes[0].plot([p["step"] for p in curve], [p["acc"] for p in curve], marker="o", label=name)
-        axes[1].plot([p["train_wall_s"] / 60 for p in curve], [p["acc"] for p in curve], marker="o", label=name)
-    axes[0].set_xlabel("GRPO step")
-    axes[1].set_xlabel("training wall time (min, validation excluded)")
-    for ax in axes:
-        ax.set_ylabel("sampled validation accuracy (T=0.8)")
+    return plt.subplots(1, 2, figsize=(10, 3.8))
+
+
+def finish(fig, axes, ylabels: tuple[str, str], xlabels: tuple[str, str], title: str, path: Path) -> None:
+    for ax, xl, yl in zip(axes, xlabels, ylabels):
+        ax.set_xlabel(xl)
+        ax.set_ylabel(yl)
         ax.grid(alpha=0.3)
         ax.legend()
-    fig.suptitle("SmolLM2-135M-Instruct, a + b (64 prompts x 8), one H200")
+    fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
+
+def plot(path: Path, curves: list[tuple[list[dict], str]]) -> None:
+    fig, axes = two_panels()
+    for curve, name in curves:
+        axes[0].plot([p["step"] for p in curve], [p["acc"] for p in curve], marker="o", label=name)
+        axes[1].plot([p["train_wall_s"] / 60 for p in curve], [p["acc"] for p in curve], marker="o", label=name)
+    acc = "sampled validation accuracy (T=0.8)"
+    finish(fig, axes, (acc, acc), ("GRPO step", "training wall time (min, validation excluded)"),
+           "SmolLM2-135M-Instruct, a + b (64 prompts x 8), one H200", path)
 
 if __name__ == "__main__":
     print(json.dumps({k: v for k, v in main(sys.argv[1]).items()
