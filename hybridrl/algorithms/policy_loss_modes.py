@@ -59,8 +59,10 @@ def _aggregate(pg_losses, response_mask, loss_agg_mode, config, rollout_is_weigh
     return agg_loss(pg_losses, response_mask, loss_agg_mode, **(_get(config, "global_batch_info") or {}))
 
 
-def _floats(**metrics) -> dict:
-    return {f"actor/{k}": float(v.detach()) if torch.is_tensor(v) else float(v) for k, v in metrics.items()}
+def _metrics(**metrics) -> dict:
+    """verl's `actor/...` metric dict; tensors stay on their device, detached (the updater reads them once per
+    update instead of syncing per micro-batch)."""
+    return {f"actor/{k}": v.detach() if torch.is_tensor(v) else float(v) for k, v in metrics.items()}
 
 
 @register_policy_loss("vanilla")
@@ -73,7 +75,7 @@ def compute_policy_loss_vanilla(old_log_prob, log_prob, advantages, response_mas
     pg_losses, (clipfrac, ppo_kl, clipfrac_lower) = vanilla_token_losses(
         old_log_prob, log_prob, advantages, response_mask, low, high, clip_ratio_c)
     pg_loss = _aggregate(pg_losses, response_mask, loss_agg_mode, config, rollout_is_weights)
-    return pg_loss, _floats(pg_clipfrac=clipfrac, ppo_kl=ppo_kl, pg_clipfrac_lower=clipfrac_lower)
+    return pg_loss, _metrics(pg_clipfrac=clipfrac, ppo_kl=ppo_kl, pg_clipfrac_lower=clipfrac_lower)
 
 
 @register_policy_loss("gspo")
@@ -94,7 +96,7 @@ def compute_policy_loss_gspo(old_log_prob, log_prob, advantages, response_mask,
     pg_loss = _aggregate(pg_losses, response_mask, "seq-mean-token-mean", config, rollout_is_weights)
     clipfrac = masked_mean(torch.gt(pg_losses2, pg_losses1).float(), response_mask)
     ppo_kl = masked_mean(-log_ratio, response_mask)
-    return pg_loss, _floats(pg_clipfrac=clipfrac, ppo_kl=ppo_kl, pg_clipfrac_lower=0.0)
+    return pg_loss, _metrics(pg_clipfrac=clipfrac, ppo_kl=ppo_kl, pg_clipfrac_lower=0.0)
 
 
 compute_policy_loss_gspo.loss_agg_mode = "seq-mean-token-mean"  # the aggregation it always uses: the actor scales
@@ -141,7 +143,7 @@ def compute_policy_loss_clip_cov(old_log_prob, log_prob, advantages, response_ma
     pg_losses = torch.maximum(pg_losses1, pg_losses2) * corr
     pg_loss = _aggregate(pg_losses, response_mask, loss_agg_mode, config, rollout_is_weights)
     clipfrac = masked_mean((corr == 0).float(), response_mask)
-    return pg_loss, _floats(pg_clipfrac=clipfrac, ppo_kl=masked_mean(-log_ratio, response_mask))
+    return pg_loss, _metrics(pg_clipfrac=clipfrac, ppo_kl=masked_mean(-log_ratio, response_mask))
 
 
 @register_policy_loss("kl_cov")
@@ -167,7 +169,7 @@ def compute_policy_loss_kl_cov(old_log_prob, log_prob, advantages, response_mask
         penalty[top] = 1.0
         pg_losses = pg_losses + ppo_kl_coef * log_ratio.abs() * penalty.reshape(pg_losses.shape)
     pg_loss = _aggregate(pg_losses, response_mask, loss_agg_mode, config, rollout_is_weights)
-    return pg_loss, _floats(ppo_kl=masked_mean(log_ratio.abs(), response_mask))
+    return pg_loss, _metrics(ppo_kl=masked_mean(log_ratio.abs(), response_mask))
 
 
 @register_policy_loss("cispo")
@@ -184,4 +186,4 @@ def compute_policy_loss_cispo(old_log_prob, log_prob, advantages, response_mask,
     pg_loss = _aggregate(pg_losses, response_mask, loss_agg_mode, config, rollout_is_weights)
     clipfrac = masked_mean((ratio != clipped).float(), response_mask)
     ppo_kl = masked_mean(-negative_approx_kl, response_mask)
-    return pg_loss, _floats(pg_clipfrac=clipfrac, ppo_kl=ppo_kl, pg_clipfrac_lower=0.0)
+    return pg_loss, _metrics(pg_clipfrac=clipfrac, ppo_kl=ppo_kl, pg_clipfrac_lower=0.0)

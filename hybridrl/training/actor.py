@@ -4,10 +4,10 @@ Shapes: B rows, R response length, V vocab.
 
 Choices:
 - `compute_log_prob` runs in micro-batches of `meta_info["micro_batch_size"]` (or token-balanced ones with
-  `use_dynamic_bsz` + `max_token_len`) under no_grad, moving each result to CPU at once so only one
-  micro-batch of logits is ever on the GPU; logits are divided by `meta_info["temperature"]`. Models whose
-  head is a plain linear layer never materialise [rows, vocab] logits: the head is replaced by the chunked
-  log-prob of training/fused_logprob.py (others, e.g. soft-capped logits, take the plain path). With several
+  `use_dynamic_bsz` + `max_token_len`) under no_grad; only one micro-batch of logits is ever on the GPU, and the
+  [rows, R] results move to CPU together after the last one (no host sync between micro-batches); logits are
+  divided by `meta_info["temperature"]`. Models whose head is a plain linear layer never materialise
+  [rows, vocab] logits: the head is replaced by the chunked log-prob of training/fused_logprob.py (others, e.g. soft-capped logits, take the plain path). With several
   micro-batches and `meta_info["unshard_once"]` (true / "auto", fsdp.should_keep_unsharded) the FSDP blocks
   are all-gathered once for the pass, not once per micro-batch.
 - `sp_group` (Ulysses sequence parallelism, training/ulysses.py): the ranks of the group hold the same rows and
@@ -21,6 +21,8 @@ Choices:
 - Gradients are clipped to `grad_clip`; a non-finite norm skips that optimizer step and is counted in
   `actor/grad_norm_nonfinite_skips`. The lr scheduler steps once per `update_policy` call (one training step),
   and `actor/lr` reports the lr that call used.
+- The update never waits for the GPU between micro-batches (loss factors of a mini-batch read in one copy, metrics
+  kept as device tensors until the end), so the host queues the next micro-batch while the GPU runs this one.
 - Metrics are verl's names, each the mean over micro-batches (grad_norm: over mini-batches with a finite norm).
   `actor/entropy` is logged here only when entropy_coeff != 0 (it is then part of the loss); otherwise the
   trainer gets it from `compute_log_prob(calculate_entropy=True)` as newer verl does.
@@ -46,7 +48,7 @@ from hybridrl.algorithms.rollout_correction import truncated_is_weights
 from hybridrl.protocol import DataProto
 from hybridrl.training.fsdp import keep_unsharded, should_keep_unsharded
 from hybridrl.training.fused_logprob import fused_logprob_entropy, plain_linear_head
-from hybridrl.training.micro_batches import loss_scale, make_micro_batches, normaliser
+from hybridrl.training.micro_batches import loss_scales, make_micro_batches
 from hybridrl.training.packing import forward_response_logits, restore_order
 from hybridrl.training.updater import FSDPUpdater
 
@@ -101,15 +103,13 @@ class DataParallelPPOActor(FSDPUpdater):
         log_probs, entropies = [], []
         once = should_keep_unsharded(self.module, meta.get("unshard_once", False), len(micros), self.device)
         with torch.no_grad(), keep_unsharded(self.module, once):
-            for micro in micros:
+            for micro in micros:  # results stay on the device until the pass ends: no host sync per micro-batch
                 lp, ent = self._forward_micro_batch(micro, float(meta["temperature"]), calculate_entropy)
-                log_probs.append(lp.cpu())
+                log_probs.append(lp.float())
                 if ent is not None:
-                    entropies.append(ent.cpu())
-        if bins is not None:
-            log_probs = [restore_order(log_probs, bins)]
-            entropies = [restore_order(entropies, bins)] if entropies else []
-        return torch.cat(log_probs), (torch.cat(entropies) if entropies else None)
+                    entropies.append(ent.float())
+        join = (lambda ts: restore_order(ts, bins)) if bins is not None else torch.cat
+        return join(log_probs).cpu(), (join(entropies).cpu() if entropies else None)
 
     # ------------------------------------------------------------------ update
     def update_policy(self, data: DataProto) -> dict[str, float]:
@@ -143,10 +143,14 @@ class DataParallelPPOActor(FSDPUpdater):
         entropy_coeff = float(cfg.get("entropy_coeff", 0.0))
         self.own_old_log_probs = None
         if own_old:  # shuffling and dynamic micro-batches reorder rows: the index puts the log-probs back
-            data.batch["row_index"] = torch.arange(len(data))
-            self.own_old_log_probs = torch.zeros(data.batch["responses"].shape, dtype=torch.float32)
-        return self._train_step(data, "actor", lambda mini, metrics: self._update_mini_batch(
+            data.batch["row_index"] = torch.arange(len(data), device=data.batch["responses"].device)
+            self.own_old_log_probs = torch.zeros(data.batch["responses"].shape, dtype=torch.float32,
+                                                 device=self.device)
+        out = self._train_step(data, "actor", lambda mini, metrics: self._update_mini_batch(
             mini, temperature, mode, entropy_coeff, use_kl_loss, own_old, rollout_is, metrics))
+        if own_old:
+            self.own_old_log_probs = self.own_old_log_probs.cpu()
+        return out
 
     def _policy_loss_fn(self):
         policy_loss = self.config.get("policy_loss") or {}
@@ -159,9 +163,9 @@ class DataParallelPPOActor(FSDPUpdater):
                                        cfg.get("ppo_micro_batch_size_per_gpu"), cfg.get("ppo_max_token_len_per_gpu"))
         policy_loss_fn = self._policy_loss_fn()
         pg_mode = getattr(policy_loss_fn, "loss_agg_mode", mode)
-        mini_norm = normaliser(mini.batch["response_mask"], mode)
-        pg_mini_norm = normaliser(mini.batch["response_mask"], pg_mode)
-        for micro in micros:
+        scales = zip(loss_scales(micros, pg_mode), loss_scales(micros, mode))
+        # metrics stay 0-d device tensors until the update ends: no host sync between micro-batches
+        for micro, (pg_scale, scale) in zip(micros, scales):
             b = {k: v.to(self.device) for k, v in micro.batch.items()}
             mask = b["response_mask"]
             # entropy is part of the loss with entropy_coeff, and the step's metric when no old-log-prob pass made it
@@ -171,7 +175,7 @@ class DataParallelPPOActor(FSDPUpdater):
             old_log_prob = log_prob.detach() if own_old else b["old_log_probs"]
             is_weights = b.get("rollout_is_weights")
             if own_old:
-                self.own_old_log_probs[b["row_index"].cpu()] = old_log_prob.float().cpu()
+                self.own_old_log_probs[b["row_index"]] = old_log_prob.float()
                 if rollout_is is not None:  # per token or per row: the same weights a whole-batch pass gives
                     is_weights = truncated_is_weights(old_log_prob - b["rollout_log_probs"], mask,
                                                       rollout_is["level"], float(rollout_is["threshold"]))
@@ -182,14 +186,14 @@ class DataParallelPPOActor(FSDPUpdater):
                 entropy_loss = agg_loss(entropy, mask, mode)
                 if entropy_coeff != 0:
                     regularisers = regularisers - entropy_coeff * entropy_loss
-                metrics["entropy"].append(entropy_loss.item())
+                metrics["entropy"].append(entropy_loss.detach())
             if use_kl_loss:
                 kld = kl_penalty(log_prob, b["ref_log_prob"], cfg.get("kl_loss_type", "low_var_kl"))
                 kl_loss = agg_loss(kld, mask, mode)
                 regularisers = regularisers + float(cfg.get("kl_loss_coef", 0.001)) * kl_loss
-                metrics["kl_loss"].append(kl_loss.item())
-            loss = pg_loss * loss_scale(mask, pg_mini_norm, pg_mode) + regularisers * loss_scale(mask, mini_norm, mode)
+                metrics["kl_loss"].append(kl_loss.detach())
+            loss = pg_loss * pg_scale + regularisers * scale
             loss.backward()
-            metrics["pg_loss"].append(pg_loss.item())
+            metrics["pg_loss"].append(pg_loss.detach())
             for key, value in pg_metrics.items():  # verl's actor/pg_clipfrac, actor/ppo_kl, ...: prefixed by the updater
                 metrics[key.removeprefix("actor/")].append(value)

@@ -14,7 +14,7 @@ import torch
 from hybridrl.algorithms import compute_value_loss, masked_mean
 from hybridrl.protocol import DataProto
 from hybridrl.training.fsdp import keep_unsharded, should_keep_unsharded
-from hybridrl.training.micro_batches import loss_scale, make_micro_batches, normaliser
+from hybridrl.training.micro_batches import loss_scales, make_micro_batches
 from hybridrl.training.packing import forward_response_logits, restore_order
 from hybridrl.training.updater import FSDPUpdater
 
@@ -51,8 +51,8 @@ class DataParallelPPOCritic(FSDPUpdater):
             size_key="critic.forward_micro_batch_size_per_gpu", token_key="critic.ppo_max_token_len_per_gpu")
         once = should_keep_unsharded(self.module, meta.get("unshard_once", False), len(micros), self.device)
         with torch.no_grad(), keep_unsharded(self.module, once):
-            values = [self._forward_micro_batch(m).cpu() for m in micros]
-        return restore_order(values, bins) if bins is not None else torch.cat(values)
+            values = [self._forward_micro_batch(m) for m in micros]  # to CPU after the last: no sync between
+        return (restore_order(values, bins) if bins is not None else torch.cat(values)).cpu()
 
     def update_critic(self, data: DataProto) -> dict[str, float]:
         cfg = self.config
@@ -69,8 +69,7 @@ class DataParallelPPOCritic(FSDPUpdater):
                                        cfg.get("ppo_micro_batch_size_per_gpu"), cfg.get("ppo_max_token_len_per_gpu"),
                                        size_key="critic.ppo_micro_batch_size_per_gpu",
                                        token_key="critic.ppo_max_token_len_per_gpu")
-        mini_norm = normaliser(mini.batch["response_mask"], mode)
-        for micro in micros:
+        for micro, scale in zip(micros, loss_scales(micros, mode)):  # no host sync between micro-batches
             mask = micro.batch["response_mask"].to(self.device)
             with self.training_forward():
                 vpreds = self._forward_micro_batch(micro)
@@ -78,7 +77,7 @@ class DataParallelPPOCritic(FSDPUpdater):
                                                       micro.batch["values"].to(self.device), mask,
                                                       cliprange_value=float(cfg.get("cliprange_value", 0.5)),
                                                       loss_agg_mode=mode)
-            (vf_loss * loss_scale(mask, mini_norm, mode)).backward()
-            metrics["vf_loss"].append(vf_loss.item())
-            metrics["vf_clipfrac"].append(vf_clipfrac.item())
-            metrics["vpred_mean"].append(masked_mean(vpreds.detach(), mask).item())
+            (vf_loss * scale).backward()
+            metrics["vf_loss"].append(vf_loss.detach())
+            metrics["vf_clipfrac"].append(vf_clipfrac.detach())
+            metrics["vpred_mean"].append(masked_mean(vpreds.detach(), mask))

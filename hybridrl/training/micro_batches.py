@@ -15,17 +15,22 @@ from hybridrl.protocol import DataProto
 from hybridrl.seeding import derive_seed
 from hybridrl.training.packing import rearrange_micro_batches
 
-__all__ = ["make_micro_batches", "loss_scale", "normaliser"]
+__all__ = ["make_micro_batches", "loss_scale", "loss_scales", "normaliser"]
+
+
+def _count(response_mask: torch.Tensor, loss_agg_mode: str) -> torch.Tensor:
+    """The normaliser as a 0-d tensor on the mask's device (no host sync)."""
+    if loss_agg_mode == "token-mean":
+        return response_mask.sum().float()
+    if loss_agg_mode in ("seq-mean-token-sum", "seq-mean-token-mean"):
+        return (response_mask.sum(-1) > 0).sum().float()
+    if loss_agg_mode == "seq-mean-token-sum-norm":
+        return torch.ones((), device=response_mask.device)
+    raise ValueError(f"loss_agg_mode={loss_agg_mode!r} is not supported")
 
 
 def normaliser(response_mask: torch.Tensor, loss_agg_mode: str) -> float:
-    if loss_agg_mode == "token-mean":
-        return float(response_mask.sum().item())
-    if loss_agg_mode in ("seq-mean-token-sum", "seq-mean-token-mean"):
-        return float((response_mask.sum(-1) > 0).sum().item())
-    if loss_agg_mode == "seq-mean-token-sum-norm":
-        return 1.0
-    raise ValueError(f"loss_agg_mode={loss_agg_mode!r} is not supported")
+    return float(_count(response_mask, loss_agg_mode).item())
 
 
 def loss_scale(micro_mask: torch.Tensor, mini_norm: float, loss_agg_mode: str) -> float:
@@ -33,6 +38,18 @@ def loss_scale(micro_mask: torch.Tensor, mini_norm: float, loss_agg_mode: str) -
     if loss_agg_mode == "seq-mean-token-sum-norm":
         return 1.0
     return normaliser(micro_mask, loss_agg_mode) / mini_norm if mini_norm > 0 else 0.0
+
+
+def loss_scales(micros: list[DataProto], loss_agg_mode: str) -> list[float]:
+    """`loss_scale` of every micro-batch of a mini-batch (the micro-batches together), read from the device in
+    one copy: a host sync per micro-batch would stop the host from queueing the next micro-batch's kernels while
+    the GPU runs this one."""
+    if loss_agg_mode == "seq-mean-token-sum-norm":
+        _count(micros[0].batch["response_mask"], loss_agg_mode)  # validates the mode
+        return [1.0] * len(micros)
+    counts = torch.stack([_count(m.batch["response_mask"], loss_agg_mode) for m in micros]).tolist()
+    total = sum(counts)
+    return [c / total if total > 0 else 0.0 for c in counts]
 
 
 def make_micro_batches(data: DataProto, use_dynamic_bsz: bool, micro_batch_size: int | None,

@@ -24,8 +24,9 @@ def clip_grad_norm(module: torch.nn.Module, max_norm: float) -> float:
     return float(norm.item())
 
 
-def _mean(values: dict[str, list[float]]) -> dict[str, float]:
-    return {k: sum(v) / len(v) for k, v in values.items() if v}
+def _mean(values: dict[str, list]) -> dict[str, float]:
+    """Per key the mean of its floats or 0-d tensors (the tensors' one device-to-host read happens here)."""
+    return {k: float(sum(v) / len(v)) for k, v in values.items() if v}
 
 
 class FSDPUpdater:

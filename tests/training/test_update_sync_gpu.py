@@ -1,0 +1,64 @@
+"""GPU only: hybridrl's update and log-prob pass do not wait for the GPU once per micro-batch — the number of
+host-synchronizing CUDA calls (torch's sync debug mode) made from hybridrl's own code is the same for 8
+micro-batches as for 2, so the host queues the next micro-batch while the GPU runs this one. (transformers' SDPA
+mask builder still checks a padded mask on the host once per forward; that one is not ours to remove here.)"""
+
+import os
+import traceback
+import warnings
+
+import pytest
+import torch
+import transformers
+from _training_tiny import TINY_ACTOR_CFG, make_ppo_batch, tiny_qwen2_config
+
+import hybridrl
+from hybridrl.training import DataParallelPPOActor, build_optimizer
+
+PACKAGE = os.path.dirname(hybridrl.__file__) + os.sep
+TORCH = os.path.dirname(torch.__file__) + os.sep
+
+
+def _count_syncs(fn) -> int:
+    """Synchronizing calls whose innermost caller outside torch is a hybridrl file."""
+    ours = [0]
+
+    def record(message, *args, **kwargs):
+        if "synchronizing" in str(message):
+            frames = [f.filename for f in traceback.extract_stack()
+                      if not f.filename.startswith(TORCH) and not f.filename.endswith("warnings.py")]
+            ours[0] += frames[-2 if frames[-1] == __file__ else -1].startswith(PACKAGE)
+
+    torch.cuda.synchronize()
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        warnings.showwarning = record
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            fn()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    return ours[0]
+
+
+def _syncs(micro: int, own_old: bool) -> tuple[int, int]:
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(tiny_qwen2_config(), dtype=torch.float32).cuda()
+    cfg = {**TINY_ACTOR_CFG, "ppo_mini_batch_size": 8, "ppo_micro_batch_size_per_gpu": micro, "entropy_coeff": 0.01}
+    actor = DataParallelPPOActor(cfg, model, build_optimizer(model.parameters(), {"lr": 1e-4}),
+                                 use_remove_padding=False)
+    data = make_ppo_batch(batch=8, prompt_len=16, resp_len=12).to("cuda")
+    if own_old:
+        data.batch.pop("old_log_probs")
+    update = _count_syncs(lambda: actor.update_policy(data))
+    data.meta_info["micro_batch_size"] = micro
+    logprob = _count_syncs(lambda: actor.compute_log_prob(data))
+    return update, logprob
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("own_old", [False, True])
+def test_host_syncs_do_not_grow_with_micro_batches(own_old):
+    two, eight = _syncs(4, own_old), _syncs(1, own_old)
+    assert eight == two, (eight, two)
+    assert two[0] > 0   # the counter sees hybridrl's own syncs (the loss factors, the metrics, the grad norm)
