@@ -3,6 +3,7 @@
 #   part 1: CUDA smoke (tiny model, 1 step) + Qwen2.5-1.5B: hybrid vs scheme A, TP sweep, offload
 #   part 2: Qwen2.5-7B: hybrid vs scheme A
 #   part 12: SmolLM2 GRPO driven by a trained reward model (docs/benchmarks.md §0e)
+#   part 14: where the 7B actor update's GPU time goes per micro-batch size (benchmarks/profile_update.py, one GPU)
 #   parts 9-11: 7B on one GPU (full and LoRA) vs TRL bf16 / TRL+peft; 7B on two GPUs; SmolLM2 TRL curve, LoRA, gsm8k
 #   part 3 (not yet run): Llama-3-8B shape hybrid vs scheme A; log-prob micro-batch sweep 1/4/8/16 in one run;
 #           20-step stability of the hybrid engine at gpu_memory_utilization 0.7 (where scheme A OOMs)
@@ -90,6 +91,13 @@ elif [ "$part" = 12 ]; then
   # (examples/smollm2_reward_model; MODEL=/tmp/smollm2 converted first); val-core acc is still the rule
   VERL_FILE_LOGGER_PATH=$out/smollm2_rm_metrics.jsonl MODEL=/tmp/smollm2 DATA=/tmp/smollm2_add RM=/tmp/smollm2_rm \
       timeout 580 bash examples/smollm2_reward_model/run.sh trainer.total_training_steps=40
+elif [ "$part" = 14 ]; then
+  # part 9's update alone, no Ray: LoRA r64 with recompute at 32 rows vs without at 4/8/16 rows per micro-batch, full
+  # fine-tuning at 16; 512 rows x (256 + 256) tokens, one optimizer step; reuses part 9's weights in /tmp/b7 if there
+  CUDA_VISIBLE_DEVICES=0 timeout 550 python benchmarks/profile_update.py --preset qwen2.5-7b --workdir /tmp/b7 \
+      --rows 512 --prompt-len 256 --response-len 256 --repeat 1 \
+      --configs lora64:ckpt:32,lora64:nockpt:4,lora64:nockpt:8,lora64:nockpt:16,full:ckpt:16 \
+      --out "$out/profile_update_qwen2.5-7b.json"
 elif [ "$part" = 8 ]; then
   python benchmarks/rollout.py --models 0.5B,7B --skip-hf --ab-async 0.5B,7B --out "$out/rollout_async.json"
   python -m pytest -q tests -m gpu -p no:cacheprovider

@@ -1,4 +1,4 @@
-"""`hybridrl bench {grpo,rollout,decode,logprob,plot} [args]`: run the benchmark scripts of a source checkout.
+"""`hybridrl bench {grpo,rollout,decode,update,logprob,plot} [args]`: run the benchmark scripts of a source checkout.
 
 The scripts live in `benchmarks/` next to the package (they are reproduction recipes, not library code, so they are
 not installed); this command finds them from the package location and runs them with the arguments given.
@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 SCRIPTS = {"grpo": "grpo_step.py", "rollout": "rollout.py", "decode": "profile_decode.py",
-           "logprob": "logprob_unshard.py", "plot": "plot_results.py"}
+           "update": "profile_update.py", "logprob": "logprob_unshard.py", "plot": "plot_results.py"}
 
 
 def _run(args) -> int:
@@ -26,7 +26,7 @@ def _run(args) -> int:
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("bench", help="run a benchmark script (grpo step, rollout vs HF, decode profile, "
-                              "log-prob unsharding, plots)")
+                              "update profile, log-prob unsharding, plots)")
     p.add_argument("which", choices=sorted(SCRIPTS), help=", ".join(f"{k}: benchmarks/{v}" for k, v in SCRIPTS.items()))
     p.add_argument("script_args", nargs="*", help="arguments passed to the script (put them after --)")
     p.set_defaults(func=_run)

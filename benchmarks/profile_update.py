@@ -1,0 +1,416 @@
+"""Where the actor update's time goes, per micro-batch size (one GPU, random weights, no Ray).
+
+Builds the actor as the trainer's worker does on one rank (1-rank process group, build_training_mesh,
+workers.common.build_fsdp_model with the run plan's LoRA base dtype and optimizer kind, DataParallelPPOActor over
+the default config's actor section with the plan's per-rank sizes) and runs one optimizer step over all --rows
+rows of a synthetic GRPO batch (random in-vocab ids, no padding, random advantages; no old_log_probs, so the
+update's own detached log-probs are the old ones, as the plan's on-policy default does).
+
+Per configuration KIND:CKPT:MICRO (KIND = full, or loraR with alpha 2R; CKPT = ckpt | nockpt; MICRO = rows per
+micro-batch), e.g. lora64:ckpt:32,lora64:nockpt:4,full:ckpt:16:
+- a warm-up update that also carries the profiler window: --profile-micro micro-batches after the first
+  --profile-skip (allocator and kernel choice are warm by then; one whole update of 128 micro-batches would be
+  millions of profiler events), and separately its optimizer step. Per window: GPU kernel time grouped into
+  gemm / attention / fsdp_copy / other, GPU busy time (union of kernel intervals) against the window's wall
+  time, and the host's side: time until it reached the window's end, time in calls that can block it
+  (synchronize, memcpy: .item() / .cpu() wait there), the active rest, kernel launches and their API time. GPU
+  idle while the host is mostly active means the host is the bottleneck (launch overhead per micro-batch); the
+  profiler itself slows the host, so host numbers are upper bounds. The window's update is the warm-up: in the
+  first configuration of a KIND its optimizer step is a new optimizer's first (AdamW state allocated there);
+- --repeat timed updates (synchronized): seconds, seconds per micro-batch, tokens/s, achieved TFLOP/s, peak
+  allocated memory (reset per configuration);
+- how often the first decoder layer's attention ran forward per micro-batch (2 with recompute, 1 without):
+  checkpointing was really toggled.
+Consecutive configurations of one KIND share the model (checkpointing toggled in place); a new KIND frees the
+old model first.
+
+  PYTHONPATH=. python benchmarks/profile_update.py [--preset qwen2.5-7b] [--configs ...] [--out PATH]
+  PYTHONPATH=. python benchmarks/profile_update.py --device cpu --preset dir:/tmp/tiny --rows 8 --prompt-len 16 \
+      --response-len 16 --configs lora8:ckpt:4,lora8:nockpt:2 --out /tmp/update.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import math
+import sys
+import time
+import traceback
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch.profiler import ProfilerActivity, profile
+
+sys.path.insert(0, str(Path(__file__).parent))
+from grpo_step import device_facts  # noqa: E402
+
+from hybridrl.protocol import DataProto  # noqa: E402
+
+DEFAULT_CONFIGS = "lora64:ckpt:32,lora64:nockpt:4,lora64:nockpt:8,lora64:nockpt:16,full:ckpt:16"
+FLOP_ASSUMPTIONS = (
+    "2 * params * tokens per forward-equivalent: the decoder's parameters (not the input embedding, a lookup) over "
+    "all prompt + response tokens, the LM head's over the response tokens only (the actor computes logits only "
+    "there); LoRA adapters and attention score/value FLOPs not counted. Forward-equivalents per "
+    "update: full fine-tuning 3 (forward, input grads, weight grads), 4 with checkpointing (+ recompute); LoRA 2 "
+    "(forward, input grads; no weight gradients of the frozen base), 3 with checkpointing")
+
+
+@dataclass(frozen=True)
+class UpdateConfig:
+    name: str
+    lora_rank: int          # 0: full fine-tuning
+    checkpointing: bool
+    micro: int              # rows per micro-batch
+
+    @classmethod
+    def parse(cls, spec: str) -> UpdateConfig:
+        kind, ckpt, micro = spec.split(":")
+        if kind != "full" and not (kind.startswith("lora") and kind[4:].isdigit()):
+            raise ValueError(f"{spec!r}: KIND must be 'full' or 'loraR' (e.g. lora64)")
+        if ckpt not in ("ckpt", "nockpt"):
+            raise ValueError(f"{spec!r}: CKPT must be 'ckpt' or 'nockpt'")
+        if not micro.isdigit() or int(micro) < 1:
+            raise ValueError(f"{spec!r}: MICRO must be a positive number of rows")
+        return cls(spec, 0 if kind == "full" else int(kind[4:]), ckpt == "ckpt", int(micro))
+
+    def forward_equivalents(self) -> int:
+        return (2 if self.lora_rank else 3) + self.checkpointing
+
+
+def kernel_category(name: str) -> str:
+    n = name.lower()
+    if any(s in n for s in ("nccl", "all_gather", "allgather", "reduce_scatter", "reducescatter", "chunk_cat",
+                            "catarraybatchedcopy", "split_with_sizes", "memcpy", "memset", "copy")):
+        return "fsdp_copy"
+    if any(s in n for s in ("flash", "fmha", "attention", "attn")):
+        return "attention"
+    if any(s in n for s in ("gemm", "sm90", "cutlass", "nvjet", "ampere", "xmma", "splitk", "cublas")):
+        return "gemm"
+    return "other"
+
+
+def busy_seconds(intervals: list[tuple[int, int]]) -> float:
+    """Length of the union of [start, end) nanosecond intervals (kernels of several streams overlap)."""
+    total, end_so_far = 0, None
+    for start, end in sorted(intervals):
+        if end_so_far is None or start > end_so_far:
+            total += end - start
+            end_so_far = end
+        elif end > end_so_far:
+            total += end - end_so_far
+            end_so_far = end
+    return total / 1e9
+
+
+def summarize_window(prof, wall_s: float, host_s: float, micro_batches: int, gpu: bool) -> dict:
+    """One profiler window: host time until the window's end was reached (before its closing synchronize), time in
+    CUDA calls that can block the host (synchronize, memcpy: .item() and .cpu() wait in one of them; the closing
+    synchronize included), the host's active rest, kernel launches; on GPUs also kernel time per category, busy
+    time (union of kernel intervals) and idle time against the wall clock."""
+    by_cat, by_kernel = defaultdict(float), defaultdict(lambda: [0.0, 0])
+    intervals, launches, launch_s, blocked_s = [], 0, 0.0, 0.0
+    for ev in prof.profiler.kineto_results.events():
+        name, dur = ev.name(), ev.duration_ns() / 1e9
+        if ev.device_type() == torch.autograd.DeviceType.CUDA:
+            intervals.append((ev.start_ns(), ev.end_ns()))
+            by_cat[kernel_category(name)] += dur
+            by_kernel[name][0] += dur
+            by_kernel[name][1] += 1
+        elif name.startswith("cu") and "LaunchKernel" in name:   # runtime / driver API calls
+            launches += 1
+            launch_s += dur
+        elif name.startswith("cu") and ("Synchronize" in name or "Memcpy" in name):
+            blocked_s += dur
+    per = max(micro_batches, 1)
+    out = {"micro_batches": micro_batches, "wall_s": wall_s, "host_s": host_s, "host_blocked_s": blocked_s,
+           "host_active_s": max(wall_s - blocked_s, 0.0), "kernel_launches": launches, "launch_api_s": launch_s}
+    if gpu:
+        busy = busy_seconds(intervals)
+        top = sorted(by_kernel.items(), key=lambda kv: -kv[1][0])[:15]
+        out.update(gpu_busy_s=busy, gpu_idle_s=max(wall_s - busy, 0.0), kernels=len(intervals),
+                   kernel_s_by_category=dict(by_cat),
+                   per_micro_batch={"wall_s": wall_s / per, "gpu_busy_s": busy / per, "kernels": len(intervals) / per,
+                                    "kernel_s_by_category": {k: v / per for k, v in by_cat.items()}},
+                   top_kernels=[{"name": k[:160], "s": v[0], "calls": v[1]} for k, v in top])
+    return out
+
+
+class ProfileWindow:
+    """Profiles micro-batches [start, start + count) of the next update (ending early at its optimizer step), and
+    that optimizer step, by wrapping the actor's `_forward_micro_batch` and `_optimizer_step` on the instance."""
+
+    def __init__(self, actor, device: torch.device, start: int, count: int):
+        self.actor, self.device, self.start, self.count = actor, device, start, count
+        self.activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+        self.seen, self.prof, self.t0, self.result = 0, None, 0.0, {}
+        forward, step = actor._forward_micro_batch, actor._optimizer_step
+
+        def forward_hook(*a, **k):
+            if self.seen == self.start:
+                self._begin()
+            elif self.seen == self.start + self.count and self.prof is not None:
+                self.result["micro_batch_window"] = self._end(self.count)
+            self.seen += 1
+            return forward(*a, **k)
+
+        def step_hook(*a, **k):
+            if self.prof is not None:
+                self.result["micro_batch_window"] = self._end(self.seen - self.start)
+            self._begin()
+            out = step(*a, **k)
+            self.result["optimizer_step"] = self._end(0)
+            return out
+
+        actor._forward_micro_batch, actor._optimizer_step = forward_hook, step_hook
+
+    def _sync(self):
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def _begin(self):
+        self._sync()
+        self.prof = profile(activities=self.activities)
+        self.prof.start()
+        self.t0 = time.perf_counter()
+
+    def _end(self, micro_batches: int) -> dict:
+        host_s = time.perf_counter() - self.t0
+        self._sync()
+        wall_s = time.perf_counter() - self.t0
+        self.prof.stop()
+        out = summarize_window(self.prof, wall_s, host_s, micro_batches, self.device.type == "cuda")
+        self.prof = None
+        return out
+
+    def remove(self):
+        """Unwrap the actor; a window left open by an exception (e.g. out of memory) is stopped."""
+        for name in ("_forward_micro_batch", "_optimizer_step"):
+            vars(self.actor).pop(name, None)
+        if self.prof is not None:
+            self.prof.stop()
+            self.prof = None
+
+
+def synthetic_batch(rows: int, prompt_len: int, response_len: int, vocab: int, seed: int = 0) -> DataProto:
+    """A GRPO batch without padding (prompts exactly prompt_len tokens, responses never stopped by EOS)."""
+    g = torch.Generator().manual_seed(seed)
+    seq = prompt_len + response_len
+    input_ids = torch.randint(0, vocab, (rows, seq), generator=g)
+    return DataProto.from_dict({
+        "prompts": input_ids[:, :prompt_len], "responses": input_ids[:, prompt_len:], "input_ids": input_ids,
+        "attention_mask": torch.ones(rows, seq, dtype=torch.long),
+        "position_ids": torch.arange(seq).expand(rows, seq).clone(),
+        "response_mask": torch.ones(rows, response_len),
+        "advantages": torch.randn(rows, response_len, generator=g)}, meta_info={"temperature": 1.0})
+
+
+def model_dir_for(preset: str, workdir: Path) -> Path:
+    if preset.startswith("dir:"):
+        return Path(preset[4:])
+    from hybridrl.assets.tiny_model import write_size_preset
+
+    model_dir = workdir / "models" / preset
+    if not (model_dir / "config.json").exists() or not any(model_dir.glob("*.safetensors")):
+        write_size_preset(model_dir, preset, weights=True)
+    return model_dir
+
+
+def plan_dtypes(master_dtype: str, lora: bool, device: torch.device) -> tuple[str | None, bool]:
+    """(lora_base_dtype, fused_optimizer) as hybridrl/plan/run_plan.make_plan picks them: the frozen base in the
+    compute dtype (fp32 on CPU, bf16 on GPUs) unless the masters are narrower; AdamW's fused kernel on GPUs."""
+    from hybridrl.training.fsdp import resolve_dtype
+
+    frozen = "fp32" if device.type == "cpu" else "bf16"
+    narrower = resolve_dtype(frozen).itemsize <= resolve_dtype(master_dtype).itemsize
+    return ((frozen if narrower else master_dtype) if lora else None), device.type != "cpu"
+
+
+def flop_params(module) -> dict[str, int]:
+    """The base model's parameters that do matmuls: the decoder's (no input embedding, no LoRA adapters) and the
+    LM head's (a tied head is the embedding matrix)."""
+    head = module.get_output_embeddings().weight
+    decoder = sum(p.numel() for n, p in module.named_parameters()
+                  if p is not head and "lora_" not in n and "embed_tokens" not in n)
+    return {"decoder_params": decoder, "head_params": head.numel()}
+
+
+class ActorBench:
+    """The actor of one KIND (full or LoRA rank r) and its optimizer, as ActorRolloutRefWorker.init_model builds
+    them; `actor_for(cfg, rows)` sets checkpointing in place and returns an actor with that micro-batch size."""
+
+    def __init__(self, model_dir: Path, lora_rank: int, checkpointing: bool, mesh, device: torch.device):
+        from hybridrl.config import load_config
+        from hybridrl.workers.common import build_fsdp_model
+
+        overrides = [f"actor_rollout_ref.model.path={model_dir}", f"actor_rollout_ref.model.lora_rank={lora_rank}",
+                     f"actor_rollout_ref.model.lora_alpha={2 * max(lora_rank, 1)}"]
+        self.config = load_config(overrides=overrides).actor_rollout_ref
+        self.device = device
+        base_dtype, fused = plan_dtypes(str(self.config.actor.fsdp_config.model_dtype), lora_rank > 0, device)
+        t0 = time.perf_counter()
+        self.module, self.optimizer, self.scheduler = build_fsdp_model(
+            self.config.model, self.config.actor.fsdp_config, self.config.actor.optim, mesh, device, trainable=True,
+            lora_base_dtype=base_dtype, fused_optimizer=fused, gradient_checkpointing=checkpointing)
+        self.build_s = time.perf_counter() - t0
+        self.facts = {"lora_base_dtype": base_dtype, "fused_optimizer": fused,
+                      "model_dtype": str(self.config.actor.fsdp_config.model_dtype),
+                      **flop_params(self.module),
+                      "trainable_params": sum(p.numel() for p in self.module.parameters() if p.requires_grad)}
+
+    def actor_for(self, cfg: UpdateConfig, rows: int):
+        from hybridrl.training.actor import DataParallelPPOActor
+        from hybridrl.workers.common import per_rank_section
+
+        if cfg.checkpointing != self.module.is_gradient_checkpointing:
+            if cfg.checkpointing:
+                self.module.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            else:
+                self.module.gradient_checkpointing_disable()
+        section = per_rank_section(self.config.actor, rows, cfg.micro)
+        return DataParallelPPOActor(section, self.module, self.optimizer, self.scheduler,
+                                    use_remove_padding=bool(self.config.model.use_remove_padding))
+
+
+def first_layer_forward_counter(module):
+    """Counts forwards of the first decoder block's first submodule (its attention). Not the block's own hook:
+    transformers checkpoints the block's `forward`, so hooks on the block stay outside the recompute, while its
+    submodules run again in backward. FSDP2 subclassed the block: found by the HF class in `_no_split_modules`."""
+    names = set(module._no_split_modules)
+    block = next(m for m in module.modules() if any(c.__name__ in names for c in type(m).__mro__))
+    calls = [0]
+    handle = next(block.children()).register_forward_hook(lambda *_: calls.__setitem__(0, calls[0] + 1))
+    return calls, handle
+
+
+def run_config(bench: ActorBench, cfg: UpdateConfig, batch: DataProto, args) -> dict:
+    device = bench.device
+    actor = bench.actor_for(cfg, args.rows)
+    n_micro = math.ceil(args.rows / cfg.micro)
+    cuda = device.type == "cuda"
+
+    def sync():
+        if cuda:
+            torch.cuda.synchronize(device)
+
+    def update() -> float:
+        sync()
+        t0 = time.perf_counter()
+        actor.update_policy(batch)
+        sync()
+        return time.perf_counter() - t0
+
+    if cuda:
+        gc.collect()
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
+    resident_gb = torch.cuda.memory_allocated(device) / 2**30 if cuda else None
+    start = min(args.profile_skip, n_micro - 1)
+    window = ProfileWindow(actor, device, start, min(args.profile_micro, n_micro - start))
+    calls, handle = first_layer_forward_counter(bench.module)
+    try:
+        warmup_s = update()
+    finally:
+        handle.remove()
+        window.remove()
+    times = [update() for _ in range(args.repeat)]
+    mean_s = sum(times) / len(times)
+    tokens = args.rows * (args.prompt_len + args.response_len)
+    flops = cfg.forward_equivalents() * 2 * (bench.facts["decoder_params"] * tokens
+                                             + bench.facts["head_params"] * args.rows * args.response_len)
+    return {"lora_rank": cfg.lora_rank, "checkpointing": cfg.checkpointing, "micro_batch_rows": cfg.micro,
+            "micro_batches": n_micro, "is_gradient_checkpointing": bool(bench.module.is_gradient_checkpointing),
+            "first_layer_forwards_per_micro_batch": calls[0] / n_micro,
+            "update_s": mean_s, "update_s_each": times, "s_per_micro_batch": mean_s / n_micro,
+            "tokens_per_s": tokens / mean_s, "forward_equivalents": cfg.forward_equivalents(),
+            "tflops": flops / mean_s / 1e12, "warmup_profiled_update_s": warmup_s,
+            "resident_allocated_gb": resident_gb,
+            "peak_allocated_gb": torch.cuda.max_memory_allocated(device) / 2**30 if cuda else None,
+            "profile": window.result}
+
+
+def init_single_rank(device: torch.device) -> bool:
+    """A 1-rank default process group (nccl on GPUs, gloo on CPU) unless one exists; True when created here."""
+    if dist.is_initialized():
+        return False
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", store=dist.HashStore(), rank=0,
+                            world_size=1)
+    return True
+
+
+def free(bench: ActorBench | None, device: torch.device) -> None:
+    """Drop the model and its optimizer (and whatever a failed update left behind) and return the memory."""
+    if bench is not None:
+        del bench.module, bench.optimizer, bench.scheduler
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def main(argv=None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--preset", default="qwen2.5-7b", help="hybridrl size preset, or 'dir:PATH' for an existing model")
+    p.add_argument("--configs", default=DEFAULT_CONFIGS, help="KIND:CKPT:MICRO,... (see the module docstring)")
+    p.add_argument("--rows", type=int, default=512)
+    p.add_argument("--prompt-len", type=int, default=256)
+    p.add_argument("--response-len", type=int, default=256)
+    p.add_argument("--repeat", type=int, default=2, help="timed updates per configuration (after the warm-up)")
+    p.add_argument("--profile-skip", type=int, default=1, help="micro-batches of the warm-up before the window")
+    p.add_argument("--profile-micro", type=int, default=2, help="micro-batches in the profiler window")
+    p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    p.add_argument("--workdir", default="/tmp/hybridrl_bench")
+    p.add_argument("--out", default="benchmarks/results/profile_update.json")
+    args = p.parse_args(argv)
+    configs = [UpdateConfig.parse(s) for s in args.configs.split(",") if s]
+
+    from hybridrl.seeding import seed_everything
+    from hybridrl.training.fsdp import build_training_mesh, load_hf_config
+
+    device = torch.device("cuda", torch.cuda.current_device()) if args.device == "cuda" else torch.device("cpu")
+    model_dir = model_dir_for(args.preset, Path(args.workdir))
+    created = init_single_rank(device)
+    seed_everything(0)
+    mesh = build_training_mesh(1, -1, device.type)
+    vocab = load_hf_config(str(model_dir)).vocab_size
+    batch = synthetic_batch(args.rows, args.prompt_len, args.response_len, vocab)
+    result = {"benchmark": "profile_update", "command": "python " + " ".join([sys.argv[0], *(argv or sys.argv[1:])]),
+              "device": device_facts(), "preset": args.preset,
+              "workload": {k: v for k, v in vars(args).items() if k not in ("out", "workdir")},
+              "flop_assumptions": FLOP_ASSUMPTIONS, "models": {}, "configs": {}}
+    out = Path(args.out)
+    bench, kind = None, None
+    try:
+        for cfg in configs:
+            try:
+                if kind != cfg.lora_rank:
+                    free(bench, device)
+                    bench, kind = None, None
+                    bench = ActorBench(model_dir, cfg.lora_rank, cfg.checkpointing, mesh, device)
+                    kind = cfg.lora_rank
+                    result["models"][f"lora{kind}" if kind else "full"] = {**bench.facts, "build_s": bench.build_s}
+                entry = run_config(bench, cfg, batch, args)
+                line = (f"{entry['update_s']:.2f} s, {entry['s_per_micro_batch']:.3f} s/micro-batch, "
+                        f"{entry['tflops']:.1f} TFLOP/s, peak {entry['peak_allocated_gb']} GiB")
+            except Exception as e:  # e.g. out of memory: a result; the model is rebuilt for the next configuration
+                entry = {"error": f"{type(e).__name__}: {str(e)[-2000:]}", "traceback": traceback.format_exc()[-4000:]}
+                line, kind = entry["error"][:300], None
+            if kind is None:
+                free(bench, device)
+                bench = None
+            result["configs"][cfg.name] = entry
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_text(json.dumps(result, indent=1))  # after each configuration: partial results survive
+            print(f"[update] {cfg.name}: {line}", flush=True)
+    finally:
+        free(bench, device)
+        if created:
+            dist.destroy_process_group()
+    return result
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,63 @@
+"""benchmarks/profile_update.py on the tiny model on CPU: it times and profiles the real actor update, one model
+serves both configurations of one kind, and checkpointing is really toggled (recompute runs each layer twice)."""
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "profile_update.py"
+
+
+@pytest.fixture(scope="module")
+def bench():
+    """The script as a module (registered in sys.modules while it loads: its dataclass needs that)."""
+    spec = importlib.util.spec_from_file_location("profile_update", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    try:
+        spec.loader.exec_module(module)
+        yield module
+    finally:
+        sys.modules.pop(spec.name, None)
+
+
+def test_config_spec_is_checked(bench):
+    cfg = bench.UpdateConfig.parse("lora64:nockpt:4")
+    assert (cfg.lora_rank, cfg.checkpointing, cfg.micro, cfg.forward_equivalents()) == (64, False, 4, 2)
+    assert bench.UpdateConfig.parse("full:ckpt:16").forward_equivalents() == 4
+    for bad in ("lora:ckpt:4", "full:recompute:4", "full:ckpt:0"):
+        with pytest.raises(ValueError):
+            bench.UpdateConfig.parse(bad)
+
+
+def test_busy_seconds_merges_overlapping_kernels(bench):
+    assert bench.busy_seconds([(0, 10), (5, 20), (30, 40)]) == pytest.approx(30e-9)
+
+
+def test_cpu_run_times_profiles_and_toggles_checkpointing(bench, tiny_model_dir, tmp_path):
+    kind = "lora8" if importlib.util.find_spec("peft") else "full"
+    out = tmp_path / "update.json"
+    rows = 8
+    result = bench.main(["--device", "cpu", "--preset", f"dir:{tiny_model_dir}", "--rows", str(rows),
+                         "--prompt-len", "12", "--response-len", "12", "--repeat", "1",
+                         "--configs", f"{kind}:ckpt:4,{kind}:nockpt:2", "--out", str(out)])
+    assert json.loads(out.read_text()) == json.loads(json.dumps(result))
+    assert result["command"].endswith(f"{kind}:ckpt:4,{kind}:nockpt:2 --out {out}")
+    assert "forward-equivalent" in result["flop_assumptions"]
+    assert list(result["models"]) == [kind]   # the second configuration toggled checkpointing on the same model
+    ckpt, nockpt = result["configs"][f"{kind}:ckpt:4"], result["configs"][f"{kind}:nockpt:2"]
+    for entry, micro, recompute in ((ckpt, 4, True), (nockpt, 2, False)):
+        assert "error" not in entry, entry.get("traceback")
+        assert entry["micro_batches"] == rows // micro
+        assert entry["update_s"] > 0 and entry["tokens_per_s"] > 0 and entry["tflops"] > 0
+        assert entry["s_per_micro_batch"] == pytest.approx(entry["update_s"] / (rows // micro))
+        assert entry["is_gradient_checkpointing"] is recompute
+        assert entry["first_layer_forwards_per_micro_batch"] == (2.0 if recompute else 1.0)
+        window = entry["profile"]["micro_batch_window"]
+        # the window skips the first micro-batch and holds at most two
+        assert window["micro_batches"] == min(2, rows // micro - 1) and window["wall_s"] > 0
+        assert entry["profile"]["optimizer_step"]["wall_s"] > 0
+    assert ckpt["forward_equivalents"] == nockpt["forward_equivalents"] + 1
