@@ -49,6 +49,7 @@ from torch.profiler import ProfilerActivity, profile
 sys.path.insert(0, str(Path(__file__).parent))
 from grpo_step import device_facts  # noqa: E402
 
+from hybridrl.plan.run_plan import training_dtypes  # noqa: E402
 from hybridrl.protocol import DataProto  # noqa: E402
 
 DEFAULT_CONFIGS = "lora64:ckpt:32,lora64:nockpt:4,lora64:nockpt:8,lora64:nockpt:16,full:ckpt:16"
@@ -220,16 +221,6 @@ def model_dir_for(preset: str, workdir: Path) -> Path:
     return model_dir
 
 
-def plan_dtypes(master_dtype: str, lora: bool, device: torch.device) -> tuple[str | None, bool]:
-    """(lora_base_dtype, fused_optimizer) as hybridrl/plan/run_plan.make_plan picks them: the frozen base in the
-    compute dtype (fp32 on CPU, bf16 on GPUs) unless the masters are narrower; AdamW's fused kernel on GPUs."""
-    from hybridrl.training.fsdp import resolve_dtype
-
-    frozen = "fp32" if device.type == "cpu" else "bf16"
-    narrower = resolve_dtype(frozen).itemsize <= resolve_dtype(master_dtype).itemsize
-    return ((frozen if narrower else master_dtype) if lora else None), device.type != "cpu"
-
-
 def flop_params(module) -> dict[str, int]:
     """The base model's parameters that do matmuls: the decoder's (no input embedding, no LoRA adapters) and the
     LM head's (a tied head is the embedding matrix)."""
@@ -251,7 +242,8 @@ class ActorBench:
                      f"actor_rollout_ref.model.lora_alpha={2 * max(lora_rank, 1)}"]
         self.config = load_config(overrides=overrides).actor_rollout_ref
         self.device = device
-        base_dtype, fused = plan_dtypes(str(self.config.actor.fsdp_config.model_dtype), lora_rank > 0, device)
+        _, base_dtype, fused = training_dtypes(str(self.config.actor.fsdp_config.model_dtype), lora_rank > 0,
+                                               device.type)
         t0 = time.perf_counter()
         self.module, self.optimizer, self.scheduler = build_fsdp_model(
             self.config.model, self.config.actor.fsdp_config, self.config.actor.optim, mesh, device, trainable=True,

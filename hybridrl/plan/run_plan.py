@@ -180,12 +180,10 @@ def make_plan(config: DictConfig | dict, hf_config, device: DeviceSpec, val_prom
     rm_shape = _reward_model_shape(c, rm_hf_config)
     rm_fsdp = g("reward_model.model.fsdp_config.fsdp_size")
     judge = bool(g("reward_model.enable")) and g("reward_model.style") == "judge"
-    cpu = device.type == "cpu"  # CPU runs are for correctness: fp32 everywhere (bf16 matmuls are slow there)
-    frozen_dtype = "fp32" if cpu else "bf16"
+    cpu = device.type == "cpu"
     master_dtype = _dtype_name(g(f"{a}.fsdp_config.model_dtype"))
     lora_rank = g("actor_rollout_ref.model.lora_rank")
-    # a frozen base needs no master copy; never stored wider than the masters (model_dtype=bf16 on CPU stays bf16)
-    lora_base_dtype = min(frozen_dtype, master_dtype, key=_dtype_bytes) if lora_rank else None
+    frozen_dtype, lora_base_dtype, fused_optimizer = training_dtypes(master_dtype, bool(lora_rank), device.type)
     res = Residency(
         shard=world if fsdp == -1 else fsdp,
         master_bytes=_dtype_bytes(master_dtype),
@@ -205,7 +203,7 @@ def make_plan(config: DictConfig | dict, hf_config, device: DeviceSpec, val_prom
         critic_activation_offload=bool(g("critic.model.enable_activation_offload")),
         lora_params=adapter_param_count(shape, lora_rank, g("actor_rollout_ref.model.target_modules")),
         lora_base_bytes=_dtype_bytes(lora_base_dtype) if lora_base_dtype else 0,
-        fused_optimizer=not cpu,
+        fused_optimizer=fused_optimizer,
         reward_model=rm_shape, rm_shard=world if rm_fsdp == -1 else rm_fsdp,
         rm_param_offload=bool(g("reward_model.model.fsdp_config.param_offload")),
         rm_param_bytes=2 if device.type == "cuda" else 4)
@@ -417,6 +415,16 @@ def reward_model_hf_config(config: DictConfig):
 
     return load_hf_config(os.path.expanduser(rm.model.path), role="reward_model",
                           override_config=rm.model.override_config, trust_remote_code=bool(rm.model.trust_remote_code))
+
+
+def training_dtypes(master_dtype: str, lora: bool, device_type: str) -> tuple[str, str | None, bool]:
+    """(frozen_dtype, lora_base_dtype, fused_optimizer) of a plan: models that never train in the compute dtype
+    (fp32 on CPU, where runs are for correctness and bf16 matmuls are slow; bf16 on GPUs); a LoRA base likewise
+    but never wider than the masters (model_dtype=bf16 on CPU stays bf16), None without LoRA; AdamW's fused
+    in-place kernel on GPUs."""
+    frozen = "fp32" if device_type == "cpu" else "bf16"
+    base = min(frozen, _dtype_name(master_dtype), key=_dtype_bytes) if lora else None
+    return frozen, base, device_type != "cpu"
 
 
 def _reward_model_shape(c: dict, rm_hf_config) -> ModelShape | None:
