@@ -115,3 +115,66 @@ def test_reward_model_recipe_trains_grpo_on_the_reward_model_with_the_arith_reci
     assert last["custom_reward_function.path"] == str(RM_SCRIPT.parent / "reward.py")
     assert last["actor_rollout_ref.model.path"] == str(tmp_path / "model")
     assert last["trainer.total_training_steps"] == "2"
+
+
+TOOLS_SCRIPT = SCRIPT.parent.parent / "smollm2_tools" / "run.sh"
+
+
+@pytest.mark.parametrize("sft_exists", [False, True])
+def test_tools_recipe_validates_and_plans_the_grpo_stage(tmp_path, sft_exists):
+    """Before the SFT stage has run (nothing to plan memory for) and after (a SmolLM2-shaped SFT output)."""
+    import transformers
+
+    if sft_exists:
+        transformers.LlamaConfig(hidden_size=576, num_attention_heads=9, num_key_value_heads=3, intermediate_size=1536,
+                                 num_hidden_layers=30, vocab_size=49152,
+                                 tie_word_embeddings=True).save_pretrained(tmp_path / "sft" / "huggingface")
+    env = {**os.environ, "HYBRIDRL_DRY_RUN": "1", "SFT": str(tmp_path / "sft"), "DATA": str(tmp_path / "data")}
+    out = subprocess.run(["bash", str(TOOLS_SCRIPT)], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr + out.stdout
+    assert ": OK" in out.stdout and "64 prompts x n=8 = 512 samples" in out.stdout
+    assert ("predicted peak per GPU" in out.stdout) == sft_exists
+
+
+def test_tools_recipe_makes_sft_data_runs_sft_then_multi_turn_grpo_from_it(tmp_path):
+    """With the model and the bignum data present and no SFT model yet, the recipe writes the tool-call
+    conversations, runs `hybridrl sft` on them with the recipe's template, then `hybridrl train` from the SFT output
+    with multi-turn on (both seen by a stand-in first on PATH that records its arguments)."""
+    from hybridrl.data.tasks import make_dataset
+
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "model.safetensors").touch()
+    make_dataset("bignum", tmp_path / "data", n_train=300, n_test=2, seed=0, min_digits=6, max_digits=9)
+    (tmp_path / "bin").mkdir()
+    sft_model = tmp_path / "sft" / "huggingface"  # what `hybridrl sft` writes
+    (tmp_path / "bin" / "hybridrl").write_text(
+        f'#!/bin/sh\nprintf "%s\\n" "$@" "--" >> {tmp_path / "calls"}\n'
+        f'[ "$1" != sft ] || {{ mkdir -p {sft_model}; touch {sft_model}/model.safetensors; }}\n')
+    (tmp_path / "bin" / "hybridrl").chmod(0o755)
+    env = {**os.environ, "MODEL": str(tmp_path / "model"), "DATA": str(tmp_path / "data"), "SFT": str(tmp_path / "sft"),
+           "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}", "SFT_ARGS": "optim.lr=1e-4"}
+    out = subprocess.run(["bash", str(TOOLS_SCRIPT), "trainer.total_training_steps=2"], env=env, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    import pyarrow.parquet as pq
+
+    assert pq.read_table(tmp_path / "data" / "sft_tool_calls.parquet").num_rows == 256
+    calls = [c.strip("\n").split("\n") for c in (tmp_path / "calls").read_text().split("--\n")[:-1]]
+    assert [c[0] for c in calls] == ["sft", "train"]  # the model and the data exist: nothing else runs
+    sft, train = calls
+    template = str(TOOLS_SCRIPT.parent / "chat_template.jinja")
+    sft_keys = {a.split("=", 1)[0]: a.split("=", 1)[1] for a in sft[1:]}
+    assert sft[0] == "sft" and sft_keys["data.multiturn.enable"] == "true"
+    assert sft_keys["data.train_files"] == str(tmp_path / "data" / "sft_tool_calls.parquet")
+    assert sft_keys["model.partial_pretrain"] == str(tmp_path / "model")
+    assert sft_keys["model.custom_chat_template"] == template and sft_keys["optim.lr"] == "1e-4"
+    assert sft_keys["trainer.default_local_dir"] == str(tmp_path / "sft")
+    last = {a.split("=", 1)[0]: a.split("=", 1)[1] for a in train[1:]}
+    assert last["actor_rollout_ref.model.path"] == str(tmp_path / "sft" / "huggingface")
+    assert last["actor_rollout_ref.model.custom_chat_template"] == template
+    assert last["actor_rollout_ref.rollout.multi_turn.enable"] == "true"
+    tools = last["actor_rollout_ref.rollout.multi_turn.tool_config_path"]
+    assert tools.endswith("multiturn_calculator/tool_config.yaml")
+    assert last["trainer.val_before_train"] == "true" and last["trainer.total_training_steps"] == "2"
+    assert last["custom_reward_function.path"] == "null"  # the bignum scorer, not the arith recipe's reward
+    assert last["data.train_files"] == str(tmp_path / "data" / "train.parquet")

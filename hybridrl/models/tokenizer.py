@@ -12,16 +12,16 @@ from pathlib import Path
 KEY = "actor_rollout_ref.model.custom_chat_template"
 
 
-def resolve_chat_template(value: str | None) -> str | None:
+def resolve_chat_template(value: str | None, key: str = KEY) -> str | None:
     """The template text of `custom_chat_template`: a Jinja string, or the path of a file holding one. Raises
-    ValueError naming the key when the file is missing or the template does not compile."""
+    ValueError naming the config key `key` when the file is missing or the template does not compile."""
     if value is None:
         return None
     text = str(value)
     path = Path(os.path.expanduser(text))
     if "{" not in text:  # no Jinja tag or expression: a file name
         if not path.is_file():
-            raise ValueError(f"'{KEY}' = {text!r}: not a Jinja template (no '{{') and no such file")
+            raise ValueError(f"'{key}' = {text!r}: not a Jinja template (no '{{') and no such file")
         text = path.read_text()
     from jinja2.exceptions import TemplateError
     from jinja2.sandbox import ImmutableSandboxedEnvironment
@@ -29,7 +29,7 @@ def resolve_chat_template(value: str | None) -> str | None:
     try:  # the environment transformers renders chat templates in
         ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True).from_string(text)
     except TemplateError as e:
-        raise ValueError(f"'{KEY}': the template does not compile: {e}") from e
+        raise ValueError(f"'{key}': the template does not compile: {e}") from e
     return text
 
 

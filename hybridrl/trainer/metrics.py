@@ -16,7 +16,9 @@ Choices, following verl's trainer/ppo/metric_utils.py unless stated:
 - multi-turn rollouts (`multi_turn_stats` in the batch): verl's `num_turns/{min,max,mean}` and
   `tool_call_counts/{min,max,mean}`, and batch sums under `multi_turn/` (tool errors, timeouts, crashes, malformed
   calls, dropped calls, truncated tool answers, trajectories cut by the turn or length limits, seconds in tools);
-  `multi_turn/masked_tokens` counts the tool tokens kept out of the loss;
+  `multi_turn/tool_use_rate` is the fraction of trajectories with at least one tool call;
+  `multi_turn/masked_tokens` counts the tool tokens kept out of the loss; validation reports the same (without
+  masked_tokens) over all its samples under `val-aux/` (verl's `val-aux/num_turns/{min,max,mean}` among them);
 - validation: bootstrap as verl does (1000 resamples, `np.random.RandomState(seed)` — the same
   numbers as verl's `np.random.seed` + `np.random.choice` loop, checked in tests, but vectorised and
   without touching numpy's global RNG); majority vote ties go to the prediction seen first in the
@@ -39,6 +41,7 @@ __all__ = [
     "compute_timing_metrics",
     "compute_throughout_metrics",
     "compute_throughput_metrics",
+    "multi_turn_stats_metrics",
     "process_validation_metrics",
     "flatten_validation_metrics",
     "bootstrap_metric",
@@ -112,22 +115,29 @@ _MULTI_TURN_SUMS = ("tool_calls", "tool_errors", "tool_timeouts", "tool_crashes"
                     "truncated_responses", "tool_time_s")
 
 
-def compute_multi_turn_metrics(batch: DataProto) -> dict[str, float]:
-    """Per-step tool-use metrics from the per-sample `multi_turn_stats` (see the module docstring)."""
-    stats = list(batch.non_tensor_batch["multi_turn_stats"])
+def multi_turn_stats_metrics(stats: Sequence[dict]) -> dict[str, float]:
+    """Tool-use metrics of per-trajectory `multi_turn_stats`: verl's `num_turns/*` and `tool_call_counts/*`, the
+    `multi_turn/` sums, and `multi_turn/tool_use_rate`, the fraction of trajectories with at least one tool call."""
     out: dict[str, float] = {}
     for name, key in (("num_turns", "num_turns"), ("tool_call_counts", "tool_calls")):
         values = np.asarray([s.get(key, 0) for s in stats], dtype=np.float64)
         out.update({f"{name}/min": values.min(), f"{name}/max": values.max(), f"{name}/mean": values.mean()})
     for key in _MULTI_TURN_SUMS:
         out[f"multi_turn/{key}"] = float(sum(s.get(key, 0) for s in stats))
+    out["multi_turn/tool_use_rate"] = float(np.mean([s.get("tool_calls", 0) > 0 for s in stats]))
     out["multi_turn/tool_time_s_max"] = float(max(s.get("tool_time_s", 0.0) for s in stats))
     out["multi_turn/cut_by_turns"] = float(sum(s.get("cut") == "turns" for s in stats))
     out["multi_turn/cut_by_length"] = float(sum(s.get("cut") == "length" for s in stats))
+    return {k: float(v) for k, v in out.items()}
+
+
+def compute_multi_turn_metrics(batch: DataProto) -> dict[str, float]:
+    """Per-step tool-use metrics from the per-sample `multi_turn_stats` (see the module docstring)."""
+    out = multi_turn_stats_metrics(list(batch.non_tensor_batch["multi_turn_stats"]))
     resp = batch.batch["responses"].shape[-1]
     attended = batch.batch["attention_mask"][:, -resp:].bool()
     out["multi_turn/masked_tokens"] = float((attended & ~batch.batch["response_mask"].bool()).sum().item())
-    return {k: float(v) for k, v in out.items()}
+    return out
 
 
 def compute_timing_metrics(batch: DataProto, timing_raw: dict[str, float]) -> dict[str, float]:

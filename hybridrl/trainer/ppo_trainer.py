@@ -36,6 +36,7 @@ from hybridrl.trainer.metrics import (
     compute_throughout_metrics,
     compute_timing_metrics,
     flatten_validation_metrics,
+    multi_turn_stats_metrics,
     process_validation_metrics,
     reduce_metrics,
 )
@@ -145,6 +146,7 @@ class RayPPOTrainer:
         extra: dict[str, list] = {}  # numeric extra info a scorer returned (e.g. {"score", "len"}), as verl reports it
         failed = {"errors": 0, "timeouts": 0, "missing_ground_truths": 0}  # scored 0: reported, never hidden
         rm_counts: dict[str, float] = {}
+        turn_stats: list[dict] = []  # multi-turn: each sample's tool-use counts
         for start in range(0, len(val), bs):
             batch = collate_fn([val[i] for i in range(start, min(len(val), start + bs))])
             assign_uids(batch)
@@ -164,6 +166,7 @@ class RayPPOTrainer:
                 failed[key] += int(result.get("metrics", {}).get(f"reward/{key}", 0))
             for key, values in result.get("reward_extra_info", {}).items():
                 extra.setdefault(key, []).extend(values)
+            turn_stats.extend(batch.non_tensor_batch.get("multi_turn_stats", []))
             sources.extend(batch.non_tensor_batch.get("data_source", np.array(["unknown"] * len(batch))).tolist())
             uids.extend(batch.non_tensor_batch["uid"].tolist())
             inputs.extend(self.tokenizer.batch_decode(batch.batch["prompts"], skip_special_tokens=True))
@@ -182,6 +185,8 @@ class RayPPOTrainer:
         metrics = flatten_validation_metrics(process_validation_metrics(sources, uids, infos))
         metrics.update({f"val-aux/reward/{key}": float(v) for key, v in failed.items()})
         metrics.update({f"val-aux/{key}": v for key, v in rm_counts.items()})
+        if turn_stats:
+            metrics.update({f"val-aux/{key}": v for key, v in multi_turn_stats_metrics(turn_stats).items()})
         k = int(cfg.trainer.log_val_generations)
         if k > 0:
             self.tracker.log_generations(list(zip(inputs[:k], outputs[:k], scores[:k])), self.global_steps)

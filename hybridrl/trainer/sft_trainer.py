@@ -3,6 +3,12 @@
 Choices:
 - Each example is rendered as chat_template(prompt, add_generation_prompt=True) + response + eos, tokenised
   with `add_special_tokens=False` (the template carries the special tokens). Loss only on response + eos.
+- `data.multiturn.enable`: rows are conversations instead (verl's multi-turn SFT format: `messages` with
+  assistant `tool_calls` and `tool` messages, optional `tools` schemas), laid out as a multi-turn rollout is
+  (data/sft_conversation.py): the prompt up to the first assistant turn, then the rest as the response, with the
+  loss only on the assistant's tokens and their eos (tool and user messages are attended, not trained).
+- `model.custom_chat_template` replaces the tokenizer's chat template (as the RL key does) and is saved with the
+  model.
 - Batches use the RL layout (prompt left-padded, response right-padded), so the FSDP engine's
   `forward_response_logits` (packed varlen attention when `model.use_remove_padding`) computes logits only at
   the positions predicting response tokens; the loss is a token mean over the whole optimizer step on each rank,
@@ -26,6 +32,8 @@ import torch.distributed as dist
 from omegaconf import DictConfig, OmegaConf
 
 from hybridrl.algorithms import logprobs_from_logits
+from hybridrl.data.sft_conversation import normalize_messages, tokenize_conversation
+from hybridrl.models.tokenizer import resolve_chat_template
 from hybridrl.protocol import DataProto
 from hybridrl.training.checkpoint import save_hf_model
 from hybridrl.training.fsdp import build_fsdp_model, build_training_mesh
@@ -34,7 +42,7 @@ from hybridrl.training.optim import build_lr_scheduler, build_optimizer
 from hybridrl.training.packing import forward_response_logits
 from hybridrl.training.updater import clip_grad_norm
 
-__all__ = ["load_sft_config", "run_sft", "register", "main"]
+__all__ = ["collate", "load_sft_config", "main", "read_rows", "register", "run_sft", "tokenize_examples"]
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "config" / "sft_trainer.yaml"
 
@@ -53,46 +61,62 @@ def load_sft_config(config=None, overrides: list[str] | None = None) -> DictConf
 
 
 # ---------------------------------------------------------------------------------------------- data
-def _field(row: dict, key: str, path: str):
+def _field(row: dict, key: str, path: str, name: str):
     value = row
     for part in key.split("."):
         if not isinstance(value, dict) or part not in value:
-            raise ValueError(f"data.response_key/prompt_key={key!r}: row of {path} has no {part!r} "
-                             f"(columns: {sorted(row)})")
+            raise ValueError(f"{name}={key!r}: row of {path} has no {part!r} (columns: {sorted(row)})")
         value = value[part]
     return value
 
 
-def _read_rows(files, prompt_key: str, response_key: str) -> list[tuple[list, str]]:
+def read_rows(files, d) -> list[dict]:
+    """Rows as {"messages", "response"} (single turn) or {"messages", "tools", "where"} (data.multiturn.enable)."""
     import pyarrow.parquet as pq
 
     files = [files] if isinstance(files, str) else list(files)
+    multiturn = bool(d.multiturn.enable)
     rows = []
     for f in files:
         path = os.path.expanduser(f)
         if not os.path.exists(path):
             raise FileNotFoundError(f"data file {path} (from data.train_files/val_files) does not exist")
-        for row in pq.read_table(path).to_pylist():
-            prompt = _field(row, prompt_key, path)
+        for i, row in enumerate(pq.read_table(path).to_pylist()):
+            if multiturn:
+                messages = _field(row, d.multiturn.messages_key, path, "data.multiturn.messages_key")
+                tools = row.get(d.multiturn.tools_key)
+                messages, tools = normalize_messages(messages, tools)
+                rows.append({"messages": messages, "tools": tools, "where": f"{path} row {i}"})
+                continue
+            prompt = _field(row, d.prompt_key, path, "data.prompt_key")
             if isinstance(prompt, str):
                 prompt = [{"role": "user", "content": prompt}]
-            rows.append((list(prompt), str(_field(row, response_key, path))))
+            rows.append({"messages": list(prompt), "response": str(_field(row, d.response_key, path,
+                                                                          "data.response_key"))})
     if not rows:
         raise ValueError(f"data files {files} hold no rows")
     return rows
 
 
-def tokenize_examples(rows, tokenizer, max_length: int, truncation: str) -> tuple[list[tuple[list, list]], int]:
-    """-> ([(prompt_ids, response_ids_with_eos)], number truncated)."""
+def _encode(row: dict, tokenizer) -> tuple[list, list, list]:
+    if "response" not in row:
+        return tokenize_conversation(tokenizer, row["messages"], row["tools"], row["where"])
+    text = tokenizer.apply_chat_template(row["messages"], add_generation_prompt=True, tokenize=False)
+    p = tokenizer.encode(text, add_special_tokens=False)
+    r = tokenizer.encode(row["response"], add_special_tokens=False) + [tokenizer.eos_token_id]
+    return p, r, [1] * len(r)
+
+
+def tokenize_examples(rows, tokenizer, max_length: int, truncation: str) -> tuple[list[tuple[list, list, list]], int]:
+    """-> ([(prompt_ids, response_ids, loss_mask)], number truncated). Single-turn responses end in eos and are
+    trained throughout; conversations train only their assistant tokens."""
     if truncation not in ("error", "left", "right"):
         raise ValueError(f"data.truncation={truncation!r}: use error, left or right")
     if tokenizer.eos_token_id is None:
         raise ValueError("the tokenizer has no eos_token; SFT appends eos to every response")
     out, truncated = [], 0
-    for i, (messages, response) in enumerate(rows):
-        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-        p = tokenizer.encode(text, add_special_tokens=False)
-        r = tokenizer.encode(response, add_special_tokens=False) + [tokenizer.eos_token_id]
+    for i, row in enumerate(rows):
+        p, r, m = _encode(row, tokenizer)
         excess = len(p) + len(r) - max_length
         if excess > 0:
             if truncation == "error":
@@ -102,27 +126,30 @@ def tokenize_examples(rows, tokenizer, max_length: int, truncation: str) -> tupl
             if truncation == "left":
                 p = p[excess:]
             else:
-                r = r[: len(r) - excess]
-            if not p or not r:
-                raise ValueError(f"example {i}: data.max_length={max_length} leaves no prompt or no response")
-        out.append((p, r))
+                r, m = r[: len(r) - excess], m[: len(m) - excess]
+            if not p or not any(m):
+                raise ValueError(f"example {i}: data.max_length={max_length} leaves no prompt or no trained token")
+        out.append((p, r, m))
     return out, truncated
 
 
 def collate(examples, pad_id: int) -> DataProto:
-    """RL layout: prompts left-padded to the longest prompt, responses right-padded to the longest response."""
-    P, R = max(len(p) for p, _ in examples), max(len(r) for _, r in examples)
+    """RL layout: prompts left-padded to the longest prompt, responses right-padded to the longest response;
+    `response_mask` is the examples' loss mask (attention covers every response token)."""
+    P, R = max(len(p) for p, _, _ in examples), max(len(r) for _, r, _ in examples)
     n = len(examples)
     prompts = torch.full((n, P), pad_id, dtype=torch.long)
     responses = torch.full((n, R), pad_id, dtype=torch.long)
     pmask, rmask = torch.zeros(n, P, dtype=torch.long), torch.zeros(n, R, dtype=torch.long)
-    for i, (p, r) in enumerate(examples):
+    loss_mask = torch.zeros(n, R)
+    for i, (p, r, m) in enumerate(examples):
         prompts[i, P - len(p):], pmask[i, P - len(p):] = torch.tensor(p), 1
         responses[i, : len(r)], rmask[i, : len(r)] = torch.tensor(r), 1
+        loss_mask[i, : len(m)] = torch.tensor(m, dtype=torch.float)
     attn = torch.cat([pmask, rmask], 1)
     return DataProto.from_dict({"input_ids": torch.cat([prompts, responses], 1), "attention_mask": attn,
                                 "position_ids": (attn.cumsum(1) - 1).clamp(min=0), "responses": responses,
-                                "response_mask": rmask.float()})
+                                "response_mask": loss_mask})
 
 
 # ---------------------------------------------------------------------------------------------- training
@@ -186,9 +213,11 @@ def _train(cfg, device, world, rank, AutoTokenizer) -> dict:
     if not os.path.isdir(model_path):
         raise FileNotFoundError(f"model.partial_pretrain={model_path} is not a directory")
     tokenizer = AutoTokenizer.from_pretrained(model_path, trust_remote_code=m.trust_remote_code)
+    template = resolve_chat_template(m.custom_chat_template, key="model.custom_chat_template")
+    if template is not None:
+        tokenizer.chat_template = template
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    examples, truncated = tokenize_examples(_read_rows(d.train_files, d.prompt_key, d.response_key), tokenizer,
-                                            int(d.max_length), d.truncation)
+    examples, truncated = tokenize_examples(read_rows(d.train_files, d), tokenizer, int(d.max_length), d.truncation)
     bsz, micro = int(d.train_batch_size), int(d.micro_batch_size_per_gpu)
     if bsz <= 0 or bsz % world:
         raise ValueError(f"data.train_batch_size={bsz} must be a positive multiple of the world size {world}")
@@ -234,8 +263,7 @@ def _train(cfg, device, world, rank, AutoTokenizer) -> dict:
                    "training/global_step": step, "data/truncated": truncated,
                    "data/dropped_rows": len(examples) - steps_per_epoch * bsz})
     if d.val_files:
-        val, val_trunc = tokenize_examples(_read_rows(d.val_files, d.prompt_key, d.response_key), tokenizer,
-                                           int(d.max_length), d.truncation)
+        val, val_trunc = tokenize_examples(read_rows(d.val_files, d), tokenizer, int(d.max_length), d.truncation)
         result["val/loss"] = _eval_loss(module, val[rank::world], pad_id, micro, device, m.use_remove_padding)
         result["data/val_truncated"] = val_trunc
     out_dir = Path(os.path.expanduser(t.default_local_dir)) / "huggingface"
@@ -271,7 +299,7 @@ def _eval_loss(module, examples, pad_id, micro, device, use_remove_padding) -> f
     dist.all_reduce(count, op=dist.ReduceOp.MAX)     # every rank runs as many forwards (FSDP collectives)
     for i in range(int(count.item())):
         chunk = examples[i * micro: (i + 1) * micro]
-        mb = collate(chunk or examples[:1] or [([pad_id], [pad_id])], pad_id)
+        mb = collate(chunk or examples[:1] or [([pad_id], [pad_id], [1])], pad_id)
         nll = _nll(module, mb, device, use_remove_padding)
         if chunk:
             nll_sum += float(nll.sum().item())

@@ -15,6 +15,7 @@ from hybridrl.trainer.metrics import (
     compute_throughput_metrics,
     compute_timing_metrics,
     flatten_validation_metrics,
+    multi_turn_stats_metrics,
     process_validation_metrics,
     reduce_metrics,
 )
@@ -173,3 +174,17 @@ def test_reduce_metrics_and_timer(monkeypatch):
     with pytest.raises(RuntimeError), marked_timer("step", timing):
         raise RuntimeError("boom")
     assert timing == {"gen": 3.5, "step": 0.25}
+
+
+def test_multi_turn_stats_metrics_by_hand():
+    stats = [{"num_turns": 4, "tool_calls": 1, "tool_errors": 0, "tool_time_s": 0.5},
+             {"num_turns": 2, "tool_calls": 0},
+             {"num_turns": 6, "tool_calls": 2, "tool_errors": 1, "tool_time_s": 0.25, "cut": "turns"},
+             {"num_turns": 2, "tool_calls": 0, "cut": "length"}]
+    m = multi_turn_stats_metrics(stats)
+    assert m["multi_turn/tool_use_rate"] == 0.5  # 2 of 4 trajectories called a tool
+    assert (m["num_turns/min"], m["num_turns/max"], m["num_turns/mean"]) == (2, 6, 3.5)
+    assert (m["tool_call_counts/min"], m["tool_call_counts/max"], m["tool_call_counts/mean"]) == (0, 2, 0.75)
+    assert m["multi_turn/tool_calls"] == 3 and m["multi_turn/tool_errors"] == 1
+    assert m["multi_turn/tool_time_s"] == 0.75 and m["multi_turn/tool_time_s_max"] == 0.5
+    assert m["multi_turn/cut_by_turns"] == 1 and m["multi_turn/cut_by_length"] == 1

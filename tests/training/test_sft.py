@@ -37,11 +37,11 @@ def test_sft_lowers_loss_and_writes_hf_model(tmp_path):
 
 def test_tokenize_examples_truncation_is_counted_or_an_error(tmp_path):
     tok = transformers.AutoTokenizer.from_pretrained(make_tiny_model_dir(tmp_path / "m", with_tokenizer=True))
-    rows = [([{"role": "user", "content": "what is 1 + 2 ?"}], "the answer is 3")]
-    (p, r), = tokenize_examples(rows, tok, 200, "error")[0]
-    assert r[-1] == tok.eos_token_id and tok.decode(r[:-1]) == "the answer is 3"
+    rows = [{"messages": [{"role": "user", "content": "what is 1 + 2 ?"}], "response": "the answer is 3"}]
+    (p, r, m), = tokenize_examples(rows, tok, 200, "error")[0]
+    assert r[-1] == tok.eos_token_id and tok.decode(r[:-1]) == "the answer is 3" and m == [1] * len(r)
     assert tok.decode(p).endswith("<|im_start|>assistant\n")
     with pytest.raises(ValueError, match="data.max_length=10"):
         tokenize_examples(rows, tok, 10, "error")
     out, n = tokenize_examples(rows, tok, len(p) + 2, "right")
-    assert n == 1 and len(out[0][1]) == 2 and out[0][0] == p
+    assert n == 1 and len(out[0][1]) == 2 and out[0][0] == p and out[0][2] == [1, 1]
