@@ -259,10 +259,9 @@ class ActorBench:
         from hybridrl.workers.common import per_rank_section
 
         if cfg.checkpointing != self.module.is_gradient_checkpointing:
-            if cfg.checkpointing:
-                self.module.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-            else:
-                self.module.gradient_checkpointing_disable()
+            from hybridrl.training.fsdp import set_recompute
+
+            set_recompute(self.module, cfg.checkpointing)
         section = per_rank_section(self.config.actor, rows, cfg.micro)
         return DataParallelPPOActor(section, self.module, self.optimizer, self.scheduler,
                                     use_remove_padding=bool(self.config.model.use_remove_padding))

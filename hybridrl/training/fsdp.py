@@ -30,7 +30,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
-__all__ = ["build_training_mesh", "apply_fsdp", "decoder_blocks", "load_hf_model", "build_fsdp_model",
+__all__ = ["set_recompute", "build_training_mesh", "apply_fsdp", "decoder_blocks", "load_hf_model", "build_fsdp_model",
            "resolve_dtype", "keep_unsharded", "should_keep_unsharded", "unsharded_param_bytes"]
 
 _DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
@@ -171,6 +171,20 @@ def load_hf_model(path: str, role: str = "actor", dtype=torch.float32, override_
     return cls.from_pretrained(path, config=cfg, dtype=dtype, trust_remote_code=trust_remote_code)
 
 
+def set_recompute(model, on: bool) -> None:
+    """Gradient (activation) checkpointing of an HF model's decoder layers on or off, non-reentrant; through
+    transformers' `activation_checkpointing_*` where it has them (its `gradient_checkpointing_*` names are
+    deprecated aliases there)."""
+    kwargs = {"use_reentrant": False}
+    current = hasattr(model, "activation_checkpointing_enable")
+    if not on:
+        (model.activation_checkpointing_disable if current else model.gradient_checkpointing_disable)()
+    elif current:
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+
+
 def build_fsdp_model(model_cfg: Mapping, fsdp_cfg: Mapping, mesh: DeviceMesh, device: torch.device,
                      role: str = "actor", use_varlen_attention: bool | None = None, lora=None,
                      lora_base_dtype=None, gradient_checkpointing: bool = False) -> torch.nn.Module:
@@ -204,7 +218,7 @@ def build_fsdp_model(model_cfg: Mapping, fsdp_cfg: Mapping, mesh: DeviceMesh, de
     if use_varlen_attention:
         model.set_attn_implementation(register_varlen_attention())
     if gradient_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        set_recompute(model, True)
     if device.type == "cpu":
         mp = {"param_dtype": torch.float32, "reduce_dtype": torch.float32}   # CPU kernels: fp32 everywhere
     else:

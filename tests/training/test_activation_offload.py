@@ -12,6 +12,7 @@ from _training_tiny import make_ppo_batch
 from hybridrl.config import ConfigError, load_config
 from hybridrl.training import DataParallelPPOActor
 from hybridrl.training.activation_offload import MIN_BYTES, offload_saved_activations
+from hybridrl.training.fsdp import set_recompute
 
 LAYERS, HIDDEN = 3, 256
 
@@ -22,7 +23,7 @@ def _model():
                                    num_attention_heads=4, num_key_value_heads=2, vocab_size=300,
                                    max_position_embeddings=1024, tie_word_embeddings=False)
     model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
-    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    set_recompute(model, True)
     return model
 
 
