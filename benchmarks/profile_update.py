@@ -51,6 +51,7 @@ from grpo_step import device_facts  # noqa: E402
 
 from hybridrl.plan.run_plan import training_dtypes  # noqa: E402
 from hybridrl.protocol import DataProto  # noqa: E402
+from hybridrl.training.fsdp import recompute_on, set_recompute  # noqa: E402
 
 DEFAULT_CONFIGS = "lora64:ckpt:32,lora64:nockpt:4,lora64:nockpt:8,lora64:nockpt:16,full:ckpt:16"
 FLOP_ASSUMPTIONS = (
@@ -258,9 +259,7 @@ class ActorBench:
         from hybridrl.training.actor import DataParallelPPOActor
         from hybridrl.workers.common import per_rank_section
 
-        if cfg.checkpointing != self.module.is_gradient_checkpointing:
-            from hybridrl.training.fsdp import set_recompute
-
+        if cfg.checkpointing != recompute_on(self.module):
             set_recompute(self.module, cfg.checkpointing)
         section = per_rank_section(self.config.actor, rows, cfg.micro)
         return DataParallelPPOActor(section, self.module, self.optimizer, self.scheduler,
@@ -314,7 +313,7 @@ def run_config(bench: ActorBench, cfg: UpdateConfig, batch: DataProto, args) -> 
     flops = cfg.forward_equivalents() * 2 * (bench.facts["decoder_params"] * tokens
                                              + bench.facts["head_params"] * args.rows * args.response_len)
     return {"lora_rank": cfg.lora_rank, "checkpointing": cfg.checkpointing, "micro_batch_rows": cfg.micro,
-            "micro_batches": n_micro, "is_gradient_checkpointing": bool(bench.module.is_gradient_checkpointing),
+            "micro_batches": n_micro, "is_gradient_checkpointing": recompute_on(bench.module),
             "first_layer_forwards_per_micro_batch": calls[0] / n_micro,
             "update_s": mean_s, "update_s_each": times, "s_per_micro_batch": mean_s / n_micro,
             "tokens_per_s": tokens / mean_s, "forward_equivalents": cfg.forward_equivalents(),

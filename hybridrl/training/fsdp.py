@@ -30,7 +30,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
-__all__ = ["set_recompute", "build_training_mesh", "apply_fsdp", "decoder_blocks", "load_hf_model", "build_fsdp_model",
+__all__ = ["set_recompute", "recompute_on", "build_training_mesh", "apply_fsdp", "decoder_blocks", "load_hf_model", "build_fsdp_model",
            "resolve_dtype", "keep_unsharded", "should_keep_unsharded", "unsharded_param_bytes"]
 
 _DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
@@ -183,6 +183,13 @@ def set_recompute(model, on: bool) -> None:
         model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
     else:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+
+
+def recompute_on(model) -> bool:
+    """Whether `set_recompute` is on for an HF model (transformers' current property name where it exists)."""
+    if hasattr(type(model), "is_activation_checkpointing"):
+        return bool(model.is_activation_checkpointing)
+    return bool(model.is_gradient_checkpointing)
 
 
 def build_fsdp_model(model_cfg: Mapping, fsdp_cfg: Mapping, mesh: DeviceMesh, device: torch.device,

@@ -25,6 +25,7 @@ from hybridrl.training import (
     offload_optimizer,
     save_checkpoint,
 )
+from hybridrl.training.fsdp import recompute_on
 
 ACTOR = TINY_ACTOR_CFG
 OPTIM = dict(lr=1e-3, weight_decay=0.01, lr_warmup_steps=0, warmup_style="cosine", min_lr_ratio=0.1,
@@ -54,7 +55,7 @@ def _count_all_gathers(fn):
 def _build(model_dir, mesh, gradient_checkpointing=False):
     model = build_fsdp_model({"path": str(model_dir), "use_remove_padding": True}, {"model_dtype": "fp32"}, mesh,
                              torch.device("cpu"), gradient_checkpointing=gradient_checkpointing)
-    assert model.is_gradient_checkpointing == gradient_checkpointing
+    assert recompute_on(model) == gradient_checkpointing
     opt = build_optimizer(model.parameters(), OPTIM)
     return DataParallelPPOActor(ACTOR, model, opt, build_lr_scheduler(opt, OPTIM), use_remove_padding=True)
 
