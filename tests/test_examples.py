@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parent.parent / "examples" / "gsm8k" / "run_qwen2.5.sh"
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = ROOT / "examples" / "gsm8k" / "run_qwen2.5.sh"
 
 
 @pytest.mark.parametrize("algo", ["grpo", "ppo"])
@@ -158,7 +159,7 @@ def test_tools_recipe_makes_sft_data_runs_sft_then_multi_turn_grpo_from_it(tmp_p
     assert out.returncode == 0, out.stderr
     import pyarrow.parquet as pq
 
-    assert pq.read_table(tmp_path / "data" / "sft_tool_calls.parquet").num_rows == 256
+    assert pq.read_table(tmp_path / "data" / "sft_tool_calls.parquet").num_rows == 64   # SFT_ROWS default
     calls = [c.strip("\n").split("\n") for c in (tmp_path / "calls").read_text().split("--\n")[:-1]]
     assert [c[0] for c in calls] == ["sft", "train"]  # the model and the data exist: nothing else runs
     sft, train = calls
@@ -178,3 +179,23 @@ def test_tools_recipe_makes_sft_data_runs_sft_then_multi_turn_grpo_from_it(tmp_p
     assert last["trainer.val_before_train"] == "true" and last["trainer.total_training_steps"] == "2"
     assert last["custom_reward_function.path"] == "null"  # the bignum scorer, not the arith recipe's reward
     assert last["data.train_files"] == str(tmp_path / "data" / "train.parquet")
+
+
+def test_tools_first_turn_check_scores_the_sampled_first_turns(tmp_path, tiny_model_dir):
+    import sys
+
+    data = tmp_path / "bignum"
+    subprocess.run(["hybridrl", "data", "make", "bignum", "--out", str(data), "--train", "4", "--test", "3",
+                    "--seed", "0"], check=True, capture_output=True)
+    sys.path.insert(0, str(ROOT / "examples" / "smollm2_tools"))
+    try:
+        from first_turn_tool_use import _value, main
+    finally:
+        sys.path.pop(0)
+    assert _value("123456789 * 987654321") == 123456789 * 987654321 and _value("__import__('os')") is None
+    out = tmp_path / "first_turn.json"
+    result = main([str(tiny_model_dir), str(data / "test.parquet"), "--rows", "3", "--out", str(out)])
+    assert result["rows"] == 3 and len(result["first_turns"]) == 3 and out.is_file()
+    for key in ("opens_tool_call", "parsed_calculator_call", "right_expression", "answers_directly"):
+        assert 0.0 <= result[key] <= 1.0
+    assert result["right_expression"] <= result["parsed_calculator_call"] <= result["opens_tool_call"]

@@ -11,12 +11,15 @@
 # and the SFT conversations are laid out token for token as the multi-turn rollout lays out a trajectory.
 # 1. MODEL: converted as in examples/smollm2_arith if missing. DATA: `hybridrl data make bignum`, 2000 train / 128
 #    validation questions, operands of 6-9 digits (products of 11-18 digits: without the tool accuracy is ~0).
-# 2. SFT (skipped if SFT/huggingface/model.safetensors exists): make_sft_data.py turns the first SFT_ROWS (256)
+# 2. SFT (skipped if SFT/huggingface/model.safetensors exists): make_sft_data.py turns the first SFT_ROWS (64)
 #    train questions into conversations (assistant calls the calculator on the expression, a tool message with the
 #    calculator's real answer, assistant '#### N') and `hybridrl sft data.multiturn.enable=true` trains on them
-#    for one epoch (8 steps of 32, lr 5e-5, loss on the assistant's tokens only: tool answers are attended, not
-#    trained). Short on purpose: the model should call the tool sometimes, so GRPO has something to improve.
-#    SFT_ROWS and SFT_ARGS="optim.lr=1e-4" (overrides) calibrate it.
+#    for one epoch (2 steps of 32, lr 5e-5, loss on the assistant's tokens only: tool answers are attended, not
+#    trained). Weak on purpose, so GRPO has something to improve. Measured on CPU with first_turn_tool_use.py (64
+#    test prompts, one sampled first turn each; benchmarks/results/smollm2_tools_sft_calibration/): the base model
+#    never calls the tool; 64 rows open a call in 81% of first turns with the right expression in 66%; 32 rows
+#    (1 step) 36% / 6%; 256 rows (8 steps) every turn, right 98% (little left to learn). SFT_ROWS and
+#    SFT_ARGS="optim.lr=1e-4" (overrides) change it.
 # 3. GRPO from SFT/huggingface with examples/smollm2_arith/run.sh's settings (64 prompts x 8 at T=0.8, lr 1e-5,
 #    no KL) for 30 steps, multi_turn.enable=true with the calculator (examples/multiturn_calculator/tool_config.yaml;
 #    a turn ends at its first </tool_call>, at most 3 assistant turns), prompts up to 384 tokens (the tools' system
@@ -49,7 +52,7 @@ if [ "${HYBRIDRL_DRY_RUN:-0}" != 1 ]; then
     hybridrl data make bignum --out "$DATA" --train 2000 --test 128 --seed 0 --min-digits 6 --max-digits 9
   if [ ! -f "$SFT/huggingface/model.safetensors" ]; then
     python "$here/make_sft_data.py" --data "$DATA/train.parquet" --tools "$TOOLS" \
-      --out "$DATA/sft_tool_calls.parquet" --rows "${SFT_ROWS:-256}"
+      --out "$DATA/sft_tool_calls.parquet" --rows "${SFT_ROWS:-64}"
     # shellcheck disable=SC2086  # SFT_ARGS: overrides split on spaces
     hybridrl sft data.train_files="$DATA/sft_tool_calls.parquet" data.multiturn.enable=true \
       model.partial_pretrain="$MODEL" model.custom_chat_template="$TEMPLATE" \
