@@ -7,7 +7,8 @@ Choices:
   `use_dynamic_bsz` + `max_token_len`) under no_grad; only one micro-batch of logits is ever on the GPU, and the
   [rows, R] results move to CPU together after the last one (no host sync between micro-batches); logits are
   divided by `meta_info["temperature"]`. Models whose head is a plain linear layer never materialise
-  [rows, vocab] logits: the head is replaced by the chunked log-prob of training/fused_logprob.py (others, e.g. soft-capped logits, take the plain path). With several
+  [rows, vocab] logits: the head is replaced by the chunked log-prob of training/fused_logprob.py (others, e.g.
+  soft-capped logits, take the plain path). With several
   micro-batches and `meta_info["unshard_once"]` (true / "auto", fsdp.should_keep_unsharded) the FSDP blocks
   are all-gathered once for the pass, not once per micro-batch.
 - `sp_group` (Ulysses sequence parallelism, training/ulysses.py): the ranks of the group hold the same rows and
@@ -108,8 +109,7 @@ class DataParallelPPOActor(FSDPUpdater):
                 log_probs.append(lp.float())
                 if ent is not None:
                     entropies.append(ent.float())
-        join = (lambda ts: restore_order(ts, bins)) if bins is not None else torch.cat
-        return join(log_probs).cpu(), (join(entropies).cpu() if entropies else None)
+        return restore_order(log_probs, bins).cpu(), (restore_order(entropies, bins).cpu() if entropies else None)
 
     # ------------------------------------------------------------------ update
     def update_policy(self, data: DataProto) -> dict[str, float]:

@@ -52,7 +52,7 @@ class DataParallelPPOCritic(FSDPUpdater):
         once = should_keep_unsharded(self.module, meta.get("unshard_once", False), len(micros), self.device)
         with torch.no_grad(), keep_unsharded(self.module, once):
             values = [self._forward_micro_batch(m) for m in micros]  # to CPU after the last: no sync between
-        return (restore_order(values, bins) if bins is not None else torch.cat(values)).cpu()
+        return restore_order(values, bins).cpu()
 
     def update_critic(self, data: DataProto) -> dict[str, float]:
         cfg = self.config

@@ -306,9 +306,12 @@ def rearrange_micro_batches(seq_lens: list[int], max_token_len: int, group=None,
     return bins
 
 
-def restore_order(chunks: list[torch.Tensor], bins: list[list[int]]) -> torch.Tensor:
-    """Concatenate per-micro-batch outputs and put rows back in their original order."""
+def restore_order(chunks: list[torch.Tensor], bins: list[list[int]] | None) -> torch.Tensor:
+    """Concatenate per-micro-batch outputs and put rows back in their original order (`bins`: each micro-batch's
+    row indices, from dynamic batching; None: the micro-batches are already in order)."""
     out = torch.cat(chunks, dim=0)
+    if bins is None:
+        return out
     order = torch.tensor([i for b in bins for i in b], dtype=torch.long)
     inverse = torch.empty_like(order)
     inverse[order] = torch.arange(order.numel())
