@@ -3,7 +3,7 @@
 #   part 1: CUDA smoke (tiny model, 1 step) + Qwen2.5-1.5B: hybrid vs scheme A, TP sweep, offload
 #   part 2: Qwen2.5-7B: hybrid vs scheme A
 #   part 12: SmolLM2 GRPO driven by a trained reward model (docs/benchmarks.md §0e)
-#   part 13 (not yet run): SmolLM2 learns to call a calculator: SFT on tool-call traces, then multi-turn GRPO
+#   part 13: SmolLM2 learns to call a calculator: SFT on tool-call traces, then multi-turn GRPO
 #   part 14 (not yet run): where the 7B actor update's GPU time goes per micro-batch size (profile_update.py, one GPU)
 #   parts 9-11: 7B on one GPU (full and LoRA) vs TRL bf16 / TRL+peft; 7B on two GPUs; SmolLM2 TRL curve, LoRA, gsm8k
 #   part 3 (not yet run): Llama-3-8B shape hybrid vs scheme A; log-prob micro-batch sweep 1/4/8/16 in one run;
@@ -93,11 +93,12 @@ elif [ "$part" = 12 ]; then
   VERL_FILE_LOGGER_PATH=$out/smollm2_rm_metrics.jsonl MODEL=/tmp/smollm2 DATA=/tmp/smollm2_add RM=/tmp/smollm2_rm \
       timeout 580 bash examples/smollm2_reward_model/run.sh trainer.total_training_steps=40
 elif [ "$part" = 13 ]; then
-  # (not yet run) examples/smollm2_tools: tool template + SFT warm-up + 30 multi-turn GRPO steps with the calculator
-  # (MODEL=/tmp/smollm2 converted first); validation before training and every 10 steps reports
+  # examples/smollm2_tools (docs/benchmarks.md §0f): tool template + SFT warm-up + 20 multi-turn GRPO steps with the
+  # calculator (MODEL=/tmp/smollm2 converted first); validation before training and every 5 steps reports
   # val-core/bignum/acc/mean@1 and val-aux/multi_turn/tool_use_rate; the SFT's metrics are in the log
   VERL_FILE_LOGGER_PATH=$out/smollm2_tools_metrics.jsonl MODEL=/tmp/smollm2 DATA=/tmp/smollm2_bignum \
-      SFT=/tmp/smollm2_tools_sft timeout 585 bash examples/smollm2_tools/run.sh 2>&1 | tee "$out/smollm2_tools.log"
+      SFT=/tmp/smollm2_tools_sft timeout 585 bash examples/smollm2_tools/run.sh \
+      trainer.total_training_steps=20 trainer.test_freq=5 2>&1 | tee "$out/smollm2_tools.log"
 elif [ "$part" = 14 ]; then
   # part 9's update alone, no Ray: LoRA r64 with recompute at 32 rows vs without at 4/8/16 rows per micro-batch, full
   # fine-tuning at 16; 512 rows x (256 + 256) tokens, one optimizer step; reuses part 9's weights in /tmp/b7 if there

@@ -48,12 +48,14 @@ def main(argv=None) -> dict:
     p.add_argument("data")
     p.add_argument("--rows", type=int, default=64)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--dtype", choices=("bf16", "fp32"), default="bf16",
+                   help="weights and compute dtype; bf16 as the rollout engine runs on a GPU")
     p.add_argument("--out")
     a = p.parse_args(argv)
     tok = AutoTokenizer.from_pretrained(a.model)
     tok.chat_template = (HERE / "chat_template.jinja").read_text()
     tok.padding_side = "left"
-    model = AutoModelForCausalLM.from_pretrained(a.model, dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(a.model, dtype=torch.bfloat16 if a.dtype == "bf16" else torch.float32).eval()
     tools = prompt_tools(OmegaConf.create({"enable": True, "tool_config_path": str(TOOLS)}))
     rows = pq.read_table(a.data).to_pylist()[:a.rows]
     texts = [tok.apply_chat_template(r["prompt"], add_generation_prompt=True, tokenize=False, tools=tools) for r in rows]

@@ -14,12 +14,13 @@
 # 2. SFT (skipped if SFT/huggingface/model.safetensors exists): make_sft_data.py turns the first SFT_ROWS (64)
 #    train questions into conversations (assistant calls the calculator on the expression, a tool message with the
 #    calculator's real answer, assistant '#### N') and `hybridrl sft data.multiturn.enable=true` trains on them
-#    for one epoch (2 steps of 32, lr 5e-5, loss on the assistant's tokens only: tool answers are attended, not
-#    trained). Weak on purpose, so GRPO has something to improve. Measured on CPU with first_turn_tool_use.py (64
-#    test prompts, one sampled first turn each; benchmarks/results/smollm2_tools_sft_calibration/): the base model
-#    never calls the tool; 64 rows open a call in 81% of first turns with the right expression in 66%; 32 rows
-#    (1 step) 36% / 6%; 256 rows (8 steps) every turn, right 98% (little left to learn). SFT_ROWS and
-#    SFT_ARGS="optim.lr=1e-4" (overrides) change it.
+#    for one epoch (2 steps of 32, lr 1e-4, loss on the assistant's tokens only: tool answers are attended, not
+#    trained). Weak on purpose, so GRPO has something to improve. Calibrated on CPU with first_turn_tool_use.py (64
+#    test prompts, one sampled first turn each, bf16 weights and compute as the GPU rollout runs, the SFT computing
+#    in bf16 as on a GPU; benchmarks/results/smollm2_tools_sft_calibration/): the base model never calls the tool;
+#    64 rows at 1e-4 open a call in 59% of first turns with the right expression in 39%; at 2e-4 100% / 89%;
+#    128 rows at 1e-4 100% / 95%. At 5e-5 the warm-up does not survive bf16 (11% open, 0% right; in fp32 it read
+#    81% / 66%). SFT_ROWS and SFT_ARGS="optim.lr=2e-4" (overrides) change it.
 # 3. GRPO from SFT/huggingface with examples/smollm2_arith/run.sh's settings (64 prompts x 8 at T=0.8, lr 1e-5,
 #    no KL) for 30 steps, multi_turn.enable=true with the calculator (examples/multiturn_calculator/tool_config.yaml;
 #    a turn ends at its first </tool_call>, at most 3 assistant turns), prompts up to 384 tokens (the tools' system
@@ -28,7 +29,7 @@
 #    before training and every 10 steps: val-core/bignum/acc/mean@1 the accuracy, val-aux/multi_turn/tool_use_rate
 #    the fraction of trajectories with at least one tool call, val-aux/tool_call_counts/mean, val-aux/num_turns/mean;
 #    per step the same without val-aux/ (multi_turn/tool_use_rate, tool_call_counts/mean, multi_turn/tool_errors...).
-# Sized for one H200 in < 8 minutes (SFT ~1 min, GRPO ~5); not measured yet (benchmarks/gpu_suite.sh part 13).
+# On one H200: 18 s a GRPO step (docs/benchmarks.md §0f: 20 steps took validation accuracy 0.28 -> 0.99).
 # HYBRIDRL_DRY_RUN=1 only validates the GRPO config and prints the device layout (the SFT model need not exist).
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -57,7 +58,7 @@ if [ "${HYBRIDRL_DRY_RUN:-0}" != 1 ]; then
     hybridrl sft data.train_files="$DATA/sft_tool_calls.parquet" data.multiturn.enable=true \
       model.partial_pretrain="$MODEL" model.custom_chat_template="$TEMPLATE" \
       data.max_length=640 data.train_batch_size=32 data.micro_batch_size_per_gpu=16 \
-      optim.lr=5e-5 optim.warmup_steps_ratio=0.1 trainer.total_epochs=1 trainer.project_name=hybridrl_smollm2 \
+      optim.lr=1e-4 optim.warmup_steps_ratio=0.1 trainer.total_epochs=1 trainer.project_name=hybridrl_smollm2 \
       trainer.experiment_name=sft_bignum_tools trainer.default_local_dir="$SFT" ${SFT_ARGS:-}
   fi
 fi

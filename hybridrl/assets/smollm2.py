@@ -60,6 +60,11 @@ def fetch_gguf(cache_dir: str | Path = DEFAULT_CACHE) -> Path:
     return target
 
 
+# SmolLM2-135M-Instruct's tokenizer_config.json
+SPECIAL_TOKENS = (("bos_token", "<|im_start|>"), ("eos_token", "<|im_end|>"), ("pad_token", "<|im_end|>"),
+                  ("unk_token", "<|endoftext|>"))
+
+
 def _require_gguf_packages() -> None:
     missing = [pip for mod, pip in REQUIRED_MODULES.items() if importlib.util.find_spec(mod) is None]
     if missing:
@@ -92,6 +97,9 @@ def convert_smollm2(out_dir: str | Path, gguf: str | Path | None = None,
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
     model.load_state_dict(dequantized.state_dict())  # strict: every tensor accounted for
     del dequantized
+    # SmolLM2's own special tokens, set by name: how a GGUF's token ids map to them varies with the transformers
+    # version (5.17 reads eos as <|im_start|>), and a chat turn must end at <|im_end|>
+    tokenizer.add_special_tokens(dict(SPECIAL_TOKENS))
     eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
     model.generation_config = transformers.GenerationConfig(bos_token_id=tokenizer.bos_token_id, eos_token_id=eos,
                                                             pad_token_id=tokenizer.pad_token_id)
