@@ -1,9 +1,11 @@
 """Memory model of one RL step, per GPU and per phase: what is resident (weights, gradients, optimizer state,
 the reference, the critic, the engine) plus what the phase itself allocates (activations, logits, KV).
 
-Every number is an upper bound of what `torch.cuda.max_memory_allocated` sees in that phase (the CUDA
-context and allocator slack are not in it). The plan (run_plan.py) uses it to choose micro-batch sizes and to
-refuse a config that cannot fit; workers log the measured peak of the same phases next to these predictions.
+Every number estimates what `torch.cuda.max_memory_allocated` sees in that phase (the CUDA context and allocator
+slack are not in it): on one H200 from 0.5B to 7B, full fine-tuning and LoRA, with and without recompute, within
+-4.3% .. +3.2% of the measured peak (docs/benchmarks.md §0); the plan keeps a margin (run_plan.SAFETY). The plan
+(run_plan.py) uses it to choose micro-batch sizes and to refuse a config that cannot fit; workers log the measured
+peak of the same phases next to these predictions.
 """
 
 from __future__ import annotations
@@ -122,11 +124,19 @@ class MemoryModel:
         return root + 2 * block * 2 + (block * (2 + 4) if backward and not frozen else 0)
 
     def _train_activations(self, shape: ModelShape, tokens: int, checkpointing: bool, offload: bool = False) -> int:
-        per_layer = shape.train_act_bytes_per_token_layer * tokens
-        if checkpointing:  # the layer inputs are kept; one layer's graph is rebuilt at a time in backward
-            kept = 2 if offload else shape.layers  # offloaded: the input being recomputed and the one copied back
-            return kept * tokens * shape.hidden * 2 + per_layer
-        return shape.layers * per_layer
+        """A layer's backward: the kept activations plus, with recompute, one layer's rebuilt graph, and its
+        backward's own gradients."""
+        rebuilt = shape.train_act_bytes_per_token_layer * tokens if checkpointing else 0
+        return self._kept_activations(shape, tokens, checkpointing, offload) + rebuilt + \
+            shape.layer_backward_bytes_per_token * tokens
+
+    @staticmethod
+    def _kept_activations(shape: ModelShape, tokens: int, checkpointing: bool, offload: bool) -> int:
+        """What the forward leaves for backward: each layer's input with recompute (offloaded: the input being
+        recomputed and the one copied back), every layer's saved activations without."""
+        if checkpointing:
+            return (2 if offload else shape.layers) * tokens * shape.hidden * 2
+        return shape.layers * shape.train_act_bytes_per_token_layer * tokens
 
     def _logprob_head(self, rows: int, grad: bool, head_frozen: bool = False) -> int:
         """Fused chunked log-prob head (training/fused_logprob.py): hidden of the kept rows (and its gradient),
@@ -172,11 +182,21 @@ class MemoryModel:
         parts = self._actor(grads=True, params_on_gpu=True, optim_on_gpu=True)
         parts.update(self._others(ref_on_gpu=not self.r.ref_offload))
         parts.update(self._scheme_a_engine(kv_bytes))
-        lora = bool(self.r.lora_params)
-        parts["unsharded params"] = self._fsdp_working(s, False, backward=True, frozen=lora)
-        parts["activations"] = self._train_activations(s, micro_rows * seq_len, self.r.gradient_checkpointing,
-                                                       self.r.activation_offload)
-        parts["log-prob head"] = self._logprob_head(micro_rows * response_len, grad=True, head_frozen=lora)
+        lora, tokens, r = bool(self.r.lora_params), micro_rows * seq_len, self.r
+        kept = self._kept_activations(s, tokens, r.gradient_checkpointing, r.activation_offload)
+        # The transient memory peaks at one of two moments that never overlap: the head's backward (everything the
+        # forward kept, the final norm's fp32 input and output, the chunked head's buffers; no block unsharded for
+        # backward yet) or a decoder layer's backward (the kept activations, one layer's rebuilt graph, a block's
+        # unsharded gradients, and the head weight's bf16 gradient, which FSDP reduces only with the root's, after
+        # the embedding's backward; none with LoRA's frozen head).
+        head_moment = {"activations": kept + tokens * s.hidden * (4 + 2),
+                       "log-prob head": self._logprob_head(micro_rows * response_len, grad=True, head_frozen=lora),
+                       "unsharded params": self._fsdp_working(s, False, backward=False)}
+        layer_moment = {"activations": self._train_activations(s, tokens, r.gradient_checkpointing,
+                                                               r.activation_offload),
+                        "log-prob head": 0 if lora else s.vocab * s.hidden * 2,
+                        "unsharded params": self._fsdp_working(s, False, backward=True, frozen=lora)}
+        parts.update(max(head_moment, layer_moment, key=lambda m: sum(m.values())))
         parts["optimizer step"] = self._optimizer_step(self.r.lora_params or s.num_params, self.r.master_bytes,
                                                        self.r.shard)
         return PhaseMemory("update_actor", parts)

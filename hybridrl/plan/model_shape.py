@@ -49,12 +49,17 @@ class ModelShape:
 
     @property
     def train_act_bytes_per_token_layer(self) -> int:
-        """Activations autograd keeps for one token of one decoder layer (bf16 compute, HF eager graph).
-
-        Saved by backward: residual in/out, two RMSNorm inputs upcast to fp32 and their bf16 outputs, q/k/v,
-        attention output and its projection, gate/up/act/product of the MLP."""
+        """Activations autograd saves for one token of one decoder layer (bf16 compute, HF graph, fused attention):
+        the two RMSNorms' fp32 inputs and bf16 outputs (the outputs are also the q/k/v and gate/up inputs), the
+        attention's q, k, v and output, the output projection's input, and the MLP's gate, up, act and product."""
         q, kv, h, i = self.heads * self.head_dim, self.kv_heads * self.head_dim, self.hidden, self.intermediate
-        return 2 * (6 * h + 2 * q + 2 * kv + 4 * i) + 2 * 4 * h * 2
+        return 2 * 4 * h + 2 * 2 * h + 2 * (3 * q + 2 * kv) + 2 * 4 * i
+
+    @property
+    def layer_backward_bytes_per_token(self) -> int:
+        """A decoder layer's backward beyond what it saved: the MLP's gradients (down input, act, gate and up, bf16)
+        alive at once."""
+        return 2 * 3 * self.intermediate
 
     @property
     def infer_act_bytes_per_token(self) -> int:
