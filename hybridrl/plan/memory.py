@@ -178,11 +178,11 @@ class MemoryModel:
         return PhaseMemory(phase, parts)
 
     def update_actor(self, micro_rows: int, seq_len: int, response_len: int, kv_bytes: int) -> PhaseMemory:
-        s = self.s
+        s, r = self.s, self.r
         parts = self._actor(grads=True, params_on_gpu=True, optim_on_gpu=True)
-        parts.update(self._others(ref_on_gpu=not self.r.ref_offload))
+        parts.update(self._others(ref_on_gpu=not r.ref_offload))
         parts.update(self._scheme_a_engine(kv_bytes))
-        lora, tokens, r = bool(self.r.lora_params), micro_rows * seq_len, self.r
+        lora, tokens = bool(r.lora_params), micro_rows * seq_len
         kept = self._kept_activations(s, tokens, r.gradient_checkpointing, r.activation_offload)
         # The transient memory peaks at one of two moments that never overlap: the head's backward (everything the
         # forward kept, the final norm's fp32 input and output, the chunked head's buffers; no block unsharded for
@@ -197,8 +197,7 @@ class MemoryModel:
                         "log-prob head": 0 if lora else s.vocab * s.hidden * 2,
                         "unsharded params": self._fsdp_working(s, False, backward=True, frozen=lora)}
         parts.update(max(head_moment, layer_moment, key=lambda m: sum(m.values())))
-        parts["optimizer step"] = self._optimizer_step(self.r.lora_params or s.num_params, self.r.master_bytes,
-                                                       self.r.shard)
+        parts["optimizer step"] = self._optimizer_step(r.lora_params or s.num_params, r.master_bytes, r.shard)
         return PhaseMemory("update_actor", parts)
 
     def _optimizer_step(self, trained: int, master_bytes: int, shard: int) -> int:
