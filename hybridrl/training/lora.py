@@ -27,6 +27,8 @@ from dataclasses import dataclass
 import torch
 from torch.distributed.tensor import DTensor
 
+from hybridrl.training.lora_linear import use_fused_forward
+
 __all__ = ["LoraSettings", "lora_settings", "apply_lora", "has_lora", "adapters_disabled", "engine_parameters",
            "merge_lora_state", "adapter_param_count", "LINEAR_TARGETS"]
 
@@ -87,13 +89,15 @@ def apply_lora(model: torch.nn.Module, settings: LoraSettings, adapter_dtype: to
     """Inject the adapters into `model` (in place, before FSDP); base weights are frozen and keep the dtype the
     model was loaded in. The adapters are stored in `adapter_dtype` (None: the base's dtype, or fp32 where peft
     upcasts a half-precision base's adapters). Dropout is 0 so that log-probs are deterministic (the old
-    log-probs and the update's must agree)."""
+    log-probs and the update's must agree). The linears compute through `lora_linear.lora_linear` (one GEMM
+    accumulates the scaled adapter product into the base output) wherever that is the same function."""
     from peft import LoraConfig, inject_adapter_in_model
 
     targets = settings.target_modules
     config = LoraConfig(r=settings.rank, lora_alpha=settings.alpha, lora_dropout=0.0, bias="none",
                         target_modules=targets if isinstance(targets, str) else list(targets))
     model = inject_adapter_in_model(config, model, adapter_name=ADAPTER)
+    use_fused_forward(_lora_layers(model).values())
     if adapter_dtype is not None:
         for layer in _lora_layers(model).values():
             layer.lora_A.to(adapter_dtype)
