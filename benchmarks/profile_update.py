@@ -6,8 +6,9 @@ the default config's actor section with the plan's per-rank sizes) and runs one 
 rows of a synthetic GRPO batch (random in-vocab ids, no padding, random advantages; no old_log_probs, so the
 update's own detached log-probs are the old ones, as the plan's on-policy default does).
 
-Per configuration KIND:CKPT:MICRO (KIND = full, or loraR with alpha 2R; CKPT = ckpt | nockpt; MICRO = rows per
-micro-batch), e.g. lora64:ckpt:32,lora64:nockpt:4,full:ckpt:16:
+Per configuration KIND:CKPT:MICRO[:FORWARD] (KIND = full, or loraR with alpha 2R; CKPT = ckpt | nockpt | keepN,
+checkpointing with the last N decoder layers keeping their activations; MICRO = rows per micro-batch; FORWARD, LoRA only: fused (default, the trainer's training/lora_linear.py) or peft (peft's
+own lora.Linear forward, for the A/B)), e.g. lora64:ckpt:32,lora64:ckpt:32:peft,full:ckpt:16:
 - a warm-up update that also carries the profiler window: --profile-micro micro-batches after the first
   --profile-skip (allocator and kernel choice are warm by then; one whole update of 128 micro-batches would be
   millions of profiler events), and separately its optimizer step. Per window: GPU kernel time grouped into
@@ -49,9 +50,9 @@ from torch.profiler import ProfilerActivity, profile
 sys.path.insert(0, str(Path(__file__).parent))
 from grpo_step import device_facts  # noqa: E402
 
-from hybridrl.plan.run_plan import training_dtypes  # noqa: E402
+from hybridrl.plan.run_plan import resolve_liger, training_dtypes  # noqa: E402
 from hybridrl.protocol import DataProto  # noqa: E402
-from hybridrl.training.fsdp import recompute_on, set_recompute  # noqa: E402
+from hybridrl.training.fsdp import decoder_blocks, recompute_on, recomputed_layers, set_recompute  # noqa: E402
 
 DEFAULT_CONFIGS = "lora64:ckpt:32,lora64:nockpt:4,lora64:nockpt:8,lora64:nockpt:16,full:ckpt:16"
 FLOP_ASSUMPTIONS = (
@@ -68,20 +69,30 @@ class UpdateConfig:
     lora_rank: int          # 0: full fine-tuning
     checkpointing: bool
     micro: int              # rows per micro-batch
+    lora_forward: str = "fused"   # LoRA only: "fused" (training/lora_linear.py, what the trainer runs) or "peft"
+    kept_layers: int = 0          # with checkpointing: the last decoder layers that keep their activations
 
     @classmethod
     def parse(cls, spec: str) -> UpdateConfig:
-        kind, ckpt, micro = spec.split(":")
+        parts = spec.split(":")
+        if len(parts) not in (3, 4):
+            raise ValueError(f"{spec!r}: expected KIND:CKPT:MICRO or KIND:CKPT:MICRO:FORWARD")
+        kind, ckpt, micro, forward = (*parts, "fused")[:4]
         if kind != "full" and not (kind.startswith("lora") and kind[4:].isdigit()):
             raise ValueError(f"{spec!r}: KIND must be 'full' or 'loraR' (e.g. lora64)")
-        if ckpt not in ("ckpt", "nockpt"):
-            raise ValueError(f"{spec!r}: CKPT must be 'ckpt' or 'nockpt'")
+        kept = ckpt[4:] if ckpt.startswith("keep") else "0"
+        if not (ckpt in ("ckpt", "nockpt") or (ckpt.startswith("keep") and kept.isdigit() and int(kept) > 0)):
+            raise ValueError(f"{spec!r}: CKPT must be 'ckpt', 'nockpt' or 'keepN' (recompute all but the last N "
+                             "layers)")
         if not micro.isdigit() or int(micro) < 1:
             raise ValueError(f"{spec!r}: MICRO must be a positive number of rows")
-        return cls(spec, 0 if kind == "full" else int(kind[4:]), ckpt == "ckpt", int(micro))
+        if forward not in ("fused", "peft") or (kind == "full" and len(parts) == 4):
+            raise ValueError(f"{spec!r}: FORWARD (LoRA only) must be 'fused' or 'peft'")
+        return cls(spec, 0 if kind == "full" else int(kind[4:]), ckpt != "nockpt", int(micro), forward, int(kept))
 
-    def forward_equivalents(self) -> int:
-        return (2 if self.lora_rank else 3) + self.checkpointing
+    def forward_equivalents(self, layers: int = 1) -> float:
+        recomputed = (layers - self.kept_layers) / layers if self.checkpointing else 0.0
+        return (2 if self.lora_rank else 3) + recomputed
 
 
 def kernel_category(name: str) -> str:
@@ -235,7 +246,8 @@ class ActorBench:
     """The actor of one KIND (full or LoRA rank r) and its optimizer, as ActorRolloutRefWorker.init_model builds
     them; `actor_for(cfg, rows)` sets checkpointing in place and returns an actor with that micro-batch size."""
 
-    def __init__(self, model_dir: Path, lora_rank: int, checkpointing: bool, mesh, device: torch.device):
+    def __init__(self, model_dir: Path, lora_rank: int, checkpointing: bool, mesh, device: torch.device,
+                 liger: bool):
         from hybridrl.config import load_config
         from hybridrl.workers.common import build_fsdp_model
 
@@ -248,9 +260,9 @@ class ActorBench:
         t0 = time.perf_counter()
         self.module, self.optimizer, self.scheduler = build_fsdp_model(
             self.config.model, self.config.actor.fsdp_config, self.config.actor.optim, mesh, device, trainable=True,
-            lora_base_dtype=base_dtype, fused_optimizer=fused, gradient_checkpointing=checkpointing)
+            lora_base_dtype=base_dtype, fused_optimizer=fused, gradient_checkpointing=checkpointing, liger=liger)
         self.build_s = time.perf_counter() - t0
-        self.facts = {"lora_base_dtype": base_dtype, "fused_optimizer": fused,
+        self.facts = {"lora_base_dtype": base_dtype, "fused_optimizer": fused, "use_liger": liger,
                       "model_dtype": str(self.config.actor.fsdp_config.model_dtype),
                       **flop_params(self.module),
                       "trainable_params": sum(p.numel() for p in self.module.parameters() if p.requires_grad)}
@@ -259,21 +271,35 @@ class ActorBench:
         from hybridrl.training.actor import DataParallelPPOActor
         from hybridrl.workers.common import per_rank_section
 
-        if cfg.checkpointing != recompute_on(self.module):
-            set_recompute(self.module, cfg.checkpointing)
+        set_recompute(self.module, cfg.checkpointing, cfg.kept_layers)
+        if cfg.lora_rank:
+            set_lora_forward(self.module, cfg.lora_forward)
         section = per_rank_section(self.config.actor, rows, cfg.micro)
         return DataParallelPPOActor(section, self.module, self.optimizer, self.scheduler,
                                     use_remove_padding=bool(self.config.model.use_remove_padding))
 
 
+def set_lora_forward(module, forward: str) -> int:
+    """Switch the LoRA linears in place between the fused forward and peft's own (its base class), for the A/B;
+    returns how many linears now run `forward`."""
+    from hybridrl.training.lora_linear import use_fused_forward
+
+    fused = [m for m in module.modules() if type(m).__name__ == "FusedLoraLinear"]
+    if forward == "fused":
+        peft = [m for m in module.modules() if type(m).__name__ == "Linear" and hasattr(m, "lora_A")]
+        return len(fused) + use_fused_forward(peft)
+    for m in fused:
+        m.__class__ = type(m).__bases__[0]
+    return len(fused)
+
+
 def first_layer_forward_counter(module):
     """Counts forwards of the first decoder block's first submodule (its attention). Not the block's own hook:
     transformers checkpoints the block's `forward`, so hooks on the block stay outside the recompute, while its
-    submodules run again in backward. FSDP2 subclassed the block: found by the HF class in `_no_split_modules`."""
-    names = set(module._no_split_modules)
-    block = next(m for m in module.modules() if any(c.__name__ in names for c in type(m).__mro__))
+    submodules run again in backward."""
     calls = [0]
-    handle = next(block.children()).register_forward_hook(lambda *_: calls.__setitem__(0, calls[0] + 1))
+    handle = next(decoder_blocks(module)[0].children()).register_forward_hook(
+        lambda *_: calls.__setitem__(0, calls[0] + 1))
     return calls, handle
 
 
@@ -310,13 +336,16 @@ def run_config(bench: ActorBench, cfg: UpdateConfig, batch: DataProto, args) -> 
     times = [update() for _ in range(args.repeat)]
     mean_s = sum(times) / len(times)
     tokens = args.rows * (args.prompt_len + args.response_len)
-    flops = cfg.forward_equivalents() * 2 * (bench.facts["decoder_params"] * tokens
+    layers = len(decoder_blocks(bench.module))
+    flops = cfg.forward_equivalents(layers) * 2 * (bench.facts["decoder_params"] * tokens
                                              + bench.facts["head_params"] * args.rows * args.response_len)
-    return {"lora_rank": cfg.lora_rank, "checkpointing": cfg.checkpointing, "micro_batch_rows": cfg.micro,
+    return {"lora_rank": cfg.lora_rank, "lora_forward": cfg.lora_forward if cfg.lora_rank else None,
+            "checkpointing": cfg.checkpointing, "micro_batch_rows": cfg.micro,
             "micro_batches": n_micro, "is_gradient_checkpointing": recompute_on(bench.module),
+            "recomputed_layers": recomputed_layers(bench.module), "layers": layers,
             "first_layer_forwards_per_micro_batch": calls[0] / n_micro,
             "update_s": mean_s, "update_s_each": times, "s_per_micro_batch": mean_s / n_micro,
-            "tokens_per_s": tokens / mean_s, "forward_equivalents": cfg.forward_equivalents(),
+            "tokens_per_s": tokens / mean_s, "forward_equivalents": cfg.forward_equivalents(layers),
             "tflops": flops / mean_s / 1e12, "warmup_profiled_update_s": warmup_s,
             "resident_allocated_gb": resident_gb,
             "peak_allocated_gb": torch.cuda.max_memory_allocated(device) / 2**30 if cuda else None,
@@ -352,6 +381,9 @@ def main(argv=None) -> dict:
     p.add_argument("--profile-skip", type=int, default=1, help="micro-batches of the warm-up before the window")
     p.add_argument("--profile-micro", type=int, default=2, help="micro-batches in the profiler window")
     p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    p.add_argument("--use-liger", default="auto", choices=["auto", "true", "false"],
+                   help="Liger's fused kernels, resolved as the run plan resolves actor_rollout_ref.model.use_liger "
+                        "(they patch the architecture's classes for the whole process: A/B in separate runs)")
     p.add_argument("--workdir", default="/tmp/hybridrl_bench")
     p.add_argument("--out", default="benchmarks/results/profile_update.json")
     args = p.parse_args(argv)
@@ -365,12 +397,16 @@ def main(argv=None) -> dict:
     created = init_single_rank(device)
     seed_everything(0)
     mesh = build_training_mesh(1, -1, device.type)
-    vocab = load_hf_config(str(model_dir)).vocab_size
+    hf_config = load_hf_config(str(model_dir))
+    vocab = hf_config.vocab_size
+    liger_choice: list[str] = []
+    liger = resolve_liger({"auto": "auto", "true": True, "false": False}[args.use_liger], device.type,
+                          hf_config.model_type, liger_choice)
     batch = synthetic_batch(args.rows, args.prompt_len, args.response_len, vocab)
     result = {"benchmark": "profile_update", "command": "python " + " ".join([sys.argv[0], *(argv or sys.argv[1:])]),
               "device": device_facts(), "preset": args.preset,
               "workload": {k: v for k, v in vars(args).items() if k not in ("out", "workdir")},
-              "flop_assumptions": FLOP_ASSUMPTIONS, "models": {}, "configs": {}}
+              "flop_assumptions": FLOP_ASSUMPTIONS, "use_liger": liger_choice, "models": {}, "configs": {}}
     out = Path(args.out)
     bench, kind = None, None
     try:
@@ -379,7 +415,7 @@ def main(argv=None) -> dict:
                 if kind != cfg.lora_rank:
                     free(bench, device)
                     bench, kind = None, None
-                    bench = ActorBench(model_dir, cfg.lora_rank, cfg.checkpointing, mesh, device)
+                    bench = ActorBench(model_dir, cfg.lora_rank, cfg.checkpointing, mesh, device, liger)
                     kind = cfg.lora_rank
                     result["models"][f"lora{kind}" if kind else "full"] = {**bench.facts, "build_s": bench.build_s}
                 entry = run_config(bench, cfg, batch, args)

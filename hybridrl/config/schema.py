@@ -69,6 +69,7 @@ EXTRA_TYPES: dict[str, tuple[type, ...]] = {
     "actor_rollout_ref.actor.old_log_prob_pass": (str, bool),
     "actor_rollout_ref.model.enable_gradient_checkpointing": (str, bool),
     "critic.model.enable_gradient_checkpointing": (str, bool),
+    "actor_rollout_ref.model.use_liger": (str, bool),
     "actor_rollout_ref.model.lora_alpha": (int, float),
     "actor_rollout_ref.model.target_modules": (str, list),   # 'all-linear' or module names
     # micro-batch sizes: 'auto' (the run plan chooses) or a number of rows
@@ -128,6 +129,7 @@ ENUMS: dict[str, tuple[str, ...]] = {
     "actor_rollout_ref.actor.old_log_prob_pass": ("auto", True, False),
     "actor_rollout_ref.model.enable_gradient_checkpointing": ("auto", True, False),
     "critic.model.enable_gradient_checkpointing": ("auto", True, False),
+    "actor_rollout_ref.model.use_liger": ("auto", True, False),
 }
 
 # why an alias is read as another value, in the warning the loader logs

@@ -47,6 +47,9 @@ class Residency:
     sort_sampling: bool = False     # some sampling uses top-k / top-p (the sorting sampler), else the one-pass kernel
     fused_optimizer: bool = True    # AdamW's fused in-place kernel; false: the multi-tensor path, whose step holds
                                     # sqrt(exp_avg_sq) of every trained tensor at once
+    liger: bool = False             # the actor's training graph uses Liger's RMSNorm / SwiGLU (training/liger.py)
+    kept_layers: int = 0            # with the actor's checkpointing: its last decoder layers that keep their
+                                    # activations instead of recomputing them (0: every layer recomputes)
 
 
 @dataclass(frozen=True)
@@ -123,20 +126,26 @@ class MemoryModel:
         block = shape.layer_params
         return root + 2 * block * 2 + (block * (2 + 4) if backward and not frozen else 0)
 
-    def _train_activations(self, shape: ModelShape, tokens: int, checkpointing: bool, offload: bool = False) -> int:
+    def _train_activations(self, shape: ModelShape, tokens: int, checkpointing: bool, offload: bool = False,
+                           liger: bool = False, kept_layers: int = 0) -> int:
         """A layer's backward: the kept activations plus, with recompute, one layer's rebuilt graph, and its
-        backward's own gradients."""
-        rebuilt = shape.train_act_bytes_per_token_layer * tokens if checkpointing else 0
-        return self._kept_activations(shape, tokens, checkpointing, offload) + rebuilt + \
-            shape.layer_backward_bytes_per_token * tokens
+        backward's own gradients. With the last `kept_layers` not recomputed, backward reaches them first, while
+        everything the forward kept is alive, and frees their activations before the first rebuild, which is
+        smaller: the kept activations and the gradients are the peak then."""
+        rebuilt = shape.train_act_bytes_per_token_layer(liger) * tokens if checkpointing and not kept_layers else 0
+        return self._kept_activations(shape, tokens, checkpointing, offload, liger, kept_layers) + rebuilt + \
+            shape.layer_backward_bytes_per_token(liger) * tokens
 
     @staticmethod
-    def _kept_activations(shape: ModelShape, tokens: int, checkpointing: bool, offload: bool) -> int:
-        """What the forward leaves for backward: each layer's input with recompute (offloaded: the input being
-        recomputed and the one copied back), every layer's saved activations without."""
+    def _kept_activations(shape: ModelShape, tokens: int, checkpointing: bool, offload: bool,
+                          liger: bool = False, kept_layers: int = 0) -> int:
+        """What the forward leaves for backward: each recomputed layer's input with recompute (offloaded: the input
+        being recomputed and the one copied back), every other layer's saved activations."""
+        saved = shape.train_act_bytes_per_token_layer(liger) * tokens
         if checkpointing:
-            return (2 if offload else shape.layers) * tokens * shape.hidden * 2
-        return shape.layers * shape.train_act_bytes_per_token_layer * tokens
+            recomputed = shape.layers - kept_layers
+            return (2 if offload else recomputed) * tokens * shape.hidden * 2 + kept_layers * saved
+        return shape.layers * saved
 
     def _logprob_head(self, rows: int, grad: bool, head_frozen: bool = False) -> int:
         """Fused chunked log-prob head (training/fused_logprob.py): hidden of the kept rows (and its gradient),
@@ -183,17 +192,18 @@ class MemoryModel:
         parts.update(self._others(ref_on_gpu=not r.ref_offload))
         parts.update(self._scheme_a_engine(kv_bytes))
         lora, tokens = bool(r.lora_params), micro_rows * seq_len
-        kept = self._kept_activations(s, tokens, r.gradient_checkpointing, r.activation_offload)
+        kept = self._kept_activations(s, tokens, r.gradient_checkpointing, r.activation_offload, r.liger,
+                                      r.kept_layers)
         # The transient memory peaks at one of two moments that never overlap: the head's backward (everything the
-        # forward kept, the final norm's fp32 input and output, the chunked head's buffers; no block unsharded for
+        # forward kept, the final norm's input (fp32; bf16 with Liger) and output, the chunked head's buffers; no block unsharded for
         # backward yet) or a decoder layer's backward (the kept activations, one layer's rebuilt graph, a block's
         # unsharded gradients, and the head weight's bf16 gradient, which FSDP reduces only with the root's, after
         # the embedding's backward; none with LoRA's frozen head).
-        head_moment = {"activations": kept + tokens * s.hidden * (4 + 2),
+        head_moment = {"activations": kept + tokens * s.hidden * ((2 if r.liger else 4) + 2),
                        "log-prob head": self._logprob_head(micro_rows * response_len, grad=True, head_frozen=lora),
                        "unsharded params": self._fsdp_working(s, False, backward=False)}
         layer_moment = {"activations": self._train_activations(s, tokens, r.gradient_checkpointing,
-                                                               r.activation_offload),
+                                                               r.activation_offload, r.liger, r.kept_layers),
                         "log-prob head": 0 if lora else s.vocab * s.hidden * 2,
                         "unsharded params": self._fsdp_working(s, False, backward=True, frozen=lora)}
         parts.update(max(head_moment, layer_moment, key=lambda m: sum(m.values())))

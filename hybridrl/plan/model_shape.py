@@ -47,19 +47,21 @@ class ModelShape:
         """KV-cache bytes of one token over all layers in bf16 (before TP splits the heads)."""
         return 2 * self.layers * self.kv_heads * self.head_dim * 2
 
-    @property
-    def train_act_bytes_per_token_layer(self) -> int:
+    def train_act_bytes_per_token_layer(self, liger: bool = False) -> int:
         """Activations autograd saves for one token of one decoder layer (bf16 compute, HF graph, fused attention):
         the two RMSNorms' fp32 inputs and bf16 outputs (the outputs are also the q/k/v and gate/up inputs), the
-        attention's q, k, v and output, the output projection's input, and the MLP's gate, up, act and product."""
+        attention's q, k, v and output, the output projection's input, and the MLP's gate, up, act and product.
+        With Liger's kernels (training/liger.py) the RMSNorms save their bf16 inputs and a per-row fp32 rstd, and
+        SwiGLU saves gate and up only (the SiLU is recomputed in backward)."""
         q, kv, h, i = self.heads * self.head_dim, self.kv_heads * self.head_dim, self.hidden, self.intermediate
+        if liger:
+            return 2 * 2 * h + 2 * 4 + 2 * 2 * h + 2 * (3 * q + 2 * kv) + 2 * 3 * i
         return 2 * 4 * h + 2 * 2 * h + 2 * (3 * q + 2 * kv) + 2 * 4 * i
 
-    @property
-    def layer_backward_bytes_per_token(self) -> int:
+    def layer_backward_bytes_per_token(self, liger: bool = False) -> int:
         """A decoder layer's backward beyond what it saved: the MLP's gradients (down input, act, gate and up, bf16)
-        alive at once."""
-        return 2 * 3 * self.intermediate
+        alive at once; Liger's SwiGLU writes the gate and up gradients over its saved inputs."""
+        return 2 * (1 if liger else 3) * self.intermediate
 
     @property
     def infer_act_bytes_per_token(self) -> int:

@@ -88,6 +88,9 @@ class RunPlan:
     fused_optimizer: bool = False               # AdamW's fused in-place kernel (GPUs); false: multi-tensor (CPU)
     gradient_checkpointing: bool = True         # the actor's update recomputes each layer in backward
     critic_gradient_checkpointing: bool = True
+    use_liger: bool = False                     # Liger's fused kernels in the actor's / reference's training graph
+    recompute_kept_layers: int = 0              # with the actor's checkpointing: its last decoder layers that keep
+                                                # their activations (not recomputed); 0 = all recompute
 
     def kv_blocks_for(self, prompts: int, n: int) -> int:
         """KV blocks one generate call of `prompts` x n needs on this engine (a hybrid engine allocates its KV per
@@ -184,6 +187,8 @@ def make_plan(config: DictConfig | dict, hf_config, device: DeviceSpec, val_prom
     master_dtype = _dtype_name(g(f"{a}.fsdp_config.model_dtype"))
     lora_rank = g("actor_rollout_ref.model.lora_rank")
     frozen_dtype, lora_base_dtype, fused_optimizer = training_dtypes(master_dtype, bool(lora_rank), device.type)
+    choices: list[str] = []
+    use_liger = resolve_liger(g(f"{MODEL}.use_liger"), device.type, getattr(hf_config, "model_type", None), choices)
     res = Residency(
         shard=world if fsdp == -1 else fsdp,
         master_bytes=_dtype_bytes(master_dtype),
@@ -203,7 +208,7 @@ def make_plan(config: DictConfig | dict, hf_config, device: DeviceSpec, val_prom
         critic_activation_offload=bool(g("critic.model.enable_activation_offload")),
         lora_params=adapter_param_count(shape, lora_rank, g("actor_rollout_ref.model.target_modules")),
         lora_base_bytes=_dtype_bytes(lora_base_dtype) if lora_base_dtype else 0,
-        fused_optimizer=fused_optimizer,
+        fused_optimizer=fused_optimizer, liger=use_liger,
         reward_model=rm_shape, rm_shard=world if rm_fsdp == -1 else rm_fsdp,
         rm_param_offload=bool(g("reward_model.model.fsdp_config.param_offload")),
         rm_param_bytes=2 if device.type == "cuda" else 4)
@@ -211,7 +216,6 @@ def make_plan(config: DictConfig | dict, hf_config, device: DeviceSpec, val_prom
     P, R = g("data.max_prompt_length"), g("data.max_response_length")
     S, bs = P + R, g(f"{rl}.block_size")
     budget = None if device.total_bytes is None else SAFETY * device.total_bytes
-    choices: list[str] = []
 
     # ---- rollout: KV for this step's batch (and validation's), engine concurrency
     val_n = g(f"{rl}.val_kwargs.n")
@@ -328,19 +332,21 @@ def make_plan(config: DictConfig | dict, hf_config, device: DeviceSpec, val_prom
                         list(range(max(1, layout.train_batch_size * layout.n // world), 0, -1)),
                         LOGPROB_TOKENS_TARGET, lambda m: mm.reward_model_phase(m, rm_len, rm_once, kv_bytes), rm_len)
         predicted["reward_model"] = mm.reward_model_phase(rm_micro, rm_len, rm_once, kv_bytes)
-    actor_ckpt, critic_ckpt = res.gradient_checkpointing, res.critic_gradient_checkpointing
+    actor_ckpt, critic_ckpt, kept_layers = res.gradient_checkpointing, res.critic_gradient_checkpointing, 0
     if _auto(g(f"{MODEL}.enable_gradient_checkpointing")):
-        actor_ckpt = _resolve_checkpointing(
+        actor_ckpt, kept_layers = _resolve_checkpointing(
             f"{MODEL}.enable_gradient_checkpointing", res.activation_offload, budget, predicted, actor_micro, S,
             g(f"{a}.ppo_max_token_len_per_gpu") if g(f"{a}.use_dynamic_bsz") else None,
-            lambda m, t: MemoryModel(shape, replace(res, gradient_checkpointing=False)).update_actor(m, t, R, kv_bytes),
-            "update_actor", choices)
+            lambda m, t, k=None: MemoryModel(shape, replace(res, gradient_checkpointing=k is not None,
+                                                            kept_layers=k or 0)).update_actor(m, t, R, kv_bytes),
+            "update_actor", choices, shape.layers)
     if gae and _auto(g("critic.model.enable_gradient_checkpointing")):
-        critic_ckpt = _resolve_checkpointing(
+        critic_ckpt, _ = _resolve_checkpointing(
             "critic.model.enable_gradient_checkpointing", res.critic_activation_offload, budget, predicted,
             critic_micro, S, g("critic.ppo_max_token_len_per_gpu") if g("critic.use_dynamic_bsz") else None,
-            lambda m, t: MemoryModel(shape, replace(res, critic_gradient_checkpointing=False)
-                                     ).critic_phase("update_critic", m, t, False, kv_bytes), "update_critic", choices)
+            lambda m, t, k=None: MemoryModel(shape, replace(res, critic_gradient_checkpointing=False)
+                                             ).critic_phase("update_critic", m, t, False, kv_bytes),
+            "update_critic", choices, 0)
     if budget is not None and predicted["gen"].total > budget:
         raise ConfigError([f"rollout phase predicted at {predicted['gen'].total / GiB:.1f} GiB per GPU, over "
                            f"{SAFETY:.0%} of {device.total_bytes / GiB:.1f} GiB ({predicted['gen'].describe()}): "
@@ -364,35 +370,65 @@ def make_plan(config: DictConfig | dict, hf_config, device: DeviceSpec, val_prom
                    predicted=predicted, choices=tuple(choices), reward_model_micro=rm_micro,
                    reward_model_unshard_once=rm_once, reward_model_max_length=rm_len, lora_base_dtype=lora_base_dtype,
                    fused_optimizer=res.fused_optimizer, gradient_checkpointing=actor_ckpt,
-                   critic_gradient_checkpointing=critic_ckpt)
+                   critic_gradient_checkpointing=critic_ckpt, use_liger=use_liger,
+                   recompute_kept_layers=kept_layers)
+
+
+def resolve_liger(value, device_type: str, model_type: str | None, choices: list[str]) -> bool:
+    """`use_liger`: true needs a GPU, the liger-kernel package and an architecture it patches (else a ConfigError
+    naming what is missing); auto is on exactly where true would be accepted; false is off."""
+    from hybridrl.training.liger import LIGER_ARCHITECTURES, liger_installed
+
+    key = f"{MODEL}.use_liger"
+    if value is False:
+        return False
+    missing = ("the device is the CPU: Liger's kernels are Triton GPU kernels" if device_type == "cpu"
+               else "the liger-kernel package is not installed: pip install 'hybridrl[gpu]'" if not liger_installed()
+               else f"model_type {model_type!r} has no Liger kernels here (supported: {', '.join(LIGER_ARCHITECTURES)})"
+               if model_type not in LIGER_ARCHITECTURES else None)
+    if value is True and missing:
+        raise ConfigError([f"'{key}' = true: {missing}; set it to false or auto"])
+    choices.append(f"{key} = {'false (' + missing + ')' if missing else 'true (fused RMSNorm, SwiGLU, RoPE)'}")
+    return missing is None
 
 
 def _resolve_checkpointing(key: str, offload: bool, budget: float | None, predicted: dict, micro: int | None,
-                           seq_len: int, dyn_tokens: int | None, peak_without, phase: str,
-                           choices: list[str]) -> bool:
-    """Gradient checkpointing 'auto': off (backward without recomputing each layer's forward: one forward fewer
-    per micro-batch) where the micro-batch chosen with it — or the token budget — also fits without it within the
-    run's predicted peak, the largest phase with checkpointing (e.g. a rollout holding a long-response KV cache);
-    else on. Lean first: it never raises the peak. It never shrinks the micro-batch to fit either: on a 7B LoRA
-    update, 128 micro-batches of 2048 tokens without recompute took 1.54x the time of 16 of 16384 with it
-    (docs/benchmarks.md). On a CPU (no memory model) it is off. Updates `predicted[phase]` when off."""
+                           seq_len: int, dyn_tokens: int | None, peak, phase: str, choices: list[str],
+                           layers: int) -> tuple[bool, int]:
+    """Gradient checkpointing 'auto' -> (checkpointing, kept_layers). Off (backward without recomputing each
+    layer's forward: one forward fewer per micro-batch) where the micro-batch chosen with it — or the token
+    budget — also fits without it within the run's predicted peak, the largest phase with checkpointing (e.g. a
+    rollout holding a long-response KV cache). Else on, but with as many of the last `layers` decoder layers as fit
+    under that peak keeping their activations (each one kept saves its share of the recompute); `layers` 0 means
+    all or nothing. Lean first: it never raises the peak. It never shrinks the micro-batch to fit either: on a 7B
+    LoRA update, 128 micro-batches of 2048 tokens without recompute took 1.54x the time of 16 of 16384 with it
+    (docs/benchmarks.md). On a CPU (no memory model) it is off. Updates `predicted[phase]` unless fully on.
+    `peak(rows, tokens, kept)`: the phase's memory with `kept` layers not recomputed, without checkpointing for
+    kept=None."""
     if offload:
         choices.append(f"{key} = true (activation offload moves the inputs checkpointing keeps)")
-        return True
+        return True, 0
     if budget is None:
         choices.append(f"{key} = false (no device memory to plan against: recompute would only cost time)")
-        return False
+        return False, 0
     ceiling = max(p.total for p in predicted.values())
     rows, tokens = (1, dyn_tokens) if dyn_tokens is not None else (micro, seq_len)
-    without = peak_without(rows, tokens)
-    if without.total > ceiling:
-        choices.append(f"{key} = true (without it the {phase} micro-batch would peak at {without.total / GiB:.1f} "
-                       f"GiB, over the run's predicted {ceiling / GiB:.1f} GiB)")
-        return True
-    predicted[phase] = without
-    choices.append(f"{key} = false (no recompute: predicted {phase} peak {without.total / GiB:.1f} GiB, within the "
-                   f"run's {ceiling / GiB:.1f} GiB)")
-    return False
+    without = peak(rows, tokens)
+    if without.total <= ceiling:
+        predicted[phase] = without
+        choices.append(f"{key} = false (no recompute: predicted {phase} peak {without.total / GiB:.1f} GiB, within "
+                       f"the run's {ceiling / GiB:.1f} GiB)")
+        return False, 0
+    kept = next((k for k in range(layers - 1, 0, -1) if peak(rows, tokens, k).total <= ceiling), 0)
+    if kept:
+        predicted[phase] = peak(rows, tokens, kept)
+        choices.append(f"{key} = true for the first {layers - kept} of {layers} decoder layers (the last {kept} keep "
+                       f"their activations: predicted {phase} peak {predicted[phase].total / GiB:.1f} GiB, within "
+                       f"the run's {ceiling / GiB:.1f} GiB; without recompute {without.total / GiB:.1f} GiB)")
+        return True, kept
+    choices.append(f"{key} = true (without it the {phase} micro-batch would peak at {without.total / GiB:.1f} "
+                   f"GiB, over the run's predicted {ceiling / GiB:.1f} GiB)")
+    return True, 0
 
 
 def _kv_room(mm: MemoryModel, res: Residency, budget: float, block_size: int, seq_len: int, response_len: int,

@@ -30,7 +30,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
-__all__ = ["set_recompute", "recompute_on", "build_training_mesh", "apply_fsdp", "decoder_blocks", "load_hf_model",
+__all__ = ["set_recompute", "recompute_on", "recomputed_layers", "build_training_mesh", "apply_fsdp", "decoder_blocks", "load_hf_model",
            "build_fsdp_model", "resolve_dtype", "keep_unsharded", "should_keep_unsharded", "unsharded_param_bytes"]
 
 _DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
@@ -58,7 +58,8 @@ def build_training_mesh(world_size: int, fsdp_size: int = -1, device_type: str =
 
 def decoder_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
     names = set(getattr(model, "_no_split_modules", None) or [])
-    blocks = [m for m in model.modules() if type(m).__name__ in names]
+    # by the HF class anywhere in the MRO: once sharded, a block's class is FSDP2's subclass of it
+    blocks = [m for m in model.modules() if any(c.__name__ in names for c in type(m).__mro__)]
     if not blocks:
         raise ValueError(f"{type(model).__name__}: no decoder blocks found (its _no_split_modules is "
                          f"{sorted(names)}); FSDP needs per-block wrapping")
@@ -171,18 +172,30 @@ def load_hf_model(path: str, role: str = "actor", dtype=torch.float32, override_
     return cls.from_pretrained(path, config=cfg, dtype=dtype, trust_remote_code=trust_remote_code)
 
 
-def set_recompute(model, on: bool) -> None:
+def set_recompute(model, on: bool, kept_layers: int = 0) -> None:
     """Gradient (activation) checkpointing of an HF model's decoder layers on or off, non-reentrant; through
     transformers' `activation_checkpointing_*` where it has them (its `gradient_checkpointing_*` names are
-    deprecated aliases there)."""
+    deprecated aliases there). With `on`, the last `kept_layers` decoder blocks keep their activations instead
+    (transformers checkpoints each block by its own `gradient_checkpointing` flag)."""
     kwargs = {"use_reentrant": False}
     current = hasattr(model, "activation_checkpointing_enable")
     if not on:
         (model.activation_checkpointing_disable if current else model.gradient_checkpointing_disable)()
-    elif current:
+        return
+    if current:
         model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
     else:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+    blocks = decoder_blocks(model)
+    if not 0 <= kept_layers < len(blocks):
+        raise ValueError(f"set_recompute: kept_layers={kept_layers} of {len(blocks)} decoder layers")
+    for block in blocks[len(blocks) - kept_layers:]:
+        block.gradient_checkpointing = False
+
+
+def recomputed_layers(model) -> int:
+    """How many decoder blocks recompute their forward in backward."""
+    return sum(bool(getattr(b, "gradient_checkpointing", False)) for b in decoder_blocks(model))
 
 
 def recompute_on(model) -> bool:
@@ -194,9 +207,12 @@ def recompute_on(model) -> bool:
 
 def build_fsdp_model(model_cfg: Mapping, fsdp_cfg: Mapping, mesh: DeviceMesh, device: torch.device,
                      role: str = "actor", use_varlen_attention: bool | None = None, lora=None,
-                     lora_base_dtype=None, gradient_checkpointing: bool = False) -> torch.nn.Module:
+                     lora_base_dtype=None, gradient_checkpointing: bool = False, recompute_kept_layers: int = 0,
+                     liger: bool = False) -> torch.nn.Module:
     """Load `model_cfg['path']` and return it sharded on `mesh`, weights on `device` (see module docstring).
-    `gradient_checkpointing`: recompute each decoder layer in backward (the caller's resolved choice).
+    `gradient_checkpointing`: recompute each decoder layer in backward but the last `recompute_kept_layers` (the
+    caller's resolved choice).
+    `liger`: Liger's fused RMSNorm / SwiGLU / RoPE kernels (training/liger.py; the plan's choice).
     `lora` (training/lora.py LoraSettings): adapters injected before sharding; rank 0's initial adapters are
     broadcast with the weights. The frozen base is then loaded in `lora_base_dtype` (None: `model_dtype`) and
     the adapters kept in `model_dtype`; FSDP2 all-gathers both in its `param_dtype`."""
@@ -215,6 +231,10 @@ def build_fsdp_model(model_cfg: Mapping, fsdp_cfg: Mapping, mesh: DeviceMesh, de
     common = dict(role=role, dtype=stored, override_config=model_cfg.get("override_config") or {},
                   trust_remote_code=bool(model_cfg.get("trust_remote_code", False)))
     model = load_hf_model(model_cfg["path"], on_meta=rank != 0, **common)
+    if liger:
+        from hybridrl.training.liger import apply_liger
+
+        apply_liger(model)
     if lora is not None:
         from hybridrl.training.lora import apply_lora
 
@@ -225,7 +245,7 @@ def build_fsdp_model(model_cfg: Mapping, fsdp_cfg: Mapping, mesh: DeviceMesh, de
     if use_varlen_attention:
         model.set_attn_implementation(register_varlen_attention())
     if gradient_checkpointing:
-        set_recompute(model, True)
+        set_recompute(model, True, recompute_kept_layers)
     if device.type == "cpu":
         mp = {"param_dtype": torch.float32, "reduce_dtype": torch.float32}   # CPU kernels: fp32 everywhere
     else:

@@ -107,7 +107,8 @@ class ActorRolloutRefWorker(Worker):
             self.actor_module, self.optimizer, self.scheduler = build_fsdp_model(
                 cfg.model, cfg.actor.fsdp_config, cfg.actor.optim, self.device_mesh, self.compute_device, trainable=True,
                 lora_base_dtype=self.plan.lora_base_dtype, fused_optimizer=self.plan.fused_optimizer,
-                gradient_checkpointing=self.plan.gradient_checkpointing)
+                gradient_checkpointing=self.plan.gradient_checkpointing,
+                recompute_kept_layers=self.plan.recompute_kept_layers, liger=self.plan.use_liger)
             from hybridrl.training.actor import DataParallelPPOActor
 
             self.actor = DataParallelPPOActor(actor_cfg, self.actor_module, self.optimizer, self.scheduler,
@@ -125,7 +126,7 @@ class ActorRolloutRefWorker(Worker):
             # the reference never trains: keep it in the compute dtype (the plan's), no fp32 master copy
             ref_fsdp = OmegaConf.merge(cfg.actor.fsdp_config, cfg.ref.fsdp_config, {"model_dtype": self.plan.frozen_dtype})
             self.ref_module, _, _ = build_fsdp_model(cfg.model, ref_fsdp, None, self.device_mesh,
-                                                     self.compute_device, trainable=False)
+                                                     self.compute_device, trainable=False, liger=self.plan.use_liger)
             from hybridrl.training.actor import DataParallelPPOActor
 
             self.ref = DataParallelPPOActor(cfg.actor, self.ref_module, None, None,

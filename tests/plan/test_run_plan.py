@@ -146,6 +146,32 @@ def test_checkpointing_auto_turns_off_within_the_rollouts_peak():
     assert lora.predicted["gen"].total > lora.predicted["update_actor"].total
 
 
+def test_checkpointing_auto_keeps_the_last_layers_that_fit_under_the_runs_peak():
+    # 7B LoRA at 512 tokens: recompute stays on, but the rollout's peak leaves room for some layers' activations
+    lora, every = plan(LORA7, hf=Q7), plan([*LORA7, f"{CKPT}=true"], hf=Q7)
+    k, layers = lora.recompute_kept_layers, lora.model.layers
+    assert lora.gradient_checkpointing and 0 < k < layers and every.recompute_kept_layers == 0
+    assert lora.actor_micro == every.actor_micro                      # the micro-batch is not shrunk
+    ceiling = max(pm.total for pm in every.predicted.values())
+    assert every.predicted["update_actor"].total < lora.predicted["update_actor"].total <= ceiling
+    assert max(pm.total for pm in lora.predicted.values()) == ceiling  # the run's peak is not raised
+    assert any(f"true for the first {layers - k} of {layers} decoder layers" in c for c in lora.choices)
+    # the largest such count: each more kept layer adds its saved activations less its input
+    shape, tokens = lora.model, lora.actor_micro * 512
+    per_layer = tokens * (shape.train_act_bytes_per_token_layer() - 2 * shape.hidden)
+    assert lora.predicted["update_actor"].total + per_layer > ceiling
+    # kept activations: the recomputed layers' inputs and the kept layers' saved activations; no layer is rebuilt
+    # while a kept one's activations are alive, so the rebuild is not added
+    from hybridrl.plan.memory import MemoryModel
+
+    kept = MemoryModel._kept_activations(shape, tokens, True, False, False, k)
+    assert kept == (layers - k) * tokens * shape.hidden * 2 + k * tokens * shape.train_act_bytes_per_token_layer()
+    assert MemoryModel(shape, None)._train_activations(shape, tokens, True, False, False, k) == \
+        kept + tokens * shape.layer_backward_bytes_per_token()
+    # an explicit true keeps verl's meaning (every layer), and so does activation offload
+    assert plan([*LORA7, "actor_rollout_ref.model.enable_activation_offload=true"], hf=Q7).recompute_kept_layers == 0
+
+
 def test_checkpointing_auto_on_cpu_offload_and_explicit_values():
     assert not plan(device=DeviceSpec("cpu", "cpu", None)).gradient_checkpointing   # no memory model: no recompute
     assert plan([*LORA7, "actor_rollout_ref.model.enable_activation_offload=true"], hf=Q7).gradient_checkpointing
@@ -217,8 +243,8 @@ def test_gpu_plans_fuse_the_adamw_step_and_cpu_plans_count_its_temporaries():
 def test_lora_update_counts_no_gradients_for_the_frozen_base_or_head():
     """With LoRA the head weight and the unsharded blocks get no gradient buffers (measured on one H200 at 7B,
     r64: 26.8 GiB in the update; counting them predicted 32.1)."""
-    micro = f"{A}.ppo_micro_batch_size_per_gpu=8"
-    full, lora = plan([micro], hf=Q7), plan([micro, "actor_rollout_ref.model.lora_rank=64"], hf=Q7)
+    micro = [f"{A}.ppo_micro_batch_size_per_gpu=8", f"{CKPT}=true"]   # every layer recomputed
+    full, lora = plan(micro, hf=Q7), plan([*micro, "actor_rollout_ref.model.lora_rank=64"], hf=Q7)
     m, f, lo = full.model, full.predicted["update_actor"].parts, lora.predicted["update_actor"].parts
     # LoRA peaks in a layer's backward: the untied embedding and head plus two blocks unsharded in bf16, no block
     # gradients, no head-weight gradient held for the root's reduce
@@ -265,3 +291,41 @@ def test_activation_offload_keeps_two_layer_inputs_on_the_gpu():
     off = plan([micro, "actor_rollout_ref.model.enable_activation_offload=true"],
                hf=Q7).predicted["update_actor"].parts["activations"]
     assert kept - off == (28 - 2) * 8 * 512 * 3584 * 2
+
+
+LIGER = "actor_rollout_ref.model.use_liger"
+CPU = DeviceSpec("cpu", "cpu", None)
+
+
+@pytest.mark.parametrize("device, installed, model_type, reason", [
+    (CPU, True, "qwen2", "CPU"),
+    (H200, False, "qwen2", "liger-kernel package"),
+    (H200, True, "olmo2", "'olmo2'"),
+])
+def test_liger_auto_is_off_and_true_refused_where_it_cannot_run(monkeypatch, device, installed, model_type, reason):
+    monkeypatch.setattr("hybridrl.training.liger.liger_installed", lambda: installed)
+    hf = qwen(896, 4864, 24, 14, 2, True)
+    hf.model_type = model_type
+    p = plan(hf=hf, device=device)
+    assert p.use_liger is False
+    assert any(c.startswith(f"{LIGER} = false") and reason in c for c in p.choices), p.choices
+    with pytest.raises(ConfigError) as e:
+        plan([f"{LIGER}=true"], hf=hf, device=device)
+    assert f"'{LIGER}' = true" in str(e.value) and reason in str(e.value)
+    assert plan([f"{LIGER}=false"], hf=hf, device=device).use_liger is False
+
+
+def test_liger_on_a_gpu_shrinks_the_planned_update_activations(monkeypatch):
+    monkeypatch.setattr("hybridrl.training.liger.liger_installed", lambda: True)
+    lean = ["actor_rollout_ref.model.enable_gradient_checkpointing=false", f"{A}.ppo_micro_batch_size_per_gpu=4",
+            "actor_rollout_ref.model.lora_rank=64"]
+    on, off = plan(lean, hf=Q7), plan([*lean, f"{LIGER}=false"], hf=Q7)
+    assert on.use_liger and f"{LIGER} = true (fused RMSNorm, SwiGLU, RoPE)" in on.choices
+    assert not off.use_liger
+    diff = off.predicted["update_actor"].parts["activations"] - on.predicted["update_actor"].parts["activations"]
+    h, i, tokens, layers = 3584, 18944, 4 * 512, 28
+    # per token and layer the norms keep bf16 inputs and one fp32 rstd (not fp32 inputs) and SwiGLU no SiLU output;
+    # a layer's backward holds one [tokens, i] gradient instead of three, the head's the final norm's bf16 input
+    kept = layers * tokens * (2 * 2 * h - 2 * 4 + 2 * i)
+    assert diff in (kept + tokens * 2 * 2 * i, kept + tokens * 2 * h), diff
+    assert on.predicted["update_actor"].total < off.predicted["update_actor"].total

@@ -28,7 +28,12 @@ def test_config_spec_is_checked(bench):
     cfg = bench.UpdateConfig.parse("lora64:nockpt:4")
     assert (cfg.lora_rank, cfg.checkpointing, cfg.micro, cfg.forward_equivalents()) == (64, False, 4, 2)
     assert bench.UpdateConfig.parse("full:ckpt:16").forward_equivalents() == 4
-    for bad in ("lora:ckpt:4", "full:recompute:4", "full:ckpt:0"):
+    keep = bench.UpdateConfig.parse("lora64:keep4:32")
+    assert (keep.checkpointing, keep.kept_layers, keep.forward_equivalents(28)) == (True, 4, 2 + 24 / 28)
+    assert bench.UpdateConfig.parse("lora8:ckpt:4:peft").lora_forward == "peft"
+    assert bench.UpdateConfig.parse("lora8:ckpt:4").lora_forward == "fused"
+    for bad in ("lora:ckpt:4", "full:recompute:4", "full:keep0:4", "full:keepx:4", "full:ckpt:0", "full:ckpt:4:peft", "lora8:ckpt:4:fast",
+                "lora8:ckpt"):
         with pytest.raises(ValueError):
             bench.UpdateConfig.parse(bad)
 
@@ -38,17 +43,19 @@ def test_busy_seconds_merges_overlapping_kernels(bench):
 
 
 def test_cpu_run_times_profiles_and_toggles_checkpointing(bench, tiny_model_dir, tmp_path):
-    kind = "lora8" if importlib.util.find_spec("peft") else "full"
+    lora = importlib.util.find_spec("peft") is not None
+    kind, peft = ("lora8", ":peft") if lora else ("full", "")
     out = tmp_path / "update.json"
     rows = 8
     result = bench.main(["--device", "cpu", "--preset", f"dir:{tiny_model_dir}", "--rows", str(rows),
                          "--prompt-len", "12", "--response-len", "12", "--repeat", "1",
-                         "--configs", f"{kind}:ckpt:4,{kind}:nockpt:2", "--out", str(out)])
+                         "--configs", f"{kind}:ckpt:4,{kind}:nockpt:2{peft},{kind}:keep1:4", "--out", str(out)])
     assert json.loads(out.read_text()) == json.loads(json.dumps(result))
-    assert result["command"].endswith(f"{kind}:ckpt:4,{kind}:nockpt:2 --out {out}")
+    assert result["command"].endswith(f"{kind}:ckpt:4,{kind}:nockpt:2{peft},{kind}:keep1:4 --out {out}")
     assert "forward-equivalent" in result["flop_assumptions"]
     assert list(result["models"]) == [kind]   # the second configuration toggled checkpointing on the same model
-    ckpt, nockpt = result["configs"][f"{kind}:ckpt:4"], result["configs"][f"{kind}:nockpt:2"]
+    ckpt, nockpt = result["configs"][f"{kind}:ckpt:4"], result["configs"][f"{kind}:nockpt:2{peft}"]
+    assert (ckpt["lora_forward"], nockpt["lora_forward"]) == (("fused", "peft") if lora else (None, None))
     for entry, micro, recompute in ((ckpt, 4, True), (nockpt, 2, False)):
         assert "error" not in entry, entry.get("traceback")
         assert entry["micro_batches"] == rows // micro
@@ -61,3 +68,9 @@ def test_cpu_run_times_profiles_and_toggles_checkpointing(bench, tiny_model_dir,
         assert window["micro_batches"] == min(2, rows // micro - 1) and window["wall_s"] > 0
         assert entry["profile"]["optimizer_step"]["wall_s"] > 0
     assert ckpt["forward_equivalents"] == nockpt["forward_equivalents"] + 1
+    keep = result["configs"][f"{kind}:keep1:4"]
+    assert "error" not in keep, keep.get("traceback")
+    layers = keep["layers"]
+    assert (ckpt["recomputed_layers"], nockpt["recomputed_layers"], keep["recomputed_layers"]) == (layers, 0, layers - 1)
+    assert keep["first_layer_forwards_per_micro_batch"] == 2.0   # the first layer still recomputes, the last not
+    assert keep["forward_equivalents"] == pytest.approx(nockpt["forward_equivalents"] + (layers - 1) / layers)
