@@ -1,7 +1,9 @@
 """The memory model's update and rollout predictions for every measured one-H200 configuration, next to the peak
 `torch.cuda.max_memory_allocated` measured in that phase (numbers from the runs' JSON under benchmarks/results/:
-vs_trl/ and vs_trl/equal_precision/ for 0.5B and 1.5B, qwen2.5-7b_defaults/ for 7B; the micro-batch and recompute
-each run's plan chose are passed explicitly). CPU only, a few seconds:
+vs_trl/ and vs_trl/equal_precision/ for 0.5B and 1.5B, qwen2.5-7b_defaults/ and lora_fused/ for 7B; the
+micro-batch, recompute and Liger choice each run's plan made are passed explicitly: "auto" recompute is the plan's
+partial recompute, and the Liger rows plan as if liger-kernel were installed, as it was on the GPU). CPU only, a
+few seconds:
 
     python benchmarks/results/memory_model_check/predicted_vs_measured.py [-v]
 """
@@ -23,6 +25,8 @@ H200 = DeviceSpec("cuda", "NVIDIA H200", 143771 * 1024**2)
 A = "actor_rollout_ref"
 LORA = [f"{A}.model.lora_rank=64", f"{A}.model.lora_alpha=128"]
 BF16 = [f"{A}.actor.fsdp_config.model_dtype=bf16"]
+NO_LIGER = [f"{A}.model.use_liger=false"]   # the runs before Liger
+LIGER = [f"{A}.model.use_liger=true"]
 RUNS = [  # name, preset, GPUs, micro-batch, recompute, overrides, measured peak GiB (gen, update_actor)
     ("0.5B fp32 masters", "qwen2.5-0.5b", 1, 32, True, [], (8.67, 10.47)),
     ("0.5B bf16 masters", "qwen2.5-0.5b", 1, 32, True, BF16, (5.92, 6.81)),
@@ -32,10 +36,15 @@ RUNS = [  # name, preset, GPUs, micro-batch, recompute, overrides, measured peak
     ("7B full, 2 GPUs", "qwen2.5-7b", 2, 32, True, [], (61.92, 69.47)),
     ("7B LoRA r64, recompute", "qwen2.5-7b", 1, 32, True, LORA, (39.26, 26.77)),
     ("7B LoRA r64, no recompute", "qwen2.5-7b", 1, 4, False, LORA, (39.26, 31.60)),
+    ("7B full, 1 GPU, Liger", "qwen2.5-7b", 1, 32, True, LIGER, (108.68, 124.37)),
+    ("7B LoRA r64, Liger, 6 kept", "qwen2.5-7b", 1, 32, "auto", LORA + LIGER, (39.26, 37.52)),
 ]
 
 
 def main(verbose: bool) -> None:
+    import hybridrl.training.liger as liger
+
+    liger.liger_installed = lambda: True   # the plan's flag only: nothing here runs a kernel
     tmp = Path(tempfile.mkdtemp(prefix="memory_model_check_"))
     for name, preset, gpus, micro, recompute, extra, (gen, update) in RUNS:
         model = tmp / preset
@@ -44,11 +53,12 @@ def main(verbose: bool) -> None:
         a = argparse.Namespace(defaults=True, prompts=64, n=8, prompt_len=256, response_len=256, tp=1, mini_batch=0,
                                grad_ckpt=str(recompute).lower(), gpus=gpus, device="cuda", steps=3, gpu_mem=0.5,
                                logprob_micro=16, micro=micro)
+        extra = extra if any("use_liger" in o for o in extra) else extra + NO_LIGER
         overrides = base_overrides(a, model, tmp / "prompts.parquet", tmp / "run") + extra + [
             f"{A}.actor.ppo_micro_batch_size_per_gpu={micro}"]
         plan = make_plan(load_config(None, overrides), load_hf_config(str(model)), H200)
         pg, pu = plan.predicted["gen"].total / GiB, plan.predicted["update_actor"].total / GiB
-        print(f"{name:27s} gen {pg:7.2f} / {gen:7.2f} GiB ({pg / gen - 1:+.1%})   "
+        print(f"{name:28s} gen {pg:7.2f} / {gen:7.2f} GiB ({pg / gen - 1:+.1%})   "
               f"update {pu:7.2f} / {update:7.2f} GiB ({pu / update - 1:+.1%})")
         if verbose:
             print("    update:", plan.predicted["update_actor"].describe())
