@@ -195,8 +195,8 @@ class MemoryModel:
         kept = self._kept_activations(s, tokens, r.gradient_checkpointing, r.activation_offload, r.liger,
                                       r.kept_layers)
         # The transient memory peaks at one of two moments that never overlap: the head's backward (everything the
-        # forward kept, the final norm's input (fp32; bf16 with Liger) and output, the chunked head's buffers; no block unsharded for
-        # backward yet) or a decoder layer's backward (the kept activations, one layer's rebuilt graph, a block's
+        # forward kept, the final norm's input (fp32; bf16 with Liger) and output, the chunked head's buffers; no
+        # block unsharded for backward yet) or a decoder layer's backward (the kept activations, one layer's rebuilt graph, a block's
         # unsharded gradients, and the head weight's bf16 gradient, which FSDP reduces only with the root's, after
         # the embedding's backward; none with LoRA's frozen head).
         head_moment = {"activations": kept + tokens * s.hidden * ((2 if r.liger else 4) + 2),

@@ -30,8 +30,8 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
-__all__ = ["set_recompute", "recompute_on", "recomputed_layers", "build_training_mesh", "apply_fsdp", "decoder_blocks", "load_hf_model",
-           "build_fsdp_model", "resolve_dtype", "keep_unsharded", "should_keep_unsharded", "unsharded_param_bytes"]
+__all__ = ["set_recompute", "recompute_on", "recomputed_layers", "build_training_mesh", "apply_fsdp", "decoder_blocks",
+           "load_hf_model", "build_fsdp_model", "resolve_dtype", "keep_unsharded", "should_keep_unsharded", "unsharded_param_bytes"]
 
 _DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
            "fp16": torch.float16, "float16": torch.float16}

@@ -1,7 +1,7 @@
 """Liger's fused Triton kernels on a training model (verl's `actor_rollout_ref.model.use_liger`).
 
 HF's decoder layer runs RMSNorm as about eight elementwise passes in fp32 and SwiGLU as three; on a 7B LoRA
-update those passes take a quarter of the GPU's time (docs/benchmarks.md). Liger (liger-kernel, a well-kept
+update the elementwise kernels, these passes among them, took a quarter of the GPU's time (docs/benchmarks.md §0d). Liger (liger-kernel, a well-kept
 library) replaces them with one fused kernel each way: RMSNorm (fp32 statistics, the same "llama" casting as HF),
 SiLU·mul (recomputing the SiLU in backward instead of saving it) and RoPE. Its fused linear cross-entropy is not
 used: the actor's log-prob head is training/fused_logprob.py.
