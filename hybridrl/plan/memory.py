@@ -50,6 +50,7 @@ class Residency:
     liger: bool = False             # the actor's training graph uses Liger's RMSNorm / SwiGLU (training/liger.py)
     kept_layers: int = 0            # with the actor's checkpointing: its last decoder layers that keep their
                                     # activations instead of recomputing them (0: every layer recomputes)
+    critic_kept_layers: int = 0     # the same for the critic's
 
 
 @dataclass(frozen=True)
@@ -225,7 +226,8 @@ class MemoryModel:
         parts["unsharded params"] = self._fsdp_working(c, unshard_once and not train, backward=train)
         tokens = micro_rows * seq_len
         parts["activations"] = (self._train_activations(c, tokens, r.critic_gradient_checkpointing,
-                                                        r.critic_activation_offload) if train
+                                                        r.critic_activation_offload,
+                                                        kept_layers=r.critic_kept_layers) if train
                                 else tokens * c.infer_act_bytes_per_token)
         if train:
             parts["optimizer step"] = self._optimizer_step(c.num_params, 4, r.critic_shard)

@@ -91,6 +91,7 @@ class RunPlan:
     use_liger: bool = False                     # Liger's fused kernels in the actor's / reference's training graph
     recompute_kept_layers: int = 0              # with the actor's checkpointing: its last decoder layers that keep
                                                 # their activations (not recomputed); 0 = all recompute
+    critic_recompute_kept_layers: int = 0       # the same for the critic's
 
     def kv_blocks_for(self, prompts: int, n: int) -> int:
         """KV blocks one generate call of `prompts` x n needs on this engine (a hybrid engine allocates its KV per
@@ -332,7 +333,8 @@ def make_plan(config: DictConfig | dict, hf_config, device: DeviceSpec, val_prom
                         list(range(max(1, layout.train_batch_size * layout.n // world), 0, -1)),
                         LOGPROB_TOKENS_TARGET, lambda m: mm.reward_model_phase(m, rm_len, rm_once, kv_bytes), rm_len)
         predicted["reward_model"] = mm.reward_model_phase(rm_micro, rm_len, rm_once, kv_bytes)
-    actor_ckpt, critic_ckpt, kept_layers = res.gradient_checkpointing, res.critic_gradient_checkpointing, 0
+    actor_ckpt, critic_ckpt = res.gradient_checkpointing, res.critic_gradient_checkpointing
+    kept_layers = critic_kept = 0
     if _auto(g(f"{MODEL}.enable_gradient_checkpointing")):
         actor_ckpt, kept_layers = _resolve_checkpointing(
             f"{MODEL}.enable_gradient_checkpointing", res.activation_offload, budget, predicted, actor_micro, S,
@@ -341,12 +343,13 @@ def make_plan(config: DictConfig | dict, hf_config, device: DeviceSpec, val_prom
                                                             kept_layers=k or 0)).update_actor(m, t, R, kv_bytes),
             "update_actor", choices, shape.layers)
     if gae and _auto(g("critic.model.enable_gradient_checkpointing")):
-        critic_ckpt, _ = _resolve_checkpointing(
+        critic_ckpt, critic_kept = _resolve_checkpointing(
             "critic.model.enable_gradient_checkpointing", res.critic_activation_offload, budget, predicted,
             critic_micro, S, g("critic.ppo_max_token_len_per_gpu") if g("critic.use_dynamic_bsz") else None,
-            lambda m, t, k=None: MemoryModel(shape, replace(res, critic_gradient_checkpointing=False)
+            lambda m, t, k=None: MemoryModel(shape, replace(res, critic_gradient_checkpointing=k is not None,
+                                                            critic_kept_layers=k or 0)
                                              ).critic_phase("update_critic", m, t, False, kv_bytes),
-            "update_critic", choices, 0)
+            "update_critic", choices, shape.layers)
     if budget is not None and predicted["gen"].total > budget:
         raise ConfigError([f"rollout phase predicted at {predicted['gen'].total / GiB:.1f} GiB per GPU, over "
                            f"{SAFETY:.0%} of {device.total_bytes / GiB:.1f} GiB ({predicted['gen'].describe()}): "
@@ -371,7 +374,7 @@ def make_plan(config: DictConfig | dict, hf_config, device: DeviceSpec, val_prom
                    reward_model_unshard_once=rm_once, reward_model_max_length=rm_len, lora_base_dtype=lora_base_dtype,
                    fused_optimizer=res.fused_optimizer, gradient_checkpointing=actor_ckpt,
                    critic_gradient_checkpointing=critic_ckpt, use_liger=use_liger,
-                   recompute_kept_layers=kept_layers)
+                   recompute_kept_layers=kept_layers, critic_recompute_kept_layers=critic_kept)
 
 
 def resolve_liger(value, device_type: str, model_type: str | None, choices: list[str]) -> bool:
@@ -399,8 +402,7 @@ def _resolve_checkpointing(key: str, offload: bool, budget: float | None, predic
     layer's forward: one forward fewer per micro-batch) where the micro-batch chosen with it — or the token
     budget — also fits without it within the run's predicted peak, the largest phase with checkpointing (e.g. a
     rollout holding a long-response KV cache). Else on, but with as many of the last `layers` decoder layers as fit
-    under that peak keeping their activations (each one kept saves its share of the recompute); `layers` 0 means
-    all or nothing. Lean first: it never raises the peak. It never shrinks the micro-batch to fit either: on a 7B
+    under that peak keeping their activations (each one kept saves its share of the recompute). Lean first: it never raises the peak. It never shrinks the micro-batch to fit either: on a 7B
     LoRA update, 128 micro-batches of 2048 tokens without recompute took 1.54x the time of 16 of 16384 with it
     (docs/benchmarks.md). On a CPU (no memory model) it is off. Updates `predicted[phase]` unless fully on.
     `peak(rows, tokens, kept)`: the phase's memory with `kept` layers not recomputed, without checkpointing for

@@ -38,7 +38,8 @@ class CriticWorker(Worker):
         self.set_dispatch_info("critic", *dispatch)
         self.module, self.optimizer, self.scheduler = build_fsdp_model(
             c.model, c.model.fsdp_config, c.optim, self.mesh, self.compute_device, trainable=True, critic=True,
-            fused_optimizer=self.plan.fused_optimizer, gradient_checkpointing=self.plan.critic_gradient_checkpointing)
+            fused_optimizer=self.plan.fused_optimizer, gradient_checkpointing=self.plan.critic_gradient_checkpointing,
+            recompute_kept_layers=self.plan.critic_recompute_kept_layers)
         cfg = per_rank_section(c, self.plan.layout.critic_mini_batch_per_gpu, self.plan.critic_micro)
         from hybridrl.training.critic import DataParallelPPOCritic
 

@@ -329,3 +329,19 @@ def test_liger_on_a_gpu_shrinks_the_planned_update_activations(monkeypatch):
     kept = layers * tokens * (2 * 2 * h - 2 * 4 + 2 * i)
     assert diff in (kept + tokens * 2 * 2 * i, kept + tokens * 2 * h), diff
     assert on.predicted["update_actor"].total < off.predicted["update_actor"].total
+
+
+def test_critic_checkpointing_auto_keeps_its_last_layers_too():
+    # GAE, 1k-token responses: the rollout peaks highest; actor and critic each keep what fits under it
+    p = plan(["algorithm.adv_estimator=gae", "data.max_response_length=1024"])
+    ceiling = p.predicted["gen"].total
+    assert max(pm.total for pm in p.predicted.values()) == ceiling
+    assert p.critic_gradient_checkpointing and 0 < p.critic_recompute_kept_layers < p.model.layers
+    assert p.gradient_checkpointing and 0 < p.recompute_kept_layers < p.model.layers
+    tokens = p.critic_micro * (256 + 1024)
+    per_layer = tokens * (p.model.train_act_bytes_per_token_layer() - 2 * p.model.hidden)
+    assert p.predicted["update_critic"].total + per_layer > ceiling   # one more kept layer would not fit
+    assert any(c.startswith("critic.model.enable_gradient_checkpointing = true for the first") for c in p.choices)
+    every = plan(["algorithm.adv_estimator=gae", "data.max_response_length=1024",
+                  "critic.model.enable_gradient_checkpointing=true"])
+    assert every.critic_recompute_kept_layers == 0 and every.critic_micro == p.critic_micro
