@@ -377,12 +377,14 @@ def make_plan(config: DictConfig | dict, hf_config, device: DeviceSpec, val_prom
                    recompute_kept_layers=kept_layers, critic_recompute_kept_layers=critic_kept)
 
 
-def resolve_liger(value, device_type: str, model_type: str | None, choices: list[str]) -> bool:
-    """`use_liger`: true needs a GPU, the liger-kernel package and an architecture it patches (else a ConfigError
-    naming what is missing); auto is on exactly where true would be accepted; false is off."""
+def resolve_liger(value, device_type: str, model_type: str | None, choices: list[str],
+                  key: str = f"{MODEL}.use_liger") -> bool:
+    """`use_liger` (`key`): true needs a GPU, the liger-kernel package and an architecture it patches (else a
+    ConfigError naming what is missing); auto is on exactly where true would be accepted; false is off."""
     from hybridrl.training.liger import LIGER_ARCHITECTURES, liger_installed
 
-    key = f"{MODEL}.use_liger"
+    if value not in ("auto", True, False) or isinstance(value, int) and not isinstance(value, bool):
+        raise ConfigError([f"'{key}' = {value!r}: must be auto, true or false"])
     if value is False:
         return False
     missing = ("the device is the CPU: Liger's kernels are Triton GPU kernels" if device_type == "cpu"

@@ -34,9 +34,10 @@ from omegaconf import DictConfig, OmegaConf
 from hybridrl.algorithms import logprobs_from_logits
 from hybridrl.data.sft_conversation import normalize_messages, tokenize_conversation
 from hybridrl.models.tokenizer import resolve_chat_template
+from hybridrl.plan.run_plan import resolve_liger
 from hybridrl.protocol import DataProto
 from hybridrl.training.checkpoint import save_hf_model
-from hybridrl.training.fsdp import build_fsdp_model, build_training_mesh
+from hybridrl.training.fsdp import build_fsdp_model, build_training_mesh, load_hf_config
 from hybridrl.training.micro_batches import loss_scale, make_micro_batches
 from hybridrl.training.optim import build_lr_scheduler, build_optimizer
 from hybridrl.training.packing import forward_response_logits
@@ -230,8 +231,13 @@ def _train(cfg, device, world, rank, AutoTokenizer) -> dict:
     model_cfg = {"path": model_path, "trust_remote_code": m.trust_remote_code, "override_config": m.override_config,
                  "enable_gradient_checkpointing": m.enable_gradient_checkpointing,
                  "use_remove_padding": m.use_remove_padding}
+    choices: list[str] = []
+    liger = resolve_liger(m.use_liger, device.type, load_hf_config(model_path).model_type, choices,
+                          key="model.use_liger")
+    if rank == 0:
+        print(f"[sft] auto: {choices[0]}" if choices else "[sft] model.use_liger = false", flush=True)
     module = build_fsdp_model(model_cfg, OmegaConf.to_container(m.fsdp_config), mesh, device, role="causal_lm",
-                              gradient_checkpointing=bool(m.enable_gradient_checkpointing))
+                              gradient_checkpointing=bool(m.enable_gradient_checkpointing), liger=liger)
     optim_cfg = {"lr": o.lr, "betas": list(o.betas), "weight_decay": o.weight_decay, "lr_warmup_steps": -1,
                  "lr_warmup_steps_ratio": o.warmup_steps_ratio, "warmup_style": o.lr_scheduler,
                  "min_lr_ratio": o.min_lr_ratio, "total_training_steps": total_steps}
