@@ -6,8 +6,8 @@
 #   part 13: SmolLM2 learns to call a calculator: SFT on tool-call traces, then multi-turn GRPO
 #   part 14 (not yet run as a whole): where the 7B actor update's GPU time goes per micro-batch size (profile_update.py,
 #           one GPU; its LoRA fused-vs-peft pair ran in benchmarks/results/lora_fused/call1_profile.sh)
-#   part 15 (not yet run; needs nvidia-h200-x2): 7B full fine-tuning and LoRA r64 on two GPUs at the defaults, three
-#           runs each (issue 14's repeats, with Liger and partial recompute)
+#   parts 15, 16 (not yet run; need nvidia-h200-x2): 7B full fine-tuning (15) and LoRA r64 (16) on two GPUs at the
+#           defaults, three runs each (issue 14's repeats, with Liger and partial recompute); one device call each
 #   parts 9-11: 7B on one GPU (full and LoRA) vs TRL bf16 / TRL+peft; 7B on two GPUs; SmolLM2 TRL curve, LoRA, gsm8k
 #   part 3 (not yet run): Llama-3-8B shape hybrid vs scheme A; log-prob micro-batch sweep 1/4/8/16 in one run;
 #           20-step stability of the hybrid engine at gpu_memory_utilization 0.7 (where scheme A OOMs)
@@ -109,12 +109,12 @@ elif [ "$part" = 14 ]; then
       --rows 512 --prompt-len 256 --response-len 256 --repeat 1 \
       --configs lora64:ckpt:32,lora64:nockpt:4,lora64:nockpt:8,lora64:nockpt:16,full:ckpt:16 \
       --out "$out/profile_update_qwen2.5-7b.json"
-elif [ "$part" = 15 ]; then
+elif [ "$part" = 15 ] || [ "$part" = 16 ]; then
   M=/tmp/b7/models/qwen2.5-7b
   [ -f $M/config.json ] || python -c "from hybridrl.assets.tiny_model import write_size_preset as w; w('$M', 'qwen2.5-7b', weights=True)"
-  timeout 560 python benchmarks/grpo_step.py --preset qwen2.5-7b --gpus 2 --defaults --steps 3 --repeat 3 \
-      --workdir /tmp/b7 --out "$out/hybridrl_qwen2.5-7b_2gpu.json" \
-      --variants "full,lora64:actor_rollout_ref.model.lora_rank=64;actor_rollout_ref.model.lora_alpha=128"
+  variant=full; [ "$part" = 16 ] && variant="lora64:actor_rollout_ref.model.lora_rank=64;actor_rollout_ref.model.lora_alpha=128"
+  timeout $((580 - SECONDS)) python benchmarks/grpo_step.py --preset qwen2.5-7b --gpus 2 --defaults --steps 3 --repeat 3 \
+      --workdir /tmp/b7 --out "$out/hybridrl_qwen2.5-7b_2gpu_part$part.json" --variants "$variant"
 elif [ "$part" = 8 ]; then
   python benchmarks/rollout.py --models 0.5B,7B --skip-hf --ab-async 0.5B,7B --out "$out/rollout_async.json"
   python -m pytest -q tests -m gpu -p no:cacheprovider
