@@ -1,0 +1,55 @@
+"""The plan's Liger and kept-layer choices reach the model the worker builds: on one gloo rank,
+workers.common.build_fsdp_model calls Liger's apply function for the architecture on the plain HF model (before
+LoRA's adapters, with Liger's own cross-entropy off) and recomputes all decoder layers but the kept ones. liger-kernel
+is replaced by a recording stand-in (its kernels need CUDA)."""
+
+import sys
+import types
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from hybridrl.config import load_config
+from hybridrl.training.fsdp import build_training_mesh, recomputed_layers
+
+
+@pytest.fixture
+def fake_liger(monkeypatch):
+    calls = []
+
+    def apply(**kw):
+        model = kw.pop("model")
+        lora = any("lora_" in n for n, _ in model.named_parameters())
+        calls.append((type(model).__name__, lora, kw))
+
+    pkg, sub = types.ModuleType("liger_kernel"), types.ModuleType("liger_kernel.transformers")
+    sub.apply_liger_kernel_to_qwen2 = apply
+    pkg.transformers = sub
+    monkeypatch.setitem(sys.modules, "liger_kernel", pkg)
+    monkeypatch.setitem(sys.modules, "liger_kernel.transformers", sub)
+    return calls
+
+
+@pytest.mark.parametrize("liger", [True, False])
+def test_worker_model_gets_liger_before_lora_and_keeps_the_last_layers(tmp_path, tiny_model_dir, fake_liger, liger):
+    pytest.importorskip("peft")
+    from hybridrl.workers.common import build_fsdp_model
+
+    cfg = load_config(overrides=[f"actor_rollout_ref.model.path={tiny_model_dir}", "actor_rollout_ref.model.lora_rank=4"])
+    a = cfg.actor_rollout_ref
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/store", rank=0, world_size=1)
+    try:
+        module, optimizer, _ = build_fsdp_model(a.model, a.actor.fsdp_config, a.actor.optim,
+                                                build_training_mesh(1, -1, "cpu"), torch.device("cpu"),
+                                                trainable=True, gradient_checkpointing=True, recompute_kept_layers=1,
+                                                liger=liger)
+    finally:
+        dist.destroy_process_group()
+    if liger:
+        assert fake_liger == [("Qwen2ForCausalLM", False, dict(rope=True, rms_norm=True, swiglu=True,
+                                                              cross_entropy=False, fused_linear_cross_entropy=False))]
+    else:
+        assert fake_liger == []
+    layers = module.config.num_hidden_layers
+    assert recomputed_layers(module) == layers - 1 and optimizer is not None
