@@ -32,7 +32,10 @@ def apply_liger(model) -> None:
     if model_type not in LIGER_ARCHITECTURES:
         raise ValueError(f"actor_rollout_ref.model.use_liger: no Liger kernels for model_type {model_type!r} "
                          f"(supported: {', '.join(LIGER_ARCHITECTURES)})")
-    import liger_kernel.transformers as liger
-
+    try:
+        import liger_kernel.transformers as liger
+    except ImportError as e:   # the plan saw the package on the driver; this worker cannot import it (or Triton)
+        raise RuntimeError(f"actor_rollout_ref.model.use_liger: liger-kernel does not import on this worker ({e}); "
+                           "install it where the workers run, or set use_liger=false") from e
     getattr(liger, LIGER_ARCHITECTURES[model_type])(rope=True, rms_norm=True, swiglu=True, cross_entropy=False,
                                                     fused_linear_cross_entropy=False, model=model)

@@ -53,3 +53,19 @@ def test_worker_model_gets_liger_before_lora_and_keeps_the_last_layers(tmp_path,
         assert fake_liger == []
     layers = module.config.num_hidden_layers
     assert recomputed_layers(module) == layers - 1 and optimizer is not None
+
+
+def test_a_worker_that_cannot_import_liger_says_which_key_to_change(monkeypatch):
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from hybridrl.training.liger import apply_liger
+
+    monkeypatch.setitem(sys.modules, "liger_kernel", None)   # import fails as if missing on this worker
+    model = AutoModelForCausalLM.from_config(AutoConfig.for_model(
+        "qwen2", hidden_size=32, intermediate_size=48, num_hidden_layers=1, num_attention_heads=4,
+        num_key_value_heads=2, vocab_size=64))
+    with pytest.raises(RuntimeError, match="use_liger=false"):
+        apply_liger(model)
+    model.config.model_type = "gpt2"
+    with pytest.raises(ValueError, match="no Liger kernels for model_type 'gpt2'"):
+        apply_liger(model)
