@@ -186,7 +186,7 @@ def make_plan(config: DictConfig | dict, hf_config, device: DeviceSpec, val_prom
     judge = bool(g("reward_model.enable")) and g("reward_model.style") == "judge"
     cpu = device.type == "cpu"
     master_dtype = _dtype_name(g(f"{a}.fsdp_config.model_dtype"))
-    lora_rank = g("actor_rollout_ref.model.lora_rank")
+    lora_rank = g(f"{MODEL}.lora_rank")
     frozen_dtype, lora_base_dtype, fused_optimizer = training_dtypes(master_dtype, bool(lora_rank), device.type)
     choices: list[str] = []
     use_liger = resolve_liger(g(f"{MODEL}.use_liger"), device.type, getattr(hf_config, "model_type", None), choices)
@@ -205,9 +205,9 @@ def make_plan(config: DictConfig | dict, hf_config, device: DeviceSpec, val_prom
         # 'auto' is planned with checkpointing first; _resolve_checkpointing may then turn it off
         gradient_checkpointing=g(f"{MODEL}.enable_gradient_checkpointing") is not False,
         critic_gradient_checkpointing=g("critic.model.enable_gradient_checkpointing") is not False,
-        activation_offload=bool(g("actor_rollout_ref.model.enable_activation_offload")),
+        activation_offload=bool(g(f"{MODEL}.enable_activation_offload")),
         critic_activation_offload=bool(g("critic.model.enable_activation_offload")),
-        lora_params=adapter_param_count(shape, lora_rank, g("actor_rollout_ref.model.target_modules")),
+        lora_params=adapter_param_count(shape, lora_rank, g(f"{MODEL}.target_modules")),
         lora_base_bytes=_dtype_bytes(lora_base_dtype) if lora_base_dtype else 0,
         fused_optimizer=fused_optimizer, liger=use_liger,
         reward_model=rm_shape, rm_shard=world if rm_fsdp == -1 else rm_fsdp,
