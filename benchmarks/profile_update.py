@@ -7,8 +7,9 @@ rows of a synthetic GRPO batch (random in-vocab ids, no padding, random advantag
 update's own detached log-probs are the old ones, as the plan's on-policy default does).
 
 Per configuration KIND:CKPT:MICRO[:FORWARD] (KIND = full, or loraR with alpha 2R; CKPT = ckpt | nockpt | keepN,
-checkpointing with the last N decoder layers keeping their activations; MICRO = rows per micro-batch; FORWARD, LoRA only: fused (default, the trainer's training/lora_linear.py) or peft (peft's
-own lora.Linear forward, for the A/B)), e.g. lora64:ckpt:32,lora64:ckpt:32:peft,full:ckpt:16:
+checkpointing with the last N decoder layers keeping their activations; MICRO = rows per micro-batch; FORWARD,
+LoRA only: fused (default, the trainer's training/lora_linear.py) or peft (peft's own lora.Linear forward, for the
+A/B)), e.g. lora64:ckpt:32,lora64:ckpt:32:peft,full:ckpt:16:
 - a warm-up update that also carries the profiler window: --profile-micro micro-batches after the first
   --profile-skip (allocator and kernel choice are warm by then; one whole update of 128 micro-batches would be
   millions of profiler events), and separately its optimizer step. Per window: GPU kernel time grouped into
@@ -279,18 +280,19 @@ class ActorBench:
                                     use_remove_padding=bool(self.config.model.use_remove_padding))
 
 
-def set_lora_forward(module, forward: str) -> int:
-    """Switch the LoRA linears in place between the fused forward and peft's own (its base class), for the A/B;
-    returns how many linears now run `forward`."""
+def set_lora_forward(module, forward: str) -> None:
+    """Switch the LoRA linears in place between the fused forward and peft's own (the fused class's base), for
+    the A/B."""
+    from hybridrl.training.lora import _lora_layers
     from hybridrl.training.lora_linear import use_fused_forward
 
-    fused = [m for m in module.modules() if type(m).__name__ == "FusedLoraLinear"]
+    layers = list(_lora_layers(module).values())
     if forward == "fused":
-        peft = [m for m in module.modules() if type(m).__name__ == "Linear" and hasattr(m, "lora_A")]
-        return len(fused) + use_fused_forward(peft)
-    for m in fused:
-        m.__class__ = type(m).__bases__[0]
-    return len(fused)
+        use_fused_forward(layers)
+        return
+    for m in layers:
+        if type(m).__name__ == "FusedLoraLinear":
+            m.__class__ = type(m).__bases__[0]
 
 
 def first_layer_forward_counter(module):

@@ -380,7 +380,8 @@ def make_plan(config: DictConfig | dict, hf_config, device: DeviceSpec, val_prom
 def resolve_liger(value, device_type: str, model_type: str | None, choices: list[str],
                   key: str = f"{MODEL}.use_liger") -> bool:
     """`use_liger` (`key`): true needs a GPU, the liger-kernel package and an architecture it patches (else a
-    ConfigError naming what is missing); auto is on exactly where true would be accepted; false is off."""
+    ConfigError naming what is missing); auto is on exactly where true would be accepted, and says why in
+    `choices`; false is off."""
     from hybridrl.training.liger import LIGER_ARCHITECTURES, liger_installed
 
     if value not in ("auto", True, False) or isinstance(value, int) and not isinstance(value, bool):
@@ -391,8 +392,10 @@ def resolve_liger(value, device_type: str, model_type: str | None, choices: list
                else "the liger-kernel package is not installed: pip install 'hybridrl[gpu]'" if not liger_installed()
                else f"model_type {model_type!r} has no Liger kernels here (supported: {', '.join(LIGER_ARCHITECTURES)})"
                if model_type not in LIGER_ARCHITECTURES else None)
-    if value is True and missing:
-        raise ConfigError([f"'{key}' = true: {missing}; set it to false or auto"])
+    if value is True:
+        if missing:
+            raise ConfigError([f"'{key}' = true: {missing}; set it to false or auto"])
+        return True
     choices.append(f"{key} = {'false (' + missing + ')' if missing else 'true (fused RMSNorm, SwiGLU, RoPE)'}")
     return missing is None
 
@@ -404,9 +407,10 @@ def _resolve_checkpointing(key: str, offload: bool, budget: float | None, predic
     layer's forward: one forward fewer per micro-batch) where the micro-batch chosen with it — or the token
     budget — also fits without it within the run's predicted peak, the largest phase with checkpointing (e.g. a
     rollout holding a long-response KV cache). Else on, but with as many of the last `layers` decoder layers as fit
-    under that peak keeping their activations (each one kept saves its share of the recompute). Lean first: it never raises the peak. It never shrinks the micro-batch to fit either: on a 7B
-    LoRA update, 128 micro-batches of 2048 tokens without recompute took 1.54x the time of 16 of 16384 with it
-    (docs/benchmarks.md). On a CPU (no memory model) it is off. Updates `predicted[phase]` unless fully on.
+    under that peak keeping their activations (each one kept saves its share of the recompute). Lean first: it
+    never raises the peak. It never shrinks the micro-batch to fit either: on a 7B LoRA update, 128 micro-batches
+    of 2048 tokens without recompute took 1.54x the time of 16 of 16384 with it (docs/benchmarks.md). On a CPU (no
+    memory model) it is off. Updates `predicted[phase]` unless fully on.
     `peak(rows, tokens, kept)`: the phase's memory with `kept` layers not recomputed, without checkpointing for
     kept=None."""
     if offload:

@@ -234,8 +234,8 @@ def _train(cfg, device, world, rank, AutoTokenizer) -> dict:
     choices: list[str] = []
     liger = resolve_liger(m.use_liger, device.type, load_hf_config(model_path).model_type, choices,
                           key="model.use_liger")
-    if rank == 0:
-        print(f"[sft] auto: {choices[0]}" if choices else "[sft] model.use_liger = false", flush=True)
+    if rank == 0 and choices:
+        print(f"[sft] auto: {choices[0]}", flush=True)
     module = build_fsdp_model(model_cfg, OmegaConf.to_container(m.fsdp_config), mesh, device, role="causal_lm",
                               gradient_checkpointing=bool(m.enable_gradient_checkpointing), liger=liger)
     optim_cfg = {"lr": o.lr, "betas": list(o.betas), "weight_decay": o.weight_decay, "lr_warmup_steps": -1,
