@@ -176,23 +176,26 @@ class MemoryModel:
         return PhaseMemory("gen", parts)
 
     def log_prob(self, phase: str, micro_rows: int, seq_len: int, response_len: int, unshard_once: bool,
-                 kv_bytes: int) -> PhaseMemory:
+                 kv_bytes: int, tokens: int | None = None) -> PhaseMemory:
+        """tokens: of one micro-batch (None: micro_rows x seq_len; fewer with shared prompts)."""
         r, s = self.r, self.s
         optim = not r.optimizer_offload  # offloaded optimizer state comes back only right before the update
         parts = self._actor(grads=False, params_on_gpu=True, optim_on_gpu=optim)
         parts.update(self._others(ref_on_gpu=phase == "ref" or not r.ref_offload))
         parts.update(self._scheme_a_engine(kv_bytes))
         parts["unsharded params"] = self._fsdp_working(s, unshard_once, backward=False)
-        parts["activations"] = micro_rows * seq_len * s.infer_act_bytes_per_token
+        parts["activations"] = (micro_rows * seq_len if tokens is None else tokens) * s.infer_act_bytes_per_token
         parts["log-prob head"] = self._logprob_head(micro_rows * response_len, grad=False)
         return PhaseMemory(phase, parts)
 
-    def update_actor(self, micro_rows: int, seq_len: int, response_len: int, kv_bytes: int) -> PhaseMemory:
+    def update_actor(self, micro_rows: int, seq_len: int, response_len: int, kv_bytes: int,
+                     tokens: int | None = None) -> PhaseMemory:
+        """tokens: of one micro-batch (None: micro_rows x seq_len; fewer with shared prompts)."""
         s, r = self.s, self.r
         parts = self._actor(grads=True, params_on_gpu=True, optim_on_gpu=True)
         parts.update(self._others(ref_on_gpu=not r.ref_offload))
         parts.update(self._scheme_a_engine(kv_bytes))
-        lora, tokens = bool(r.lora_params), micro_rows * seq_len
+        lora, tokens = bool(r.lora_params), micro_rows * seq_len if tokens is None else tokens
         kept = self._kept_activations(s, tokens, r.gradient_checkpointing, r.activation_offload, r.liger,
                                       r.kept_layers)
         # The transient memory peaks at one of two moments that never overlap: the head's backward (everything the

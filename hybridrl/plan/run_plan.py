@@ -91,6 +91,8 @@ class RunPlan:
     use_liger: bool = False                     # Liger's fused kernels in the actor's / reference's training graph
     recompute_kept_layers: int = 0              # with the actor's checkpointing: its last decoder layers that keep
                                                 # their activations (not recomputed); 0 = all recompute
+    share_prompts: bool = False                 # actor.use_prefix_grouper: the actor's and reference's forwards run
+                                                # each prompt of a micro-batch once (training/packing.py)
     critic_recompute_kept_layers: int = 0       # the same for the critic's
 
     def kv_blocks_for(self, prompts: int, n: int) -> int:
@@ -190,6 +192,7 @@ def make_plan(config: DictConfig | dict, hf_config, device: DeviceSpec, val_prom
     frozen_dtype, lora_base_dtype, fused_optimizer = training_dtypes(master_dtype, bool(lora_rank), device.type)
     choices: list[str] = []
     use_liger = resolve_liger(g(f"{MODEL}.use_liger"), device.type, getattr(hf_config, "model_type", None), choices)
+    share = resolve_prefix_grouper(g(f"{a}.use_prefix_grouper"), device.type, layout.n, layout.ulysses_sp, choices)
     res = Residency(
         shard=world if fsdp == -1 else fsdp,
         master_bytes=_dtype_bytes(master_dtype),
@@ -216,6 +219,9 @@ def make_plan(config: DictConfig | dict, hf_config, device: DeviceSpec, val_prom
     mm = MemoryModel(shape, res)
     P, R = g("data.max_prompt_length"), g("data.max_response_length")
     S, bs = P + R, g(f"{rl}.block_size")
+
+    def tokens_of(rows: int) -> int:  # tokens of an actor / reference micro-batch of `rows` rows
+        return shared_prompt_tokens(rows, layout.n, P, R) if share else rows * S
     budget = None if device.total_bytes is None else SAFETY * device.total_bytes
 
     # ---- rollout: KV for this step's batch (and validation's), engine concurrency
@@ -257,8 +263,11 @@ def make_plan(config: DictConfig | dict, hf_config, device: DeviceSpec, val_prom
 
     lp_once, ref_once = unshard(f"{rl}.log_prob_unshard_once", shape), unshard(f"{ref}.log_prob_unshard_once", shape)
 
-    def pick(key: str, value, candidates: list[int], tokens_target: int, peak, seq_len: int = S) -> int:
-        """The configured size, or the largest candidate within the token target that fits the budget."""
+    def pick(key: str, value, candidates: list[int], tokens_target: int, peak, seq_len: int = S,
+             tokens=None) -> int:
+        """The configured size, or the largest candidate within the token target that fits the budget;
+        tokens(rows): a micro-batch's tokens (rows x seq_len if None)."""
+        tokens = tokens or (lambda d: d * seq_len)
         if not _auto(value):
             if budget is not None and peak(value).total > budget:
                 fit = next((d for d in candidates if peak(d).total <= budget), None)
@@ -267,10 +276,10 @@ def make_plan(config: DictConfig | dict, hf_config, device: DeviceSpec, val_prom
                                    f"{device.total_bytes / GiB:.1f} GiB; "
                                    + (f"set it to {fit} (or 'auto')" if fit else _no_fit_hint(key, peak(1)))])
             return value
-        within = [d for d in candidates if d * seq_len <= tokens_target] or [candidates[-1]]
+        within = [d for d in candidates if tokens(d) <= tokens_target] or [candidates[-1]]
         for d in within:
             if budget is None or peak(d).total <= budget:
-                choices.append(f"{key} = {d} ({d * seq_len} tokens per micro-batch"
+                choices.append(f"{key} = {d} ({tokens(d)} tokens per micro-batch"
                                + (f", predicted {peak(d).phase} peak {peak(d).total / GiB:.1f} GiB)"
                                   if budget is not None else ")"))
                 return d
@@ -284,8 +293,8 @@ def make_plan(config: DictConfig | dict, hf_config, device: DeviceSpec, val_prom
     if not g(f"{a}.use_dynamic_bsz"):
         actor_micro = pick(f"{a}.ppo_micro_batch_size_per_gpu", g(f"{a}.ppo_micro_batch_size_per_gpu"),
                            _divisors_desc(layout.ppo_mini_batch_per_gpu), UPDATE_TOKENS_TARGET,
-                           lambda m: mm.update_actor(m, S, R, kv_bytes))
-        predicted["update_actor"] = mm.update_actor(actor_micro, S, R, kv_bytes)
+                           lambda m: mm.update_actor(m, S, R, kv_bytes, tokens_of(m)), tokens=tokens_of)
+        predicted["update_actor"] = mm.update_actor(actor_micro, S, R, kv_bytes, tokens_of(actor_micro))
     else:
         predicted["update_actor"] = mm.update_actor(1, g(f"{a}.ppo_max_token_len_per_gpu"), R, kv_bytes)
     lp_micro = ref_micro = None
@@ -308,13 +317,15 @@ def make_plan(config: DictConfig | dict, hf_config, device: DeviceSpec, val_prom
     if old_pass and not g(f"{rl}.log_prob_use_dynamic_bsz"):
         lp_micro = pick(f"{rl}.log_prob_micro_batch_size_per_gpu", g(f"{rl}.log_prob_micro_batch_size_per_gpu"),
                         lp_candidates, LOGPROB_TOKENS_TARGET,
-                        lambda m: mm.log_prob("old_log_prob", m, S, R, lp_once, kv_bytes))
-        predicted["old_log_prob"] = mm.log_prob("old_log_prob", lp_micro, S, R, lp_once, kv_bytes)
+                        lambda m: mm.log_prob("old_log_prob", m, S, R, lp_once, kv_bytes, tokens_of(m)),
+                        tokens=tokens_of)
+        predicted["old_log_prob"] = mm.log_prob("old_log_prob", lp_micro, S, R, lp_once, kv_bytes,
+                                                tokens_of(lp_micro))
     if res.has_ref and not g(f"{ref}.log_prob_use_dynamic_bsz"):
         ref_micro = pick(f"{ref}.log_prob_micro_batch_size_per_gpu", g(f"{ref}.log_prob_micro_batch_size_per_gpu"),
                          lp_candidates, LOGPROB_TOKENS_TARGET,
-                         lambda m: mm.log_prob("ref", m, S, R, ref_once, kv_bytes))
-        predicted["ref"] = mm.log_prob("ref", ref_micro, S, R, ref_once, kv_bytes)
+                         lambda m: mm.log_prob("ref", m, S, R, ref_once, kv_bytes, tokens_of(m)), tokens=tokens_of)
+        predicted["ref"] = mm.log_prob("ref", ref_micro, S, R, ref_once, kv_bytes, tokens_of(ref_micro))
     critic_micro = critic_fwd = None
     critic_once = unshard("critic.forward_unshard_once", shape)
     if gae and not g("critic.use_dynamic_bsz"):
@@ -340,7 +351,8 @@ def make_plan(config: DictConfig | dict, hf_config, device: DeviceSpec, val_prom
             f"{MODEL}.enable_gradient_checkpointing", res.activation_offload, budget, predicted, actor_micro, S,
             g(f"{a}.ppo_max_token_len_per_gpu") if g(f"{a}.use_dynamic_bsz") else None,
             lambda m, t, k=None: MemoryModel(shape, replace(res, gradient_checkpointing=k is not None,
-                                                            kept_layers=k or 0)).update_actor(m, t, R, kv_bytes),
+                                                            kept_layers=k or 0)).update_actor(
+                m, t, R, kv_bytes, None if g(f"{a}.use_dynamic_bsz") else tokens_of(m)),
             "update_actor", choices, shape.layers)
     if gae and _auto(g("critic.model.enable_gradient_checkpointing")):
         critic_ckpt, critic_kept = _resolve_checkpointing(
@@ -374,7 +386,41 @@ def make_plan(config: DictConfig | dict, hf_config, device: DeviceSpec, val_prom
                    reward_model_unshard_once=rm_once, reward_model_max_length=rm_len, lora_base_dtype=lora_base_dtype,
                    fused_optimizer=res.fused_optimizer, gradient_checkpointing=actor_ckpt,
                    critic_gradient_checkpointing=critic_ckpt, use_liger=use_liger,
-                   recompute_kept_layers=kept_layers, critic_recompute_kept_layers=critic_kept)
+                   recompute_kept_layers=kept_layers, critic_recompute_kept_layers=critic_kept,
+                   share_prompts=share)
+
+
+def shared_prompt_tokens(rows: int, n: int, prompt_len: int, response_len: int) -> int:
+    """Tokens of a micro-batch of `rows` consecutive samples (each prompt's n samples adjacent) with each prompt
+    once, at the longest lengths: a micro-batch of whole groups holds rows / n prompts, one inside a group one, any
+    other at most rows // n + 2 (the window may start and end inside a group)."""
+    prompts = rows // n if rows % n == 0 else 1 if n % rows == 0 else min(rows, rows // n + 2)
+    return prompts * prompt_len + rows * response_len
+
+
+def resolve_prefix_grouper(value, device_type: str, n: int, sp: int, choices: list[str],
+                           key: str = "actor_rollout_ref.actor.use_prefix_grouper") -> bool:
+    """`use_prefix_grouper`: true needs no Ulysses SP (its attention splits one packed row by position) and is
+    refused with it; auto is on on GPUs when a prompt has several samples (rollout.n > 1) and true would be
+    accepted, and off on the CPU (runs there check correctness; the padded path is the reference)."""
+    if value not in ("auto", True, False) or isinstance(value, int) and not isinstance(value, bool):
+        raise ConfigError([f"'{key}' = {value!r}: must be auto, true or false"])
+    if value is False:
+        return False
+    if sp > 1:
+        if value is True:
+            raise ConfigError([f"'{key}' = true does not go with actor_rollout_ref.actor.ulysses_sequence_parallel_"
+                               f"size = {sp} (Ulysses splits the packed row by position); set one of them to "
+                               "false / 1"])
+        choices.append(f"{key} = false (Ulysses sequence parallelism, sp = {sp})")
+        return False
+    if value is True:
+        return True
+    why_not = ("rollout.n = 1: no prompt has two samples" if n == 1
+               else "the CPU: the padded path" if device_type == "cpu" else None)
+    choices.append(f"{key} = " + (f"false ({why_not})" if why_not else
+                                  f"true (each prompt once per micro-batch for its {n} samples)"))
+    return why_not is None
 
 
 def resolve_liger(value, device_type: str, model_type: str | None, choices: list[str],

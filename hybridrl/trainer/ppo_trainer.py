@@ -58,22 +58,25 @@ def need_reference(config: DictConfig) -> bool:
     return bool(config.actor_rollout_ref.actor.use_kl_loss) or bool(config.algorithm.use_kl_in_reward)
 
 
-def balance_batch(batch: DataProto, world_size: int) -> dict:
+def balance_batch(batch: DataProto, world_size: int, group_size: int = 1) -> dict:
     """Reorder rows so each DP rank gets about the same number of tokens (greedy longest-first into the lightest
-    partition), keeping each partition's rows contiguous as the dispatch splits them."""
+    partition), keeping each partition's rows contiguous as the dispatch splits them. group_size > 1: whole
+    groups of that many adjacent rows (a prompt's samples, which shared-prompt forwards need together) move as
+    one, in their order; a batch whose groups do not divide evenly over the ranks is left as it is."""
     lengths = batch.batch["attention_mask"].sum(-1).tolist()
     n = len(lengths)
-    if world_size <= 1 or n % world_size:
+    if world_size <= 1 or n % (world_size * group_size):
         return {}
-    per = n // world_size
-    order = sorted(range(n), key=lambda i: -lengths[i])
+    units = [sum(lengths[i:i + group_size]) for i in range(0, n, group_size)]
+    per = len(units) // world_size
+    order = sorted(range(len(units)), key=lambda i: -units[i])
     parts: list[list[int]] = [[] for _ in range(world_size)]
     loads = [0] * world_size
     for i in order:
         k = min((k for k in range(world_size) if len(parts[k]) < per), key=lambda k: loads[k])
         parts[k].append(i)
-        loads[k] += lengths[i]
-    batch.reorder(torch.tensor([i for p in parts for i in p]))
+        loads[k] += units[i]
+    batch.reorder(torch.tensor([u * group_size + j for p in parts for u in p for j in range(group_size)]))
     return {"training/seqlen_balance_max_over_min": max(loads) / max(1, min(loads))}
 
 
@@ -270,7 +273,8 @@ class RayPPOTrainer:
     def _balance(self, batch: DataProto, metrics: dict) -> None:
         # balanced over the actor's data-parallel ranks (Ulysses SP groups share their rows)
         sp = int(self.config.actor_rollout_ref.actor.ulysses_sequence_parallel_size)
-        metrics.update(balance_batch(batch, self.n_gpus // sp))
+        group = int(self.config.actor_rollout_ref.rollout.n) if self.plan is not None and self.plan.share_prompts else 1
+        metrics.update(balance_batch(batch, self.n_gpus // sp, group))
 
     def _old_and_ref_log_probs(self, batch: DataProto, timing: dict, absorb) -> DataProto:
         if self.plan is None or self.plan.old_log_prob_pass:  # else the update's own log-probs (plan)

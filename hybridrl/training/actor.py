@@ -59,11 +59,12 @@ __all__ = ["DataParallelPPOActor"]
 class DataParallelPPOActor(FSDPUpdater):
     def __init__(self, config, module: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None,
                  scheduler=None, use_remove_padding: bool | None = None, sp_group=None,
-                 activation_offload: bool = False):
+                 activation_offload: bool = False, share_prompts: bool = False):
         super().__init__(config, module, optimizer, scheduler,
                          bool(config.get("use_remove_padding", False) if use_remove_padding is None
                               else use_remove_padding), activation_offload)
         self.sp_group = sp_group  # Ulysses: every rank of this group gets the same rows and runs 1/P of the tokens
+        self.share_prompts = share_prompts  # the plan's use_prefix_grouper: a micro-batch's rows run each prompt once
         self.fused_head = plain_linear_head(module)
         self.own_old_log_probs: torch.Tensor | None = None  # [B, R] on CPU after an update without old_log_probs
 
@@ -87,7 +88,8 @@ class DataParallelPPOActor(FSDPUpdater):
                                       b["attention_mask"].to(self.device), b["position_ids"].to(self.device),
                                       responses.shape[1], self.use_remove_padding, keep_only_needed=True,
                                       sp_group=self.sp_group, row_fn=None if self.fused_head else per_token,
-                                      head_rows=fused if self.fused_head else None)
+                                      head_rows=fused if self.fused_head else None,
+                                      share_prompts=self.share_prompts)
         return out[..., 0], (out[..., 1] if calculate_entropy else None)
 
     def compute_log_prob(self, data: DataProto, calculate_entropy: bool = False):

@@ -12,6 +12,11 @@ Choices:
   function, so the same model also runs the padded path. A matching mask function returns None when no 2-D
   padding mask is given (packed or unpadded input: the attention function owns causality) and HF's SDPA mask
   otherwise.
+- Shared prompts (`actor.use_prefix_grouper`, GRPO's n samples of a prompt in one micro-batch): the prompt is
+  packed once per document, then each row's response; a response token attends to its document's prompt and its
+  own response only, so outputs and gradients are those of the unshared rows (the prompt's activations receive
+  the sum of its rows' gradients, as its copies' parameter gradients summed before) in (P + n·R) tokens instead of
+  n·(P + R).
 - Only the positions that predict response tokens are sent through the head (`logits_to_keep` with an index
   tensor for causal LMs), so the [T, V] logits of the prompt are never materialised.
 - Ulysses sequence parallelism (`sp_group`, training/ulysses.py): the packed row is split over the SP ranks,
@@ -34,27 +39,70 @@ from hybridrl.training.ulysses import SequenceParallel, gather_rows, ulysses_out
 
 VARLEN_ATTN = "hybridrl_varlen"
 
-__all__ = ["VARLEN_ATTN", "PackedInputs", "pack_inputs", "register_varlen_attention", "forward_response_logits",
+__all__ = ["VARLEN_ATTN", "PackedInputs", "SharedPrompts", "pack_inputs", "register_varlen_attention", "forward_response_logits",
            "rearrange_micro_batches", "restore_order"]
+
+
+@dataclass
+class SharedPrompts:
+    """The layout of a packed row in which each prompt appears once, followed by the responses of every row that
+    has it: per packed token its segment (its group's prompt, or its row's response) and whether it is a prompt
+    token (one that every response of its document attends to)."""
+    segment: torch.Tensor        # [T] long
+    is_prompt: torch.Tensor      # [T] bool
 
 
 @dataclass
 class PackedInputs:
     input_ids: torch.Tensor      # [1, T]
     position_ids: torch.Tensor   # [1, T]
-    cu_seqlens: torch.Tensor     # [B+1] int32
+    cu_seqlens: torch.Tensor     # [D+1] int32: documents (a row each; a prompt group each with shared prompts)
     max_seqlen: int
-    flat_index: torch.Tensor     # [T] index into the flattened [B*S] padded batch
+    packed_of_flat: torch.Tensor  # [B*S] packed position of each padded position (-1: padding); the positions of
+                                  # a shared prompt's rows all map to its one copy
+    shared: SharedPrompts | None = None
 
 
-def pack_inputs(input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor) -> PackedInputs:
+def pack_inputs(input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
+                prompt_len: int | None = None) -> PackedInputs:
+    """The valid tokens of [B, S] padded rows as one packed row. prompt_len: share prompts — rows whose first
+    prompt_len columns (tokens, padding and positions) are equal form one document, their prompt once, then each
+    row's response in row order; documents in the order of their first row."""
     mask = attention_mask.bool()
-    lens = mask.sum(dim=1)
-    flat_index = mask.reshape(-1).nonzero(as_tuple=True)[0]
+    bsz, seq_len = mask.shape
+    dev = input_ids.device
+    if prompt_len is None:
+        keep, doc_of_row, leader = mask, torch.arange(bsz, device=dev), None
+    else:
+        prompt_mask = mask[:, :prompt_len]
+        key = torch.cat([input_ids[:, :prompt_len].masked_fill(~prompt_mask, -1),
+                         position_ids[:, :prompt_len].masked_fill(~prompt_mask, -1)], 1)
+        _, group = torch.unique(key, dim=0, return_inverse=True)
+        rows = torch.arange(bsz, device=dev)
+        first = torch.full((int(group.max()) + 1,), bsz, device=dev).scatter_reduce(0, group, rows, "amin")
+        doc_of_row = torch.argsort(torch.argsort(first))[group]   # documents numbered by their first row
+        leader = first[group]                                      # the row whose prompt tokens are kept
+        cols = torch.arange(seq_len, device=dev)
+        keep = mask & ((cols >= prompt_len)[None, :] | (rows == leader)[:, None])
+    flat = keep.reshape(-1).nonzero(as_tuple=True)[0]
+    row, col = flat // seq_len, flat % seq_len
+    if prompt_len is not None:  # document by document: its prompt, then its rows' responses
+        span = bsz * seq_len
+        flat = flat[torch.argsort(doc_of_row[row] * 2 * span + (col >= prompt_len) * span + flat)]
+        row, col = flat // seq_len, flat % seq_len
+    total = flat.numel()
+    packed_of_flat = torch.full((bsz * seq_len,), -1, dtype=torch.long, device=dev)
+    packed_of_flat[flat] = torch.arange(total, device=dev)
+    shared = None
+    if prompt_len is not None:
+        by_row = packed_of_flat.view(bsz, seq_len)
+        by_row[:, :prompt_len] = by_row[leader, :prompt_len]
+        is_prompt = col < prompt_len
+        shared = SharedPrompts(torch.where(is_prompt, bsz + doc_of_row[row], row), is_prompt)
+    lens = torch.bincount(doc_of_row[row], minlength=int(doc_of_row.max()) + 1 if bsz else 0)
     cu = F.pad(torch.cumsum(lens, 0, dtype=torch.int32), (1, 0))
-    return PackedInputs(input_ids.reshape(-1)[flat_index].unsqueeze(0),
-                        position_ids.reshape(-1)[flat_index].unsqueeze(0),
-                        cu, int(lens.max().item()) if lens.numel() else 0, flat_index)
+    return PackedInputs(input_ids.reshape(-1)[flat].unsqueeze(0), position_ids.reshape(-1)[flat].unsqueeze(0),
+                        cu, int(lens.max().item()) if lens.numel() else 0, packed_of_flat, shared)
 
 
 # ---------------------------------------------------------------------------------------------- attention
@@ -63,10 +111,26 @@ def _doc_ids(cu_seqlens: torch.Tensor, total: int) -> torch.Tensor:
     return torch.repeat_interleave(torch.arange(lens.numel(), device=cu_seqlens.device), lens, output_size=total)
 
 
+def _allowed(cu_seqlens: torch.Tensor, total: int, shared: SharedPrompts | None):
+    """mask_mod(b, h, q_idx, kv_idx) of a packed row: causal within each document; with shared prompts a response
+    token also sees only its document's prompt and its own response (not its siblings')."""
+    docs = _doc_ids(cu_seqlens, total)
+    if shared is None:
+        def doc_causal(b, h, q_idx, kv_idx):
+            return (docs[q_idx] == docs[kv_idx]) & (q_idx >= kv_idx)
+        return doc_causal
+    segment, is_prompt = shared.segment, shared.is_prompt
+
+    def prompt_shared(b, h, q_idx, kv_idx):
+        return ((docs[q_idx] == docs[kv_idx]) & (q_idx >= kv_idx)
+                & (is_prompt[kv_idx] | (segment[q_idx] == segment[kv_idx])))
+    return prompt_shared
+
+
 _compiled_flex = None
 
 
-def _flex_attention(query, key, value, cu_seqlens, scaling):
+def _flex_attention(query, key, value, cu_seqlens, scaling, shared):
     global _compiled_flex
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
@@ -76,22 +140,17 @@ def _flex_attention(query, key, value, cu_seqlens, scaling):
     # One block mask per forward: cached on the cu_seqlens tensor (the same object reaches every layer).
     cached = getattr(cu_seqlens, "_hybridrl_block_mask", None)
     if cached is None:
-        docs = _doc_ids(cu_seqlens, total)
-
-        def doc_causal(b, h, q_idx, kv_idx):
-            return (docs[q_idx] == docs[kv_idx]) & (q_idx >= kv_idx)
-
-        cached = create_block_mask(doc_causal, None, None, total, total, device=query.device)
+        cached = create_block_mask(_allowed(cu_seqlens, total, shared), None, None, total, total,
+                                   device=query.device)
         cu_seqlens._hybridrl_block_mask = cached
     enable_gqa = query.shape[1] != key.shape[1]
     return _compiled_flex(query, key, value, block_mask=cached, scale=scaling, enable_gqa=enable_gqa)
 
 
-def _sdpa_block_diagonal(query, key, value, cu_seqlens, scaling):
+def _sdpa_block_diagonal(query, key, value, cu_seqlens, scaling, shared):
     total = query.shape[2]
-    docs = _doc_ids(cu_seqlens, total)
     pos = torch.arange(total, device=query.device)
-    mask = (docs[:, None] == docs[None, :]) & (pos[:, None] >= pos[None, :])
+    mask = _allowed(cu_seqlens, total, shared)(None, None, pos[:, None], pos[None, :])
     if key.shape[1] != query.shape[1]:
         rep = query.shape[1] // key.shape[1]
         key, value = key.repeat_interleave(rep, dim=1), value.repeat_interleave(rep, dim=1)
@@ -115,10 +174,11 @@ def varlen_attention_forward(module, query, key, value, attention_mask, dropout:
     sp = kwargs.get("sp_group")
     if sp is not None:  # [T_loc tokens, all heads] -> [all tokens, heads / P]
         query, key, value = ulysses_qkv(query, key, value, sp)
+    shared = kwargs.get("shared_prompts")
     if query.is_cuda and not torch.compiler.is_compiling():
-        out = _flex_attention(query, key, value, cu, scaling)
+        out = _flex_attention(query, key, value, cu, scaling, shared)
     else:
-        out = _sdpa_block_diagonal(query, key, value, cu, scaling)
+        out = _sdpa_block_diagonal(query, key, value, cu, scaling, shared)
     out = out.transpose(1, 2)
     if sp is not None:
         out = ulysses_out(out, sp)
@@ -175,7 +235,7 @@ def _response_predictor_positions(batch: int, seq_len: int, response_length: int
 def forward_response_logits(module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                             position_ids: torch.Tensor, response_length: int, use_remove_padding: bool,
                             keep_only_needed: bool = True, sp_group=None, row_fn=None,
-                            head_rows=None) -> torch.Tensor:
+                            head_rows=None, share_prompts: bool = False) -> torch.Tensor:
     """Run the model and return the head outputs at the positions predicting the last R tokens: [B, R, C].
 
     Positions whose predicting token is padding hold zeros (finite; callers mask them with response_mask).
@@ -187,11 +247,17 @@ def forward_response_logits(module, input_ids: torch.Tensor, attention_mask: tor
     head_rows(hidden [K, H], head weight [C, H], flat [K]) -> [K, M]: replaces the model's output head for the
       kept rows (inside the model's forward, so FSDP's unsharded head weight and its gradient hooks apply), so
       the [K, C] logits are never returned (give row_fn or head_rows, not both).
+    share_prompts: rows with the same prompt (the first S - R columns) run it once (`pack_inputs`); the prompt's
+      last position predicts every such row's first response token. The same outputs and gradients as unshared, in
+      fewer tokens; packs the micro-batch whatever use_remove_padding says (not with Ulysses).
     """
     bsz, seq_len = input_ids.shape
+    if sp_group is not None and share_prompts:
+        raise ValueError("shared prompts (actor.use_prefix_grouper) do not go with Ulysses sequence parallelism")
     sp = SequenceParallel.from_group(sp_group)
     if sp is not None and not use_remove_padding:
         raise ValueError("Ulysses sequence parallelism needs the packed path (model.use_remove_padding=true)")
+    use_remove_padding = use_remove_padding or share_prompts
     if head_rows is not None and (row_fn is not None or not keep_only_needed):
         raise ValueError("head_rows replaces the head's logits: it needs keep_only_needed=True and no row_fn")
     row_fn = row_fn or (lambda rows, flat: rows)
@@ -207,15 +273,15 @@ def forward_response_logits(module, input_ids: torch.Tensor, attention_mask: tor
         flat = torch.arange(bsz * response_length, device=input_ids.device)
         rows = row_fn(logits.reshape(bsz * response_length, -1), flat)
         return rows.reshape(bsz, response_length, -1)
-    packed = pack_inputs(input_ids, attention_mask, position_ids)
-    total = packed.input_ids.shape[1]
-    packed_of_flat = torch.full((bsz * seq_len,), -1, dtype=torch.long, device=input_ids.device)
-    packed_of_flat[packed.flat_index] = torch.arange(total, device=input_ids.device)
-    wanted = packed_of_flat[_response_predictor_positions(bsz, seq_len, response_length, input_ids.device)]
+    packed = pack_inputs(input_ids, attention_mask, position_ids,
+                         seq_len - response_length if share_prompts else None)
+    wanted = packed.packed_of_flat[_response_predictor_positions(bsz, seq_len, response_length, input_ids.device)]
     valid = wanted >= 0
-    flat = valid.reshape(-1).nonzero(as_tuple=True)[0]  # kept rows as indices into [B*R], in packed order
+    flat = valid.reshape(-1).nonzero(as_tuple=True)[0]  # kept rows as indices into [B*R]
     kwargs = dict(cu_seq_lens_q=packed.cu_seqlens, cu_seq_lens_k=packed.cu_seqlens,
                   max_length_q=packed.max_seqlen, max_length_k=packed.max_seqlen, use_cache=False)
+    if packed.shared is not None:
+        kwargs["shared_prompts"] = packed.shared
     if sp is not None:
         rows = _sequence_parallel_rows(module, packed, wanted[valid], flat, kwargs, sp, keep_only_needed, row_fn,
                                        head_rows)

@@ -101,6 +101,7 @@ class ActorRolloutRefWorker(Worker):
         *dispatch, self.sp_group = build_sp_group(self.compute_device.type, world, par.actor_sp, "actor")
         self.set_dispatch_info("actor", *dispatch)
         packed = bool(cfg.model.use_remove_padding)
+        share = self.plan.share_prompts   # shared-prompt forwards are packed ones: the varlen attention runs them
 
         if self._has_actor:
             actor_cfg = per_rank_section(cfg.actor, self.plan.layout.ppo_mini_batch_per_gpu, self.plan.actor_micro)
@@ -108,12 +109,14 @@ class ActorRolloutRefWorker(Worker):
                 cfg.model, cfg.actor.fsdp_config, cfg.actor.optim, self.device_mesh, self.compute_device, trainable=True,
                 lora_base_dtype=self.plan.lora_base_dtype, fused_optimizer=self.plan.fused_optimizer,
                 gradient_checkpointing=self.plan.gradient_checkpointing,
-                recompute_kept_layers=self.plan.recompute_kept_layers, liger=self.plan.use_liger)
+                recompute_kept_layers=self.plan.recompute_kept_layers, liger=self.plan.use_liger,
+                use_varlen_attention=packed or share)
             from hybridrl.training.actor import DataParallelPPOActor
 
             self.actor = DataParallelPPOActor(actor_cfg, self.actor_module, self.optimizer, self.scheduler,
                                               use_remove_padding=packed, sp_group=self.sp_group,
-                                              activation_offload=bool(cfg.model.enable_activation_offload))
+                                              activation_offload=bool(cfg.model.enable_activation_offload),
+                                              share_prompts=share)
             self._build_rollout()
         if self._has_ref and self._has_actor and has_lora(self.actor_module):
             # LoRA: the reference is the actor's own module with its adapters switched off (no second copy)
@@ -121,16 +124,17 @@ class ActorRolloutRefWorker(Worker):
 
             self.ref_module, self._ref_offload = self.actor_module, False
             self.ref = DataParallelPPOActor(cfg.actor, self.ref_module, None, None,
-                                            use_remove_padding=packed, sp_group=self.sp_group)
+                                            use_remove_padding=packed, sp_group=self.sp_group, share_prompts=share)
         elif self._has_ref:
             # the reference never trains: keep it in the compute dtype (the plan's), no fp32 master copy
             ref_fsdp = OmegaConf.merge(cfg.actor.fsdp_config, cfg.ref.fsdp_config, {"model_dtype": self.plan.frozen_dtype})
             self.ref_module, _, _ = build_fsdp_model(cfg.model, ref_fsdp, None, self.device_mesh,
-                                                     self.compute_device, trainable=False, liger=self.plan.use_liger)
+                                                     self.compute_device, trainable=False, liger=self.plan.use_liger,
+                                                     use_varlen_attention=packed or share)
             from hybridrl.training.actor import DataParallelPPOActor
 
             self.ref = DataParallelPPOActor(cfg.actor, self.ref_module, None, None,
-                                            use_remove_padding=packed, sp_group=self.sp_group)
+                                            use_remove_padding=packed, sp_group=self.sp_group, share_prompts=share)
             self._ref_offload = bool(cfg.ref.fsdp_config.param_offload)
             if self._ref_offload:
                 from hybridrl.training.offload import offload_fsdp_params

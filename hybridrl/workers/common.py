@@ -72,12 +72,14 @@ def sampling_params_from(rollout_cfg: DictConfig, meta: dict, dp_rank: int = 0):
 
 def build_fsdp_model(model_cfg: DictConfig, fsdp_cfg: DictConfig, optim_cfg: DictConfig | None, mesh, device,
                      trainable: bool, critic: bool = False, lora_base_dtype=None, fused_optimizer: bool = False,
-                     gradient_checkpointing: bool = False, recompute_kept_layers: int = 0, liger: bool = False):
+                     gradient_checkpointing: bool = False, recompute_kept_layers: int = 0, liger: bool = False,
+                     use_varlen_attention: bool | None = None):
     """HF model → FSDP2 (training/ applies FSDP; the model never knows). Returns (module, optimizer, scheduler).
     A trainable actor gets LoRA adapters when `model.lora_rank` > 0, in `fsdp_config.model_dtype`, over a frozen
     base stored in `lora_base_dtype` (the plan's; None: model_dtype); the optimizer holds only what requires grad
     (the adapters then, every parameter otherwise); `fused_optimizer`, `gradient_checkpointing` with
-    `recompute_kept_layers` (trained models only) and `liger` are the plan's choices."""
+    `recompute_kept_layers` (trained models only), `liger` and `use_varlen_attention` (None: the model's
+    use_remove_padding) are the plan's choices."""
     from hybridrl.training.fsdp import build_fsdp_model as shard
     from hybridrl.training.lora import lora_settings
     from hybridrl.training.optim import build_lr_scheduler, build_optimizer
@@ -85,7 +87,7 @@ def build_fsdp_model(model_cfg: DictConfig, fsdp_cfg: DictConfig, optim_cfg: Dic
     lora = lora_settings(model_cfg) if trainable and not critic else None
     module = shard(model_cfg, fsdp_cfg, mesh, device, role="critic" if critic else "actor", lora=lora,
                    lora_base_dtype=lora_base_dtype, gradient_checkpointing=trainable and gradient_checkpointing,
-                   recompute_kept_layers=recompute_kept_layers, liger=liger)
+                   recompute_kept_layers=recompute_kept_layers, liger=liger, use_varlen_attention=use_varlen_attention)
     if not trainable:
         module.requires_grad_(False)
         return module, None, None

@@ -12,7 +12,8 @@ from hybridrl.plan.memory import GiB
 A, R = "actor_rollout_ref.actor", "actor_rollout_ref.rollout"
 H200 = DeviceSpec("cuda", "H200", int(139.8 * GiB))
 STEP = ["data.train_batch_size=64", f"{R}.n=8", f"{A}.ppo_mini_batch_size=64", "data.max_prompt_length=256",
-        "data.max_response_length=256", "trainer.n_gpus_per_node=1"]
+        "data.max_response_length=256", "trainer.n_gpus_per_node=1",
+        f"{A}.use_prefix_grouper=false"]   # the tests below without shared prompts: the rows' whole lengths
 
 
 def qwen(hidden, inter, layers, heads, kv, tied):
@@ -345,3 +346,34 @@ def test_critic_checkpointing_auto_keeps_its_last_layers_too():
     every = plan(["algorithm.adv_estimator=gae", "data.max_response_length=1024",
                   "critic.model.enable_gradient_checkpointing=true"])
     assert every.critic_recompute_kept_layers == 0 and every.critic_micro == p.critic_micro
+
+
+def test_prefix_grouper_auto_on_gpus_with_several_samples_and_its_tokens():
+    from hybridrl.plan.run_plan import shared_prompt_tokens
+
+    key = f"{A}.use_prefix_grouper"
+    p = plan([f"{key}=auto"], hf=Q7)
+    assert p.share_prompts and any(c.startswith(f"{key} = true") for c in p.choices)
+    # 7B full fine-tuning: 32 rows hold 4 whole prompt groups: 4 x 256 + 32 x 256 tokens, within the 16384 target
+    assert p.actor_micro == 32 and f"{A}.ppo_micro_batch_size_per_gpu = 32 (9216 tokens" in " ".join(p.choices)
+    unshared = plan([f"{key}=false"], hf=Q7)
+    assert not unshared.share_prompts and unshared.actor_micro == 16
+    assert p.predicted["update_actor"].parts["activations"] < 2 * unshared.predicted["update_actor"].parts[
+        "activations"]
+    assert not plan([f"{key}=auto"], device=DeviceSpec("cpu", "cpu", None)).share_prompts   # auto: off on the CPU
+    assert plan([f"{key}=true"], device=DeviceSpec("cpu", "cpu", None)).share_prompts
+    assert not plan([f"{key}=auto", f"{R}.n=1"]).share_prompts
+    assert shared_prompt_tokens(32, 8, 256, 256) == 4 * 256 + 32 * 256
+    assert shared_prompt_tokens(4, 8, 256, 256) == 256 + 4 * 256              # inside one group
+    assert shared_prompt_tokens(12, 8, 100, 10) == 3 * 100 + 12 * 10          # may touch three groups
+    assert shared_prompt_tokens(1, 1, 100, 10) == 110
+
+
+def test_prefix_grouper_true_with_ulysses_is_refused_naming_both_keys():
+    sp = ["trainer.n_gpus_per_node=2", f"{A}.ulysses_sequence_parallel_size=2",
+          "actor_rollout_ref.model.use_remove_padding=true"]
+    assert not plan([*sp, f"{A}.use_prefix_grouper=auto"]).share_prompts
+    with pytest.raises(ConfigError, match=r"use_prefix_grouper' = true does not go with .*ulysses_sequence_parallel"):
+        plan([*sp, f"{A}.use_prefix_grouper=true"])
+    with pytest.raises(ConfigError, match="use_prefix_grouper' = 'sometimes'"):
+        plan([f"{A}.use_prefix_grouper=sometimes"])

@@ -49,3 +49,15 @@ def test_roles_follow_the_algorithm():
     assert not need_critic(grpo) and not need_reference(grpo)
     ppo_kl = load_config(overrides=["algorithm.adv_estimator=gae", "actor_rollout_ref.actor.use_kl_loss=true"])
     assert need_critic(ppo_kl) and need_reference(ppo_kl)
+
+
+def test_balance_batch_moves_whole_groups_when_prompts_are_shared():
+    lengths = [10, 9, 1, 1, 8, 7, 2, 2]          # groups of 2 adjacent rows: 19, 2, 15, 4 tokens
+    batch = batch_with_lengths(lengths)
+    metrics = balance_batch(batch, world_size=2, group_size=2)
+    rows = batch.batch["row"].tolist()
+    assert sorted(rows) == list(range(8))
+    assert all(rows[i] // 2 == rows[i + 1] // 2 and rows[i] % 2 == 0 for i in range(0, 8, 2))  # groups intact
+    assert math.isclose(metrics["training/seqlen_balance_max_over_min"], 21 / 19)
+    odd = batch_with_lengths([3, 1, 2, 2, 5, 5])     # 3 groups over 2 ranks: left as it is
+    assert balance_batch(odd, world_size=2, group_size=2) == {} and odd.batch["row"].tolist() == list(range(6))
