@@ -1,9 +1,12 @@
 """Summarize the one-H200 Qwen2.5-7B runs of docs/benchmarks.md §0d: per configuration (LoRA r64, full fine-tuning)
-hybridrl's step time over runs (each run's mean over its timed steps) before and after the fused LoRA linear, Liger
-and partial recompute, TRL's over its timed steps, their medians and spreads, the ratios and peaks. Writes
-summary.json and a two-panel bar plot (step time, peak memory) into the results folder.
+hybridrl's step time over runs (each run's mean over its timed steps) in a results folder and in the folder of the
+measurements before it, TRL's over its timed steps in both, their medians and spreads, the ratios and peaks; a
+full fine-tuning run with bf16 masters (`..._full_bf16.json`) where the folder has one. Writes summary.json and a
+two-panel bar plot (step time, peak memory) into the results folder.
 
-  python benchmarks/summarize_7b.py [benchmarks/results/lora_fused] [benchmarks/results/qwen2.5-7b_defaults]
+  python benchmarks/summarize_7b.py NOW BEFORE
+  NOW BEFORE = benchmarks/results/prefix_grouper benchmarks/results/lora_fused (shared-prompt forwards), or
+               benchmarks/results/lora_fused benchmarks/results/qwen2.5-7b_defaults (fused LoRA, Liger, recompute)
 """
 
 from __future__ import annotations
@@ -45,14 +48,15 @@ def main(now: Path, before: Path) -> dict:
     summary = {}
     for kind, trl_name in (("lora", "lora64"), ("full", "lora0")):
         new, new_peak = hybridrl_runs(now, f"hybridrl_qwen2.5-7b_{kind}_run*.json", kind)
-        # before: the same defaults with recompute on every layer, peft's LoRA forward and HF's kernels
-        old, old_peak = hybridrl_runs(before, "hybridrl_qwen2.5-7b_1gpu.json", kind)
-        if kind == "lora":   # the recompute A/B's checkpointed row (its other row is the dropped no-recompute rule)
-            ab = json.loads((before / "hybridrl_qwen2.5-7b_lora_recompute_ab.json").read_text())["variants"]
-            old += [v["step_s"] for n, v in ab.items() if n.startswith("lora64_ckpt")]
-        else:
-            more, more_peak = hybridrl_runs(now, "before_liger_hybridrl_qwen2.5-7b_full.json", kind)
-            old, old_peak = old + more, max(old_peak, more_peak)
+        old, old_peak = hybridrl_runs(before, f"hybridrl_qwen2.5-7b_{kind}_run*.json", kind)
+        if not old:   # qwen2.5-7b_defaults: recompute on every layer, peft's LoRA forward and HF's kernels
+            old, old_peak = hybridrl_runs(before, "hybridrl_qwen2.5-7b_1gpu.json", kind)
+            if kind == "lora":   # the recompute A/B's checkpointed row (its other row is the dropped no-recompute rule)
+                ab = json.loads((before / "hybridrl_qwen2.5-7b_lora_recompute_ab.json").read_text())["variants"]
+                old += [v["step_s"] for n, v in ab.items() if n.startswith("lora64_ckpt")]
+            else:
+                more, more_peak = hybridrl_runs(now, "before_liger_hybridrl_qwen2.5-7b_full.json", kind)
+                old, old_peak = old + more, max(old_peak, more_peak)
         same_call = sorted(now.glob(f"trl_qwen2.5-7b_{trl_name}.json"))
         earlier = sorted(before.glob(f"trl_qwen2.5-7b_{trl_name}*.json"))
         trl_all, trl_peak = trl_steps(same_call + earlier)
@@ -63,6 +67,14 @@ def main(now: Path, before: Path) -> dict:
             "ratio_same_call": statistics.median(new) / statistics.median(trl_now),
             "ratio_trl_median": statistics.median(new) / statistics.median(trl_all),
             "peak_ratio": new_peak / trl_peak}
+    bf16, bf16_peak = hybridrl_runs(now, "hybridrl_qwen2.5-7b_full_bf16.json", "full")
+    if bf16:
+        full = summary["full"]
+        summary["full_bf16_masters"] = {
+            "hybridrl_s": _stats(bf16), "hybridrl_peak_gb": bf16_peak,
+            "ratio_same_call": statistics.median(bf16) / full["trl_same_call_s"]["median"],
+            "ratio_trl_median": statistics.median(bf16) / full["trl_all_steps_s"]["median"],
+            "peak_ratio": bf16_peak / full["trl_peak_gb"]}
     (now / "summary.json").write_text(json.dumps(summary, indent=1))
     plot(summary, now / "qwen2.5-7b_1gpu.png")
     return summary
@@ -74,7 +86,7 @@ def plot(summary: dict, out: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (ax_t, ax_m) = plt.subplots(1, 2, figsize=(10, 3.8))
+    fig, (ax_t, ax_m) = plt.subplots(1, 2, figsize=(12, 3.8))
     labels = ["LoRA r64", "full fine-tuning"]
     bars = [("hybridrl before", "before_s", "before_peak_gb", "#9ecae1"), ("hybridrl now", "hybridrl_s",
              "hybridrl_peak_gb", "#3182bd"), ("TRL (+ peft), bf16", "trl_all_steps_s", "trl_peak_gb", "#fd8d3c")]
@@ -85,17 +97,26 @@ def plot(summary: dict, out: Path) -> None:
                [summary[k][s_key]["max"] - m for m, k in zip(med, ("lora", "full"))]]
         ax_t.bar(xs, med, 0.27, yerr=err, color=color, label=name, capsize=3)
         ax_m.bar(xs, [summary[k][m_key] for k in ("lora", "full")], 0.27, color=color, label=name)
+    bf16 = summary.get("full_bf16_masters")
+    if bf16:   # one more group: bf16 masters (TRL's precision) next to TRL's full fine-tuning
+        labels = [*labels, "full, bf16 masters"]
+        for off, (s_key, m_key, color, src) in ((0, ("hybridrl_s", "hybridrl_peak_gb", "#3182bd", bf16)),
+                                                (0.27, ("trl_all_steps_s", "trl_peak_gb", "#fd8d3c", summary["full"]))):
+            ax_t.bar([2 + off], [src[s_key]["median"]], 0.27, color=color,
+                     yerr=[[src[s_key]["median"] - src[s_key]["min"]], [src[s_key]["max"] - src[s_key]["median"]]],
+                     capsize=3)
+            ax_m.bar([2 + off], [src[m_key]], 0.27, color=color)
     for ax, title in ((ax_t, "s per GRPO step (median, min-max)"), (ax_m, "peak allocated GiB")):
-        ax.set_xticks(range(2), labels)
+        ax.set_xticks(range(len(labels)), labels)
         ax.set_title(title)
     ax_t.legend(fontsize=8)
-    fig.suptitle("Qwen2.5-7B shape, one H200, 64 prompts x 8, 256 + 256 tokens (hybridrl: fp32 masters / fp32 adapters)",
-                 fontsize=9)
+    fig.suptitle("Qwen2.5-7B shape, one H200, 64 prompts x 8, 256 + 256 tokens (hybridrl: fp32 masters / fp32 adapters"
+                 + (" unless marked" if bf16 else "") + ")", fontsize=9)
     fig.tight_layout()
     fig.savefig(out, dpi=110)
 
 
 if __name__ == "__main__":
-    args = [Path(a) for a in sys.argv[1:]] or [Path("benchmarks/results/lora_fused"),
-                                               Path("benchmarks/results/qwen2.5-7b_defaults")]
-    print(json.dumps(main(*args), indent=1))
+    if len(sys.argv) != 3:
+        sys.exit(__doc__)
+    print(json.dumps(main(Path(sys.argv[1]), Path(sys.argv[2])), indent=1))

@@ -102,7 +102,7 @@ class DataParallelPPOActor(FSDPUpdater):
         micros, bins = make_micro_batches(data, bool(meta.get("use_dynamic_bsz", False)),
                                           meta.get("micro_batch_size"), meta.get("max_token_len"),
                                           size_key="log_prob_micro_batch_size_per_gpu",
-                                          token_key="log_prob_max_token_len_per_gpu")
+                                          token_key="log_prob_max_token_len_per_gpu", share_prompts=self.share_prompts)
         log_probs, entropies = [], []
         once = should_keep_unsharded(self.module, meta.get("unshard_once", False), len(micros), self.device)
         with torch.no_grad(), keep_unsharded(self.module, once):
@@ -162,7 +162,8 @@ class DataParallelPPOActor(FSDPUpdater):
                            rollout_is, metrics):
         cfg = self.config
         micros, _ = make_micro_batches(mini, bool(cfg.get("use_dynamic_bsz", False)),
-                                       cfg.get("ppo_micro_batch_size_per_gpu"), cfg.get("ppo_max_token_len_per_gpu"))
+                                       cfg.get("ppo_micro_batch_size_per_gpu"), cfg.get("ppo_max_token_len_per_gpu"),
+                                       share_prompts=self.share_prompts)
         policy_loss_fn = self._policy_loss_fn()
         pg_mode = getattr(policy_loss_fn, "loss_agg_mode", mode)
         scales = zip(loss_scales(micros, pg_mode), loss_scales(micros, mode))

@@ -13,7 +13,7 @@ import torch
 
 from hybridrl.protocol import DataProto
 from hybridrl.seeding import derive_seed
-from hybridrl.training.packing import rearrange_micro_batches
+from hybridrl.training.packing import prompt_groups, rearrange_micro_batches, rearrange_prompt_groups
 
 __all__ = ["make_micro_batches", "loss_scale", "loss_scales", "normaliser"]
 
@@ -53,13 +53,26 @@ def loss_scales(micros: list[DataProto], loss_agg_mode: str) -> list[float]:
 
 def make_micro_batches(data: DataProto, use_dynamic_bsz: bool, micro_batch_size: int | None,
                        max_token_len: int | None, size_key: str = "ppo_micro_batch_size_per_gpu",
-                       token_key: str = "ppo_max_token_len_per_gpu"):
-    """Returns (micro-batches, bins): bins are the row indices of each micro-batch (dynamic bsz) or None."""
+                       token_key: str = "ppo_max_token_len_per_gpu", share_prompts: bool = False):
+    """Returns (micro-batches, bins): bins are the row indices of each micro-batch (dynamic bsz) or None.
+    share_prompts: dynamic micro-batches keep the rows of a prompt together and count its tokens once
+    (`rearrange_prompt_groups`), as the shared-prompt forward runs them."""
     if use_dynamic_bsz:
         if max_token_len is None:
             raise ValueError(f"use_dynamic_bsz=true needs {token_key}")
-        seq_lens = data.batch["attention_mask"].sum(-1).tolist()
-        bins = rearrange_micro_batches(seq_lens, int(max_token_len), key=token_key)
+        mask = data.batch["attention_mask"]
+        if share_prompts:
+            b = data.batch
+            prompt_len = mask.shape[1] - b["responses"].shape[1]
+            group, _ = prompt_groups(b["input_ids"], mask, b["position_ids"], prompt_len)
+            members = [[] for _ in range(int(group.max()) + 1)]
+            for row, g in enumerate(group.tolist()):
+                members[g].append(row)
+            prompt_lens = mask[:, :prompt_len].sum(-1).tolist()
+            bins = rearrange_prompt_groups(members, [prompt_lens[m[0]] for m in members],
+                                           mask[:, prompt_len:].sum(-1).tolist(), int(max_token_len), key=token_key)
+        else:
+            bins = rearrange_micro_batches(mask.sum(-1).tolist(), int(max_token_len), key=token_key)
         return [data.select_idxs(torch.tensor(b, dtype=torch.long)) for b in bins], bins
     if micro_batch_size is None or int(micro_batch_size) <= 0:
         raise ValueError(f"{size_key}={micro_batch_size} must be a positive integer")

@@ -40,7 +40,7 @@ from hybridrl.training.ulysses import SequenceParallel, gather_rows, ulysses_out
 VARLEN_ATTN = "hybridrl_varlen"
 
 __all__ = ["VARLEN_ATTN", "PackedInputs", "SharedPrompts", "pack_inputs", "register_varlen_attention", "forward_response_logits",
-           "rearrange_micro_batches", "restore_order"]
+           "rearrange_micro_batches", "rearrange_prompt_groups", "restore_order"]
 
 
 @dataclass
@@ -63,25 +63,33 @@ class PackedInputs:
     shared: SharedPrompts | None = None
 
 
+def prompt_groups(input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
+                  prompt_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows whose first prompt_len columns (tokens, padding and positions) are equal share a prompt:
+    ([B] group of each row, numbered in the order of their first rows; [B] that first row)."""
+    bsz = input_ids.shape[0]
+    prompt_mask = attention_mask[:, :prompt_len].bool()
+    key = torch.cat([input_ids[:, :prompt_len].masked_fill(~prompt_mask, -1),
+                     position_ids[:, :prompt_len].masked_fill(~prompt_mask, -1)], 1)
+    _, group = torch.unique(key, dim=0, return_inverse=True)
+    rows = torch.arange(bsz, device=input_ids.device)
+    first = torch.full((int(group.max()) + 1,), bsz, device=input_ids.device).scatter_reduce(0, group, rows, "amin")
+    return torch.argsort(torch.argsort(first))[group], first[group]
+
+
 def pack_inputs(input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
                 prompt_len: int | None = None) -> PackedInputs:
     """The valid tokens of [B, S] padded rows as one packed row. prompt_len: share prompts — rows whose first
     prompt_len columns (tokens, padding and positions) are equal form one document, their prompt once, then each
-    row's response in row order; documents in the order of their first row."""
+    row's response in row order; documents in the order of their first row (`prompt_groups`)."""
     mask = attention_mask.bool()
     bsz, seq_len = mask.shape
     dev = input_ids.device
     if prompt_len is None:
         keep, doc_of_row, leader = mask, torch.arange(bsz, device=dev), None
     else:
-        prompt_mask = mask[:, :prompt_len]
-        key = torch.cat([input_ids[:, :prompt_len].masked_fill(~prompt_mask, -1),
-                         position_ids[:, :prompt_len].masked_fill(~prompt_mask, -1)], 1)
-        _, group = torch.unique(key, dim=0, return_inverse=True)
+        doc_of_row, leader = prompt_groups(input_ids, attention_mask, position_ids, prompt_len)
         rows = torch.arange(bsz, device=dev)
-        first = torch.full((int(group.max()) + 1,), bsz, device=dev).scatter_reduce(0, group, rows, "amin")
-        doc_of_row = torch.argsort(torch.argsort(first))[group]   # documents numbered by their first row
-        leader = first[group]                                      # the row whose prompt tokens are kept
         cols = torch.arange(seq_len, device=dev)
         keep = mask & ((cols >= prompt_len)[None, :] | (rows == leader)[:, None])
     flat = keep.reshape(-1).nonzero(as_tuple=True)[0]
@@ -335,6 +343,28 @@ def _balanced_bins(lengths: list[int], num_bins: int) -> list[list[int]]:
     return [sorted(b) for b in bins]
 
 
+def _fewest_bins(lengths: list[int], max_token_len: int, key: str) -> int:
+    too_long = [n for n in lengths if n > max_token_len]
+    if too_long:
+        raise ValueError(f"{key}={max_token_len} is smaller than a sequence of {max(too_long)} tokens; "
+                         f"raise it to at least the longest prompt+response length")
+    if not lengths:
+        raise ValueError("rearrange_micro_batches: empty batch")
+    num = max(1, -(-sum(lengths) // max_token_len))
+    while not all(sum(lengths[i] for i in b) <= max_token_len for b in _balanced_bins(lengths, num)):
+        num += 1
+    return num
+
+
+def _agreed_count(num: int, group) -> int:
+    """The micro-batch count all ranks of `group` run: the largest any of them needs."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return num
+    t = torch.tensor([num], dtype=torch.int64, device="cuda" if dist.get_backend(group) == "nccl" else "cpu")
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
+    return int(t.item())
+
+
 def rearrange_micro_batches(seq_lens: list[int], max_token_len: int, group=None,
                             key: str = "ppo_max_token_len_per_gpu") -> list[list[int]]:
     """Split rows into token-balanced micro-batches of at most max_token_len tokens each.
@@ -344,32 +374,48 @@ def rearrange_micro_batches(seq_lens: list[int], max_token_len: int, group=None,
     """
     if max_token_len <= 0:
         raise ValueError(f"{key} must be > 0, got {max_token_len}")
-    too_long = [n for n in seq_lens if n > max_token_len]
-    if too_long:
-        raise ValueError(f"{key}={max_token_len} is smaller than a sequence of {max(too_long)} tokens; "
-                         f"raise it to at least the longest prompt+response length")
     n = len(seq_lens)
-    if n == 0:
-        raise ValueError("rearrange_micro_batches: empty batch")
-    num = max(1, -(-sum(seq_lens) // max_token_len))
-    while True:
-        bins = _balanced_bins(seq_lens, num)
-        if all(sum(seq_lens[i] for i in b) <= max_token_len for b in bins):
-            break
-        num += 1
-    if dist.is_available() and dist.is_initialized():
-        t = torch.tensor([num], dtype=torch.int64,
-                         device="cuda" if dist.get_backend(group) == "nccl" else "cpu")
-        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
-        if int(t.item()) != num:
-            num = int(t.item())
-            if num > n:
-                raise RuntimeError(f"dynamic bsz: another rank needs {num} micro-batches but this rank has only "
-                                   f"{n} rows; raise {key} or balance the batch across ranks")
-            bins = _balanced_bins(seq_lens, num)
+    num = _agreed_count(_fewest_bins(seq_lens, max_token_len, key), group)
+    if num > n:
+        raise RuntimeError(f"dynamic bsz: another rank needs {num} micro-batches but this rank has only "
+                           f"{n} rows; raise {key} or balance the batch across ranks")
+    bins = _balanced_bins(seq_lens, num)
     if any(not b for b in bins):
         raise RuntimeError(f"dynamic bsz produced an empty micro-batch ({num} bins for {n} rows)")
     return bins
+
+
+def rearrange_prompt_groups(groups: list[list[int]], prompt_lens: list[int], response_lens: list[int],
+                            max_token_len: int, group=None, key: str = "ppo_max_token_len_per_gpu"):
+    """Dynamic micro-batches for shared-prompt forwards: rows that share a prompt (`groups`, lists of row indices)
+    stay together, a group costing its prompt once plus its rows' responses (`prompt_lens[g]`, `response_lens[row]`);
+    a group over max_token_len is cut into parts that fit, each with its own copy of the prompt, and groups are
+    cut further while this rank has fewer parts than the micro-batch count another rank of `group` needs.
+    Returns lists of row indices (each sorted), every row exactly once."""
+    if max_token_len <= 0:
+        raise ValueError(f"{key} must be > 0, got {max_token_len}")
+    units: list[tuple[int, list[int]]] = []   # (prompt length, rows)
+    for g, rows in enumerate(groups):
+        part: list[int] = []
+        for r in rows:
+            if part and prompt_lens[g] + sum(response_lens[i] for i in part) + response_lens[r] > max_token_len:
+                units.append((prompt_lens[g], part))
+                part = []
+            part.append(r)
+        units.append((prompt_lens[g], part))
+
+    def costs():
+        return [p + sum(response_lens[i] for i in rows) for p, rows in units]
+
+    num = _agreed_count(_fewest_bins(costs(), max_token_len, key), group)
+    while len(units) < num:
+        widest = max(range(len(units)), key=lambda u: len(units[u][1]))
+        p, rows = units[widest]
+        if len(rows) < 2:
+            raise RuntimeError(f"dynamic bsz: another rank needs {num} micro-batches but this rank has only "
+                               f"{sum(len(r) for _, r in units)} rows; raise {key} or balance the batch across ranks")
+        units[widest:widest + 1] = [(p, rows[:len(rows) // 2]), (p, rows[len(rows) // 2:])]
+    return [sorted(r for u in b for r in units[u][1]) for b in _balanced_bins(costs(), num)]
 
 
 def restore_order(chunks: list[torch.Tensor], bins: list[list[int]] | None) -> torch.Tensor:

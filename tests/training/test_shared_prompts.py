@@ -119,3 +119,36 @@ def test_shared_prompts_refuse_ulysses(model):
     with pytest.raises(ValueError, match="use_prefix_grouper"):
         forward_response_logits(model, b["input_ids"], b["attention_mask"], b["position_ids"], 6, True,
                                 sp_group=object(), share_prompts=True)
+
+
+def test_dynamic_micro_batches_keep_a_prompts_rows_together_and_count_it_once():
+    from hybridrl.training.packing import rearrange_prompt_groups
+
+    groups = [[0, 1, 2, 3], [4, 5], [6]]
+    prompt_lens, resp = [10, 30, 5], [4, 4, 4, 4, 6, 6, 20]
+    bins = rearrange_prompt_groups(groups, prompt_lens, resp, max_token_len=42)
+    assert sorted(r for b in bins for r in b) == list(range(7))
+    assert any(b[:4] == [0, 1, 2, 3] for b in bins)          # 10 + 16 tokens: one part, whole
+    assert [4, 5] in [[r for r in b if r in (4, 5)] for b in bins]   # 30 + 12 = 42 fits
+    # a group over the budget is cut into parts that fit, each with its prompt
+    bins = rearrange_prompt_groups([[0, 1, 2, 3]], [10], [8, 8, 8, 8], max_token_len=30)
+    assert sorted(map(sorted, bins)) == [[0, 1], [2, 3]]
+    with pytest.raises(ValueError, match="ppo_max_token_len_per_gpu=20 is smaller than a sequence of 30"):
+        rearrange_prompt_groups([[0]], [25], [5], max_token_len=20)
+
+
+def test_dynamic_update_with_shared_prompts_has_the_unshared_gradient(model):
+    data = grouped_batch(seed=2)
+    grads = {}
+    for share in (True, False):
+        m = copy.deepcopy(model)
+        before = {n: p.detach().clone() for n, p in m.named_parameters()}
+        cfg = dict(ppo_mini_batch_size=len(data), ppo_epochs=1, clip_ratio=0.2, loss_agg_mode="token-mean",
+                   entropy_coeff=0.0, use_kl_loss=False, grad_clip=1e9, use_dynamic_bsz=True,
+                   ppo_max_token_len_per_gpu=24)
+        actor = DataParallelPPOActor(cfg, m, torch.optim.SGD(m.parameters(), lr=1.0), use_remove_padding=True,
+                                     share_prompts=share)
+        actor.update_policy(data)
+        grads[share] = {n: before[n] - p.detach() for n, p in m.named_parameters()}
+    for name in grads[False]:
+        torch.testing.assert_close(grads[True][name], grads[False][name], atol=1e-6, rtol=1e-4)
