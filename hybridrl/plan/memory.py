@@ -220,14 +220,15 @@ class MemoryModel:
         return 0 if self.r.fused_optimizer else trained * master_bytes // shard
 
     def critic_phase(self, phase: str, micro_rows: int, seq_len: int, unshard_once: bool,
-                     kv_bytes: int) -> PhaseMemory:
+                     kv_bytes: int, tokens: int | None = None) -> PhaseMemory:
+        """tokens: of one micro-batch (None: micro_rows x seq_len; fewer with shared prompts)."""
         r, c = self.r, self.r.critic
         train = phase == "update_critic"
         parts = self._actor(grads=False, params_on_gpu=True, optim_on_gpu=not r.optimizer_offload)
         parts.update(self._others(ref_on_gpu=not r.ref_offload, critic_grads=train, critic_on_gpu=True))
         parts.update(self._scheme_a_engine(kv_bytes))
         parts["unsharded params"] = self._fsdp_working(c, unshard_once and not train, backward=train)
-        tokens = micro_rows * seq_len
+        tokens = micro_rows * seq_len if tokens is None else tokens
         parts["activations"] = (self._train_activations(c, tokens, r.critic_gradient_checkpointing,
                                                         r.critic_activation_offload,
                                                         kept_layers=r.critic_kept_layers) if train

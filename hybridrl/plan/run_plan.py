@@ -93,6 +93,7 @@ class RunPlan:
                                                 # their activations (not recomputed); 0 = all recompute
     share_prompts: bool = False                 # actor.use_prefix_grouper: the actor's and reference's forwards run
                                                 # each prompt of a micro-batch once (training/packing.py)
+    critic_share_prompts: bool = False          # the critic's likewise (the actor's choice, without critic Ulysses)
     critic_recompute_kept_layers: int = 0       # the same for the critic's
 
     def kv_blocks_for(self, prompts: int, n: int) -> int:
@@ -328,15 +329,25 @@ def make_plan(config: DictConfig | dict, hf_config, device: DeviceSpec, val_prom
         predicted["ref"] = mm.log_prob("ref", ref_micro, S, R, ref_once, kv_bytes, tokens_of(ref_micro))
     critic_micro = critic_fwd = None
     critic_once = unshard("critic.forward_unshard_once", shape)
+    # the critic shares prompts with the actor's choice, unless its own Ulysses SP splits the packed row
+    critic_share = gae and share and g("critic.ulysses_sequence_parallel_size") == 1
+
+    def critic_tokens(rows: int) -> int:
+        return shared_prompt_tokens(rows, layout.n, P, R) if critic_share else rows * S
+
     if gae and not g("critic.use_dynamic_bsz"):
         critic_micro = pick("critic.ppo_micro_batch_size_per_gpu", g("critic.ppo_micro_batch_size_per_gpu"),
                             _divisors_desc(layout.critic_mini_batch_per_gpu), UPDATE_TOKENS_TARGET,
-                            lambda m: mm.critic_phase("update_critic", m, S, False, kv_bytes))
+                            lambda m: mm.critic_phase("update_critic", m, S, False, kv_bytes, critic_tokens(m)),
+                            tokens=critic_tokens)
         critic_fwd = pick("critic.forward_micro_batch_size_per_gpu", g("critic.forward_micro_batch_size_per_gpu"),
                           lp_candidates, LOGPROB_TOKENS_TARGET,
-                          lambda m: mm.critic_phase("values", m, S, critic_once, kv_bytes))
-        predicted["values"] = mm.critic_phase("values", critic_fwd, S, critic_once, kv_bytes)
-        predicted["update_critic"] = mm.critic_phase("update_critic", critic_micro, S, False, kv_bytes)
+                          lambda m: mm.critic_phase("values", m, S, critic_once, kv_bytes, critic_tokens(m)),
+                          tokens=critic_tokens)
+        predicted["values"] = mm.critic_phase("values", critic_fwd, S, critic_once, kv_bytes,
+                                              critic_tokens(critic_fwd))
+        predicted["update_critic"] = mm.critic_phase("update_critic", critic_micro, S, False, kv_bytes,
+                                                     critic_tokens(critic_micro))
     rm_micro, rm_once, rm_len = None, False, g("reward_model.max_length") or S
     if rm_shape is not None:
         rm_once = auto_unshard(rm_shape)
@@ -360,7 +371,8 @@ def make_plan(config: DictConfig | dict, hf_config, device: DeviceSpec, val_prom
             critic_micro, S, g("critic.ppo_max_token_len_per_gpu") if g("critic.use_dynamic_bsz") else None,
             lambda m, t, k=None: MemoryModel(shape, replace(res, critic_gradient_checkpointing=k is not None,
                                                             critic_kept_layers=k or 0)
-                                             ).critic_phase("update_critic", m, t, False, kv_bytes),
+                                             ).critic_phase("update_critic", m, t, False, kv_bytes,
+                                                            None if g("critic.use_dynamic_bsz") else critic_tokens(m)),
             "update_critic", choices, shape.layers)
     if budget is not None and predicted["gen"].total > budget:
         raise ConfigError([f"rollout phase predicted at {predicted['gen'].total / GiB:.1f} GiB per GPU, over "
@@ -387,7 +399,7 @@ def make_plan(config: DictConfig | dict, hf_config, device: DeviceSpec, val_prom
                    fused_optimizer=res.fused_optimizer, gradient_checkpointing=actor_ckpt,
                    critic_gradient_checkpointing=critic_ckpt, use_liger=use_liger,
                    recompute_kept_layers=kept_layers, critic_recompute_kept_layers=critic_kept,
-                   share_prompts=share)
+                   share_prompts=share, critic_share_prompts=critic_share)
 
 
 def shared_prompt_tokens(rows: int, n: int, prompt_len: int, response_len: int) -> int:

@@ -23,12 +23,13 @@ __all__ = ["DataParallelPPOCritic"]
 
 class DataParallelPPOCritic(FSDPUpdater):
     def __init__(self, config, module: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None,
-                 scheduler=None, use_remove_padding: bool | None = None, sp_group=None):
+                 scheduler=None, use_remove_padding: bool | None = None, sp_group=None, share_prompts: bool = False):
         model_cfg = config.get("model") or {}
         super().__init__(config, module, optimizer, scheduler,
                          bool(model_cfg.get("use_remove_padding", False) if use_remove_padding is None
                               else use_remove_padding), bool(model_cfg.get("enable_activation_offload", False)))
         self.sp_group = sp_group  # Ulysses, as in the actor (training/ulysses.py)
+        self.share_prompts = share_prompts  # each prompt once per micro-batch, as in the actor (training/packing.py)
 
     def _forward_micro_batch(self, micro: DataProto) -> torch.Tensor:
         b = micro.batch
@@ -36,7 +37,7 @@ class DataParallelPPOCritic(FSDPUpdater):
         out = forward_response_logits(self.module, b["input_ids"].to(self.device),
                                       b["attention_mask"].to(self.device), b["position_ids"].to(self.device),
                                       response_length, self.use_remove_padding, keep_only_needed=False,
-                                      sp_group=self.sp_group)
+                                      sp_group=self.sp_group, share_prompts=self.share_prompts)
         return out[..., 0].float() * b["response_mask"].to(self.device)
 
     def compute_values(self, data: DataProto) -> torch.Tensor:
@@ -48,7 +49,8 @@ class DataParallelPPOCritic(FSDPUpdater):
             data, bool(meta.get("use_dynamic_bsz", False)),
             meta.get("micro_batch_size", self.config.get("forward_micro_batch_size_per_gpu")),
             meta.get("max_token_len", self.config.get("ppo_max_token_len_per_gpu")),
-            size_key="critic.forward_micro_batch_size_per_gpu", token_key="critic.ppo_max_token_len_per_gpu")
+            size_key="critic.forward_micro_batch_size_per_gpu", token_key="critic.ppo_max_token_len_per_gpu",
+            share_prompts=self.share_prompts)
         once = should_keep_unsharded(self.module, meta.get("unshard_once", False), len(micros), self.device)
         with torch.no_grad(), keep_unsharded(self.module, once):
             values = [self._forward_micro_batch(m) for m in micros]  # to CPU after the last: no sync between
@@ -68,7 +70,7 @@ class DataParallelPPOCritic(FSDPUpdater):
         micros, _ = make_micro_batches(mini, bool(cfg.get("use_dynamic_bsz", False)),
                                        cfg.get("ppo_micro_batch_size_per_gpu"), cfg.get("ppo_max_token_len_per_gpu"),
                                        size_key="critic.ppo_micro_batch_size_per_gpu",
-                                       token_key="critic.ppo_max_token_len_per_gpu")
+                                       token_key="critic.ppo_max_token_len_per_gpu", share_prompts=self.share_prompts)
         for micro, scale in zip(micros, loss_scales(micros, mode)):  # no host sync between micro-batches
             mask = micro.batch["response_mask"].to(self.device)
             with self.training_forward():

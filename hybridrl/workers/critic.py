@@ -39,11 +39,13 @@ class CriticWorker(Worker):
         self.module, self.optimizer, self.scheduler = build_fsdp_model(
             c.model, c.model.fsdp_config, c.optim, self.mesh, self.compute_device, trainable=True, critic=True,
             fused_optimizer=self.plan.fused_optimizer, gradient_checkpointing=self.plan.critic_gradient_checkpointing,
-            recompute_kept_layers=self.plan.critic_recompute_kept_layers)
+            recompute_kept_layers=self.plan.critic_recompute_kept_layers,
+            use_varlen_attention=bool(c.model.use_remove_padding) or self.plan.critic_share_prompts)
         cfg = per_rank_section(c, self.plan.layout.critic_mini_batch_per_gpu, self.plan.critic_micro)
         from hybridrl.training.critic import DataParallelPPOCritic
 
-        self.critic = DataParallelPPOCritic(cfg, self.module, self.optimizer, self.scheduler, sp_group=sp_group)
+        self.critic = DataParallelPPOCritic(cfg, self.module, self.optimizer, self.scheduler, sp_group=sp_group,
+                                            share_prompts=self.plan.critic_share_prompts)
         self._param_offload = bool(c.model.fsdp_config.param_offload)
         self._optimizer_offload = bool(c.model.fsdp_config.optimizer_offload)
         self._optimizer_on_cpu = False  # AdamW state is created lazily at the first step, on the GPU

@@ -181,16 +181,17 @@ def test_rollout_is_without_old_log_prob_pass_uses_the_updates_own_log_probs(ray
 
 
 def test_shared_prompt_forwards_give_the_unshared_step(ray_local, tiny_model_dir, arith_dir, tmp_path):
-    """actor.use_prefix_grouper=true (the actor's update and the reference's log-probs run each prompt once for its
-    4 samples): the same rollout gives the same first step as the unshared forwards."""
+    """actor.use_prefix_grouper=true (PPO: the actor's update, the reference's log-probs, the critic's values and
+    update run each prompt once for its 4 samples): the same rollout gives the same first step as unshared."""
     runs = {}
     for share in ("true", "false"):
         cfg = load_config(overrides=overrides(
             tiny_model_dir, arith_dir, tmp_path / share, "trainer.total_training_steps=1",
-            "actor_rollout_ref.actor.use_kl_loss=true", "trainer.balance_batch=false",
+            "actor_rollout_ref.actor.use_kl_loss=true", "trainer.balance_batch=false", "algorithm.adv_estimator=gae",
             f"actor_rollout_ref.actor.use_prefix_grouper={share}"))
         runs[share] = train_metrics(run_ppo(cfg)["history"])[0]
     shared, plain = runs["true"], runs["false"]
     assert shared["critic/score/mean"] == plain["critic/score/mean"]      # the same rollout
-    for key in ("actor/pg_loss", "actor/grad_norm", "actor/kl_loss", "actor/entropy"):
+    for key in ("actor/pg_loss", "actor/grad_norm", "actor/kl_loss", "actor/entropy", "critic/vf_loss",
+                "critic/grad_norm", "critic/values/mean"):
         assert math.isclose(shared[key], plain[key], rel_tol=1e-4, abs_tol=1e-6), (key, shared[key], plain[key])

@@ -363,6 +363,11 @@ def test_prefix_grouper_auto_on_gpus_with_several_samples_and_its_tokens():
     assert not plan([f"{key}=auto"], device=DeviceSpec("cpu", "cpu", None)).share_prompts   # auto: off on the CPU
     assert plan([f"{key}=true"], device=DeviceSpec("cpu", "cpu", None)).share_prompts
     assert not plan([f"{key}=auto", f"{R}.n=1"]).share_prompts
+    gae = ["algorithm.adv_estimator=gae", "critic.ppo_mini_batch_size=64"]
+    ppo = plan([f"{key}=auto", *gae])
+    assert ppo.share_prompts and ppo.critic_share_prompts
+    assert "critic.ppo_micro_batch_size_per_gpu = 32 (9216 tokens" in " ".join(ppo.choices)
+    assert not plan([f"{key}=false", *gae]).critic_share_prompts
     assert shared_prompt_tokens(32, 8, 256, 256) == 4 * 256 + 32 * 256
     assert shared_prompt_tokens(4, 8, 256, 256) == 256 + 4 * 256              # inside one group
     assert shared_prompt_tokens(12, 8, 100, 10) == 3 * 100 + 12 * 10          # may touch three groups

@@ -152,3 +152,34 @@ def test_dynamic_update_with_shared_prompts_has_the_unshared_gradient(model):
         grads[share] = {n: before[n] - p.detach() for n, p in m.named_parameters()}
     for name in grads[False]:
         torch.testing.assert_close(grads[True][name], grads[False][name], atol=1e-6, rtol=1e-4)
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_critic_with_shared_prompts_has_the_unshared_values_and_gradient(dynamic):
+    from hybridrl.training import DataParallelPPOCritic
+
+    torch.manual_seed(0)
+    cfg = tiny_qwen2_config()
+    cfg.num_labels, cfg.classifier_dropout = 1, 0.0
+    base = transformers.AutoModelForTokenClassification.from_config(cfg, dtype=torch.float32)
+    base.set_attn_implementation(register_varlen_attention())
+    data = grouped_batch(seed=3)
+    data.meta_info.update(micro_batch_size=4, use_dynamic_bsz=dynamic, max_token_len=30)
+    g = torch.Generator().manual_seed(4)
+    data.batch["returns"] = torch.randn(data.batch["responses"].shape, generator=g)
+    out = {}
+    for share in (True, False):
+        model = copy.deepcopy(base)
+        before = {n: p.detach().clone() for n, p in model.named_parameters()}
+        ccfg = dict(ppo_mini_batch_size=len(data), ppo_micro_batch_size_per_gpu=3, cliprange_value=100.0,
+                    grad_clip=1e9, loss_agg_mode="token-mean", use_dynamic_bsz=dynamic, ppo_max_token_len_per_gpu=30)
+        critic = DataParallelPPOCritic(ccfg, model, torch.optim.SGD(model.parameters(), lr=1.0),
+                                       use_remove_padding=True, share_prompts=share)
+        values = critic.compute_values(data)
+        data.batch["values"] = values
+        critic.update_critic(data)
+        out[share] = values, {n: before[n] - p.detach() for n, p in model.named_parameters()}
+    torch.testing.assert_close(out[True][0], out[False][0], atol=1e-5, rtol=1e-5)
+    assert any(v.abs().max() > 0 for v in out[True][1].values())
+    for name in out[False][1]:
+        torch.testing.assert_close(out[True][1][name], out[False][1][name], atol=1e-6, rtol=1e-4)
