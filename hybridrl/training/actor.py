@@ -84,12 +84,11 @@ class DataParallelPPOActor(FSDPUpdater):
         def fused(hidden, weight, flat):  # the head's [K, V] logits exist one chunk at a time (fused_logprob.py)
             return fused_logprob_entropy(hidden, weight, targets[flat], temperature, calculate_entropy)
 
-        out = forward_response_logits(self.module, b["input_ids"].to(self.device),
-                                      b["attention_mask"].to(self.device), b["position_ids"].to(self.device),
+        out = forward_response_logits(self.module, b["input_ids"], b["attention_mask"], b["position_ids"],
                                       responses.shape[1], self.use_remove_padding, keep_only_needed=True,
                                       sp_group=self.sp_group, row_fn=None if self.fused_head else per_token,
                                       head_rows=fused if self.fused_head else None,
-                                      share_prompts=self.share_prompts)
+                                      share_prompts=self.share_prompts, device=self.device)
         return out[..., 0], (out[..., 1] if calculate_entropy else None)
 
     def compute_log_prob(self, data: DataProto, calculate_entropy: bool = False):

@@ -34,10 +34,9 @@ class DataParallelPPOCritic(FSDPUpdater):
     def _forward_micro_batch(self, micro: DataProto) -> torch.Tensor:
         b = micro.batch
         response_length = b["responses"].shape[1]
-        out = forward_response_logits(self.module, b["input_ids"].to(self.device),
-                                      b["attention_mask"].to(self.device), b["position_ids"].to(self.device),
+        out = forward_response_logits(self.module, b["input_ids"], b["attention_mask"], b["position_ids"],
                                       response_length, self.use_remove_padding, keep_only_needed=False,
-                                      sp_group=self.sp_group, share_prompts=self.share_prompts)
+                                      sp_group=self.sp_group, share_prompts=self.share_prompts, device=self.device)
         return out[..., 0].float() * b["response_mask"].to(self.device)
 
     def compute_values(self, data: DataProto) -> torch.Tensor:

@@ -62,6 +62,12 @@ class PackedInputs:
                                   # a shared prompt's rows all map to its one copy
     shared: SharedPrompts | None = None
 
+    def to(self, device) -> PackedInputs:
+        shared = None if self.shared is None else SharedPrompts(self.shared.segment.to(device),
+                                                                self.shared.is_prompt.to(device))
+        return PackedInputs(self.input_ids.to(device), self.position_ids.to(device), self.cu_seqlens.to(device),
+                            self.max_seqlen, self.packed_of_flat.to(device), shared)
+
 
 def prompt_groups(input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
                   prompt_len: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -243,7 +249,7 @@ def _response_predictor_positions(batch: int, seq_len: int, response_length: int
 def forward_response_logits(module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                             position_ids: torch.Tensor, response_length: int, use_remove_padding: bool,
                             keep_only_needed: bool = True, sp_group=None, row_fn=None,
-                            head_rows=None, share_prompts: bool = False) -> torch.Tensor:
+                            head_rows=None, share_prompts: bool = False, device=None) -> torch.Tensor:
     """Run the model and return the head outputs at the positions predicting the last R tokens: [B, R, C].
 
     Positions whose predicting token is padding hold zeros (finite; callers mask them with response_mask).
@@ -258,6 +264,9 @@ def forward_response_logits(module, input_ids: torch.Tensor, attention_mask: tor
     share_prompts: rows with the same prompt (the first S - R columns) run it once (`pack_inputs`); the prompt's
       last position predicts every such row's first response token. The same outputs and gradients as unshared, in
       fewer tokens; packs the micro-batch whatever use_remove_padding says (not with Ulysses).
+    device: where the model runs (None: the inputs' device). The packed layout is index arithmetic with
+      data-dependent sizes: made where the inputs are — the host, for rows from the controller, so the host never
+      waits for the GPU's queue to drain — then moved there.
     """
     bsz, seq_len = input_ids.shape
     if sp_group is not None and share_prompts:
@@ -269,6 +278,9 @@ def forward_response_logits(module, input_ids: torch.Tensor, attention_mask: tor
     if head_rows is not None and (row_fn is not None or not keep_only_needed):
         raise ValueError("head_rows replaces the head's logits: it needs keep_only_needed=True and no row_fn")
     row_fn = row_fn or (lambda rows, flat: rows)
+    device = input_ids.device if device is None else torch.device(device)
+    if not use_remove_padding:
+        input_ids, attention_mask, position_ids = (t.to(device) for t in (input_ids, attention_mask, position_ids))
     if not use_remove_padding and head_rows is not None:
         flat = torch.arange(bsz * response_length, device=input_ids.device)
         with _replaced_head(module, head_rows, flat, drop_last=True):
@@ -285,22 +297,22 @@ def forward_response_logits(module, input_ids: torch.Tensor, attention_mask: tor
                          seq_len - response_length if share_prompts else None)
     wanted = packed.packed_of_flat[_response_predictor_positions(bsz, seq_len, response_length, input_ids.device)]
     valid = wanted >= 0
-    flat = valid.reshape(-1).nonzero(as_tuple=True)[0]  # kept rows as indices into [B*R]
+    flat = valid.reshape(-1).nonzero(as_tuple=True)[0].to(device)  # kept rows as indices into [B*R]
+    keep = wanted[valid].to(device)                                # their packed positions
+    packed = packed.to(device)
     kwargs = dict(cu_seq_lens_q=packed.cu_seqlens, cu_seq_lens_k=packed.cu_seqlens,
                   max_length_q=packed.max_seqlen, max_length_k=packed.max_seqlen, use_cache=False)
     if packed.shared is not None:
         kwargs["shared_prompts"] = packed.shared
     if sp is not None:
-        rows = _sequence_parallel_rows(module, packed, wanted[valid], flat, kwargs, sp, keep_only_needed, row_fn,
-                                       head_rows)
+        rows = _sequence_parallel_rows(module, packed, keep, flat, kwargs, sp, keep_only_needed, row_fn, head_rows)
     elif keep_only_needed:
-        keep = wanted[valid]
         with _replaced_head(module, head_rows, flat):
             rows = row_fn(module(input_ids=packed.input_ids, position_ids=packed.position_ids, logits_to_keep=keep,
                                  **kwargs).logits[0], flat)                               # [K, M]
     else:
         logits = module(input_ids=packed.input_ids, position_ids=packed.position_ids, **kwargs).logits[0]
-        rows = row_fn(logits[wanted[valid]], flat)
+        rows = row_fn(logits[keep], flat)
     out = rows.new_zeros(bsz * response_length, rows.shape[-1])
     out[flat] = rows
     return out.reshape(bsz, response_length, -1)

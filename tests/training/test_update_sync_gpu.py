@@ -14,6 +14,7 @@ from _training_tiny import TINY_ACTOR_CFG, make_ppo_batch, tiny_qwen2_config
 
 import hybridrl
 from hybridrl.training import DataParallelPPOActor, build_optimizer
+from hybridrl.training.packing import register_varlen_attention
 
 PACKAGE = os.path.dirname(hybridrl.__file__) + os.sep
 TORCH = os.path.dirname(torch.__file__) + os.sep
@@ -41,13 +42,17 @@ def _count_syncs(fn) -> int:
     return ours[0]
 
 
-def _syncs(micro: int, own_old: bool) -> tuple[int, int]:
+def _syncs(micro: int, own_old: bool, share: bool = False) -> tuple[int, int]:
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(tiny_qwen2_config(), dtype=torch.float32).cuda()
     cfg = {**TINY_ACTOR_CFG, "ppo_mini_batch_size": 8, "ppo_micro_batch_size_per_gpu": micro, "entropy_coeff": 0.01}
     actor = DataParallelPPOActor(cfg, model, build_optimizer(model.parameters(), {"lr": 1e-4}),
-                                 use_remove_padding=False)
-    data = make_ppo_batch(batch=8, prompt_len=16, resp_len=12).to("cuda")
+                                 use_remove_padding=False, share_prompts=share)
+    data = make_ppo_batch(batch=8, prompt_len=16, resp_len=12)
+    if not share:
+        data = data.to("cuda")
+    else:  # rows as the controller sends them (on the host): the shared-prompt layout is made there
+        model.set_attn_implementation(register_varlen_attention())
     if own_old:
         data.batch.pop("old_log_probs")
     update = _count_syncs(lambda: actor.update_policy(data))
@@ -58,7 +63,9 @@ def _syncs(micro: int, own_old: bool) -> tuple[int, int]:
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("own_old", [False, True])
-def test_host_syncs_do_not_grow_with_micro_batches(own_old):
-    two, eight = _syncs(4, own_old), _syncs(1, own_old)
+@pytest.mark.parametrize("share", [False, True])
+def test_host_syncs_do_not_grow_with_micro_batches(own_old, share):
+    _syncs(4, own_old, share)   # warm-up: FlexAttention compiles on the first packed forward
+    two, eight = _syncs(4, own_old, share), _syncs(1, own_old, share)
     assert eight == two, (eight, two)
     assert two[0] > 0   # the counter sees hybridrl's own syncs (the loss factors, the metrics, the grad norm)
