@@ -7,8 +7,8 @@ Choices:
   batch's own (they restart per sequence: cumsum(mask) - 1), and the sequence boundaries travel as
   `cu_seq_lens_q/k` (the FlashAttention kwarg names, which HF models pass down to the attention function).
 - Attention runs through our function registered with transformers' `AttentionInterface` under
-  `VARLEN_ATTN`: FlexAttention with a document mask on CUDA (compiled once), else SDPA with a block-diagonal
-  causal mask (flash-attn is not installed on our machines). Without `cu_seq_lens_q` it delegates to HF's SDPA
+  `VARLEN_ATTN`: FlexAttention with a document mask on CUDA (compiled once; rows of 128 tokens or more), else SDPA
+  with a block-diagonal causal mask (flash-attn is not installed on our machines). Without `cu_seq_lens_q` it delegates to HF's SDPA
   function, so the same model also runs the padded path. A matching mask function returns None when no 2-D
   padding mask is given (packed or unpadded input: the attention function owns causality) and HF's SDPA mask
   otherwise.
@@ -142,6 +142,9 @@ def _allowed(cu_seqlens: torch.Tensor, total: int, shared: SharedPrompts | None)
 
 
 _compiled_flex = None
+# Below one FlexAttention block of tokens inductor finds no kernel configuration for the compiled training forward
+# (NoValidChoicesError on an H200, torch 2.11: a 112-token packed row); there the dense mask costs nothing.
+FLEX_MIN_TOKENS = 128
 
 
 def _flex_attention(query, key, value, cu_seqlens, scaling, shared):
@@ -189,7 +192,7 @@ def varlen_attention_forward(module, query, key, value, attention_mask, dropout:
     if sp is not None:  # [T_loc tokens, all heads] -> [all tokens, heads / P]
         query, key, value = ulysses_qkv(query, key, value, sp)
     shared = kwargs.get("shared_prompts")
-    if query.is_cuda and not torch.compiler.is_compiling():
+    if query.is_cuda and not torch.compiler.is_compiling() and query.shape[2] >= FLEX_MIN_TOKENS:
         out = _flex_attention(query, key, value, cu, scaling, shared)
     else:
         out = _sdpa_block_diagonal(query, key, value, cu, scaling, shared)

@@ -42,7 +42,7 @@ def _count_syncs(fn) -> int:
     return ours[0]
 
 
-def _syncs(micro: int, own_old: bool, share: bool = False) -> tuple[int, int]:
+def _syncs(micro: int, own_old: bool, share: bool = False, count=None) -> tuple[int, int]:
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(tiny_qwen2_config(), dtype=torch.float32).cuda()
     cfg = {**TINY_ACTOR_CFG, "ppo_mini_batch_size": 8, "ppo_micro_batch_size_per_gpu": micro, "entropy_coeff": 0.01}
@@ -55,9 +55,10 @@ def _syncs(micro: int, own_old: bool, share: bool = False) -> tuple[int, int]:
         model.set_attn_implementation(register_varlen_attention())
     if own_old:
         data.batch.pop("old_log_probs")
-    update = _count_syncs(lambda: actor.update_policy(data))
+    count = count or _count_syncs
+    update = count(lambda: actor.update_policy(data))
     data.meta_info["micro_batch_size"] = micro
-    logprob = _count_syncs(lambda: actor.compute_log_prob(data))
+    logprob = count(lambda: actor.compute_log_prob(data))
     return update, logprob
 
 
@@ -65,7 +66,8 @@ def _syncs(micro: int, own_old: bool, share: bool = False) -> tuple[int, int]:
 @pytest.mark.parametrize("own_old", [False, True])
 @pytest.mark.parametrize("share", [False, True])
 def test_host_syncs_do_not_grow_with_micro_batches(own_old, share):
-    _syncs(4, own_old, share)   # warm-up: FlexAttention compiles on the first packed forward
+    _syncs(4, own_old, share, count=lambda fn: fn())   # warm-up, uncounted: FlexAttention compiles (inductor
+    # autotunes; its kernels are not hybridrl's syncs) on the first packed forward and backward
     two, eight = _syncs(4, own_old, share), _syncs(1, own_old, share)
     assert eight == two, (eight, two)
     assert two[0] > 0   # the counter sees hybridrl's own syncs (the loss factors, the metrics, the grad norm)
