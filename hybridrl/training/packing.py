@@ -7,9 +7,9 @@ Choices:
   batch's own (they restart per sequence: cumsum(mask) - 1), and the sequence boundaries travel as
   `cu_seq_lens_q/k` (the FlashAttention kwarg names, which HF models pass down to the attention function).
 - Attention runs through our function registered with transformers' `AttentionInterface` under
-  `VARLEN_ATTN`: FlexAttention with a document mask on CUDA (compiled once; rows of 128 tokens or more), else SDPA
-  with a block-diagonal causal mask (flash-attn is not installed on our machines). Without `cu_seq_lens_q` it delegates to HF's SDPA
-  function, so the same model also runs the padded path. A matching mask function returns None when no 2-D
+  `VARLEN_ATTN`: FlexAttention with a document mask on CUDA (compiled once; rows of 128 tokens or more), else
+  SDPA with a block-diagonal causal mask (flash-attn is not installed on our machines). Without `cu_seq_lens_q`
+  it delegates to HF's SDPA function, so the same model also runs the padded path. A matching mask function returns None when no 2-D
   padding mask is given (packed or unpadded input: the attention function owns causality) and HF's SDPA mask
   otherwise.
 - Shared prompts (`actor.use_prefix_grouper`, GRPO's n samples of a prompt in one micro-batch): the prompt is
@@ -39,8 +39,9 @@ from hybridrl.training.ulysses import SequenceParallel, gather_rows, ulysses_out
 
 VARLEN_ATTN = "hybridrl_varlen"
 
-__all__ = ["VARLEN_ATTN", "PackedInputs", "SharedPrompts", "pack_inputs", "register_varlen_attention", "forward_response_logits",
-           "rearrange_micro_batches", "rearrange_prompt_groups", "restore_order"]
+__all__ = ["VARLEN_ATTN", "PackedInputs", "SharedPrompts", "pack_inputs", "prompt_groups",
+           "register_varlen_attention", "forward_response_logits", "rearrange_micro_batches",
+           "rearrange_prompt_groups", "restore_order"]
 
 
 @dataclass
@@ -142,8 +143,9 @@ def _allowed(cu_seqlens: torch.Tensor, total: int, shared: SharedPrompts | None)
 
 
 _compiled_flex = None
-# Below one FlexAttention block of tokens inductor finds no kernel configuration for the compiled training forward
-# (NoValidChoicesError on an H200, torch 2.11: a 112-token packed row); there the dense mask costs nothing.
+# For a 112-token packed row inductor found no kernel configuration for the compiled training forward
+# (NoValidChoicesError, H200, torch 2.11; rows of 219 tokens and more compiled): rows shorter than one FlexAttention
+# block (128) take the dense mask, which costs nothing at that size.
 FLEX_MIN_TOKENS = 128
 
 
