@@ -4,7 +4,8 @@ Builds the actor as the trainer's worker does on one rank (1-rank process group,
 workers.common.build_fsdp_model with the run plan's LoRA base dtype and optimizer kind, DataParallelPPOActor over
 the default config's actor section with the plan's per-rank sizes) and runs one optimizer step over all --rows
 rows of a synthetic GRPO batch (random in-vocab ids, no padding, random advantages; no old_log_probs, so the
-update's own detached log-probs are the old ones, as the plan's on-policy default does).
+update's own detached log-probs are the old ones, as the plan's on-policy default does), each prompt on --n
+adjacent rows; --use-prefix-grouper and --use-liger resolve as the run plan resolves their keys.
 
 Per configuration KIND:CKPT:MICRO[:FORWARD] (KIND = full, or loraR with alpha 2R; CKPT = ckpt | nockpt | keepN,
 checkpointing with the last N decoder layers keeping their activations; MICRO = rows per micro-batch; FORWARD,
@@ -51,14 +52,20 @@ from torch.profiler import ProfilerActivity, profile
 sys.path.insert(0, str(Path(__file__).parent))
 from grpo_step import device_facts  # noqa: E402
 
-from hybridrl.plan.run_plan import resolve_liger, training_dtypes  # noqa: E402
+from hybridrl.plan.run_plan import (  # noqa: E402
+    resolve_liger,
+    resolve_prefix_grouper,
+    shared_prompt_tokens,
+    training_dtypes,
+)
 from hybridrl.protocol import DataProto  # noqa: E402
 from hybridrl.training.fsdp import decoder_blocks, recompute_on, recomputed_layers, set_recompute  # noqa: E402
 
 DEFAULT_CONFIGS = "lora64:ckpt:32,lora64:nockpt:4,lora64:nockpt:8,lora64:nockpt:16,full:ckpt:16"
 FLOP_ASSUMPTIONS = (
     "2 * params * tokens per forward-equivalent: the decoder's parameters (not the input embedding, a lookup) over "
-    "all prompt + response tokens, the LM head's over the response tokens only (the actor computes logits only "
+    "the tokens it runs (decoder_tokens: every prompt + response token, each prompt once per micro-batch with "
+    "shared prompts), the LM head's over the response tokens only (the actor computes logits only "
     "there); LoRA adapters and attention score/value FLOPs not counted. Forward-equivalents per "
     "update: full fine-tuning 3 (forward, input grads, weight grads), 4 with checkpointing (+ recompute); LoRA 2 "
     "(forward, input grads; no weight gradients of the frozen base), 3 with checkpointing")
@@ -210,11 +217,13 @@ class ProfileWindow:
             self.prof = None
 
 
-def synthetic_batch(rows: int, prompt_len: int, response_len: int, vocab: int, seed: int = 0) -> DataProto:
-    """A GRPO batch without padding (prompts exactly prompt_len tokens, responses never stopped by EOS)."""
+def synthetic_batch(rows: int, prompt_len: int, response_len: int, vocab: int, seed: int = 0, n: int = 1) -> DataProto:
+    """A GRPO batch without padding (prompts exactly prompt_len tokens, responses never stopped by EOS); each prompt
+    on n adjacent rows (its samples), each row its own response."""
     g = torch.Generator().manual_seed(seed)
     seq = prompt_len + response_len
     input_ids = torch.randint(0, vocab, (rows, seq), generator=g)
+    input_ids[:, :prompt_len] = input_ids[::n, :prompt_len].repeat_interleave(n, 0)[:rows]
     return DataProto.from_dict({
         "prompts": input_ids[:, :prompt_len], "responses": input_ids[:, prompt_len:], "input_ids": input_ids,
         "attention_mask": torch.ones(rows, seq, dtype=torch.long),
@@ -248,7 +257,7 @@ class ActorBench:
     them; `actor_for(cfg, rows)` sets checkpointing in place and returns an actor with that micro-batch size."""
 
     def __init__(self, model_dir: Path, lora_rank: int, checkpointing: bool, mesh, device: torch.device,
-                 liger: bool):
+                 liger: bool, share_prompts: bool):
         from hybridrl.config import load_config
         from hybridrl.workers.common import build_fsdp_model
 
@@ -261,9 +270,12 @@ class ActorBench:
         t0 = time.perf_counter()
         self.module, self.optimizer, self.scheduler = build_fsdp_model(
             self.config.model, self.config.actor.fsdp_config, self.config.actor.optim, mesh, device, trainable=True,
-            lora_base_dtype=base_dtype, fused_optimizer=fused, gradient_checkpointing=checkpointing, liger=liger)
+            lora_base_dtype=base_dtype, fused_optimizer=fused, gradient_checkpointing=checkpointing, liger=liger,
+            use_varlen_attention=bool(self.config.model.use_remove_padding) or share_prompts)
+        self.share_prompts = share_prompts
         self.build_s = time.perf_counter() - t0
         self.facts = {"lora_base_dtype": base_dtype, "fused_optimizer": fused, "use_liger": liger,
+                      "use_prefix_grouper": share_prompts,
                       "model_dtype": str(self.config.actor.fsdp_config.model_dtype),
                       **flop_params(self.module),
                       "trainable_params": sum(p.numel() for p in self.module.parameters() if p.requires_grad)}
@@ -277,7 +289,8 @@ class ActorBench:
             set_lora_forward(self.module, cfg.lora_forward)
         section = per_rank_section(self.config.actor, rows, cfg.micro)
         return DataParallelPPOActor(section, self.module, self.optimizer, self.scheduler,
-                                    use_remove_padding=bool(self.config.model.use_remove_padding))
+                                    use_remove_padding=bool(self.config.model.use_remove_padding),
+                                    share_prompts=self.share_prompts)
 
 
 def set_lora_forward(module, forward: str) -> None:
@@ -338,8 +351,13 @@ def run_config(bench: ActorBench, cfg: UpdateConfig, batch: DataProto, args) -> 
     times = [update() for _ in range(args.repeat)]
     mean_s = sum(times) / len(times)
     tokens = args.rows * (args.prompt_len + args.response_len)
+    computed = tokens   # through the decoder: each prompt once per micro-batch with shared prompts
+    if bench.share_prompts:
+        full, rest = divmod(args.rows, cfg.micro)
+        computed = full * shared_prompt_tokens(cfg.micro, args.n, args.prompt_len, args.response_len) + (
+            shared_prompt_tokens(rest, args.n, args.prompt_len, args.response_len) if rest else 0)
     layers = len(decoder_blocks(bench.module))
-    flops = cfg.forward_equivalents(layers) * 2 * (bench.facts["decoder_params"] * tokens
+    flops = cfg.forward_equivalents(layers) * 2 * (bench.facts["decoder_params"] * computed
                                              + bench.facts["head_params"] * args.rows * args.response_len)
     return {"lora_rank": cfg.lora_rank, "lora_forward": cfg.lora_forward if cfg.lora_rank else None,
             "checkpointing": cfg.checkpointing, "micro_batch_rows": cfg.micro,
@@ -347,7 +365,8 @@ def run_config(bench: ActorBench, cfg: UpdateConfig, batch: DataProto, args) -> 
             "recomputed_layers": recomputed_layers(bench.module), "layers": layers,
             "first_layer_forwards_per_micro_batch": calls[0] / n_micro,
             "update_s": mean_s, "update_s_each": times, "s_per_micro_batch": mean_s / n_micro,
-            "tokens_per_s": tokens / mean_s, "forward_equivalents": cfg.forward_equivalents(layers),
+            "tokens_per_s": tokens / mean_s, "decoder_tokens": computed,
+            "forward_equivalents": cfg.forward_equivalents(layers),
             "tflops": flops / mean_s / 1e12, "warmup_profiled_update_s": warmup_s,
             "resident_allocated_gb": resident_gb,
             "peak_allocated_gb": torch.cuda.max_memory_allocated(device) / 2**30 if cuda else None,
@@ -386,6 +405,9 @@ def main(argv=None) -> dict:
     p.add_argument("--use-liger", default="auto", choices=["auto", "true", "false"],
                    help="Liger's fused kernels, resolved as the run plan resolves actor_rollout_ref.model.use_liger "
                         "(they patch the architecture's classes for the whole process: A/B in separate runs)")
+    p.add_argument("--n", type=int, default=8, help="samples per prompt: adjacent rows of the batch share a prompt")
+    p.add_argument("--use-prefix-grouper", default="auto", choices=["auto", "true", "false"],
+                   help="shared-prompt forwards, resolved as the run plan resolves actor.use_prefix_grouper")
     p.add_argument("--workdir", default="/tmp/hybridrl_bench")
     p.add_argument("--out", default="benchmarks/results/profile_update.json")
     args = p.parse_args(argv)
@@ -404,11 +426,15 @@ def main(argv=None) -> dict:
     liger_choice: list[str] = []
     liger = resolve_liger({"auto": "auto", "true": True, "false": False}[args.use_liger], device.type,
                           hf_config.model_type, liger_choice)
-    batch = synthetic_batch(args.rows, args.prompt_len, args.response_len, vocab)
+    share_choice: list[str] = []
+    share = resolve_prefix_grouper({"auto": "auto", "true": True, "false": False}[args.use_prefix_grouper],
+                                   device.type, args.n, 1, share_choice)
+    batch = synthetic_batch(args.rows, args.prompt_len, args.response_len, vocab, n=args.n)
     result = {"benchmark": "profile_update", "command": "python " + " ".join([sys.argv[0], *(argv or sys.argv[1:])]),
               "device": device_facts(), "preset": args.preset,
               "workload": {k: v for k, v in vars(args).items() if k not in ("out", "workdir")},
-              "flop_assumptions": FLOP_ASSUMPTIONS, "use_liger": liger_choice, "models": {}, "configs": {}}
+              "flop_assumptions": FLOP_ASSUMPTIONS, "use_liger": liger_choice, "use_prefix_grouper": share_choice,
+              "models": {}, "configs": {}}
     out = Path(args.out)
     bench, kind = None, None
     try:
@@ -417,7 +443,7 @@ def main(argv=None) -> dict:
                 if kind != cfg.lora_rank:
                     free(bench, device)
                     bench, kind = None, None
-                    bench = ActorBench(model_dir, cfg.lora_rank, cfg.checkpointing, mesh, device, liger)
+                    bench = ActorBench(model_dir, cfg.lora_rank, cfg.checkpointing, mesh, device, liger, share)
                     kind = cfg.lora_rank
                     result["models"][f"lora{kind}" if kind else "full"] = {**bench.facts, "build_s": bench.build_s}
                 entry = run_config(bench, cfg, batch, args)

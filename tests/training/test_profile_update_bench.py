@@ -74,3 +74,16 @@ def test_cpu_run_times_profiles_and_toggles_checkpointing(bench, tiny_model_dir,
     assert (ckpt["recomputed_layers"], nockpt["recomputed_layers"], keep["recomputed_layers"]) == (layers, 0, layers - 1)
     assert keep["first_layer_forwards_per_micro_batch"] == 2.0   # the first layer still recomputes, the last not
     assert keep["forward_equivalents"] == pytest.approx(nockpt["forward_equivalents"] + (layers - 1) / layers)
+
+
+def test_cpu_run_with_shared_prompts_counts_each_prompt_once_per_micro_batch(bench, tiny_model_dir, tmp_path):
+    result = bench.main(["--device", "cpu", "--preset", f"dir:{tiny_model_dir}", "--rows", "8", "--n", "4",
+                         "--prompt-len", "12", "--response-len", "6", "--repeat", "1", "--use-prefix-grouper", "true",
+                         "--configs", "full:nockpt:4", "--out", str(tmp_path / "u.json")])
+    entry = result["configs"]["full:nockpt:4"]
+    assert "error" not in entry, entry.get("traceback")
+    assert result["models"]["full"]["use_prefix_grouper"] is True
+    assert entry["decoder_tokens"] == 2 * (12 + 4 * 6)     # two micro-batches of one 4-row group each
+    batch = bench.synthetic_batch(8, 12, 6, 300, n=4)
+    ids = batch.batch["input_ids"]
+    assert (ids[:4, :12] == ids[0, :12]).all() and not (ids[4, :12] == ids[0, :12]).all()
