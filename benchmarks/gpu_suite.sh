@@ -6,6 +6,7 @@
 #   part 13: SmolLM2 learns to call a calculator: SFT on tool-call traces, then multi-turn GRPO
 #   part 14 (not yet run as a whole): where the 7B actor update's GPU time goes per micro-batch size (profile_update.py,
 #           one GPU; its LoRA fused-vs-peft pair ran in benchmarks/results/lora_fused/call1_profile.sh)
+#   part 17 (not yet run): shared-prompt forwards' GPU tests, and the 7B full update alone with / without them
 #   parts 15, 16 (not yet run; need nvidia-h200-x2): 7B full fine-tuning (15) and LoRA r64 (16) on two GPUs at the
 #           defaults, three runs each (issue 14's repeats, with Liger and partial recompute); one device call each
 #   parts 9-11: 7B on one GPU (full and LoRA) vs TRL bf16 / TRL+peft; 7B on two GPUs; SmolLM2 TRL curve, LoRA, gsm8k
@@ -115,6 +116,19 @@ elif [ "$part" = 15 ] || [ "$part" = 16 ]; then
   variant=full; [ "$part" = 16 ] && variant="lora64:actor_rollout_ref.model.lora_rank=64;actor_rollout_ref.model.lora_alpha=128"
   timeout $((580 - SECONDS)) python benchmarks/grpo_step.py --preset qwen2.5-7b --gpus 2 --defaults --steps 3 --repeat 3 \
       --workdir /tmp/b7 --out "$out/hybridrl_qwen2.5-7b_2gpu_part$part.json" --variants "$variant"
+elif [ "$part" = 17 ]; then
+  # shared-prompt forwards: the GPU packing and host-sync tests (the host-side layout and the dense-mask fallback
+  # for rows under 128 tokens have not run on a GPU), then the 7B full update alone with and without shared prompts
+  # (separate processes, Liger on in both) to see how much of the update the prompt tokens were
+  M=/tmp/b7/models/qwen2.5-7b
+  [ -f $M/config.json ] || python -c "from hybridrl.assets.tiny_model import write_size_preset as w; w('$M', 'qwen2.5-7b', weights=True)"
+  timeout 150 python -m pytest -q -p no:cacheprovider -m gpu tests/training/test_gpu_packing.py \
+      tests/training/test_update_sync_gpu.py > "$out/gpu_tests_part17.log" 2>&1; tail -3 "$out/gpu_tests_part17.log"
+  for share in true false; do
+    timeout $((590 - SECONDS)) python benchmarks/profile_update.py --preset qwen2.5-7b --workdir /tmp/b7 --rows 512 \
+        --prompt-len 256 --response-len 256 --n 8 --repeat 1 --use-prefix-grouper $share --configs full:ckpt:32 \
+        --out "$out/profile_update_share_$share.json"
+  done
 elif [ "$part" = 8 ]; then
   python benchmarks/rollout.py --models 0.5B,7B --skip-hf --ab-async 0.5B,7B --out "$out/rollout_async.json"
   python -m pytest -q tests -m gpu -p no:cacheprovider
