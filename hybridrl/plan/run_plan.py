@@ -221,8 +221,10 @@ def make_plan(config: DictConfig | dict, hf_config, device: DeviceSpec, val_prom
     P, R = g("data.max_prompt_length"), g("data.max_response_length")
     S, bs = P + R, g(f"{rl}.block_size")
 
-    def tokens_of(rows: int) -> int:  # tokens of an actor / reference micro-batch of `rows` rows
-        return shared_prompt_tokens(rows, layout.n, P, R) if share else rows * S
+    def micro_tokens(shared: bool):  # rows -> tokens of a micro-batch, each prompt once with shared prompts
+        return (lambda rows: shared_prompt_tokens(rows, layout.n, P, R)) if shared else (lambda rows: rows * S)
+
+    tokens_of = micro_tokens(share)   # the actor's and reference's passes
     budget = None if device.total_bytes is None else SAFETY * device.total_bytes
 
     # ---- rollout: KV for this step's batch (and validation's), engine concurrency
@@ -331,9 +333,7 @@ def make_plan(config: DictConfig | dict, hf_config, device: DeviceSpec, val_prom
     critic_once = unshard("critic.forward_unshard_once", shape)
     # the critic shares prompts with the actor's choice, unless its own Ulysses SP splits the packed row
     critic_share = gae and share and g("critic.ulysses_sequence_parallel_size") == 1
-
-    def critic_tokens(rows: int) -> int:
-        return shared_prompt_tokens(rows, layout.n, P, R) if critic_share else rows * S
+    critic_tokens = micro_tokens(critic_share)
 
     if gae and not g("critic.use_dynamic_bsz"):
         critic_micro = pick("critic.ppo_micro_batch_size_per_gpu", g("critic.ppo_micro_batch_size_per_gpu"),

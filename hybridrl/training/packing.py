@@ -9,9 +9,9 @@ Choices:
 - Attention runs through our function registered with transformers' `AttentionInterface` under
   `VARLEN_ATTN`: FlexAttention with a document mask on CUDA (compiled once; rows of 128 tokens or more), else
   SDPA with a block-diagonal causal mask (flash-attn is not installed on our machines). Without `cu_seq_lens_q`
-  it delegates to HF's SDPA function, so the same model also runs the padded path. A matching mask function returns None when no 2-D
-  padding mask is given (packed or unpadded input: the attention function owns causality) and HF's SDPA mask
-  otherwise.
+  it delegates to HF's SDPA function, so the same model also runs the padded path. A matching mask function
+  returns None when no 2-D padding mask is given (packed or unpadded input: the attention function owns
+  causality) and HF's SDPA mask otherwise.
 - Shared prompts (`actor.use_prefix_grouper`, GRPO's n samples of a prompt in one micro-batch): the prompt is
   packed once per document, then each row's response; a response token attends to its document's prompt and its
   own response only, so outputs and gradients are those of the unshared rows (the prompt's activations receive
