@@ -152,7 +152,7 @@ def summarize_window(prof, wall_s: float, host_s: float, micro_batches: int, gpu
            "host_active_s": max(wall_s - blocked_s, 0.0), "kernel_launches": launches, "launch_api_s": launch_s}
     if gpu:
         busy = busy_seconds(intervals)
-        top = sorted(by_kernel.items(), key=lambda kv: -kv[1][0])[:15]
+        top = sorted(by_kernel.items(), key=lambda kv: -kv[1][0])[:60]
         out.update(gpu_busy_s=busy, gpu_idle_s=max(wall_s - busy, 0.0), kernels=len(intervals),
                    kernel_s_by_category=dict(by_cat),
                    per_micro_batch={"wall_s": wall_s / per, "gpu_busy_s": busy / per, "kernels": len(intervals) / per,

@@ -156,7 +156,8 @@ class MemoryModel:
         if not grad:
             return rows * h * 2 + chunk * v * (2 + 4 + 4)
         # backward: bf16 logits, fp32 log-probs, probabilities, logit grads and their bf16 copy; the head
-        # weight's gradient summed in fp32 from a bf16 product per chunk (not with LoRA: the head stays frozen)
+        # weight's gradient summed in fp32 (on CUDA inside each chunk's GEMM; its bf16 copy when returned, or a bf16
+        # product per chunk elsewhere: 2 bytes either way) — not with LoRA: the head stays frozen
         return 2 * rows * h * 2 + chunk * v * (2 + 4 + 4 + 4 + 2) + (0 if head_frozen else v * h * (4 + 2))
 
     # ------------------------------------------------------------------ phases

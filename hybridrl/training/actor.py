@@ -51,6 +51,7 @@ from hybridrl.training.fsdp import keep_unsharded, should_keep_unsharded
 from hybridrl.training.fused_logprob import fused_logprob_entropy, plain_linear_head
 from hybridrl.training.micro_batches import loss_scales, make_micro_batches
 from hybridrl.training.packing import forward_response_logits, restore_order
+from hybridrl.training.transfer import to_device
 from hybridrl.training.updater import FSDPUpdater
 
 __all__ = ["DataParallelPPOActor"]
@@ -71,7 +72,7 @@ class DataParallelPPOActor(FSDPUpdater):
     # ------------------------------------------------------------------ forward
     def _forward_micro_batch(self, micro: DataProto, temperature: float, calculate_entropy: bool):
         b = micro.batch
-        responses = b["responses"].to(self.device)
+        responses = to_device(b["responses"], self.device)
         targets = responses.reshape(-1)
 
         def per_token(rows, flat):  # [K, V] logits of the kept positions -> [K, 1 or 2]: log-prob (, entropy)
@@ -167,8 +168,8 @@ class DataParallelPPOActor(FSDPUpdater):
         pg_mode = getattr(policy_loss_fn, "loss_agg_mode", mode)
         scales = zip(loss_scales(micros, pg_mode), loss_scales(micros, mode))
         # metrics stay 0-d device tensors until the update ends: no host sync between micro-batches
-        for micro, (pg_scale, scale) in zip(micros, scales):
-            b = {k: v.to(self.device) for k, v in micro.batch.items()}
+        for i, (micro, (pg_scale, scale)) in enumerate(zip(micros, scales)):
+            b = {k: to_device(v, self.device) for k, v in micro.batch.items()}
             mask = b["response_mask"]
             # entropy is part of the loss with entropy_coeff, and the step's metric when no old-log-prob pass made it
             with self.training_forward():
@@ -195,7 +196,7 @@ class DataParallelPPOActor(FSDPUpdater):
                 regularisers = regularisers + float(cfg.get("kl_loss_coef", 0.001)) * kl_loss
                 metrics["kl_loss"].append(kl_loss.detach())
             loss = pg_loss * pg_scale + regularisers * scale
-            loss.backward()
+            self.backward(loss, last=i == len(micros) - 1)
             metrics["pg_loss"].append(pg_loss.detach())
             for key, value in pg_metrics.items():  # verl's actor/pg_clipfrac, actor/ppo_kl, ...: prefixed by the updater
                 metrics[key.removeprefix("actor/")].append(value)

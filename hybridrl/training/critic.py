@@ -16,6 +16,7 @@ from hybridrl.protocol import DataProto
 from hybridrl.training.fsdp import keep_unsharded, should_keep_unsharded
 from hybridrl.training.micro_batches import loss_scales, make_micro_batches
 from hybridrl.training.packing import forward_response_logits, restore_order
+from hybridrl.training.transfer import to_device
 from hybridrl.training.updater import FSDPUpdater
 
 __all__ = ["DataParallelPPOCritic"]
@@ -37,7 +38,7 @@ class DataParallelPPOCritic(FSDPUpdater):
         out = forward_response_logits(self.module, b["input_ids"], b["attention_mask"], b["position_ids"],
                                       response_length, self.use_remove_padding, keep_only_needed=False,
                                       sp_group=self.sp_group, share_prompts=self.share_prompts, device=self.device)
-        return out[..., 0].float() * b["response_mask"].to(self.device)
+        return out[..., 0].float() * to_device(b["response_mask"], self.device)
 
     def compute_values(self, data: DataProto) -> torch.Tensor:
         """values [B, R] on CPU; micro-batches from meta_info (micro_batch_size / use_dynamic_bsz, max_token_len)."""
@@ -70,15 +71,15 @@ class DataParallelPPOCritic(FSDPUpdater):
                                        cfg.get("ppo_micro_batch_size_per_gpu"), cfg.get("ppo_max_token_len_per_gpu"),
                                        size_key="critic.ppo_micro_batch_size_per_gpu",
                                        token_key="critic.ppo_max_token_len_per_gpu", share_prompts=self.share_prompts)
-        for micro, scale in zip(micros, loss_scales(micros, mode)):  # no host sync between micro-batches
-            mask = micro.batch["response_mask"].to(self.device)
+        for i, (micro, scale) in enumerate(zip(micros, loss_scales(micros, mode))):  # no host sync between them
+            mask = to_device(micro.batch["response_mask"], self.device)
             with self.training_forward():
                 vpreds = self._forward_micro_batch(micro)
-            vf_loss, vf_clipfrac = compute_value_loss(vpreds, micro.batch["returns"].to(self.device),
-                                                      micro.batch["values"].to(self.device), mask,
+            vf_loss, vf_clipfrac = compute_value_loss(vpreds, to_device(micro.batch["returns"], self.device),
+                                                      to_device(micro.batch["values"], self.device), mask,
                                                       cliprange_value=float(cfg.get("cliprange_value", 0.5)),
                                                       loss_agg_mode=mode)
-            (vf_loss * scale).backward()
+            self.backward(vf_loss * scale, last=i == len(micros) - 1)
             metrics["vf_loss"].append(vf_loss.detach())
             metrics["vf_clipfrac"].append(vf_clipfrac.detach())
             metrics["vpred_mean"].append(masked_mean(vpreds.detach(), mask))

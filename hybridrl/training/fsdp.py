@@ -29,6 +29,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor
 
 __all__ = ["set_recompute", "recompute_on", "recomputed_layers", "build_training_mesh", "apply_fsdp", "decoder_blocks",
            "load_hf_model", "build_fsdp_model", "resolve_dtype", "keep_unsharded", "should_keep_unsharded", "unsharded_param_bytes"]
@@ -76,12 +77,31 @@ def apply_fsdp(model: torch.nn.Module, mesh: DeviceMesh, param_dtype=torch.bfloa
     # what keep_unsharded restores, and what it costs (the unsharded copy is in the compute dtype)
     model.fsdp_reshard_after_forward = reshard_after_forward
     model.fsdp_unsharded_bytes = sum(p.numel() for p in model.parameters()) * mp.param_dtype.itemsize
+    model.fsdp_mixed_precision = mp   # the dtype unreduced gradients accumulate in (grads_unsplit)
     return model
 
 
 def unsharded_param_bytes(model: torch.nn.Module) -> int | None:
     """Bytes of the model's parameters all-gathered in the compute dtype; None if FSDP was not applied here."""
     return getattr(model, "fsdp_unsharded_bytes", None)
+
+
+def grads_unsplit(model: torch.nn.Module) -> bool:
+    """True when deferring the gradient reduction to a mini-batch's last micro-batch costs no memory: FSDP
+    shards `model` over one rank (one GPU, or replication only), so each rank's gradients are full size whether
+    reduced or not, and unreduced gradients accumulate in a dtype no wider than the master weights' (FSDP keeps
+    them in reduce_dtype where it differs from param_dtype: fp32 with bf16 masters would double them). It saves
+    a reduce-scatter per micro-batch (at one rank: copies in and out of its buffer, and an add)."""
+    if not isinstance(model, FSDPModule):
+        return False
+    param = next((p for p in model.parameters() if isinstance(p, DTensor)), None)
+    if param is None or any(param.device_mesh.size(dim) > 1
+                            for dim, placement in enumerate(param.placements) if placement.is_shard()):
+        return False
+    mp = getattr(model, "fsdp_mixed_precision", None) or MixedPrecisionPolicy()
+    compute = mp.param_dtype or param.dtype
+    accumulated = mp.reduce_dtype if mp.reduce_dtype not in (None, compute) else compute
+    return accumulated.itemsize <= param.dtype.itemsize
 
 
 # `auto` keeps a no-grad pass unsharded when the full compute-dtype model takes at most this share of the

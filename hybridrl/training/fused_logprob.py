@@ -4,8 +4,8 @@ The plain path computes logits [K, V] in bf16, upcasts them, takes a log-softmax
 about 14 bytes per row per vocabulary entry — 0.5 GB per response row of a 152k vocabulary at 256 tokens,
 which is what bounds micro-batch sizes of small models. Here rows go through the head in chunks of
 `chunk_rows(V)`: forward keeps only the row's log-sum-exp, backward recomputes the chunk's logits and turns
-them into the gradients of the hidden states and of the head weight (accumulated in fp32). Peak extra memory
-is one chunk of logits, whatever the micro-batch.
+them into the gradients of the hidden states and of the head weight (summed in fp32 inside each chunk's GEMM on
+CUDA). Peak extra memory is one chunk of logits, whatever the micro-batch.
 
 For z = (h @ W.T) / T, log p_t = z_t - lse(z) and entropy H = lse(z) - sum_j p_j z_j:
   d log p_t / dz = onehot(t) - p,   dH / dz = -p * (log p + H).
@@ -24,6 +24,26 @@ def chunk_rows(vocab: int) -> int:
 
 def _chunk_logits(h: torch.Tensor, weight: torch.Tensor, temperature: float) -> torch.Tensor:
     return (h @ weight.t()).float() / temperature
+
+
+def _add_in_gemm(grad_w: torch.Tensor, dz: torch.Tensor, h: torch.Tensor) -> None:
+    """grad_w += dz.T @ h summed into grad_w's dtype inside the GEMM (cuBLAS with a wider output: no [V, H]
+    product in the compute dtype, no separate pass over grad_w)."""
+    if dz.dtype == grad_w.dtype:
+        grad_w.addmm_(dz.t(), h)
+    else:
+        torch.addmm(grad_w, dz.t(), h, out_dtype=grad_w.dtype, out=grad_w)
+
+
+def _add_product(grad_w: torch.Tensor, dz: torch.Tensor, h: torch.Tensor) -> None:
+    """grad_w += dz.T @ h through the [V, H] product in the compute dtype (for devices without the wider-output
+    GEMM: torch has it on CUDA only)."""
+    grad_w.add_(dz.t() @ h)
+
+
+def add_weight_grad(grad_w: torch.Tensor, dz: torch.Tensor, h: torch.Tensor) -> None:
+    """The head weight's fp32 gradient plus one chunk's [V, K] @ [K, H] contribution."""
+    (_add_in_gemm if dz.dtype == grad_w.dtype or dz.is_cuda else _add_product)(grad_w, dz, h)
 
 
 class _FusedLogProb(torch.autograd.Function):
@@ -65,7 +85,7 @@ class _FusedLogProb(torch.autograd.Function):
             if need_h:
                 grad_h[s:s + step] = dz @ weight
             if need_w:
-                grad_w.add_(dz.t() @ h)  # the chunk's [V, H] product in the compute dtype, summed in fp32
+                add_weight_grad(grad_w, dz, h)
         return grad_h, (grad_w.to(weight.dtype) if need_w else None), None, None, None
 
 

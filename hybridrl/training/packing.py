@@ -35,6 +35,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from hybridrl.training.transfer import to_device
 from hybridrl.training.ulysses import SequenceParallel, gather_rows, ulysses_out, ulysses_qkv
 
 VARLEN_ATTN = "hybridrl_varlen"
@@ -64,10 +65,11 @@ class PackedInputs:
     shared: SharedPrompts | None = None
 
     def to(self, device) -> PackedInputs:
-        shared = None if self.shared is None else SharedPrompts(self.shared.segment.to(device),
-                                                                self.shared.is_prompt.to(device))
-        return PackedInputs(self.input_ids.to(device), self.position_ids.to(device), self.cu_seqlens.to(device),
-                            self.max_seqlen, self.packed_of_flat.to(device), shared)
+        shared = None if self.shared is None else SharedPrompts(to_device(self.shared.segment, device),
+                                                                to_device(self.shared.is_prompt, device))
+        return PackedInputs(to_device(self.input_ids, device), to_device(self.position_ids, device),
+                            to_device(self.cu_seqlens, device), self.max_seqlen,
+                            to_device(self.packed_of_flat, device), shared)
 
 
 def prompt_groups(input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
@@ -285,7 +287,8 @@ def forward_response_logits(module, input_ids: torch.Tensor, attention_mask: tor
     row_fn = row_fn or (lambda rows, flat: rows)
     device = input_ids.device if device is None else torch.device(device)
     if not use_remove_padding:
-        input_ids, attention_mask, position_ids = (t.to(device) for t in (input_ids, attention_mask, position_ids))
+        input_ids, attention_mask, position_ids = (to_device(t, device) for t in (input_ids, attention_mask,
+                                                                                  position_ids))
     if not use_remove_padding and head_rows is not None:
         flat = torch.arange(bsz * response_length, device=input_ids.device)
         with _replaced_head(module, head_rows, flat, drop_last=True):
@@ -302,8 +305,8 @@ def forward_response_logits(module, input_ids: torch.Tensor, attention_mask: tor
                          seq_len - response_length if share_prompts else None)
     wanted = packed.packed_of_flat[_response_predictor_positions(bsz, seq_len, response_length, input_ids.device)]
     valid = wanted >= 0
-    flat = valid.reshape(-1).nonzero(as_tuple=True)[0].to(device)  # kept rows as indices into [B*R]
-    keep = wanted[valid].to(device)                                # their packed positions
+    flat = to_device(valid.reshape(-1).nonzero(as_tuple=True)[0], device)  # kept rows as indices into [B*R]
+    keep = to_device(wanted[valid], device)                                # their packed positions
     packed = packed.to(device)
     kwargs = dict(cu_seq_lens_q=packed.cu_seqlens, cu_seq_lens_k=packed.cu_seqlens,
                   max_length_q=packed.max_seqlen, max_length_k=packed.max_seqlen, use_cache=False)
@@ -444,4 +447,4 @@ def restore_order(chunks: list[torch.Tensor], bins: list[list[int]] | None) -> t
     order = torch.tensor([i for b in bins for i in b], dtype=torch.long)
     inverse = torch.empty_like(order)
     inverse[order] = torch.arange(order.numel())
-    return out[inverse.to(out.device)]
+    return out[to_device(inverse, out.device)]

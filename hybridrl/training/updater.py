@@ -1,6 +1,8 @@
 """What the PPO actor and critic updates share: one training step = ppo_epochs × mini-batches, each ending in one
 optimizer step with gradient clipping; a non-finite gradient norm skips that step and is counted; the lr
-scheduler steps once per training step; metrics are means over micro-batches, prefixed by the role."""
+scheduler steps once per training step; metrics are means over micro-batches, prefixed by the role. Where FSDP
+shards over one rank (`fsdp.grads_unsplit`) gradients are reduced once per mini-batch, in its last backward.
+"""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ from torch.distributed.tensor import DTensor
 
 from hybridrl.protocol import DataProto
 from hybridrl.training.activation_offload import maybe_offload
+from hybridrl.training.fsdp import grads_unsplit
 from hybridrl.training.micro_batches import iter_mini_batches
 
 
@@ -41,6 +44,7 @@ class FSDPUpdater:
         self.use_remove_padding = use_remove_padding
         self.device = next(module.parameters()).device
         self.nonfinite_skips = 0
+        self.reduce_in_last_backward = grads_unsplit(module)
 
     def _train_step(self, data: DataProto, role: str, mini_step: Callable[[DataProto, dict], None]) -> dict[str, float]:
         """Run `mini_step(mini_batch, metrics)` (forward/backward over its micro-batches) for every mini-batch, each
@@ -52,7 +56,11 @@ class FSDPUpdater:
         self.module.train()
         for mini in iter_mini_batches(data, self.config, role):
             self.optimizer.zero_grad(set_to_none=True)
-            mini_step(mini, metrics)
+            try:
+                mini_step(mini, metrics)
+            finally:
+                if self.reduce_in_last_backward:
+                    self.module.set_requires_gradient_sync(True)
             self._optimizer_step(metrics)
         if self.scheduler is not None:
             self.scheduler.step()
@@ -62,6 +70,12 @@ class FSDPUpdater:
         if self.activation_offload:
             out[f"{role}/activation_offload_gb"] = self._offload_stats.get("bytes", 0) / 2**30
         return out
+
+    def backward(self, loss: torch.Tensor, last: bool) -> None:
+        """One micro-batch's backward; `last`: the mini-batch's last, after which the gradients are complete."""
+        if self.reduce_in_last_backward:
+            self.module.set_requires_gradient_sync(last)
+        loss.backward()
 
     def training_forward(self):
         """Context for a forward whose graph the next backward uses: with activation offload its saved tensors go

@@ -219,7 +219,7 @@ class ActorRolloutRefWorker(Worker):
         metrics: dict = {}
         data = self._log_prob_meta(data, "rollout")
         with track_phase("old_log_prob", metrics, self.compute_device):
-            log_probs, entropy = self.actor.compute_log_prob(data.to(self.compute_device), calculate_entropy=True)
+            log_probs, entropy = self.actor.compute_log_prob(data, calculate_entropy=True)
         tensors = {"old_log_probs": log_probs.cpu()}
         if entropy is not None:
             tensors["entropys"] = entropy.cpu()
@@ -235,7 +235,7 @@ class ActorRolloutRefWorker(Worker):
             if self._ref_offload:  # the reference lives on the CPU except while it computes
                 load_fsdp_params(self.ref_module, self.compute_device)
             with adapters_disabled(self.ref_module):  # LoRA: base weights only; no-op without adapters
-                log_probs, _ = self.ref.compute_log_prob(data.to(self.compute_device), calculate_entropy=False)
+                log_probs, _ = self.ref.compute_log_prob(data, calculate_entropy=False)
             if self._ref_offload:
                 offload_fsdp_params(self.ref_module)
         return DataProto({"ref_log_prob": log_probs.cpu()}, meta_info={"metrics": {k: [v] for k, v in metrics.items()}})
@@ -247,7 +247,7 @@ class ActorRolloutRefWorker(Worker):
         data.meta_info.setdefault("temperature", float(self.config.actor_rollout_ref.rollout.temperature))
         with track_phase("update_actor", metrics, self.compute_device):
             self.hybrid.before_update()
-            train_metrics = self.actor.update_policy(data.to(self.compute_device))
+            train_metrics = self.actor.update_policy(data)
         self.hybrid.after_update()
         metrics.update(train_metrics)
         # without an old-log-prob pass the update's own log-probs were the old ones: they go back to the driver

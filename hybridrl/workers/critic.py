@@ -77,7 +77,7 @@ class CriticWorker(Worker):
         data.meta_info["unshard_once"] = self.plan.critic_forward_unshard_once
         with track_phase("values", metrics, self.compute_device):
             self._load(params=self._param_offload, optimizer=False)
-            values = self.critic.compute_values(data.to(self.compute_device))
+            values = self.critic.compute_values(data)
             self._offload(params=self._param_offload, optimizer=False)
         return DataProto({"values": values.cpu()}, meta_info={"metrics": {k: [v] for k, v in metrics.items()}})
 
@@ -87,7 +87,7 @@ class CriticWorker(Worker):
         with track_phase("update_critic", metrics, self.compute_device):
             # the optimizer state only exists on the GPU during the critic update when optimizer_offload is set
             self._load(params=self._param_offload, optimizer=self._optimizer_offload and self._optimizer_on_cpu)
-            train_metrics = self.critic.update_critic(data.to(self.compute_device))
+            train_metrics = self.critic.update_critic(data)
             self._offload(params=self._param_offload, optimizer=self._optimizer_offload)
             self._optimizer_on_cpu = self._optimizer_offload
         metrics.update(train_metrics)

@@ -1,13 +1,14 @@
 """2 gloo ranks: HSDP mesh shape, FSDP2 log-probs == single-process HF, an update step, sharded checkpoint
 save -> load -> next step (with gradient checkpointing) == uninterrupted next step (without), merged HF model == trained model, offload round trip,
-log-probs with the shards all-gathered once per pass == once per micro-batch (and fewer all-gathers).
+log-probs with the shards all-gathered once per pass == once per micro-batch (and fewer all-gathers); on the HSDP
+mesh gradients reduced in the last backward only == in every backward (and fewer reductions).
 One spawn runs all checks (process start-up dominates the cost)."""
 
 import pytest
 import torch
 import torch.distributed as dist
 import transformers
-from _training_tiny import TINY_ACTOR_CFG, make_ppo_batch, make_tiny_model_dir, run_ranks
+from _training_tiny import TINY_ACTOR_CFG, make_ppo_batch, make_tiny_model_dir, run_ranks, tiny_qwen2_config
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
@@ -25,17 +26,17 @@ from hybridrl.training import (
     offload_optimizer,
     save_checkpoint,
 )
-from hybridrl.training.fsdp import recompute_on
+from hybridrl.training.fsdp import apply_fsdp, grads_unsplit, recompute_on
 
 ACTOR = TINY_ACTOR_CFG
 OPTIM = dict(lr=1e-3, weight_decay=0.01, lr_warmup_steps=0, warmup_style="cosine", min_lr_ratio=0.1,
              total_training_steps=10)
 
 
-def _count_all_gathers(fn):
-    """(fn(), number of all-gathers it issued) — FSDP2 calls one of these two, depending on the torch version."""
+def _count_calls(fn, names):
+    """(fn(), how many times it called the torch.distributed functions `names` that exist in this version)."""
     counts = [0]
-    saved = {name: getattr(dist, name) for name in ("all_gather_single", "all_gather_into_tensor") if hasattr(dist, name)}
+    saved = {name: getattr(dist, name) for name in names if hasattr(dist, name)}
 
     def counting(orig):
         def call(*a, **k):
@@ -50,6 +51,14 @@ def _count_all_gathers(fn):
     finally:
         for name, orig in saved.items():
             setattr(dist, name, orig)
+
+
+def _count_all_gathers(fn):  # FSDP2 calls one of these two, depending on the torch version
+    return _count_calls(fn, ("all_gather_single", "all_gather_into_tensor"))
+
+
+def _count_reductions(fn):  # FSDP2's gradient reduce-scatters and all-reduces
+    return _count_calls(fn, ("reduce_scatter_tensor", "all_reduce"))
 
 
 def _build(model_dir, mesh, gradient_checkpointing=False):
@@ -119,6 +128,27 @@ def _worker(rank, world, model_dir, tmp):
     m2_resumed = fresh.update_policy(data2)
     assert m2_resumed["actor/lr"] == m2["actor/lr"]
     torch.testing.assert_close(fresh.compute_log_prob(data2)[0], lp_uninterrupted, atol=1e-6, rtol=1e-6)
+
+    # HSDP over shards of one rank: gradients are reduced in each mini-batch's last backward only, with the same
+    # update as reducing in every backward
+    assert not actor.reduce_in_last_backward
+    deferred, every = _build(model_dir, hsdp), _build(model_dir, hsdp)
+    assert deferred.reduce_in_last_backward
+    every.reduce_in_last_backward = False
+    data3 = _rank_batch(rank, 30)   # 4 rows, micro-batches of 3: two backwards
+    data3.batch["old_log_probs"] = deferred.compute_log_prob(data3)[0]
+    m_deferred, reduces_deferred = _count_reductions(lambda: deferred.update_policy(data3))
+    m_every, reduces_every = _count_reductions(lambda: every.update_policy(data3))
+    assert reduces_every == 2 * reduces_deferred > 0
+    assert m_deferred["actor/grad_norm"] == pytest.approx(m_every["actor/grad_norm"], rel=1e-6)
+    torch.testing.assert_close(deferred.compute_log_prob(data3)[0], every.compute_log_prob(data3)[0],
+                               atol=1e-6, rtol=1e-6)
+    # ... but not where unreduced gradients would be wider than the master weights (FSDP accumulates them in
+    # reduce_dtype): fp32 reduction of bf16 masters would double the gradients' memory
+    for master, reduce, deferrable in ((torch.float32, torch.float32, True), (torch.bfloat16, torch.float32, False),
+                                       (torch.bfloat16, torch.bfloat16, True)):
+        model = transformers.AutoModelForCausalLM.from_config(tiny_qwen2_config(), dtype=master)
+        assert grads_unsplit(apply_fsdp(model, hsdp, torch.bfloat16, reduce)) == deferrable, (master, reduce)
 
     dist.barrier()
     if rank == 0:

@@ -56,3 +56,38 @@ def test_plain_linear_head_detection():
     assert F.plain_linear_head(AutoModelForCausalLM.from_config(cfg))
     cfg.final_logit_softcapping = 30.0
     assert not F.plain_linear_head(AutoModelForCausalLM.from_config(cfg))
+
+
+def _weight_grad_inputs(device, K=37, H=16, V=50):
+    torch.manual_seed(1)
+    return (torch.randn(K, V, device=device).to(torch.bfloat16), torch.randn(K, H, device=device).to(torch.bfloat16),
+            torch.randn(V, H, device=device))   # a chunk's logit grads, its hidden states, the fp32 gradient
+
+
+def test_weight_grad_paths_sum_into_fp32():
+    """Both ways of adding a bf16 chunk's [V, K] @ [K, H] to the fp32 head gradient give the fp32 product of the
+    bf16 inputs (the product path rounds it to bf16 once first)."""
+    dz, h, acc = _weight_grad_inputs("cpu")
+    exact = acc + dz.float().t() @ h.float()
+    via_product = acc.clone()
+    F._add_product(via_product, dz, h)
+    torch.testing.assert_close(via_product, exact, atol=3e-2, rtol=1e-2)
+    same_dtype = acc.clone()
+    F.add_weight_grad(same_dtype, dz.float(), h.float())   # fp32 chunks (the CPU's compute dtype): addmm_
+    torch.testing.assert_close(same_dtype, exact, atol=1e-4, rtol=1e-5)
+
+
+@pytest.mark.gpu
+def test_weight_grad_in_gemm_on_cuda():
+    """On CUDA the bf16 chunk is summed into the fp32 gradient inside the GEMM: the fp32 product of the bf16
+    inputs to fp32 accuracy (closer than the product path, which rounds to bf16 first)."""
+    dz, h, acc = _weight_grad_inputs("cuda", K=441, H=256, V=3000)
+    exact = acc + dz.double().t() @ h.double()
+    in_gemm, via_product = acc.clone(), acc.clone()
+    F.add_weight_grad(in_gemm, dz, h)
+    F._add_product(via_product, dz, h)
+    assert in_gemm.dtype == torch.float32
+    err_gemm = (in_gemm.double() - exact).abs().max().item()
+    err_product = (via_product.double() - exact).abs().max().item()
+    assert err_gemm < 1e-3 * exact.abs().max().item(), err_gemm
+    assert err_gemm < err_product

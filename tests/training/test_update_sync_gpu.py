@@ -1,6 +1,7 @@
 """GPU only: hybridrl's update and log-prob pass do not wait for the GPU once per micro-batch — the number of
 host-synchronizing CUDA calls (torch's sync debug mode) made from hybridrl's own code is the same for 8
-micro-batches as for 2, so the host queues the next micro-batch while the GPU runs this one. (transformers' SDPA
+micro-batches as for 2, so the host queues the next micro-batch while the GPU runs this one. The rows start on
+the host, as the workers hand them over: each micro-batch's copy to the GPU must not wait either. (transformers' SDPA
 mask builder still checks a padded mask on the host once per forward; that one is not ours to remove here.)"""
 
 import os
@@ -48,10 +49,8 @@ def _syncs(micro: int, own_old: bool, share: bool = False, count=None) -> tuple[
     cfg = {**TINY_ACTOR_CFG, "ppo_mini_batch_size": 8, "ppo_micro_batch_size_per_gpu": micro, "entropy_coeff": 0.01}
     actor = DataParallelPPOActor(cfg, model, build_optimizer(model.parameters(), {"lr": 1e-4}),
                                  use_remove_padding=False, share_prompts=share)
-    data = make_ppo_batch(batch=8, prompt_len=16, resp_len=12)
-    if not share:
-        data = data.to("cuda")
-    else:  # rows as the controller sends them (on the host): the shared-prompt layout is made there
+    data = make_ppo_batch(batch=8, prompt_len=16, resp_len=12)  # on the host, as the workers pass the rows on
+    if share:
         model.set_attn_implementation(register_varlen_attention())
     if own_old:
         data.batch.pop("old_log_probs")
