@@ -144,8 +144,10 @@ fp32 on CPU; never wider than `model_dtype`), since FSDP's `mixed_precision.para
 The reference policy (KL) is the actor's module with its
 adapters switched off, so no reference copy is built. Each rollout streams merged weights W + (lora_alpha /
 lora_rank)·B·A to the engine, summed in fp32 per tensor on each rank's own rows. Checkpoints hold base and adapters (exact
-resume); `hybridrl merge` writes the merged model and the adapter in peft's format under `adapter/`. Not done: GPU
-benchmarks, QLoRA (quantized frozen base) and activation offload; `use_shm` / `layered_summon` are not read.
+resume); `hybridrl merge` writes the merged model and the adapter in peft's format under `adapter/`. Measured at
+7B on one H200 (docs/benchmarks.md §0d) and on the real model (§0b). Not done: QLoRA (a quantized frozen base);
+verl's `use_shm` and `layered_summon` are refused as unknown keys (the engine always receives the merged weights
+one tensor at a time, which is what `layered_summon` buys in verl).
 
 **Reward models** (`reward_model.enable=true`). `style: model` (verl's RewardModelWorker): a HF
 `...ForSequenceClassification` checkpoint with num_labels=1 at `reward_model.model.path` runs as its own worker
