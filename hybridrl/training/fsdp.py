@@ -94,14 +94,17 @@ def grads_unsplit(model: torch.nn.Module) -> bool:
     a reduce-scatter per micro-batch (at one rank: copies in and out of its buffer, and an add)."""
     if not isinstance(model, FSDPModule):
         return False
-    param = next((p for p in model.parameters() if isinstance(p, DTensor)), None)
-    if param is None or any(param.device_mesh.size(dim) > 1
-                            for dim, placement in enumerate(param.placements) if placement.is_shard()):
+    trained = [p for p in model.parameters() if isinstance(p, DTensor) and p.requires_grad]  # LoRA: adapters only
+    if not trained or any(trained[0].device_mesh.size(dim) > 1
+                          for dim, placement in enumerate(trained[0].placements) if placement.is_shard()):
         return False
     mp = getattr(model, "fsdp_mixed_precision", None) or MixedPrecisionPolicy()
-    compute = mp.param_dtype or param.dtype
-    accumulated = mp.reduce_dtype if mp.reduce_dtype not in (None, compute) else compute
-    return accumulated.itemsize <= param.dtype.itemsize
+
+    def accumulated(p):
+        compute = mp.param_dtype or p.dtype
+        return mp.reduce_dtype if mp.reduce_dtype not in (None, compute) else compute
+
+    return all(accumulated(p).itemsize <= p.dtype.itemsize for p in trained)
 
 
 # `auto` keeps a no-grad pass unsharded when the full compute-dtype model takes at most this share of the

@@ -149,6 +149,12 @@ def _worker(rank, world, model_dir, tmp):
                                        (torch.bfloat16, torch.bfloat16, True)):
         model = transformers.AutoModelForCausalLM.from_config(tiny_qwen2_config(), dtype=master)
         assert grads_unsplit(apply_fsdp(model, hsdp, torch.bfloat16, reduce)) == deferrable, (master, reduce)
+    # only trained parameters count (LoRA: fp32 adapters on a frozen bf16 base)
+    model = transformers.AutoModelForCausalLM.from_config(tiny_qwen2_config(), dtype=torch.bfloat16)
+    model.requires_grad_(False)
+    for p in model.model.layers[-1].mlp.parameters():
+        p.data, p.requires_grad = p.data.float(), True
+    assert grads_unsplit(apply_fsdp(model, hsdp, torch.bfloat16, torch.float32))
 
     dist.barrier()
     if rank == 0:
