@@ -32,7 +32,8 @@ from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
 __all__ = ["set_recompute", "recompute_on", "recomputed_layers", "build_training_mesh", "apply_fsdp", "decoder_blocks",
-           "load_hf_model", "build_fsdp_model", "resolve_dtype", "keep_unsharded", "should_keep_unsharded", "unsharded_param_bytes"]
+           "load_hf_model", "build_fsdp_model", "resolve_dtype", "keep_unsharded", "should_keep_unsharded", "unsharded_param_bytes",
+           "grads_unsplit"]
 
 _DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
            "fp16": torch.float16, "float16": torch.float16}
