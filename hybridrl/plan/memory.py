@@ -155,10 +155,10 @@ class MemoryModel:
         chunk = min(rows, chunk_rows(v))
         if not grad:
             return rows * h * 2 + chunk * v * (2 + 4 + 4)
-        # backward: bf16 logits, fp32 log-probs, probabilities, logit grads and their bf16 copy; the head
-        # weight's gradient summed in fp32 (on CUDA inside each chunk's GEMM; its bf16 copy when returned, or a bf16
-        # product per chunk elsewhere: 2 bytes either way) — not with LoRA: the head stays frozen
-        return 2 * rows * h * 2 + chunk * v * (2 + 4 + 4 + 4 + 2) + (0 if head_frozen else v * h * (4 + 2))
+        # backward: bf16 logits, fp32 log-probs (turned into the logit grads in place), probabilities, the grads'
+        # bf16 copy; the head weight's gradient summed in fp32 (on CUDA inside each chunk's GEMM; its bf16 copy when
+        # returned, or a bf16 product per chunk elsewhere: 2 bytes either way) — not with LoRA: the head is frozen
+        return 2 * rows * h * 2 + chunk * v * (2 + 4 + 4 + 2) + (0 if head_frozen else v * h * (4 + 2))
 
     # ------------------------------------------------------------------ phases
     def gen(self, kv_blocks: int, block_size: int, rows: int, prefill_tokens: int) -> PhaseMemory:
