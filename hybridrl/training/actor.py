@@ -56,6 +56,9 @@ from hybridrl.training.updater import FSDPUpdater
 
 __all__ = ["DataParallelPPOActor"]
 
+# what the forward reads (and moves to the device itself, packed or not); the loss's own tensors are the rest
+FORWARD_INPUTS = ("responses", "input_ids", "attention_mask", "position_ids")
+
 
 class DataParallelPPOActor(FSDPUpdater):
     def __init__(self, config, module: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None,
@@ -98,7 +101,7 @@ class DataParallelPPOActor(FSDPUpdater):
         if "temperature" not in meta:
             raise ValueError("compute_log_prob: meta_info['temperature'] is required (the rollout temperature)")
         self.module.eval()
-        data = data.select(["responses", "input_ids", "attention_mask", "position_ids"])
+        data = data.select(list(FORWARD_INPUTS))
         micros, bins = make_micro_batches(data, bool(meta.get("use_dynamic_bsz", False)),
                                           meta.get("micro_batch_size"), meta.get("max_token_len"),
                                           size_key="log_prob_micro_batch_size_per_gpu",
@@ -124,7 +127,7 @@ class DataParallelPPOActor(FSDPUpdater):
         use_kl_loss = bool(cfg.get("use_kl_loss", False))
         # without 'old_log_probs' (no old-log-prob pass: one on-policy mini-batch) the update's own log-probs,
         # detached, are the old ones: ratio 1, the same gradient, one forward pass less per step
-        keys = ["responses", "input_ids", "attention_mask", "position_ids", "response_mask", "advantages"]
+        keys = [*FORWARD_INPUTS, "response_mask", "advantages"]
         own_old = "old_log_probs" not in data.batch
         if not own_old:
             keys.append("old_log_probs")
@@ -169,7 +172,7 @@ class DataParallelPPOActor(FSDPUpdater):
         scales = zip(loss_scales(micros, pg_mode), loss_scales(micros, mode))
         # metrics stay 0-d device tensors until the update ends: no host sync between micro-batches
         for i, (micro, (pg_scale, scale)) in enumerate(zip(micros, scales)):
-            b = {k: to_device(v, self.device) for k, v in micro.batch.items()}
+            b = {k: to_device(v, self.device) for k, v in micro.batch.items() if k not in FORWARD_INPUTS}
             mask = b["response_mask"]
             # entropy is part of the loss with entropy_coeff, and the step's metric when no old-log-prob pass made it
             with self.training_forward():

@@ -32,13 +32,14 @@ class DataParallelPPOCritic(FSDPUpdater):
         self.sp_group = sp_group  # Ulysses, as in the actor (training/ulysses.py)
         self.share_prompts = share_prompts  # each prompt once per micro-batch, as in the actor (training/packing.py)
 
-    def _forward_micro_batch(self, micro: DataProto) -> torch.Tensor:
+    def _forward_micro_batch(self, micro: DataProto, mask: torch.Tensor) -> torch.Tensor:
+        """Values [B, R] of the micro-batch, zero outside `mask` (its response_mask, already on the device)."""
         b = micro.batch
         response_length = b["responses"].shape[1]
         out = forward_response_logits(self.module, b["input_ids"], b["attention_mask"], b["position_ids"],
                                       response_length, self.use_remove_padding, keep_only_needed=False,
                                       sp_group=self.sp_group, share_prompts=self.share_prompts, device=self.device)
-        return out[..., 0].float() * to_device(b["response_mask"], self.device)
+        return out[..., 0].float() * mask
 
     def compute_values(self, data: DataProto) -> torch.Tensor:
         """values [B, R] on CPU; micro-batches from meta_info (micro_batch_size / use_dynamic_bsz, max_token_len)."""
@@ -53,7 +54,8 @@ class DataParallelPPOCritic(FSDPUpdater):
             share_prompts=self.share_prompts)
         once = should_keep_unsharded(self.module, meta.get("unshard_once", False), len(micros), self.device)
         with torch.no_grad(), keep_unsharded(self.module, once):
-            values = [self._forward_micro_batch(m) for m in micros]  # to CPU after the last: no sync between
+            values = [self._forward_micro_batch(m, to_device(m.batch["response_mask"], self.device))
+                      for m in micros]  # to CPU after the last: no sync between
         return restore_order(values, bins).cpu()
 
     def update_critic(self, data: DataProto) -> dict[str, float]:
@@ -74,7 +76,7 @@ class DataParallelPPOCritic(FSDPUpdater):
         for i, (micro, scale) in enumerate(zip(micros, loss_scales(micros, mode))):  # no host sync between them
             mask = to_device(micro.batch["response_mask"], self.device)
             with self.training_forward():
-                vpreds = self._forward_micro_batch(micro)
+                vpreds = self._forward_micro_batch(micro, mask)
             vf_loss, vf_clipfrac = compute_value_loss(vpreds, to_device(micro.batch["returns"], self.device),
                                                       to_device(micro.batch["values"], self.device), mask,
                                                       cliprange_value=float(cfg.get("cliprange_value", 0.5)),
