@@ -5,7 +5,8 @@ Choices:
   (`fully_shard` replicates over `ddp` and shards over `fsdp`).
 - Wrapping follows torchtitan: `fully_shard` on every decoder block (the classes HF lists in
   `_no_split_modules`), then on the root (embeddings, final norm, head). MixedPrecisionPolicy casts params to
-  `param_dtype` for compute and reduces grads in `reduce_dtype`; master weights stay in the load dtype (fp32).
+  `param_dtype` for compute and reduces grads in `reduce_dtype` (at one rank, in the master dtype: nothing is
+  reduced there); master weights stay in the load dtype (fp32).
 - Init: rank 0 reads the HF checkpoint on CPU; the other ranks build the same model on the meta device (no
   memory). After sharding, `set_model_state_dict(full_state_dict=True, broadcast_from_rank0=True)` streams the
   weights from rank 0 into every rank's shard, and buffers (rotary inv_freq, not in the state dict) are
@@ -70,8 +71,15 @@ def decoder_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
 
 def apply_fsdp(model: torch.nn.Module, mesh: DeviceMesh, param_dtype=torch.bfloat16, reduce_dtype=torch.float32,
                reshard_after_forward: bool = True) -> torch.nn.Module:
+    reduce_dtype = resolve_dtype(reduce_dtype, "mixed_precision.reduce_dtype")
+    trained_dtypes = {p.dtype for p in model.parameters() if p.requires_grad}
+    if mesh.size() == 1 and len(trained_dtypes) == 1:
+        # one rank reduces nothing, and FSDP casts each backward's gradients to the master dtype before adding
+        # them up: reducing in the master dtype is the same arithmetic, and lets a mini-batch's unreduced
+        # gradients (which FSDP accumulates in reduce_dtype) take no more memory than the reduced ones
+        reduce_dtype = trained_dtypes.pop()
     mp = MixedPrecisionPolicy(param_dtype=resolve_dtype(param_dtype, "mixed_precision.param_dtype"),
-                              reduce_dtype=resolve_dtype(reduce_dtype, "mixed_precision.reduce_dtype"))
+                              reduce_dtype=reduce_dtype)
     for block in decoder_blocks(model):
         fully_shard(block, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard_after_forward)
     fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard_after_forward)
