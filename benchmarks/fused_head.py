@@ -1,6 +1,12 @@
-"""The chunked log-prob head's forward + backward on one GPU, by how each chunk's head-weight gradient reaches
-the fp32 accumulator: `in_gemm` (training/fused_logprob.add_weight_grad on CUDA: cuBLAS sums the bf16 product
-into fp32) against `product` (the [V, H] product in bf16, then an add over the fp32 gradient).
+"""The chunked log-prob head's forward + backward on one GPU, by variant:
+  in_gemm            training/fused_logprob as the update runs it with an entropy bonus in the loss: each chunk's
+                     head-weight gradient summed into the fp32 accumulator inside cuBLAS (add_weight_grad on CUDA)
+  product            the same through the [V, H] product in bf16, then an add over the fp32 gradient
+  entropy_detached   in_gemm with the entropy measured but not in the loss (entropy_coeff = 0, the default):
+                     backward skips the entropy term
+  entropy_detached_chunk_MB   the same with chunks of MB MiB of fp32 logits (default CHUNK_BYTES = 256)
+  gemm_only          the four GEMMs of each chunk alone (forward, recompute, the two gradients): the floor the
+                     elementwise work sits on
 
 First each variant's log-probs, entropies and gradients are checked against plain PyTorch (fp32 logits,
 log_softmax) on --check-rows rows; then each is timed --repeat times over --rows rows (after a warm-up):
@@ -24,43 +30,79 @@ from grpo_step import device_facts  # noqa: E402
 
 from hybridrl.training import fused_logprob as F  # noqa: E402
 
-VARIANTS = {"in_gemm": F._add_in_gemm, "product": F._add_product}
-ORIGINAL = F.add_weight_grad
+# name -> (weight-gradient path, chunk bytes or None for the default, entropy carries a gradient)
+VARIANTS = {"in_gemm": (F._add_in_gemm, None, True), "product": (F._add_product, None, True),
+            "entropy_detached": (F._add_in_gemm, None, False),
+            "entropy_detached_chunk_512": (F._add_in_gemm, 512 << 20, False),
+            "entropy_detached_chunk_1024": (F._add_in_gemm, 1024 << 20, False)}
+ORIGINAL = (F.add_weight_grad, F.CHUNK_BYTES)
 
 
-def run(rows: int, hidden: int, vocab: int, variant: str, seed: int = 0):
+def inputs(rows: int, hidden: int, vocab: int, seed: int = 0):
     torch.manual_seed(seed)
     h = (torch.randn(rows, hidden, device="cuda") * 0.5).bfloat16().requires_grad_()
     w = (torch.randn(vocab, hidden, device="cuda") * 0.02).bfloat16().requires_grad_()
     t = torch.randint(0, vocab, (rows,), device="cuda")
     g = torch.randn(rows, 2, device="cuda")
-    F.add_weight_grad = VARIANTS[variant]
-    try:
-        torch.cuda.synchronize()
-        base = torch.cuda.memory_allocated()
-        torch.cuda.reset_peak_memory_stats()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        out = F.fused_logprob_entropy(h, w, t, 0.8, True)
-        (out * g).sum().backward()
-        end.record()
-        torch.cuda.synchronize()
-        return out.detach(), h.grad, w.grad, start.elapsed_time(end) / 1e3, (torch.cuda.max_memory_allocated() - base) / 2**30
-    finally:
-        F.add_weight_grad = ORIGINAL
+    return h, w, t, g
 
+
+def timed(fn):
+    """(fn's result, seconds on the GPU, peak GiB above what was allocated before)."""
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    result = fn()
+    end.record()
+    torch.cuda.synchronize()
+    return result, start.elapsed_time(end) / 1e3, (torch.cuda.max_memory_allocated() - base) / 2**30
+
+
+def run(rows: int, hidden: int, vocab: int, variant: str, seed: int = 0):
+    h, w, t, g = inputs(rows, hidden, vocab, seed)
+    add, chunk_bytes, entropy_grad = VARIANTS[variant]
+    F.add_weight_grad, F.CHUNK_BYTES = add, chunk_bytes or ORIGINAL[1]
+
+    def step():
+        out = F.fused_logprob_entropy(h, w, t, 0.8, True, entropy_grad)
+        (out * g).sum().backward()
+        return out.detach()
+    try:
+        out, seconds, peak = timed(step)
+        return out, h.grad, w.grad, seconds, peak
+    finally:
+        F.add_weight_grad, F.CHUNK_BYTES = ORIGINAL
+
+
+def gemm_only(rows: int, hidden: int, vocab: int) -> float:
+    """Seconds of the default chunks' four GEMMs: logits (forward and again in backward), grad_h, grad_w."""
+    h, w, _, _ = inputs(rows, hidden, vocab)
+    h, w = h.detach(), w.detach()
+    step = F.chunk_rows(vocab)
+    grad_w = torch.zeros(w.shape, dtype=torch.float32, device="cuda")
+    grad_h = torch.empty_like(h)
+
+    def gemms():
+        for s in range(0, rows, step):
+            z = h[s:s + step] @ w.t()
+            dz = h[s:s + step] @ w.t()
+            grad_h[s:s + step] = dz @ w
+            F._add_in_gemm(grad_w, dz, h[s:s + step])
+        return z
+    gemms()
+    return timed(gemms)[1]
 
 
 def check(rows: int, hidden: int, vocab: int, variant: str) -> dict:
     out, gh, gw, _, _ = run(rows, hidden, vocab, variant)
-    torch.manual_seed(0)
-    h = (torch.randn(rows, hidden, device="cuda") * 0.5).bfloat16().requires_grad_()
-    w = (torch.randn(vocab, hidden, device="cuda") * 0.02).bfloat16().requires_grad_()
-    t = torch.randint(0, vocab, (rows,), device="cuda")
-    g = torch.randn(rows, 2, device="cuda")
+    h, w, t, g = inputs(rows, hidden, vocab)
     hf, wf = h.detach().float().requires_grad_(), w.detach().float().requires_grad_()
     lp = torch.log_softmax((hf @ wf.t()) / 0.8, -1)
     ref = torch.stack([lp.gather(1, t[:, None]).squeeze(1), -(lp.exp() * lp).sum(-1)], -1)
+    if not VARIANTS[variant][2]:
+        ref = torch.stack([ref[:, 0], ref[:, 1].detach()], -1)
     (ref * g).sum().backward()
     rel = lambda a, b: ((a.float() - b).abs().max() / b.abs().max()).item()  # noqa: E731
     errs = {"log_prob_entropy_max_abs": (out - ref.detach()).abs().max().item(),
@@ -81,7 +123,7 @@ def main() -> None:
     a = ap.parse_args()
     result = {"benchmark": "fused_head", "command": " ".join(["python"] + sys.argv), "device": device_facts(),
               "workload": {"rows": a.rows, "hidden": a.hidden, "vocab": a.vocab, "dtype": "bf16", "entropy": True,
-                           "chunk_rows": F.chunk_rows(a.vocab)}, "variants": {}}
+                           "temperature": 0.8, "default_chunk_rows": F.chunk_rows(a.vocab)}, "variants": {}}
     for name in VARIANTS:
         entry = {"check": check(a.check_rows, a.hidden, a.vocab, name)}
         run(a.rows, a.hidden, a.vocab, name)  # warm-up
@@ -92,8 +134,12 @@ def main() -> None:
         print(f"[fused_head] {name}: {entry['s_median'] * 1e3:.1f} ms (fwd+bwd, {a.rows} rows), "
               f"+{entry['peak_extra_gb']:.2f} GiB, check {entry['check']}", flush=True)
         torch.cuda.empty_cache()
+    gemm_s = sorted(gemm_only(a.rows, a.hidden, a.vocab) for _ in range(a.repeat))
+    result["gemm_only"] = {"s_each": gemm_s, "s_median": statistics.median(gemm_s)}
+    print(f"[fused_head] gemm_only: {result['gemm_only']['s_median'] * 1e3:.1f} ms", flush=True)
     v = result["variants"]
     result["in_gemm_over_product"] = v["in_gemm"]["s_median"] / v["product"]["s_median"]
+    result["entropy_detached_over_in_gemm"] = v["entropy_detached"]["s_median"] / v["in_gemm"]["s_median"]
     Path(a.out).write_text(json.dumps(result, indent=1))
 
 

@@ -73,7 +73,10 @@ class DataParallelPPOActor(FSDPUpdater):
         self.own_old_log_probs: torch.Tensor | None = None  # [B, R] on CPU after an update without old_log_probs
 
     # ------------------------------------------------------------------ forward
-    def _forward_micro_batch(self, micro: DataProto, temperature: float, calculate_entropy: bool):
+    def _forward_micro_batch(self, micro: DataProto, temperature: float, calculate_entropy: bool,
+                             entropy_grad: bool = False):
+        """(log_probs, entropy or None) of the response tokens; the entropy carries a gradient only with
+        `entropy_grad` (it is in the loss), else it is a detached measurement (no backward work)."""
         b = micro.batch
         responses = to_device(b["responses"], self.device)
         targets = responses.reshape(-1)
@@ -82,11 +85,12 @@ class DataParallelPPOActor(FSDPUpdater):
             logits = rows.float() / temperature
             stats = [logprobs_from_logits(logits, targets[flat])]
             if calculate_entropy:
-                stats.append(entropy_from_logits(logits))
+                stats.append(entropy_from_logits(logits if entropy_grad else logits.detach()))
             return torch.stack(stats, dim=-1)
 
         def fused(hidden, weight, flat):  # the head's [K, V] logits exist one chunk at a time (fused_logprob.py)
-            return fused_logprob_entropy(hidden, weight, targets[flat], temperature, calculate_entropy)
+            return fused_logprob_entropy(hidden, weight, targets[flat], temperature, calculate_entropy,
+                                         entropy_grad)
 
         out = forward_response_logits(self.module, b["input_ids"], b["attention_mask"], b["position_ids"],
                                       responses.shape[1], self.use_remove_padding, keep_only_needed=True,
@@ -177,7 +181,8 @@ class DataParallelPPOActor(FSDPUpdater):
             # entropy is part of the loss with entropy_coeff, and the step's metric when no old-log-prob pass made it
             with self.training_forward():
                 log_prob, entropy = self._forward_micro_batch(micro, temperature,
-                                                              calculate_entropy=entropy_coeff != 0 or own_old)
+                                                              calculate_entropy=entropy_coeff != 0 or own_old,
+                                                              entropy_grad=entropy_coeff != 0)
             old_log_prob = log_prob.detach() if own_old else b["old_log_probs"]
             is_weights = b.get("rollout_is_weights")
             if own_old:

@@ -50,7 +50,7 @@ def add_weight_grad(grad_w: torch.Tensor, dz: torch.Tensor, h: torch.Tensor) -> 
 
 class _FusedLogProb(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, hidden, weight, targets, temperature: float, with_entropy: bool):
+    def forward(ctx, hidden, weight, targets, temperature: float, with_entropy: bool, entropy_grad: bool):
         rows, vocab = hidden.shape[0], weight.shape[0]
         out = torch.zeros(rows, 2, dtype=torch.float32, device=hidden.device)
         lse = torch.empty(rows, dtype=torch.float32, device=hidden.device)
@@ -63,7 +63,7 @@ class _FusedLogProb(torch.autograd.Function):
                 p = (z - lse[s:s + step, None]).exp_()
                 out[s:s + step, 1] = lse[s:s + step] - torch.linalg.vecdot(p, z)
         ctx.save_for_backward(hidden, weight, targets, lse, out)
-        ctx.temperature, ctx.with_entropy = temperature, with_entropy
+        ctx.temperature, ctx.entropy_grad = temperature, entropy_grad
         return out
 
     @staticmethod
@@ -79,7 +79,7 @@ class _FusedLogProb(torch.autograd.Function):
             p = log_p.exp()
             # dz = (g_lp * (onehot - p) - g_H * p * (log p + H)) / T, in place over the chunk's two fp32 buffers
             g_lp = grad_out[s:s + step, 0, None] / ctx.temperature
-            if ctx.with_entropy:
+            if ctx.entropy_grad:
                 g_h = grad_out[s:s + step, 1, None] / ctx.temperature
                 dz = log_p.add_(out[s:s + step, 1, None]).mul_(-g_h).sub_(g_lp).mul_(p)
             else:
@@ -91,13 +91,19 @@ class _FusedLogProb(torch.autograd.Function):
                 grad_h[s:s + step] = dz @ weight
             if need_w:
                 add_weight_grad(grad_w, dz, h)
-        return grad_h, (grad_w.to(weight.dtype) if need_w else None), None, None, None
+        return grad_h, (grad_w.to(weight.dtype) if need_w else None), None, None, None, None
 
 
 def fused_logprob_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, temperature: float,
-                          with_entropy: bool) -> torch.Tensor:
-    """[K, H] hidden states, [V, H] head weight, [K] target ids -> [K, 2] fp32 (log-prob, entropy or 0)."""
-    return _FusedLogProb.apply(hidden, weight, targets.long(), float(temperature), bool(with_entropy))
+                          with_entropy: bool, entropy_grad: bool = True) -> torch.Tensor:
+    """[K, H] hidden states, [V, H] head weight, [K] target ids -> [K, 2] fp32 (log-prob, entropy or 0).
+    entropy_grad=False: the entropy is a measurement, not part of the loss — it comes back detached, so
+    backward skips its term (three of each chunk's passes over [rows, vocab])."""
+    entropy_grad = bool(with_entropy and entropy_grad)
+    out = _FusedLogProb.apply(hidden, weight, targets.long(), float(temperature), bool(with_entropy), entropy_grad)
+    if with_entropy and not entropy_grad:   # the gradient reaching the entropy column is zero by construction
+        out = torch.stack([out[:, 0], out[:, 1].detach()], dim=-1)
+    return out
 
 
 def plain_linear_head(module) -> bool:

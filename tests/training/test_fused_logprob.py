@@ -38,6 +38,33 @@ def test_fused_matches_plain_log_softmax(monkeypatch, dtype, tol, with_entropy):
         assert (out[:, 1] == 0).all()
 
 
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-4), (torch.bfloat16, 3e-2)])
+def test_entropy_without_gradient_is_a_detached_measurement(monkeypatch, dtype, tol):
+    """entropy_grad=False: the same values, the entropy detached, and the gradients of the log-probs alone
+    (what plain PyTorch gives with the entropy detached) — though the loss is handed the entropy too."""
+    torch.manual_seed(2)
+    K, H, V = 29, 16, 50
+    monkeypatch.setattr(F, "CHUNK_BYTES", 4 * V * 8)
+    h = (torch.randn(K, H) * 2).to(dtype).requires_grad_()
+    w = torch.randn(V, H).to(dtype).requires_grad_()
+    t = torch.randint(0, V, (K,))
+    g = torch.randn(K, 2)
+    out = F.fused_logprob_entropy(h, w, t, 0.7, True, entropy_grad=False)
+    assert out[:, 0].requires_grad
+    (out * g).sum().backward()
+    gh, gw = h.grad.clone(), w.grad.clone()
+    h.grad = w.grad = None
+    ref = reference(h, w, t, 0.7)
+    torch.testing.assert_close(out.detach(), ref.detach(), atol=tol, rtol=tol)
+    (ref[:, 0] * g[:, 0] + ref[:, 1].detach() * g[:, 1]).sum().backward()
+    scale = lambda x: x.abs().max().item()  # noqa: E731
+    assert (gh - h.grad).abs().max().item() <= tol * max(1.0, scale(h.grad))
+    assert (gw - w.grad).abs().max().item() <= tol * max(1.0, scale(w.grad))
+    h.grad = w.grad = None
+    (F.fused_logprob_entropy(h, w, t, 0.7, True) * g).sum().backward()   # with its gradient: a different one
+    assert (gh.float() - h.grad.float()).abs().max().item() > 0.1 * scale(h.grad)
+
+
 def test_shifted_logits_and_one_hot_rows_stay_finite():
     h = torch.zeros(3, 4)
     h[:, 0] = torch.tensor([1.0, 100.0, 1000.0])
