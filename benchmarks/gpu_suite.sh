@@ -8,9 +8,8 @@
 #           one GPU; its LoRA fused-vs-peft pair ran in benchmarks/results/lora_fused/call1_profile.sh)
 #   part 17: shared-prompt forwards' GPU tests, and the 7B full update alone with / without them (ran as
 #           benchmarks/results/rows_on_host/call1.sh)
-#   parts 18, 19 (not yet run; one H200, the same warm machine one call after the other): 7B full fine-tuning at the
-#           defaults side by side with TRL bf16 — 18: fused_head.py, TRL one timed step, hybridrl fp32 runs 1-2; 19:
-#           hybridrl fp32 run 3, bf16 masters runs 1-3
+#   (7B full fine-tuning, both master precisions, three runs beside TRL in one session: ran as
+#           benchmarks/results/bf16_one_rank/call{1,2,3}.sh)
 #   parts 15, 16 (not yet run; need nvidia-h200-x2): 7B full fine-tuning (15) and LoRA r64 (16) on two GPUs at the
 #           defaults, three runs each (issue 14's repeats, with Liger and partial recompute); one device call each
 #   parts 9-11: 7B on one GPU (full and LoRA) vs TRL bf16 / TRL+peft; 7B on two GPUs; SmolLM2 TRL curve, LoRA, gsm8k
@@ -133,26 +132,6 @@ elif [ "$part" = 17 ]; then
         --prompt-len 256 --response-len 256 --n 8 --repeat 1 --use-prefix-grouper $share --configs full:ckpt:32 \
         --out "$out/profile_update_share_$share.json"
   done
-elif [ "$part" = 18 ] || [ "$part" = 19 ]; then
-  W=/tmp/b7; M=$W/models/qwen2.5-7b
-  [ -f $M/config.json ] || python -c "from hybridrl.assets.tiny_model import write_size_preset as w; w('$M', 'qwen2.5-7b', weights=True)"
-  python -c "from pathlib import Path; import sys; sys.path.insert(0, 'benchmarks'); from grpo_step import make_prompts as m; print(m(Path('$W/data'), Path('$M'), 256, 256))"
-  if [ "$part" = 18 ]; then
-    # the chunked head since its elementwise work went in place (rows_on_host/fused_head.json: 130.5 ms before)
-    timeout 60 python benchmarks/fused_head.py --out "$out/fused_head.json" > "$out/fused_head.log" 2>&1
-    timeout 260 python benchmarks/trl_grpo.py --model $M --prompts "$(ls $W/data/prompts_*x256.parquet | head -1)" \
-        --steps 1 --batch-prompts 64 --n 8 --max-prompt-len 256 --max-new-tokens 256 --weights bf16 \
-        --gradient-checkpointing --ignore-eos --reward last_int --out "$out/trl_qwen2.5-7b_full.json" > "$out/trl_7b_full.log" 2>&1
-    timeout $((590 - SECONDS)) python benchmarks/grpo_step.py --preset qwen2.5-7b --gpus 1 --defaults --steps 3 \
-        --repeat 2 --workdir $W --variants full --out "$out/hybridrl_qwen2.5-7b_full_runs12.json" > "$out/hybridrl_7b_full_runs12.log" 2>&1
-  else
-    timeout 200 python benchmarks/grpo_step.py --preset qwen2.5-7b --gpus 1 --defaults --steps 3 --workdir $W \
-        --variants full --out "$out/hybridrl_qwen2.5-7b_full_run3.json" > "$out/hybridrl_7b_full_run3.log" 2>&1
-    timeout $((590 - SECONDS)) python benchmarks/grpo_step.py --preset qwen2.5-7b --gpus 1 --defaults --steps 3 \
-        --repeat 3 --workdir $W --variants "bf16:actor_rollout_ref.actor.fsdp_config.model_dtype=bf16" \
-        --out "$out/hybridrl_qwen2.5-7b_full_bf16_runs123.json" > "$out/hybridrl_7b_full_bf16.log" 2>&1
-  fi
-  grep -hE "^\[bench\]|^\[fused_head\]|^\{\"trl" "$out"/*.log | cut -c1-300
 elif [ "$part" = 8 ]; then
   python benchmarks/rollout.py --models 0.5B,7B --skip-hf --ab-async 0.5B,7B --out "$out/rollout_async.json"
   python -m pytest -q tests -m gpu -p no:cacheprovider

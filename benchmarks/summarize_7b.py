@@ -1,11 +1,14 @@
 """Summarize the one-H200 Qwen2.5-7B runs of docs/benchmarks.md §0d: per configuration (LoRA r64, full fine-tuning)
 hybridrl's step time over runs (each run's mean over its timed steps) in a results folder and in the folder of the
 measurements before it, TRL's over its timed steps in both, their medians and spreads, the ratios and peaks; a
-full fine-tuning run with bf16 masters (`..._full_bf16.json`) where the folder has one. Writes summary.json and a
+full fine-tuning run with bf16 masters (`..._full_bf16*.json`) where the folder has them. TRL's files are
+`trl_qwen2.5-7b_{lora0,lora64}*.json` (lora0 = full fine-tuning; one file or one per run). Writes summary.json and a
 two-panel bar plot (step time, peak memory) into the results folder.
 
   python benchmarks/summarize_7b.py NOW BEFORE
-  NOW BEFORE = benchmarks/results/prefix_grouper benchmarks/results/lora_fused (shared-prompt forwards), or
+  NOW BEFORE = benchmarks/results/bf16_one_rank benchmarks/results/prefix_grouper (bf16 masters reduced at one rank,
+               three TRL runs in the same session), or
+               benchmarks/results/prefix_grouper benchmarks/results/lora_fused (shared-prompt forwards), or
                benchmarks/results/lora_fused benchmarks/results/qwen2.5-7b_defaults (fused LoRA, Liger, recompute)
 """
 
@@ -57,22 +60,24 @@ def main(now: Path, before: Path) -> dict:
             else:
                 more, more_peak = hybridrl_runs(now, "before_liger_hybridrl_qwen2.5-7b_full.json", kind)
                 old, old_peak = old + more, max(old_peak, more_peak)
-        same_call = sorted(now.glob(f"trl_qwen2.5-7b_{trl_name}.json"))
+        same_call = sorted(now.glob(f"trl_qwen2.5-7b_{trl_name}*.json"))   # one file, or one per run (_runN)
         earlier = sorted(before.glob(f"trl_qwen2.5-7b_{trl_name}*.json"))
         trl_all, trl_peak = trl_steps(same_call + earlier)
-        trl_now, _ = trl_steps(same_call)
+        trl_now, _ = trl_steps(same_call)   # empty where NOW has no TRL run of this kind (then no same-session ratio)
         summary[kind] = {
             "hybridrl_s": _stats(new), "hybridrl_peak_gb": new_peak, "before_s": _stats(old), "before_peak_gb": old_peak,
-            "trl_same_call_s": _stats(trl_now), "trl_all_steps_s": _stats(trl_all), "trl_peak_gb": trl_peak,
-            "ratio_same_call": statistics.median(new) / statistics.median(trl_now),
+            "trl_same_call_s": _stats(trl_now) if trl_now else None, "trl_all_steps_s": _stats(trl_all),
+            "trl_peak_gb": trl_peak,
+            "ratio_same_call": statistics.median(new) / statistics.median(trl_now) if trl_now else None,
             "ratio_trl_median": statistics.median(new) / statistics.median(trl_all),
             "peak_ratio": new_peak / trl_peak}
-    bf16, bf16_peak = hybridrl_runs(now, "hybridrl_qwen2.5-7b_full_bf16.json", "full")
+    bf16, bf16_peak = hybridrl_runs(now, "hybridrl_qwen2.5-7b_full_bf16*.json", "full")
     if bf16:
         full = summary["full"]
         summary["full_bf16_masters"] = {
             "hybridrl_s": _stats(bf16), "hybridrl_peak_gb": bf16_peak,
-            "ratio_same_call": statistics.median(bf16) / full["trl_same_call_s"]["median"],
+            "ratio_same_call": statistics.median(bf16) / full["trl_same_call_s"]["median"]
+            if full["trl_same_call_s"] else None,
             "ratio_trl_median": statistics.median(bf16) / full["trl_all_steps_s"]["median"],
             "peak_ratio": bf16_peak / full["trl_peak_gb"]}
     (now / "summary.json").write_text(json.dumps(summary, indent=1))
