@@ -48,10 +48,12 @@ def test_packed_equals_padded_and_dynamic_equals_fixed(base_model):
     assert not torch.allclose(packed.compute_log_prob(data)[0][mask], lp_packed[mask])
 
 
-def _grads_after_update(model, cfg, data):
+def _grads_after_update(model, cfg, data, fused_head: bool | None = None):
     model = copy.deepcopy(model)
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     actor = DataParallelPPOActor(cfg, model, torch.optim.SGD(model.parameters(), lr=1.0))
+    if fused_head is not None:
+        actor.fused_head = fused_head
     metrics = actor.update_policy(data)
     return {n: before[n] - p.detach() for n, p in model.named_parameters()}, metrics
 
@@ -97,6 +99,18 @@ def test_update_lowers_loss_and_reports_verl_metrics(base_model):
                 "actor/entropy", "actor/grad_norm", "actor/lr"):
         assert key in metrics, key
     assert metrics["actor/lr"] == 1e-3 and metrics["actor/grad_norm_nonfinite_skips"] == 0.0
+
+
+def test_entropy_bonus_gradient_is_the_same_on_the_chunked_and_plain_heads(base_model):
+    """entropy_coeff != 0: the entropy carries its gradient on both heads (they agree), and it changes the update
+    against entropy_coeff 0 (where the entropy is only measured)."""
+    data = make_ppo_batch(batch=4, seed=4)
+    grads = {(coeff, fused): _grads_after_update(base_model, actor_cfg(entropy_coeff=coeff), data, fused)[0]
+             for coeff in (0.0, 0.5) for fused in (True, False)}
+    for name, g in grads[0.5, False].items():
+        torch.testing.assert_close(grads[0.5, True][name], g, atol=1e-6, rtol=1e-4)
+        torch.testing.assert_close(grads[0.0, True][name], grads[0.0, False][name], atol=1e-6, rtol=1e-4)
+    assert max((grads[0.5, True][n] - grads[0.0, True][n]).abs().max().item() for n in grads[0.5, True]) > 1e-4
 
 
 def test_nonfinite_grad_skips_step_and_counts(base_model):
@@ -164,17 +178,19 @@ def test_should_keep_unsharded_decision():
         should_keep_unsharded(model, "sometimes", 2, cpu)
 
 
-def test_update_without_old_log_probs_equals_update_with_recomputed_ones(base_model):
+@pytest.mark.parametrize("fused_head", [True, False])
+def test_update_without_old_log_probs_equals_update_with_recomputed_ones(base_model, fused_head):
     """One on-policy mini-batch: old log-probs taken from the update's own forward (detached) give the same
-    gradient as a separate old-log-prob pass, and the step's entropy is reported from the update."""
+    gradient as a separate old-log-prob pass, and the step's entropy is reported from the update (measured
+    without a gradient at entropy_coeff 0, on the chunked head and on the plain one)."""
     data = make_ppo_batch(batch=4, seed=3)
     actor = DataParallelPPOActor(actor_cfg(), copy.deepcopy(base_model))
     data.batch["old_log_probs"] = actor.compute_log_prob(dict_meta(data))[0]
-    g_pass, _ = _grads_after_update(base_model, actor_cfg(), data)
+    g_pass, _ = _grads_after_update(base_model, actor_cfg(), data, fused_head)
     own = copy.copy(data)
     own.batch = data.batch.exclude("old_log_probs") if hasattr(data.batch, "exclude") else \
         {k: v for k, v in data.batch.items() if k != "old_log_probs"}
-    g_own, metrics = _grads_after_update(base_model, actor_cfg(), own)
+    g_own, metrics = _grads_after_update(base_model, actor_cfg(), own, fused_head)
     assert any(g.abs().max() > 0 for g in g_own.values())
     for name in g_pass:
         torch.testing.assert_close(g_own[name], g_pass[name], atol=1e-6, rtol=1e-4)
