@@ -2,7 +2,8 @@
 process for several variants of one workload, e.g. the hybrid engine vs scheme A (`hybrid_engine=false`).
 
 Workload: random-weight model of a real shape (hybridrl/assets size presets), prompts of exactly --prompt-len
-tokens, --response-len new tokens each (EOS ignored, so every step generates the same number of tokens), a rule
+tokens, --response-len new tokens each (EOS ignored, so every step generates the same number of tokens; with
+--keep-eos responses end at EOS: benchmarks/long_tail.py makes a model whose lengths are long-tailed), a rule
 reward (always 0 on random text: the update still runs the full forward/backward). Per step it records verl's
 metrics; the summary reports the mean over steps after the first (warm-up: CUDA-graph capture, allocator growth),
 per-phase peak memory (max over steps and ranks) and generated tokens/s.
@@ -65,7 +66,7 @@ def base_overrides(a, model_dir: Path, data: Path, run_dir: Path) -> list[str]:
         "data.filter_overlong_prompts=false", "data.truncation=left", f"data.train_batch_size={a.prompts}",
         "data.shuffle=false",
         f"actor_rollout_ref.rollout.n={a.n}", f"actor_rollout_ref.rollout.tensor_model_parallel_size={a.tp}",
-        "actor_rollout_ref.rollout.ignore_eos=true", *tuning,
+        *([] if a.keep_eos else ["actor_rollout_ref.rollout.ignore_eos=true"]), *tuning,
         f"actor_rollout_ref.actor.ppo_mini_batch_size={a.mini_batch or a.prompts}",
         f"actor_rollout_ref.model.enable_gradient_checkpointing={a.grad_ckpt or ('auto' if a.defaults else 'false')}",
         "actor_rollout_ref.actor.optim.lr=1e-6",
@@ -91,8 +92,8 @@ def summarize(history: list[dict], n_rows: int) -> dict:
         for k, v in h.items():
             if k.startswith("memory/") or k.startswith("perf/max_memory"):
                 peaks[k] = max(peaks.get(k, 0.0), v)
-    keep = ("timing_s/", "memory/", "perf/", "reshard/", "rollout/", "response_length/mean", "actor/grad_norm",
-            "plan/")
+    keep = ("timing_s/", "memory/", "perf/", "reshard/", "rollout/", "response_length/", "actor/grad_norm",
+            "plan/", "floor/")
     return {
         "steps_run": len(steps),
         "step_s": mean("timing_s/step"), "gen_s": mean("timing_s/gen"), "reshard_s": mean("timing_s/reshard"),
@@ -131,6 +132,8 @@ def main(argv=None):
                    help="enable_gradient_checkpointing (bare flag: true; unset: auto with --defaults, else false)")
     p.add_argument("--gpu-mem", type=float, default=0.5)
     p.add_argument("--device", default="cuda")
+    p.add_argument("--keep-eos", action="store_true", help="responses end at EOS (variable lengths; default: EOS "
+                   "ignored, every response --response-len tokens)")
     p.add_argument("--defaults", action="store_true", help="leave micro-batches, KV and engine sizes to the run plan")
     p.add_argument("--repeat", type=int, default=1, help="runs of each variant (reported as NAME#i)")
     p.add_argument("--variants", default="hybrid,scheme_a")

@@ -101,7 +101,7 @@ def derive_layout(config: DictConfig | dict) -> Layout:
     gen = c["data"]["gen_batch_size"] or tbs
     train_dp, rollout_dp = world // sp, world // tp
     mini_per_gpu = mini * n // train_dp
-    micro = None if actor["use_dynamic_bsz"] else actor["ppo_micro_batch_size_per_gpu"]
+    micro = None if actor["use_dynamic_bsz"] is True else actor["ppo_micro_batch_size_per_gpu"]
     critic_mini = None
     if c["algorithm"]["adv_estimator"] == "gae":
         critic_mini = c["critic"]["ppo_mini_batch_size"] * n // (world // c["critic"]["ulysses_sequence_parallel_size"])
@@ -114,9 +114,9 @@ def derive_layout(config: DictConfig | dict) -> Layout:
         train_batch_size=tbs, gen_batch_size=gen, n=n, num_mini_batches=tbs // mini,
         ppo_mini_batch_per_gpu=mini_per_gpu, ppo_micro_batch_per_gpu=micro,
         grad_accum_steps=mini_per_gpu // micro if isinstance(micro, int) else None,
-        log_prob_micro_batch_per_gpu=None if rollout["log_prob_use_dynamic_bsz"] else
+        log_prob_micro_batch_per_gpu=None if rollout["log_prob_use_dynamic_bsz"] is True else
         rollout["log_prob_micro_batch_size_per_gpu"],
-        ref_log_prob_micro_batch_per_gpu=None if ref["log_prob_use_dynamic_bsz"] else
+        ref_log_prob_micro_batch_per_gpu=None if ref["log_prob_use_dynamic_bsz"] is True else
         ref["log_prob_micro_batch_size_per_gpu"],
         rollout_prompts_per_dp=gen // rollout_dp, rollout_samples_per_dp=gen // rollout_dp * n,
         critic_mini_batch_per_gpu=critic_mini,

@@ -71,6 +71,16 @@ EXTRA_TYPES: dict[str, tuple[type, ...]] = {
     "actor_rollout_ref.model.enable_gradient_checkpointing": (str, bool),
     "critic.model.enable_gradient_checkpointing": (str, bool),
     "actor_rollout_ref.model.use_liger": (str, bool),
+    # token-budgeted micro-batches: 'auto' (on where the micro-batch size is left to the plan) or a bool, and
+    # 'auto' (the plan's budget) or a number of tokens
+    **dict.fromkeys(("actor_rollout_ref.actor.use_dynamic_bsz", "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz",
+                     "actor_rollout_ref.ref.log_prob_use_dynamic_bsz", "critic.use_dynamic_bsz",
+                     "actor_rollout_ref.model.use_remove_padding", "critic.model.use_remove_padding",
+                     "actor_rollout_ref.rollout.async_scheduling"), (str, bool)),
+    **dict.fromkeys(("actor_rollout_ref.actor.ppo_max_token_len_per_gpu",
+                     "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu",
+                     "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu", "critic.ppo_max_token_len_per_gpu"),
+                    (str, int)),
     "actor_rollout_ref.model.lora_alpha": (int, float),
     "actor_rollout_ref.model.target_modules": (str, list),   # 'all-linear' or module names
     # micro-batch sizes: 'auto' (the run plan chooses) or a number of rows
@@ -132,6 +142,11 @@ ENUMS: dict[str, tuple[str, ...]] = {
     "actor_rollout_ref.model.enable_gradient_checkpointing": ("auto", True, False),
     "critic.model.enable_gradient_checkpointing": ("auto", True, False),
     "actor_rollout_ref.model.use_liger": ("auto", True, False),
+    **dict.fromkeys(("actor_rollout_ref.actor.use_dynamic_bsz", "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz",
+                     "actor_rollout_ref.ref.log_prob_use_dynamic_bsz", "critic.use_dynamic_bsz",
+                     "actor_rollout_ref.model.use_remove_padding", "critic.model.use_remove_padding",
+                     "actor_rollout_ref.rollout.async_scheduling"),
+                    ("auto", True, False)),
 }
 
 # why an alias is read as another value, in the warning the loader logs

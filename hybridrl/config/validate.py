@@ -164,26 +164,26 @@ def check_semantics(cfg: DictConfig | dict) -> list[str]:
     positive = ["data.train_batch_size", "data.max_prompt_length", "data.max_response_length",
                 "trainer.nnodes", "trainer.n_gpus_per_node", "trainer.total_epochs",
                 f"{ACTOR}.ppo_mini_batch_size", f"{ACTOR}.ppo_epochs", f"{ACTOR}.ulysses_sequence_parallel_size",
-                f"{ACTOR}.ppo_max_token_len_per_gpu", f"{ROLLOUT}.n", f"{ROLLOUT}.tensor_model_parallel_size",
+                f"{ROLLOUT}.n", f"{ROLLOUT}.tensor_model_parallel_size",
                 f"{ROLLOUT}.block_size", f"{ROLLOUT}.max_num_seqs", f"{ROLLOUT}.max_num_batched_tokens",
-                f"{ROLLOUT}.val_kwargs.n", f"{ROLLOUT}.log_prob_max_token_len_per_gpu",
-                f"{REF}.log_prob_max_token_len_per_gpu", "critic.ulysses_sequence_parallel_size",
+                f"{ROLLOUT}.val_kwargs.n", "critic.ulysses_sequence_parallel_size",
                 f"{ACTOR}.optim.lr", "reward_model.error_window_steps"]
     positive_or_null = ["data.val_batch_size", "trainer.total_training_steps", f"{ACTOR}.ppo_micro_batch_size_per_gpu",
+                        f"{ACTOR}.ppo_max_token_len_per_gpu", f"{ROLLOUT}.log_prob_max_token_len_per_gpu",
+                        f"{REF}.log_prob_max_token_len_per_gpu",
                         f"{ROLLOUT}.log_prob_micro_batch_size_per_gpu", f"{REF}.log_prob_micro_batch_size_per_gpu",
                         f"{ACTOR}.ppo_micro_batch_size", f"{ROLLOUT}.log_prob_micro_batch_size",
                         f"{REF}.log_prob_micro_batch_size"]
     adv = g("algorithm.adv_estimator")
     if adv == "gae":
-        positive += ["critic.ppo_mini_batch_size", "critic.ppo_epochs", "critic.ppo_max_token_len_per_gpu",
-                     "critic.optim.lr"]
-        positive_or_null += ["critic.ppo_micro_batch_size_per_gpu", "critic.forward_micro_batch_size_per_gpu",
+        positive += ["critic.ppo_mini_batch_size", "critic.ppo_epochs", "critic.optim.lr"]
+        positive_or_null += ["critic.ppo_max_token_len_per_gpu", "critic.ppo_micro_batch_size_per_gpu", "critic.forward_micro_batch_size_per_gpu",
                              "critic.ppo_micro_batch_size"]
     for p in positive:
         if g(p) <= 0:
             errors.append(f"'{p}' must be > 0, got {g(p)}")
     for p in positive_or_null:
-        if isinstance(g(p), str):  # micro-batch sizes take 'auto' (the run plan chooses)
+        if isinstance(g(p), str):  # micro-batch sizes and token budgets take 'auto' (the run plan chooses)
             if g(p) != "auto":
                 errors.append(f"'{p}' must be 'auto', a positive integer or null, got {g(p)!r}")
         elif g(p) is not None and g(p) <= 0:
@@ -242,11 +242,13 @@ def check_semantics(cfg: DictConfig | dict) -> list[str]:
     _check_fsdp_size(f"{ACTOR}.fsdp_config.fsdp_size", g(f"{ACTOR}.fsdp_config.fsdp_size"), world, world_s, errors)
     if _check_sp(ACTOR, "actor_rollout_ref.model", sp, g, world, world_s, errors):
         _check_mini_batch(ACTOR, mini, n, world // sp, g(f"{ACTOR}.ppo_micro_batch_size_per_gpu"),
-                          g(f"{ACTOR}.use_dynamic_bsz"), errors)
-    if g(f"{ACTOR}.use_dynamic_bsz"):
+                          _may_be_dynamic(g(f"{ACTOR}.use_dynamic_bsz"), g(f"{ACTOR}.ppo_micro_batch_size_per_gpu")),
+                          errors)
+    if g(f"{ACTOR}.use_dynamic_bsz") is not False:
         _check_token_len(f"{ACTOR}.ppo_max_token_len_per_gpu", c, errors)
     for sec in (ROLLOUT, REF):
-        if g(f"{sec}.log_prob_use_dynamic_bsz"):
+        dynamic = g(f"{sec}.log_prob_use_dynamic_bsz")
+        if dynamic is not False:
             _check_token_len(f"{sec}.log_prob_max_token_len_per_gpu", c, errors)
         elif g(f"{sec}.log_prob_micro_batch_size_per_gpu") is None and g(f"{sec}.log_prob_micro_batch_size") is None:
             errors.append(f"'{sec}.log_prob_micro_batch_size_per_gpu' is null: set it (or log_prob_use_dynamic_bsz)")
@@ -257,8 +259,10 @@ def check_semantics(cfg: DictConfig | dict) -> list[str]:
         critic_sp = g("critic.ulysses_sequence_parallel_size")
         if _check_sp("critic", "critic.model", critic_sp, g, world, world_s, errors):
             _check_mini_batch("critic", g("critic.ppo_mini_batch_size"), n, world // critic_sp,
-                              g("critic.ppo_micro_batch_size_per_gpu"), g("critic.use_dynamic_bsz"), errors)
-        if g("critic.use_dynamic_bsz"):
+                              g("critic.ppo_micro_batch_size_per_gpu"),
+                              _may_be_dynamic(g("critic.use_dynamic_bsz"), g("critic.ppo_micro_batch_size_per_gpu")),
+                              errors)
+        if g("critic.use_dynamic_bsz") is not False:
             _check_token_len("critic.ppo_max_token_len_per_gpu", c, errors)
 
     if g(f"{ACTOR}.use_kl_loss") and g("algorithm.use_kl_in_reward"):
@@ -350,9 +354,14 @@ def _check_mini_batch(sec: str, mini: int, n: int, dp: int, micro: int | None, d
         errors.append(f"'{sec}.ppo_micro_batch_size_per_gpu' is null: set it (or use_dynamic_bsz)")
 
 
+def _may_be_dynamic(use_dynamic_bsz, micro) -> bool:
+    """Whether micro-batches may be token-budgeted: true, or auto with the micro-batch size left to the plan."""
+    return use_dynamic_bsz is True or (use_dynamic_bsz == "auto" and (micro is None or micro == "auto"))
+
+
 def _check_token_len(key: str, c: dict, errors: list[str]) -> None:
     need = c["data"]["max_prompt_length"] + c["data"]["max_response_length"]
-    if _get(c, key) < need:
+    if isinstance(_get(c, key), int) and _get(c, key) < need:
         errors.append(f"'{key}' = {_get(c, key)} must be >= max_prompt_length + max_response_length = {need} "
                       "with dynamic batch size (a single sequence must fit)")
 

@@ -95,6 +95,17 @@ class RunPlan:
                                                 # each prompt of a micro-batch once (training/packing.py)
     critic_share_prompts: bool = False          # the critic's likewise (the actor's choice, without critic Ulysses)
     critic_recompute_kept_layers: int = 0       # the same for the critic's
+    # token budgets of token-budgeted micro-batches (use_dynamic_bsz; the pass's micro-batch size is then None),
+    # per GPU; None where the pass runs fixed rows
+    actor_max_tokens: int | None = None
+    log_prob_max_tokens: int | None = None
+    ref_log_prob_max_tokens: int | None = None
+    critic_max_tokens: int | None = None
+    critic_forward_max_tokens: int | None = None
+    remove_padding: bool = False                # the actor's and reference's forwards packed (varlen attention)
+    critic_remove_padding: bool = False
+    engine_max_num_batched_tokens: int = 8192   # the engine's prefill budget: at least max_model_len
+    engine_async_scheduling: bool = False       # rollout.async_scheduling resolved (auto: on on GPUs)
 
     def kv_blocks_for(self, prompts: int, n: int) -> int:
         """KV blocks one generate call of `prompts` x n needs on this engine (a hybrid engine allocates its KV per
@@ -110,14 +121,21 @@ class RunPlan:
         lines = [str(self.layout), f"device          {self.device}",
                  f"model           {self.model.num_params / 1e9:.3f}B params, {self.model.layers} layers, "
                  f"vocab {self.model.vocab}",
-                 *([f"critic          micro-batch per GPU: update {_fmt(self.critic_micro)}, values "
-                    f"{_fmt(self.critic_forward_micro)}"] if self.layout.critic_mini_batch_per_gpu is not None else []),
+                 *([f"critic          micro-batch per GPU: update {_fmt(self.critic_micro, self.critic_max_tokens)}, "
+                    f"values {_fmt(self.critic_forward_micro, self.critic_forward_max_tokens)}"] if self.layout.critic_mini_batch_per_gpu is not None else []),
                  f"dtypes          rollout engine {self.rollout_dtype}, reference and reward model {self.frozen_dtype}"
                  + (f", LoRA base {self.lora_base_dtype}" if self.lora_base_dtype else ""),
                  *([f"reward model    micro-batch per GPU {self.reward_model_micro}, inputs up to "
                     f"{self.reward_model_max_length} tokens"] if self.reward_model_micro is not None else []),
+                 f"micro-batches   per GPU: update {_fmt(self.actor_micro, self.actor_max_tokens)}, old log-prob "
+                 f"{_fmt(self.log_prob_micro, self.log_prob_max_tokens) if self.old_log_prob_pass else 'none (on-policy)'}"
+                 f", reference {_fmt(self.ref_log_prob_micro, self.ref_log_prob_max_tokens)}"
+                 f"{', packed' if self.remove_padding or self.share_prompts else ', padded'}",
                  f"kv cache        {self.kv_blocks} blocks per engine ({self.kv_blocks_unshared} without prompt "
                  f"sharing), {self.engine_max_num_seqs} sequences at most",
+                 f"rollout engine  prefill budget {self.engine_max_num_batched_tokens} tokens per step, decode steps "
+                 + ("launched ahead (async scheduling)" if self.engine_async_scheduling else "one at a time")
+                 + "; per step it logs the tail's share of its time and its bandwidth floor",
                  *(f"  auto: {c}" for c in self.choices)]
         if self.predicted:
             lines.append("predicted peak per GPU (GiB), by phase:")
@@ -126,8 +144,10 @@ class RunPlan:
         return "\n".join(lines)
 
 
-def _fmt(v) -> str:
-    return "dynamic" if v is None else str(v)
+def _fmt(rows, tokens=None) -> str:
+    if rows is not None:
+        return f"{rows} rows"
+    return f"<= {tokens} tokens" if tokens is not None else "-"
 
 
 def local_device(config: DictConfig | dict) -> DeviceSpec:
@@ -290,17 +310,43 @@ def make_plan(config: DictConfig | dict, hf_config, device: DeviceSpec, val_prom
                            f"{peak(1).total / GiB:.1f} GiB in phase {peak(1).phase}, over {SAFETY:.0%} of "
                            f"{device.total_bytes / GiB:.1f} GiB; " + _no_fit_hint(key, peak(1))])
 
+    def pick_tokens(key: str, value, tokens_target: int, peak) -> int:
+        """The configured token budget, or the throughput target raised to the longest sequence (a micro-batch
+        must hold one), lowered while its predicted phase peak does not fit (never below that sequence)."""
+        if not _auto(value):
+            if budget is not None and peak(value).total > budget:
+                raise ConfigError([f"'{key}' = {value}: phase {peak(value).phase} is predicted to peak at "
+                                   f"{peak(value).total / GiB:.1f} GiB per GPU, over {SAFETY:.0%} of "
+                                   f"{device.total_bytes / GiB:.1f} GiB; lower it (at least {S}) or set 'auto'"])
+            return value
+        tokens = max(tokens_target, S)
+        while budget is not None and tokens > S and peak(tokens).total > budget:
+            tokens = max(S, tokens // 2)
+        if budget is not None and peak(tokens).total > budget:
+            raise ConfigError([f"'{key}' = auto: even one sequence of {S} tokens is predicted to need "
+                               f"{peak(tokens).total / GiB:.1f} GiB in phase {peak(tokens).phase}, over {SAFETY:.0%} "
+                               f"of {device.total_bytes / GiB:.1f} GiB; " + _no_fit_hint(key, peak(tokens))])
+        choices.append(f"{key} = {tokens}" + (f" (predicted {peak(tokens).phase} peak {peak(tokens).total / GiB:.1f} "
+                                              "GiB)" if budget is not None else ""))
+        return tokens
+
+    def dynamic(key: str, micro_key: str) -> bool:
+        return resolve_dynamic_bsz(g(key), g(micro_key), device.type, key, micro_key, choices)
+
     samples_per_gpu = layout.train_batch_size * layout.n // layout.train_dp
     lp_candidates = list(range(samples_per_gpu, 0, -1))
-    actor_micro = None
-    if not g(f"{a}.use_dynamic_bsz"):
+    actor_micro = actor_tokens = None
+    actor_dyn = dynamic(f"{a}.use_dynamic_bsz", f"{a}.ppo_micro_batch_size_per_gpu")
+    if not actor_dyn:
         actor_micro = pick(f"{a}.ppo_micro_batch_size_per_gpu", g(f"{a}.ppo_micro_batch_size_per_gpu"),
                            _divisors_desc(layout.ppo_mini_batch_per_gpu), UPDATE_TOKENS_TARGET,
                            lambda m: mm.update_actor(m, S, R, kv_bytes, tokens_of(m)), tokens=tokens_of)
         predicted["update_actor"] = mm.update_actor(actor_micro, S, R, kv_bytes, tokens_of(actor_micro))
     else:
-        predicted["update_actor"] = mm.update_actor(1, g(f"{a}.ppo_max_token_len_per_gpu"), R, kv_bytes)
-    lp_micro = ref_micro = None
+        actor_tokens = pick_tokens(f"{a}.ppo_max_token_len_per_gpu", g(f"{a}.ppo_max_token_len_per_gpu"),
+                                   UPDATE_TOKENS_TARGET, lambda t: mm.update_actor(1, t, R, kv_bytes))
+        predicted["update_actor"] = mm.update_actor(1, actor_tokens, R, kv_bytes)
+    lp_micro = ref_micro = lp_tokens = ref_tokens = None
     on_policy = (g(f"{a}.ppo_epochs") == 1 and layout.num_mini_batches == 1 and not g("algorithm.use_kl_in_reward"))
     old_pass = g(f"{a}.old_log_prob_pass")
     if old_pass is False and not on_policy:
@@ -317,25 +363,43 @@ def make_plan(config: DictConfig | dict, hf_config, device: DeviceSpec, val_prom
     if not old_pass:
         choices.append(f"{a}.old_log_prob_pass = false (one on-policy mini-batch: the update's log-probs, detached, "
                        "are the old ones)")
-    if old_pass and not g(f"{rl}.log_prob_use_dynamic_bsz"):
+    if old_pass and dynamic(f"{rl}.log_prob_use_dynamic_bsz", f"{rl}.log_prob_micro_batch_size_per_gpu"):
+        lp_tokens = pick_tokens(f"{rl}.log_prob_max_token_len_per_gpu", g(f"{rl}.log_prob_max_token_len_per_gpu"),
+                                LOGPROB_TOKENS_TARGET,
+                                lambda t: mm.log_prob("old_log_prob", 1, t, R, lp_once, kv_bytes))
+        predicted["old_log_prob"] = mm.log_prob("old_log_prob", 1, lp_tokens, R, lp_once, kv_bytes)
+    elif old_pass:
         lp_micro = pick(f"{rl}.log_prob_micro_batch_size_per_gpu", g(f"{rl}.log_prob_micro_batch_size_per_gpu"),
                         lp_candidates, LOGPROB_TOKENS_TARGET,
                         lambda m: mm.log_prob("old_log_prob", m, S, R, lp_once, kv_bytes, tokens_of(m)),
                         tokens=tokens_of)
         predicted["old_log_prob"] = mm.log_prob("old_log_prob", lp_micro, S, R, lp_once, kv_bytes,
                                                 tokens_of(lp_micro))
-    if res.has_ref and not g(f"{ref}.log_prob_use_dynamic_bsz"):
+    if res.has_ref and dynamic(f"{ref}.log_prob_use_dynamic_bsz", f"{ref}.log_prob_micro_batch_size_per_gpu"):
+        ref_tokens = pick_tokens(f"{ref}.log_prob_max_token_len_per_gpu", g(f"{ref}.log_prob_max_token_len_per_gpu"),
+                                 LOGPROB_TOKENS_TARGET, lambda t: mm.log_prob("ref", 1, t, R, ref_once, kv_bytes))
+        predicted["ref"] = mm.log_prob("ref", 1, ref_tokens, R, ref_once, kv_bytes)
+    elif res.has_ref:
         ref_micro = pick(f"{ref}.log_prob_micro_batch_size_per_gpu", g(f"{ref}.log_prob_micro_batch_size_per_gpu"),
                          lp_candidates, LOGPROB_TOKENS_TARGET,
                          lambda m: mm.log_prob("ref", m, S, R, ref_once, kv_bytes, tokens_of(m)), tokens=tokens_of)
         predicted["ref"] = mm.log_prob("ref", ref_micro, S, R, ref_once, kv_bytes, tokens_of(ref_micro))
-    critic_micro = critic_fwd = None
+    critic_micro = critic_fwd = critic_tok = critic_fwd_tok = None
     critic_once = unshard("critic.forward_unshard_once", shape)
     # the critic shares prompts with the actor's choice, unless its own Ulysses SP splits the packed row
     critic_share = gae and share and g("critic.ulysses_sequence_parallel_size") == 1
     critic_tokens = micro_tokens(critic_share)
 
-    if gae and not g("critic.use_dynamic_bsz"):
+    critic_dyn = gae and dynamic("critic.use_dynamic_bsz", "critic.ppo_micro_batch_size_per_gpu")
+    if critic_dyn:  # the values pass follows the update's choice, with the log-prob target (no gradients)
+        key = "critic.ppo_max_token_len_per_gpu"
+        critic_tok = pick_tokens(key, g(key), UPDATE_TOKENS_TARGET,
+                                 lambda t: mm.critic_phase("update_critic", 1, t, False, kv_bytes))
+        critic_fwd_tok = pick_tokens(key, g(key), LOGPROB_TOKENS_TARGET,
+                                     lambda t: mm.critic_phase("values", 1, t, critic_once, kv_bytes))
+        predicted["values"] = mm.critic_phase("values", 1, critic_fwd_tok, critic_once, kv_bytes)
+        predicted["update_critic"] = mm.critic_phase("update_critic", 1, critic_tok, False, kv_bytes)
+    elif gae:
         critic_micro = pick("critic.ppo_micro_batch_size_per_gpu", g("critic.ppo_micro_batch_size_per_gpu"),
                             _divisors_desc(layout.critic_mini_batch_per_gpu), UPDATE_TOKENS_TARGET,
                             lambda m: mm.critic_phase("update_critic", m, S, False, kv_bytes, critic_tokens(m)),
@@ -360,19 +424,19 @@ def make_plan(config: DictConfig | dict, hf_config, device: DeviceSpec, val_prom
     if _auto(g(f"{MODEL}.enable_gradient_checkpointing")):
         actor_ckpt, kept_layers = _resolve_checkpointing(
             f"{MODEL}.enable_gradient_checkpointing", res.activation_offload, budget, predicted, actor_micro, S,
-            g(f"{a}.ppo_max_token_len_per_gpu") if g(f"{a}.use_dynamic_bsz") else None,
+            actor_tokens,
             lambda m, t, k=None: MemoryModel(shape, replace(res, gradient_checkpointing=k is not None,
                                                             kept_layers=k or 0)).update_actor(
-                m, t, R, kv_bytes, None if g(f"{a}.use_dynamic_bsz") else tokens_of(m)),
+                m, t, R, kv_bytes, None if actor_dyn else tokens_of(m)),
             "update_actor", choices, shape.layers)
     if gae and _auto(g("critic.model.enable_gradient_checkpointing")):
         critic_ckpt, critic_kept = _resolve_checkpointing(
             "critic.model.enable_gradient_checkpointing", res.critic_activation_offload, budget, predicted,
-            critic_micro, S, g("critic.ppo_max_token_len_per_gpu") if g("critic.use_dynamic_bsz") else None,
+            critic_micro, S, critic_tok,
             lambda m, t, k=None: MemoryModel(shape, replace(res, critic_gradient_checkpointing=k is not None,
                                                             critic_kept_layers=k or 0)
                                              ).critic_phase("update_critic", m, t, False, kv_bytes,
-                                                            None if g("critic.use_dynamic_bsz") else critic_tokens(m)),
+                                                            None if critic_dyn else critic_tokens(m)),
             "update_critic", choices, shape.layers)
     if budget is not None and predicted["gen"].total > budget:
         raise ConfigError([f"rollout phase predicted at {predicted['gen'].total / GiB:.1f} GiB per GPU, over "
@@ -399,7 +463,37 @@ def make_plan(config: DictConfig | dict, hf_config, device: DeviceSpec, val_prom
                    fused_optimizer=res.fused_optimizer, gradient_checkpointing=actor_ckpt,
                    critic_gradient_checkpointing=critic_ckpt, use_liger=use_liger,
                    recompute_kept_layers=kept_layers, critic_recompute_kept_layers=critic_kept,
-                   share_prompts=share, critic_share_prompts=critic_share)
+                   share_prompts=share, critic_share_prompts=critic_share, actor_max_tokens=actor_tokens,
+                   log_prob_max_tokens=lp_tokens, ref_log_prob_max_tokens=ref_tokens, critic_max_tokens=critic_tok,
+                   critic_forward_max_tokens=critic_fwd_tok,
+                   remove_padding=resolve_remove_padding(g(f"{MODEL}.use_remove_padding"), actor_dyn or (
+                       lp_tokens is not None) or (ref_tokens is not None), layout.ulysses_sp),
+                   critic_remove_padding=resolve_remove_padding(g("critic.model.use_remove_padding"), critic_dyn,
+                                                                g("critic.ulysses_sequence_parallel_size")),
+                   engine_max_num_batched_tokens=max(g(f"{rl}.max_num_batched_tokens"), S),
+                   engine_async_scheduling=(not cpu) if _auto(g(f"{rl}.async_scheduling"))
+                   else bool(g(f"{rl}.async_scheduling")))
+
+
+def resolve_dynamic_bsz(value, micro, device_type: str, key: str, micro_key: str, choices: list[str]) -> bool:
+    """`use_dynamic_bsz` (`key`): true / false as given; auto = token-budgeted micro-batches on GPUs where the
+    pass's micro-batch size (`micro_key`) is left to the plan ('auto') or null, fixed rows where it is a number
+    (verl's meaning of an explicit size) and on the CPU (the padded rows are the reference there)."""
+    if value is True or value is False:
+        return value
+    if micro is None:
+        return True
+    on = _auto(micro) and device_type != "cpu"
+    choices.append(f"{key} = {str(on).lower()} (" + (
+        "token-budgeted micro-batches at the step's actual lengths" if on else
+        f"{micro_key} = {micro}" if not _auto(micro) else "the CPU: fixed rows") + ")")
+    return on
+
+
+def resolve_remove_padding(value, dynamic: bool, sp: int) -> bool:
+    """`use_remove_padding`: auto = packed where micro-batches are token-budgeted (a padded micro-batch of short
+    rows would compute every row at the longest length) or split by Ulysses (which needs the packed row)."""
+    return bool(value) if not _auto(value) else bool(dynamic or sp > 1)
 
 
 def shared_prompt_tokens(rows: int, n: int, prompt_len: int, response_len: int) -> int:

@@ -10,12 +10,16 @@ Choices:
   is reset by construction, which the hybrid engine needs since weights change every step).
 - TP ranks sample the same tokens without a broadcast: logits are all-gathered (identical on every
   rank) and every rank seeds its generator with the same seed.
-- `stats` accumulates across generate calls until `reset_stats()`: prefill/decode steps, preemptions,
+- `stats` describes the last generate call (counters restart at each call): prefill/decode steps, preemptions,
   copy-on-write copies, kv_blocks_peak vs kv_blocks_peak_unshared, bytes per block, graph capture time,
   and where the wall time went (host clocks only, no extra syncs): `schedule_s` (scheduler +
   postprocess), `{prefill,decode}_launch_s` (building inputs and enqueueing the step) and
   `{prefill,decode}_wait_s` (blocked on the step's one device->host read of the sampled tokens,
-  i.e. the GPU time not hidden behind the host work).
+  i.e. the GPU time not hidden behind the host work). The tail: `decode_s` (wall time of decode steps),
+  `tail_time_frac` (the share of the call's wall time in steps with fewer than TAIL_FRACTION of its sequences
+  still running), `running_seqs_mean` (sequences per decode step, weighted by the steps' wall time) and, on GPUs
+  with known peaks (device_peaks.py), `decode_floor_s`: each decode step's unavoidable bytes (this rank's engine
+  weights once, plus every running sequence's K/V) over the HBM bandwidth, summed.
 - One SamplingParams per generate call is handed to the runner, which builds the sampling tensors
   and host-side path flags once per call instead of per step.
 - `async_scheduling`: while decode step t runs on the GPU, step t+1 is scheduled and launched (its input
@@ -49,6 +53,7 @@ from hybridrl.rollout.scheduler import Scheduler
 from hybridrl.rollout.sequence import Sequence
 
 _PEAK_KEYS = ("kv_blocks_peak", "kv_blocks_peak_unshared")
+TAIL_FRACTION = 0.1     # a decode step with fewer than this share of the call's sequences running is in the tail
 
 
 class LLMEngine:
@@ -93,7 +98,8 @@ class LLMEngine:
                       "prefill_tokens_computed": 0, "generated_tokens": 0, "kv_blocks_peak": 0,
                       "kv_blocks_peak_unshared": 0, "num_kv_blocks": self.runner.num_blocks,
                       "kv_block_bytes": self.runner.block_bytes(), "weights_ignored": 0,
-                      "cuda_graph_capture_s": self.runner.last_capture_s, "schedule_s": 0.0}
+                      "cuda_graph_capture_s": self.runner.last_capture_s, "schedule_s": 0.0, "decode_s": 0.0,
+                      "tail_time_frac": 0.0, "running_seqs_mean": 0.0}
         self.runner.timing = dict.fromkeys(self.runner.timing, 0.0)
         self.stats.update(self.runner.timing)
 
@@ -180,6 +186,7 @@ class LLMEngine:
         """Generate `sampling_params.n` samples per prompt; with `agent`, multi-turn (see the module docstring)."""
         self._validate(prompt_token_ids, sampling_params)
         self._check_loaded()
+        self.reset_stats()
         if self.runner.kv is None:
             self.wake_up(("kv_cache",))
         sched = Scheduler(BlockManager(self.runner.num_blocks, self.block_size), max_num_seqs=self.max_num_seqs,
@@ -199,6 +206,7 @@ class LLMEngine:
         gen = torch.Generator(device=self.runner.device)
         gen.manual_seed(seed)
         host_s, inflight = 0.0, None
+        tail = _TailClock(len(prompt_token_ids) * sampling_params.n, self.runner.decode_step_floor_s)
         while inflight is not None or not sched.is_finished():
             t0 = time.perf_counter()
             if inflight is None:
@@ -224,7 +232,9 @@ class LLMEngine:
                     future.add_done_callback(lambda _, seq=seq: ready.put(seq))
                 self._apply_ready(sched, ready, pending, block=False)
             host_s += time.perf_counter() - t2
+            tail.step(batch, t0)
             inflight = (nxt, nxt_handle) if nxt is not None else None
+        self.stats.update(tail.stats())
         self.stats["schedule_s"] += host_s
         self.stats["generated_tokens"] += sum(s.num_completion_tokens for group in groups for s in group)
         self.stats["cuda_graph_capture_s"] = self.runner.last_capture_s  # graphs are captured on first use
@@ -240,3 +250,34 @@ class LLMEngine:
             return CompletionOutput(seq.sample_index, seq.completion_token_ids, seq.logprobs, seq.finish_reason)
         return CompletionOutput(seq.sample_index, seq.completion_token_ids, seq.logprobs, seq.finish_reason,
                                 response_mask=seq.completion_mask(), turn_stats=agent.trajectory_stats(seq))
+
+
+class _TailClock:
+    """Wall time of a generate call's steps by how many sequences were running, and the decode floor."""
+
+    def __init__(self, num_seqs: int, step_floor_s):
+        self.cut = TAIL_FRACTION * num_seqs
+        self.step_floor_s = step_floor_s      # (total context of a step's sequences) -> seconds, or None
+        self.start = time.perf_counter()
+        self.decode_s = self.tail_s = self.seq_s = 0.0
+        self.floor_s = 0.0 if step_floor_s is not None else None
+
+    def step(self, batch, t0: float) -> None:
+        if batch.is_prefill:
+            return
+        dt = time.perf_counter() - t0
+        running = len(batch.seqs)
+        self.decode_s += dt
+        self.seq_s += running * dt
+        if running < self.cut:
+            self.tail_s += dt
+        if self.floor_s is not None:
+            self.floor_s += self.step_floor_s(sum(len(s) for s in batch.seqs))
+
+    def stats(self) -> dict:
+        wall = time.perf_counter() - self.start
+        out = {"decode_s": self.decode_s, "tail_time_frac": self.tail_s / wall if wall > 0 else 0.0,
+               "running_seqs_mean": self.seq_s / self.decode_s if self.decode_s > 0 else 0.0}
+        if self.floor_s is not None:
+            out["decode_floor_s"] = self.floor_s
+        return out

@@ -13,9 +13,12 @@ from transformers import AutoConfig, AutoTokenizer
 
 
 def build_rollout_engine(rcfg: DictConfig, *, model_path: str, device: torch.device, dtype: torch.dtype, tp_group,
-                         num_kv_blocks: int, max_num_seqs: int, actor_module=None):
-    """dtype, num_kv_blocks, max_num_seqs: the run plan's engine dtype, KV need for a step's batch (on GPUs capped
-    by gpu_memory_utilization at wake) and engine concurrency (rollout.max_num_seqs bounded by the batch)."""
+                         num_kv_blocks: int, max_num_seqs: int, max_num_batched_tokens: int, async_scheduling: bool,
+                         actor_module=None):
+    """dtype, num_kv_blocks, max_num_seqs, max_num_batched_tokens: the run plan's engine dtype, KV need for a step's
+    batch (on GPUs capped by gpu_memory_utilization at wake), engine concurrency (rollout.max_num_seqs bounded by
+    the batch), prefill budget (rollout.max_num_batched_tokens raised to the longest sequence) and whether decode
+    steps are launched ahead (rollout.async_scheduling resolved)."""
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     eos = tokenizer.eos_token_id
     if rcfg.name == "hf":
@@ -38,7 +41,7 @@ def build_rollout_engine(rcfg: DictConfig, *, model_path: str, device: torch.dev
         hf_config, tp_group=tp_group, device=device, dtype=dtype,
         block_size=int(rcfg.block_size), gpu_memory_utilization=float(rcfg.gpu_memory_utilization),
         max_num_seqs=max_num_seqs,
-        max_num_batched_tokens=int(rcfg.max_num_batched_tokens),
+        max_num_batched_tokens=max_num_batched_tokens,
         max_model_len=max_model_len, enforce_eager=bool(rcfg.enforce_eager),
         enable_prefix_sharing=bool(rcfg.enable_prefix_sharing), num_kv_blocks=num_kv_blocks, eos_token_id=eos,
-        async_scheduling=bool(rcfg.async_scheduling))
+        async_scheduling=async_scheduling)

@@ -117,6 +117,7 @@ class ModelRunner:
         self.async_copies = False
         self.activation_reserve = None
         self.weights_awake = False
+        self.decode_step_floor_s = None   # set on KV wake where the GPU's peaks are known
 
     # ------------------------------------------------------------------ memory phases
     def wake_weights(self) -> None:
@@ -144,9 +145,22 @@ class ModelRunner:
                               dtype=self.dtype, device=self.device)
         self.kv_caches = list(self.kv.unbind(0))
         self.num_blocks = num_kv_blocks
+        self.decode_step_floor_s = self._decode_floor_fn()
         self._alloc_step_buffers()
         if self.use_graphs:
             self._set_graph_buckets()
+
+    def _decode_floor_fn(self):
+        """(total context of a step's sequences) -> the seconds a decode step cannot beat on this GPU: its weights read
+        once plus the sequences' K/V, over the datasheet HBM bandwidth; None off the GPU or for unknown GPUs."""
+        from hybridrl.device_peaks import peaks_of
+
+        peaks = peaks_of(torch.cuda.get_device_name(self.device)) if self.is_cuda else None
+        if peaks is None:
+            return None
+        weights = sum(t.numel() * t.element_size() for t in (*self.model.parameters(), *self.model.buffers()))
+        kv_token = self.block_bytes() / self.block_size
+        return lambda context: (weights + context * kv_token) / peaks.hbm_bytes_per_s
 
     def _blocks_from_memory(self, utilization: float) -> int:
         if not self.is_cuda:
@@ -196,6 +210,7 @@ class ModelRunner:
         self._param_cache = None
         self._free_step_buffers()
         self.kv, self.kv_caches, self.num_blocks = None, None, 0
+        self.decode_step_floor_s = None
         if self.weights_awake:
             self.model.to_empty(device="meta")
             if self.model.tie_word_embeddings:

@@ -1,31 +1,49 @@
-"""Triton paged-attention decode kernel (one query token per sequence).
+"""Triton paged-attention decode kernel (one query token per sequence), split over the context when the batch is
+small.
 
-Choices (DESIGN.md §7: gathering the paged cache then SDPA costs ~10x the K/V read):
-- One program per (sequence, kv head): it loads the G = N/K query heads of that group as one
-  [G_pad, D] tile (G padded to 16 for tl.dot) and streams the sequence's K/V once, BLOCK_N tokens at a
-  time, looking up each token's physical block in the block table (so BLOCK_N may span several
-  pages). Online softmax in fp32 (exp2), output in the input dtype; fp32 inputs use IEEE dots (tests).
-- The trip count comes from `context_lens` read on the device, so the kernel is CUDA-graph safe.
+Choices (gathering the paged cache then SDPA costs ~10x the K/V read):
+- One program per (sequence, kv head, context split): it loads the G = N/K query heads of that group as one
+  [G_pad, D] tile (G padded to 16 for tl.dot) and streams its part of the sequence's K/V once, BLOCK_N tokens
+  at a time, looking up each token's physical block in the block table (so BLOCK_N may span several pages).
+  Online softmax in fp32 (exp2); fp32 inputs use IEEE dots (tests).
+- Split-K over the context (flash-decoding): with few sequences, B x K programs leave most of the GPU's SMs
+  idle while each streams a long context alone — the tail of a long rollout, where a handful of sequences run
+  at 4k-16k tokens. `num_splits` programs then share a sequence's context (each ctx/num_splits tokens, rounded
+  to BLOCK_N; splits past the end store an empty partial) and write unnormalised partial outputs with their
+  running max and sum; a second kernel merges them (the exact softmax: partials rescaled to the common max).
+  `decode_splits` picks the count from the batch size so that programs fill the SMs about twice; 1 = the
+  single-pass kernel writes the output directly.
+- Trip counts come from `context_lens` read on the device and the split count is fixed per batch size, so the
+  kernels are CUDA-graph safe (a graph bucket is captured at one batch size).
 - Imported lazily: CPU machines without triton never import this module.
 
-Shape legend: B sequences, N q heads, K kv heads, D head_dim, M blocks per sequence.
+Shape legend: B sequences, N q heads, K kv heads, D head_dim, M blocks per sequence, P context splits.
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 import triton
 import triton.language as tl
 
+MIN_SPLIT_TOKENS = 256   # a split streams at least this many tokens (else the merge costs more than it gains)
+
 
 @triton.jit
-def _paged_decode_kernel(Q, KC, VC, Out, BT, CL, scale_log2e,
-                         s_qb, s_qh, s_cb, s_ct, s_ch, s_btb, s_ob, s_oh,
+def _paged_decode_kernel(Q, KC, VC, Out, Mx, Sm, BT, CL, scale_log2e,
+                         s_qb, s_qh, s_cb, s_ct, s_ch, s_btb, s_ob, s_oh, s_op, s_mb, s_mh,
                          GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, D: tl.constexpr,
-                         PAGE: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr):
+                         PAGE: tl.constexpr, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr,
+                         PRECISION: tl.constexpr):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
+    split = tl.program_id(2)
     ctx = tl.load(CL + b)
+    chunk = tl.cdiv(tl.cdiv(ctx, SPLITS), BLOCK_N) * BLOCK_N
+    lo = split * chunk
+    hi = tl.minimum(lo + chunk, ctx)
     g = tl.arange(0, GROUP_PAD)
     d = tl.arange(0, D)
     n = tl.arange(0, BLOCK_N)
@@ -35,9 +53,9 @@ def _paged_decode_kernel(Q, KC, VC, Out, BT, CL, scale_log2e,
     m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)
     l_i = tl.zeros([GROUP_PAD], tl.float32)
     acc = tl.zeros([GROUP_PAD, D], tl.float32)
-    for start in range(0, ctx, BLOCK_N):
+    for start in range(lo, hi, BLOCK_N):
         pos = start + n
-        valid = pos < ctx
+        valid = pos < hi
         blk = tl.load(BT + b * s_btb + pos // PAGE, mask=valid, other=0).to(tl.int64)
         off = blk * s_cb + (pos % PAGE) * s_ct + kvh * s_ch
         k = tl.load(KC + off[:, None] + d[None, :], mask=valid[:, None], other=0.0)
@@ -50,24 +68,78 @@ def _paged_decode_kernel(Q, KC, VC, Out, BT, CL, scale_log2e,
         v = tl.load(VC + off[:, None] + d[None, :], mask=valid[:, None], other=0.0)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
         m_i = m_new
-    out = acc / l_i[:, None]
-    tl.store(Out + b * s_ob + head[:, None] * s_oh + d[None, :], out.to(Out.dtype.element_ty), mask=gmask[:, None])
+    if SPLITS == 1:
+        out = acc / l_i[:, None]
+        tl.store(Out + b * s_ob + head[:, None] * s_oh + d[None, :], out.to(Out.dtype.element_ty),
+                 mask=gmask[:, None])
+    else:  # unnormalised partial, its max (log2 units) and sum; an empty split stores (0, -inf, 0)
+        tl.store(Out + b * s_ob + head[:, None] * s_oh + split * s_op + d[None, :], acc, mask=gmask[:, None])
+        tl.store(Mx + b * s_mb + head * s_mh + split, m_i, mask=gmask)
+        tl.store(Sm + b * s_mb + head * s_mh + split, l_i, mask=gmask)
 
 
-def paged_decode_triton(q_BND, k_cache, v_cache, block_tables_BM, context_lens_B, scale, block_n: int = 64):
+@triton.jit
+def _merge_splits_kernel(Part, Mx, Sm, Out, s_pb, s_ph, s_pp, s_mb, s_mh, s_ob, s_oh,
+                         D: tl.constexpr, SPLITS: tl.constexpr, SPLITS_PAD: tl.constexpr):
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    sp = tl.arange(0, SPLITS_PAD)
+    d = tl.arange(0, D)
+    live = sp < SPLITS
+    m = tl.load(Mx + b * s_mb + h * s_mh + sp, mask=live, other=float("-inf"))
+    l_s = tl.load(Sm + b * s_mb + h * s_mh + sp, mask=live, other=0.0)
+    m_all = tl.max(m, 0)  # finite: the first split always holds a token
+    w = tl.exp2(m - m_all)  # 0 for empty splits
+    part = tl.load(Part + b * s_pb + h * s_ph + sp[:, None] * s_pp + d[None, :], mask=live[:, None], other=0.0)
+    out = tl.sum(part * w[:, None], 0) / tl.sum(l_s * w, 0)
+    tl.store(Out + b * s_ob + h * s_oh + d, out.to(Out.dtype.element_ty))
+
+
+@functools.lru_cache(maxsize=8)
+def _num_sms(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def decode_splits(batch: int, kv_heads: int, max_context: int, num_sms: int, block_n: int = 64) -> int:
+    """Context splits per (sequence, kv head): enough programs to fill every SM about twice, each split at least
+    MIN_SPLIT_TOKENS of the longest possible context; 1 when the batch alone fills the GPU."""
+    want = -(-2 * num_sms // max(1, batch * kv_heads))
+    most = max(1, max_context // max(MIN_SPLIT_TOKENS, block_n))
+    return int(max(1, min(want, most)))
+
+
+def paged_decode_triton(q_BND, k_cache, v_cache, block_tables_BM, context_lens_B, scale, block_n: int = 64,
+                        num_splits: int | None = None):
+    """Attention of one query per sequence over its paged K/V. num_splits: context splits (None: decode_splits
+    for this batch and the block table's capacity)."""
     B, N, D = q_BND.shape
     page, K = k_cache.shape[1], k_cache.shape[2]
     if k_cache.stride(3) != 1 or q_BND.stride(2) != 1 or D & (D - 1):
         raise ValueError(f"paged_decode_triton needs contiguous head_dim (a power of two), got D={D}")
     group = N // K
-    out = torch.empty_like(q_BND)
     bt = block_tables_BM.contiguous()
-    _paged_decode_kernel[(B, K)](
-        q_BND, k_cache, v_cache, out, bt, context_lens_B, scale * 1.4426950408889634,
+    if num_splits is None:
+        num_splits = decode_splits(B, K, bt.shape[1] * page, _num_sms(q_BND.device.index or 0), block_n)
+    out = torch.empty_like(q_BND)
+    if num_splits > 1:
+        part = torch.empty(B, N, num_splits, D, dtype=torch.float32, device=q_BND.device)
+        mx = torch.empty(B, N, num_splits, dtype=torch.float32, device=q_BND.device)
+        sm = torch.empty_like(mx)
+        dst, s_op, s_mb, s_mh = part, part.stride(2), mx.stride(0), mx.stride(1)
+    else:
+        mx = sm = out  # unused by the single-pass kernel
+        dst, s_op, s_mb, s_mh = out, 0, 0, 0
+    _paged_decode_kernel[(B, K, num_splits)](
+        q_BND, k_cache, v_cache, dst, mx, sm, bt, context_lens_B, scale * 1.4426950408889634,
         q_BND.stride(0), q_BND.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        bt.stride(0), out.stride(0), out.stride(1),
+        bt.stride(0), dst.stride(0), dst.stride(1), s_op, s_mb, s_mh,
         GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), D=D, PAGE=page, BLOCK_N=block_n,
-        PRECISION="ieee" if q_BND.dtype == torch.float32 else "tf32",
+        SPLITS=num_splits, PRECISION="ieee" if q_BND.dtype == torch.float32 else "tf32",
         num_warps=4, num_stages=2,
     )
+    if num_splits > 1:
+        _merge_splits_kernel[(B, N)](part, mx, sm, out, part.stride(0), part.stride(1), part.stride(2),
+                                     mx.stride(0), mx.stride(1), out.stride(0), out.stride(1),
+                                     D=D, SPLITS=num_splits, SPLITS_PAD=triton.next_power_of_2(num_splits),
+                                     num_warps=4)
     return out

@@ -11,6 +11,10 @@ divide by the noise, two argmaxes — about 1 ms a step at B=256, V=152k):
   the raw log_softmax; sampled rows get log_softmax(logits/T)[token] over the full vocabulary, as
   the sampler module's docstring defines.
 - Only for rows without top-k/top-p; the caller (sampler.sample) falls back to torch otherwise.
+- With few rows (the tail of a rollout) one program per row would stream 152k logits alone while the other SMs
+  idle: the vocabulary is then split into `vocab_splits` chunks, one program each, which store their chunk's
+  max, rescaled sum and best race key; a second kernel merges them per row (logsumexp of the parts; the first
+  chunk holding the largest key wins ties, as torch.argmax's first index does).
 
 Shape legend: B rows, V vocab.
 """
@@ -23,8 +27,10 @@ import triton.language as tl
 
 
 @triton.jit
-def _sample_kernel(L, E, T, TOK, LP, s_l, s_e, V: tl.constexpr, BLOCK: tl.constexpr, HAS_NOISE: tl.constexpr):
+def _sample_kernel(L, E, T, TOK, LP, PM, PS, PB, PI, s_l, s_e, V: tl.constexpr, CHUNK: tl.constexpr,
+                   SPLITS: tl.constexpr, BLOCK: tl.constexpr, HAS_NOISE: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
+    part = tl.program_id(1)
     temp = tl.load(T + row).to(tl.float32)
     greedy = temp <= 0
     t = tl.where(greedy, 1.0, temp)
@@ -33,7 +39,8 @@ def _sample_kernel(L, E, T, TOK, LP, s_l, s_e, V: tl.constexpr, BLOCK: tl.conste
     s = tl.sum(tl.zeros([BLOCK], tl.float32), 0)
     best = m
     best_i = tl.sum(tl.zeros([BLOCK], tl.int64), 0)
-    for start in range(0, V, BLOCK):
+    lo = part * CHUNK
+    for start in range(lo, tl.minimum(lo + CHUNK, V), BLOCK):
         idx = start + cols
         mask = idx < V
         z = tl.load(L + row * s_l + idx, mask=mask, other=float("-inf")).to(tl.float32) / t
@@ -51,13 +58,45 @@ def _sample_kernel(L, E, T, TOK, LP, s_l, s_e, V: tl.constexpr, BLOCK: tl.conste
         take = cb > best
         best_i = tl.where(take, start + ci, best_i)
         best = tl.maximum(best, cb)
+    if SPLITS == 1:
+        zt = tl.load(L + row * s_l + best_i).to(tl.float32) / t
+        tl.store(TOK + row, best_i)
+        tl.store(LP + row, zt - (m + tl.log(s)))
+    else:
+        tl.store(PM + row * SPLITS + part, m)
+        tl.store(PS + row * SPLITS + part, s)
+        tl.store(PB + row * SPLITS + part, best)
+        tl.store(PI + row * SPLITS + part, best_i)
+
+
+@triton.jit
+def _merge_kernel(L, T, TOK, LP, PM, PS, PB, PI, s_l, SPLITS: tl.constexpr, SPLITS_PAD: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    temp = tl.load(T + row).to(tl.float32)
+    t = tl.where(temp <= 0, 1.0, temp)
+    p = tl.arange(0, SPLITS_PAD)
+    live = p < SPLITS
+    m = tl.load(PM + row * SPLITS + p, mask=live, other=float("-inf"))
+    s = tl.load(PS + row * SPLITS + p, mask=live, other=0.0)
+    key = tl.load(PB + row * SPLITS + p, mask=live, other=float("-inf"))
+    m_all = tl.max(m, 0)
+    lse = m_all + tl.log(tl.sum(s * tl.exp(m - m_all), 0))
+    best_i = tl.load(PI + row * SPLITS + tl.argmax(key, 0))
     zt = tl.load(L + row * s_l + best_i).to(tl.float32) / t
     tl.store(TOK + row, best_i)
-    tl.store(LP + row, zt - (m + tl.log(s)))
+    tl.store(LP + row, zt - lse)
 
 
-def sample_plain(logits_BV, temperature_B, generator=None, all_greedy: bool = False, block: int = 2048):
-    """-> (tokens [B] int64, log-probs [B] fp32) for rows without top-k/top-p."""
+def vocab_splits(rows: int, vocab: int, num_sms: int, min_chunk: int = 8192) -> int:
+    """Vocabulary chunks per row: enough programs to fill every SM about twice, each chunk at least min_chunk."""
+    want = -(-2 * num_sms // max(1, rows))
+    return int(max(1, min(want, vocab // min_chunk)))
+
+
+def sample_plain(logits_BV, temperature_B, generator=None, all_greedy: bool = False, block: int = 2048,
+                 splits: int | None = None):
+    """-> (tokens [B] int64, log-probs [B] fp32) for rows without top-k/top-p. splits: vocabulary chunks per row
+    (None: vocab_splits for this batch on this GPU)."""
     B, V = logits_BV.shape
     if logits_BV.stride(1) != 1:
         logits_BV = logits_BV.contiguous()
@@ -68,7 +107,20 @@ def sample_plain(logits_BV, temperature_B, generator=None, all_greedy: bool = Fa
                                                                                               generator=generator)
     tokens = torch.empty(B, dtype=torch.int64, device=logits_BV.device)
     logprobs = torch.empty(B, dtype=torch.float32, device=logits_BV.device)
-    if B:
-        _sample_kernel[(B,)](logits_BV, noise, temperature_B.float().contiguous(), tokens, logprobs,
-                             logits_BV.stride(0), noise.stride(0), V, BLOCK=block, HAS_NOISE=not all_greedy, num_warps=8)
+    if not B:
+        return tokens, logprobs
+    if splits is None:
+        splits = vocab_splits(B, V, torch.cuda.get_device_properties(logits_BV.device).multi_processor_count)
+    chunk = -(-V // splits)
+    chunk = -(-chunk // block) * block
+    splits = -(-V // chunk)
+    temp = temperature_B.float().contiguous()
+    parts = [torch.empty(B * splits, dtype=dt, device=logits_BV.device)
+             for dt in (torch.float32, torch.float32, torch.float32, torch.int64)] if splits > 1 else [tokens] * 4
+    _sample_kernel[(B, splits)](logits_BV, noise, temp, tokens, logprobs, *parts, logits_BV.stride(0),
+                                noise.stride(0), V, CHUNK=chunk, SPLITS=splits, BLOCK=block,
+                                HAS_NOISE=not all_greedy, num_warps=8)
+    if splits > 1:
+        _merge_kernel[(B,)](logits_BV, temp, tokens, logprobs, *parts, logits_BV.stride(0), SPLITS=splits,
+                            SPLITS_PAD=triton.next_power_of_2(splits), num_warps=1)
     return tokens, logprobs

@@ -38,6 +38,7 @@ from hybridrl.protocol import DataProto
 
 __all__ = [
     "compute_data_metrics",
+    "compute_floor_metrics",
     "compute_timing_metrics",
     "compute_throughout_metrics",
     "compute_throughput_metrics",
@@ -178,6 +179,42 @@ compute_throughput_metrics = compute_throughout_metrics
 
 
 # ---------------------------------------------------------------------------------------------- validation
+def compute_floor_metrics(batch: DataProto, timing_raw: dict[str, float], metrics: dict, plan, n_gpus: int
+                          ) -> dict[str, float]:
+    """Each phase's floor next to its time: `perf/floor_s/{phase}` (the FLOPs, or for decode the bytes, it cannot
+    avoid, over the GPUs' datasheet peak, device_peaks.py) and `perf/vs_floor/{phase}` (measured / floor).
+    Training passes count the matmul FLOPs of the tokens they run (2 x matmul params per token forward, each prompt
+    once per group with shared-prompt forwards) plus causal attention (2 x heads x head_dim x len^2 per layer);
+    the update is forward + backward (3x forward; 2x with LoRA, whose frozen base gets no weight gradient). Decode:
+    the engine's `rollout/decode_floor_s` against `rollout/decode_s`. Nothing on CPUs or unknown GPUs."""
+    from hybridrl.device_peaks import peaks_of
+
+    peaks = peaks_of(plan.device.name) if plan is not None and plan.device.type == "cuda" else None
+    if peaks is None:
+        return {}
+    shape = plan.model
+    mask = batch.batch["attention_mask"]
+    response_len = batch.batch["responses"].shape[-1]
+    prompt_tokens = mask[:, :-response_len].sum().item()
+    tokens = mask[:, -response_len:].sum().item() + (prompt_tokens / plan.layout.n if plan.share_prompts
+                                                      else prompt_tokens)
+    lens = mask.sum(-1).double()
+    forward = (2 * (shape.layers * shape.layer_params + shape.embed_params) * tokens
+               + 2 * shape.heads * shape.head_dim * shape.layers * float((lens**2).sum()))
+    flops_per_s = n_gpus * peaks.bf16_flops
+    floors = {"update_actor": forward * (2 if plan.lora_base_dtype else 3) / flops_per_s,
+              "old_log_prob": forward / flops_per_s, "ref": forward / flops_per_s}
+    out = {}
+    for phase, floor in floors.items():
+        if phase in timing_raw:
+            out[f"perf/floor_s/{phase}"] = floor
+            out[f"perf/vs_floor/{phase}"] = timing_raw[phase] / floor
+    if metrics.get("rollout/decode_floor_s"):
+        out["perf/floor_s/gen_decode"] = metrics["rollout/decode_floor_s"]
+        out["perf/vs_floor/gen_decode"] = metrics["rollout/decode_s"] / metrics["rollout/decode_floor_s"]
+    return out
+
+
 def bootstrap_metric(data: Sequence[float], subset_size: int, reduce_fns=(np.max, np.min),
                      n_bootstrap: int = 1000, seed: int = 42) -> list[tuple[float, float]]:
     """(mean, std) over `n_bootstrap` resamples (with replacement, size `subset_size`) of each reduce_fn

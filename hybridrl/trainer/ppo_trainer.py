@@ -33,6 +33,7 @@ from hybridrl.seeding import derive_seed, shuffle_seed, step_sampling_seed, vali
 from hybridrl.trainer.dynamic_sampling import GroupCollector, merge_reward_metrics, sample_metric
 from hybridrl.trainer.metrics import (
     compute_data_metrics,
+    compute_floor_metrics,
     compute_throughout_metrics,
     compute_timing_metrics,
     flatten_validation_metrics,
@@ -388,6 +389,7 @@ class RayPPOTrainer:
         metrics.update(compute_data_metrics(batch, use_critic=self.use_critic))
         metrics.update(compute_timing_metrics(batch, timing))
         metrics.update(compute_throughout_metrics(batch, timing, self.n_gpus))
+        metrics.update(compute_floor_metrics(batch, timing, metrics, self.plan, self.n_gpus))
         return metrics
 
     # ------------------------------------------------------------------ loop

@@ -100,11 +100,12 @@ class ActorRolloutRefWorker(Worker):
         # Ulysses SP: the ranks of an SP group are one data-parallel rank of the actor, all fed the same rows
         *dispatch, self.sp_group = build_sp_group(self.compute_device.type, world, par.actor_sp, "actor")
         self.set_dispatch_info("actor", *dispatch)
-        packed = bool(cfg.model.use_remove_padding)
+        packed = self.plan.remove_padding
         share = self.plan.share_prompts   # shared-prompt forwards are packed ones: the varlen attention runs them
 
         if self._has_actor:
-            actor_cfg = per_rank_section(cfg.actor, self.plan.layout.ppo_mini_batch_per_gpu, self.plan.actor_micro)
+            actor_cfg = per_rank_section(cfg.actor, self.plan.layout.ppo_mini_batch_per_gpu, self.plan.actor_micro,
+                                         self.plan.actor_max_tokens)
             self.actor_module, self.optimizer, self.scheduler = build_fsdp_model(
                 cfg.model, cfg.actor.fsdp_config, cfg.actor.optim, self.device_mesh, self.compute_device, trainable=True,
                 lora_base_dtype=self.plan.lora_base_dtype, fused_optimizer=self.plan.fused_optimizer,
@@ -166,7 +167,8 @@ class ActorRolloutRefWorker(Worker):
             rcfg, model_path=os.path.expanduser(cfg.model.path), device=self.compute_device, dtype=dtype,
             tp_group=self.rollout_mesh.get_group("infer_tp") if tp > 1 else None,
             actor_module=self.actor_module, num_kv_blocks=self.plan.kv_blocks,
-            max_num_seqs=self.plan.engine_max_num_seqs)
+            max_num_seqs=self.plan.engine_max_num_seqs, max_num_batched_tokens=self.plan.engine_max_num_batched_tokens,
+            async_scheduling=self.plan.engine_async_scheduling)
         self.tool_agent = build_tool_agent(self.config, getattr(self.engine, "eos_token_ids", ()))
         self.hybrid = HybridEngine(
             self.actor_module, self.optimizer, self.engine, device=self.compute_device, dtype=dtype,
@@ -202,14 +204,14 @@ class ActorRolloutRefWorker(Worker):
 
     # ------------------------------------------------------------------ log-probs
     def _log_prob_meta(self, data: DataProto, section: str) -> DataProto:
-        """meta_info for a log-prob pass (rollout: old log-probs, ref: reference): its sizes from the plan, its
-        dynamic-batch keys from its config section."""
-        sec = self.config.actor_rollout_ref[section]
+        """meta_info for a log-prob pass (rollout: old log-probs, ref: reference): its micro-batch rows or token
+        budget from the plan."""
         old = section == "rollout"
         data.meta_info.setdefault("temperature", float(self.config.actor_rollout_ref.rollout.temperature))
-        data.meta_info["micro_batch_size"] = self.plan.log_prob_micro if old else self.plan.ref_log_prob_micro
-        data.meta_info["use_dynamic_bsz"] = bool(sec.log_prob_use_dynamic_bsz)
-        data.meta_info["max_token_len"] = int(sec.log_prob_max_token_len_per_gpu)
+        micro = self.plan.log_prob_micro if old else self.plan.ref_log_prob_micro
+        data.meta_info["micro_batch_size"] = micro
+        data.meta_info["use_dynamic_bsz"] = micro is None
+        data.meta_info["max_token_len"] = self.plan.log_prob_max_tokens if old else self.plan.ref_log_prob_max_tokens
         data.meta_info["unshard_once"] = (self.plan.log_prob_unshard_once if old
                                           else self.plan.ref_log_prob_unshard_once)
         return data

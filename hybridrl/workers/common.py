@@ -38,13 +38,17 @@ def build_sp_group(device_type: str, world: int, sp: int, name: str):
     return rank // sp, world // sp, rank % sp == 0, mesh.get_group("sp")
 
 
-def per_rank_section(section: DictConfig, mini_batch_rows: int, micro_batch: int | None) -> DictConfig:
+def per_rank_section(section: DictConfig, mini_batch_rows: int, micro_batch: int | None,
+                     max_tokens: int | None) -> DictConfig:
     """A copy of an actor/critic config section with the plan's per-rank sizes: `ppo_mini_batch_size` in rows per
-    rank (verl's global prompts x n / dp) and `ppo_micro_batch_size_per_gpu` (None: dynamic batch size)."""
+    rank (verl's global prompts x n / dp), `ppo_micro_batch_size_per_gpu` and, for token-budgeted micro-batches
+    (micro_batch None), `use_dynamic_bsz` and `ppo_max_token_len_per_gpu`."""
     section = copy.deepcopy(section)
     with open_dict(section):
         section.ppo_mini_batch_size = mini_batch_rows
         section.ppo_micro_batch_size_per_gpu = micro_batch
+        section.use_dynamic_bsz = micro_batch is None
+        section.ppo_max_token_len_per_gpu = max_tokens
     return section
 
 

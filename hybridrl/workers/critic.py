@@ -40,11 +40,13 @@ class CriticWorker(Worker):
             c.model, c.model.fsdp_config, c.optim, self.mesh, self.compute_device, trainable=True, critic=True,
             fused_optimizer=self.plan.fused_optimizer, gradient_checkpointing=self.plan.critic_gradient_checkpointing,
             recompute_kept_layers=self.plan.critic_recompute_kept_layers,
-            use_varlen_attention=bool(c.model.use_remove_padding) or self.plan.critic_share_prompts)
-        cfg = per_rank_section(c, self.plan.layout.critic_mini_batch_per_gpu, self.plan.critic_micro)
+            use_varlen_attention=self.plan.critic_remove_padding or self.plan.critic_share_prompts)
+        cfg = per_rank_section(c, self.plan.layout.critic_mini_batch_per_gpu, self.plan.critic_micro,
+                               self.plan.critic_max_tokens)
         from hybridrl.training.critic import DataParallelPPOCritic
 
         self.critic = DataParallelPPOCritic(cfg, self.module, self.optimizer, self.scheduler, sp_group=sp_group,
+                                            use_remove_padding=self.plan.critic_remove_padding,
                                             share_prompts=self.plan.critic_share_prompts)
         self._param_offload = bool(c.model.fsdp_config.param_offload)
         self._optimizer_offload = bool(c.model.fsdp_config.optimizer_offload)
@@ -72,8 +74,8 @@ class CriticWorker(Worker):
     def compute_values(self, data: DataProto) -> DataProto:
         metrics: dict = {}
         data.meta_info["micro_batch_size"] = self.plan.critic_forward_micro
-        data.meta_info["use_dynamic_bsz"] = bool(self.config.critic.use_dynamic_bsz)
-        data.meta_info["max_token_len"] = int(self.config.critic.ppo_max_token_len_per_gpu)
+        data.meta_info["use_dynamic_bsz"] = self.plan.critic_forward_micro is None
+        data.meta_info["max_token_len"] = self.plan.critic_forward_max_tokens
         data.meta_info["unshard_once"] = self.plan.critic_forward_unshard_once
         with track_phase("values", metrics, self.compute_device):
             self._load(params=self._param_offload, optimizer=False)

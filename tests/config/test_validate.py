@@ -41,17 +41,19 @@ BAD = [
     (["data.val_batch_size=big"], "data.val_batch_size", "must be int"),
     ([f"{R}.n=0"], f"{R}.n", "must be > 0"),
     ([f"{A}.fsdp_config.fsdp_size=4"], f"{A}.fsdp_config.fsdp_size", "divisor"),
-    ([f"{A}.ulysses_sequence_parallel_size=4"], f"{A}.ulysses_sequence_parallel_size", "use_remove_padding"),
+    ([f"{A}.ulysses_sequence_parallel_size=4", "actor_rollout_ref.model.use_remove_padding=false"],
+     f"{A}.ulysses_sequence_parallel_size", "use_remove_padding"),
     ([f"{A}.ulysses_sequence_parallel_size=4", "actor_rollout_ref.model.use_remove_padding=true"],
      f"{A}.ulysses_sequence_parallel_size", "must divide the world size"),
-    (["algorithm.adv_estimator=gae", "critic.ulysses_sequence_parallel_size=2"], "critic.ulysses_sequence_parallel_size",
+    (["algorithm.adv_estimator=gae", "critic.ulysses_sequence_parallel_size=2", "critic.model.use_remove_padding=false"], "critic.ulysses_sequence_parallel_size",
      "critic.model.use_remove_padding"),
     (["critic.ulysses_sequence_parallel_size=0"], "critic.ulysses_sequence_parallel_size", "must be > 0"),
     (["reward_model.enable=true"], "reward_model.model.path", "is null"),
     ([f"{A}.use_dynamic_bsz=true", f"{A}.ppo_max_token_len_per_gpu=100"], f"{A}.ppo_max_token_len_per_gpu", "1024"),
     (["algorithm.adv_estimator=gae", "critic.ppo_micro_batch_size_per_gpu=7"], "critic.ppo_micro_batch_size_per_gpu",
      "divisible"),
-    ([f"{R}.log_prob_micro_batch_size_per_gpu=null"], f"{R}.log_prob_micro_batch_size_per_gpu", "is null"),
+    ([f"{R}.log_prob_micro_batch_size_per_gpu=null", f"{R}.log_prob_use_dynamic_bsz=false"],
+     f"{R}.log_prob_micro_batch_size_per_gpu", "is null"),
 ]
 
 

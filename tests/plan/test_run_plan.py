@@ -13,7 +13,10 @@ A, R = "actor_rollout_ref.actor", "actor_rollout_ref.rollout"
 H200 = DeviceSpec("cuda", "H200", int(139.8 * GiB))
 STEP = ["data.train_batch_size=64", f"{R}.n=8", f"{A}.ppo_mini_batch_size=64", "data.max_prompt_length=256",
         "data.max_response_length=256", "trainer.n_gpus_per_node=1",
-        f"{A}.use_prefix_grouper=false"]   # the tests below without shared prompts: the rows' whole lengths
+        f"{A}.use_prefix_grouper=false",   # the tests below without shared prompts: the rows' whole lengths
+        # ... and with micro-batches of fixed rows (token budgets: test_token_budgets_*)
+        f"{A}.use_dynamic_bsz=false", f"{R}.log_prob_use_dynamic_bsz=false",
+        "actor_rollout_ref.ref.log_prob_use_dynamic_bsz=false"]
 
 
 def qwen(hidden, inter, layers, heads, kv, tied):
@@ -382,3 +385,25 @@ def test_prefix_grouper_true_with_ulysses_is_refused_naming_both_keys():
         plan([*sp, f"{A}.use_prefix_grouper=true"])
     with pytest.raises(ConfigError, match="use_prefix_grouper' = 'sometimes'"):
         plan([f"{A}.use_prefix_grouper=sometimes"])
+
+
+def test_token_budgets_are_the_default_on_gpus_and_explicit_rows_keep_their_meaning():
+    dyn = ["actor_rollout_ref.actor.use_dynamic_bsz=auto", f"{R}.log_prob_use_dynamic_bsz=auto",
+           "actor_rollout_ref.ref.log_prob_use_dynamic_bsz=auto", f"{A}.use_kl_loss=true"]
+    long = plan([*dyn, "data.max_response_length=4096", f"{A}.old_log_prob_pass=true"])
+    assert long.actor_micro is None and long.log_prob_micro is None and long.ref_log_prob_micro is None
+    assert (long.actor_max_tokens, long.log_prob_max_tokens, long.ref_log_prob_max_tokens) == (16384, 32768, 32768)
+    assert long.remove_padding and long.engine_max_num_batched_tokens == 8192   # rollout.max_num_batched_tokens
+    assert "update <= 16384 tokens" in str(long) and "packed" in str(long)
+    # a budget is never below the longest sequence: one must fit a micro-batch
+    very_long = plan([*dyn, "data.max_response_length=20000"])
+    assert very_long.actor_max_tokens == 20256 and very_long.engine_max_num_batched_tokens == 20256
+    # an explicit micro-batch size keeps verl's fixed rows; so does the CPU (the padded reference)
+    rows = plan([*dyn, f"{A}.ppo_micro_batch_size_per_gpu=4"])
+    assert rows.actor_micro == 4 and rows.actor_max_tokens is None and rows.log_prob_micro is None
+    cpu = plan(dyn, device=DeviceSpec("cpu", "cpu", None))
+    assert cpu.actor_max_tokens is None and cpu.actor_micro is not None and not cpu.remove_padding
+    # an explicit budget is kept, or refused naming the key when its phase cannot fit
+    assert plan([*dyn, f"{A}.ppo_max_token_len_per_gpu=9000"]).actor_max_tokens == 9000
+    with pytest.raises(ConfigError, match="ppo_max_token_len_per_gpu' = 4000000"):
+        plan([*dyn, f"{A}.ppo_max_token_len_per_gpu=4000000", f"{A}.use_dynamic_bsz=true"], hf=Q7)

@@ -1,5 +1,7 @@
 """Native engine vs HF on tiny random models (fp32, CPU)."""
 
+import time
+
 import pytest
 import torch
 import transformers
@@ -142,3 +144,34 @@ def test_kv_budget_charges_only_the_engine_to_gpu_memory_utilization():
     empty_gpu = kv_budget_bytes(0.5, total, total, weights, reserve)
     assert empty_gpu == int(0.5 * total) - weights - reserve           # bounded by the engine's share
     assert kv_budget_bytes(0.1, total, total, weights, reserve) < 0    # weights alone exceed the share
+
+
+def test_stats_describe_each_call_and_the_tail():
+    """Counters restart with every generate call (a step's rollout metrics are that step's), and the tail clock
+    sees the sequences finishing: with one long straggler most of the decode time has few sequences running."""
+    from hybridrl.rollout.engine import TAIL_FRACTION, _TailClock
+
+    engine = make_engine(tiny_hf_model("qwen2"))
+    params = SamplingParams(n=2, temperature=0, max_tokens=12, ignore_eos=True)
+    engine.generate([[1, 2, 3], [4, 5]], params)
+    first = dict(engine.stats)
+    engine.generate([[1, 2, 3], [4, 5]], params)
+    assert engine.stats["num_decode_steps"] == first["num_decode_steps"] == 11
+    assert engine.stats["generated_tokens"] == first["generated_tokens"] == 4 * 12
+    assert engine.stats["running_seqs_mean"] == pytest.approx(4.0)   # all four run to the end together
+    assert engine.stats["tail_time_frac"] == 0.0
+    assert "decode_floor_s" not in engine.stats                     # no floor off the GPU
+
+    class Batch:  # a decode step of `running` sequences with 100-token contexts
+        def __init__(self, running):
+            self.is_prefill, self.seqs = False, [[0] * 100] * running
+
+    clock = _TailClock(20, step_floor_s=lambda context: context * 1e-6)
+    clock.start -= 0.06  # the call's wall time: the six 10 ms steps below
+    for running in (20, 20, 1, 1, 1, 1):
+        clock.step(Batch(running), time.perf_counter() - 0.01)  # each step took 10 ms
+    stats = clock.stats()
+    assert 1 < 20 * TAIL_FRACTION
+    assert stats["tail_time_frac"] == pytest.approx(4 / 6, rel=0.1)
+    assert stats["running_seqs_mean"] == pytest.approx(44 / 6, rel=0.1)
+    assert stats["decode_floor_s"] == pytest.approx((2 * 20 + 4) * 100 * 1e-6)

@@ -12,19 +12,34 @@ pytestmark = pytest.mark.gpu
 
 
 @pytest.mark.parametrize("N,K,D", [(28, 4, 128), (14, 2, 64), (16, 16, 128), (12, 2, 128)])
-def test_triton_paged_decode_matches_reference_bf16(N, K, D):
+@pytest.mark.parametrize("B,max_len,splits", [(37, 600, 1), (37, 600, None), (3, 5000, None), (3, 5000, 7)])
+def test_triton_paged_decode_matches_reference_bf16(N, K, D, B, max_len, splits):
+    """Single-pass and split-context kernels against the torch reference; lengths from 1 token (only the first
+    split holds anything) to beyond a split's share."""
     from hybridrl.rollout.triton_decode import paged_decode_triton
 
     torch.manual_seed(0)
-    B, page, NB = 37, 16, 1500
+    page = 16
+    width = -(-max_len // page)
+    NB = B * width + 10
     q = torch.randn(B, N, D, device="cuda", dtype=torch.bfloat16)
     kc = torch.randn(NB, page, K, D, device="cuda", dtype=torch.bfloat16)
     vc = torch.randn(NB, page, K, D, device="cuda", dtype=torch.bfloat16)
-    lens = torch.randint(1, 600, (B,), device="cuda", dtype=torch.int32)
-    tables = torch.randperm(NB, device="cuda")[: B * 38].view(B, 38).to(torch.int32)
+    lens = torch.randint(1, max_len, (B,), device="cuda", dtype=torch.int32)
+    lens[0] = 1
+    tables = torch.randperm(NB, device="cuda")[: B * width].view(B, width).to(torch.int32)
     ref = paged_decode_reference(q, kc, vc, tables, lens, D**-0.5)
-    got = paged_decode_triton(q, kc, vc, tables, lens, D**-0.5)
+    got = paged_decode_triton(q, kc, vc, tables, lens, D**-0.5, num_splits=splits)
     torch.testing.assert_close(got.float(), ref.float(), atol=2e-2, rtol=2e-2)
+
+
+def test_decode_splits_fill_the_gpu_and_respect_the_minimum_split():
+    from hybridrl.rollout.triton_decode import MIN_SPLIT_TOKENS, decode_splits
+
+    assert decode_splits(256, 2, 4096, 132) == 1            # 512 programs already fill 132 SMs
+    assert decode_splits(4, 2, 4096, 132) == 4096 // MIN_SPLIT_TOKENS
+    assert decode_splits(4, 2, 65536, 132) == 33            # 2 x 132 programs
+    assert decode_splits(1, 1, 100, 132) == 1               # too short to split
 
 
 @pytest.mark.parametrize("enforce_eager,async_scheduling", [(True, False), (False, False), (False, True)])
@@ -108,6 +123,24 @@ def test_fused_decoder_ops_match_torch_bf16():
     gu = torch.randn(T, 2 * 4864, device=dev, dtype=dt)
     g, u = gu.chunk(2, -1)
     torch.testing.assert_close(fused.silu_mul(gu), F.silu(g) * u, atol=0, rtol=8e-3)
+
+
+@pytest.mark.parametrize("B", [1, 3, 64])
+def test_triton_sampler_vocab_splits_give_the_single_pass_samples(B):
+    """Splitting the vocabulary over programs changes only the reduction order: the same noise gives the same
+    tokens, and the log-probs agree to fp32 rounding (greedy rows too)."""
+    from hybridrl.rollout.triton_sample import sample_plain
+
+    torch.manual_seed(1)
+    V = 151936
+    logits = (torch.randn(B, V, device="cuda") * 3).to(torch.bfloat16)
+    temp = torch.rand(B, device="cuda") + 0.3
+    temp[0] = 0
+    one_tok, one_lp = sample_plain(logits, temp, torch.Generator("cuda").manual_seed(3), splits=1)
+    for splits in (None, 5, 19):
+        tok, lp = sample_plain(logits, temp, torch.Generator("cuda").manual_seed(3), splits=splits)
+        assert torch.equal(tok, one_tok), splits
+        torch.testing.assert_close(lp, one_lp, atol=1e-5, rtol=1e-5)
 
 
 def test_triton_plain_sampler_matches_torch_sampler():

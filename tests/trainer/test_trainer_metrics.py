@@ -188,3 +188,30 @@ def test_multi_turn_stats_metrics_by_hand():
     assert m["multi_turn/tool_calls"] == 3 and m["multi_turn/tool_errors"] == 1
     assert m["multi_turn/tool_time_s"] == 0.75 and m["multi_turn/tool_time_s_max"] == 0.5
     assert m["multi_turn/cut_by_turns"] == 1 and m["multi_turn/cut_by_length"] == 1
+
+
+def test_floor_metrics_put_each_phase_next_to_its_flop_or_byte_floor():
+    from hybridrl.device_peaks import peaks_of
+    from hybridrl.plan.model_shape import ModelShape
+    from hybridrl.trainer.metrics import compute_floor_metrics
+
+    assert peaks_of("NVIDIA H200").hbm_bytes_per_s == 4.8e12 and peaks_of("NVIDIA H100 80GB HBM3").bf16_flops == 989e12
+    assert peaks_of("NVIDIA A100-SXM4-80GB").hbm_bytes_per_s == 2.039e12 and peaks_of("Some GPU") is None
+    shape = ModelShape(layers=2, hidden=64, intermediate=128, heads=4, kv_heads=2, head_dim=16, vocab=100, tied=True,
+                       qkv_bias=False)
+    mask = torch.ones(4, 10, dtype=torch.long)
+    mask[:, 6:] = torch.tensor([[1, 1, 0, 0], [1, 0, 0, 0], [1, 1, 1, 1], [1, 1, 1, 0]])  # responses 2, 1, 4, 3
+    batch = DataProto({"attention_mask": mask, "responses": torch.zeros(4, 4, dtype=torch.long)})
+    plan = SimpleNamespace(device=SimpleNamespace(type="cuda", name="NVIDIA H200"), model=shape, share_prompts=True,
+                           layout=SimpleNamespace(n=2), lora_base_dtype=None)
+    timing = {"update_actor": 1.0, "ref": 0.5}
+    out = compute_floor_metrics(batch, timing, {"rollout/decode_floor_s": 0.2, "rollout/decode_s": 0.8}, plan, 1)
+    tokens = 10 + 24 / 2   # responses, then each prompt once for its 2 samples
+    lens = mask.sum(-1).double()
+    forward = 2 * (2 * shape.layer_params + shape.embed_params) * tokens + 2 * 64 * 2 * float((lens**2).sum())
+    assert out["perf/floor_s/update_actor"] == pytest.approx(3 * forward / 989e12)
+    assert out["perf/vs_floor/ref"] == pytest.approx(0.5 / (forward / 989e12))
+    assert out["perf/vs_floor/gen_decode"] == pytest.approx(4.0)
+    assert "perf/floor_s/old_log_prob" not in out  # no such phase ran
+    plan.device = SimpleNamespace(type="cpu", name="cpu")
+    assert compute_floor_metrics(batch, timing, {}, plan, 1) == {}

@@ -1,0 +1,40 @@
+"""Datasheet peaks of the GPUs runs are planned for: HBM bandwidth and dense bf16 matrix throughput, the
+denominators of each phase's floor (bytes or FLOPs a phase cannot avoid, over the device's peak).
+
+Choices:
+- Vendor datasheet figures (dense, no sparsity), looked up by the name torch reports; a floor from them is a
+  lower bound the measured time is compared with, never a prediction. Measured ceilings are lower (an H200 copies
+  at ~4.25 TB/s and multiplies bf16 at ~780 TFLOP/s in benchmarks/decode_floor.py), so "1.5x the floor" is a
+  datasheet-relative margin.
+- Unknown devices (and the CPU) have no peaks: callers then log no floor rather than a guessed one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class DevicePeaks:
+    hbm_bytes_per_s: float
+    bf16_flops: float
+
+
+_PEAKS = (  # (name fragment, lower case, most specific first) -> peaks
+    ("h200", DevicePeaks(4.8e12, 989e12)),
+    ("h100 pcie", DevicePeaks(2.0e12, 756e12)),
+    ("h100", DevicePeaks(3.35e12, 989e12)),
+    ("h800", DevicePeaks(3.35e12, 989e12)),
+    ("b200", DevicePeaks(8.0e12, 2250e12)),
+    ("a100-sxm4-80gb", DevicePeaks(2.039e12, 312e12)),
+    ("a100 80gb pcie", DevicePeaks(1.935e12, 312e12)),
+    ("a100", DevicePeaks(1.555e12, 312e12)),
+    ("a800", DevicePeaks(2.039e12, 312e12)),
+    ("l40s", DevicePeaks(0.864e12, 362e12)),
+)
+
+
+def peaks_of(device_name: str | None) -> DevicePeaks | None:
+    """The datasheet peaks of a GPU named as torch.cuda.get_device_name() names it, or None if unknown."""
+    name = (device_name or "").lower()
+    return next((p for key, p in _PEAKS if key in name), None)
