@@ -197,16 +197,20 @@ class RayPPOTrainer:
 
     # ------------------------------------------------------------------ checkpoints
     def save_checkpoint(self):
+        """Save this step's checkpoint; a failed save removes its temporary directory and raises
+        CheckpointSaveError naming the cause (checkpoint_manager.CheckpointManager.abort)."""
         step = self.global_steps
-        tmp = Path(self.ckpt.begin(step))
-        self.actor_rollout_wg.save_checkpoint(str(tmp / "actor"))
-        if self.use_critic:
-            self.critic_wg.save_checkpoint(str(tmp / "critic"))
-        state = {"global_step": step, "dataloader": self.train_loader.state_dict(),
-                 "kl_coef": self.kl_ctrl.value if self.kl_ctrl else None}
-        (tmp / "trainer_state.json").write_text(json.dumps(state))
-        save_resolved_config(tmp, self.config)  # compared with the config of a run that resumes from it
-        self.ckpt.commit(step)
+
+        def write(tmp: Path) -> None:
+            self.actor_rollout_wg.save_checkpoint(str(tmp / "actor"))
+            if self.use_critic:
+                self.critic_wg.save_checkpoint(str(tmp / "critic"))
+            state = {"global_step": step, "dataloader": self.train_loader.state_dict(),
+                     "kl_coef": self.kl_ctrl.value if self.kl_ctrl else None}
+            (tmp / "trainer_state.json").write_text(json.dumps(state))
+            save_resolved_config(tmp, self.config)  # compared with the config of a run that resumes from it
+
+        self.ckpt.save(step, write)
 
     def load_checkpoint(self) -> int:
         t = self.config.trainer
