@@ -14,7 +14,7 @@ Choices:
 - Overlong prompts: `filter_overlong_prompts=True` drops them and counts them (`num_filtered`, logged);
   otherwise `truncation` decides: error (ValueError naming the row) | left (keep the end) | right (keep the
   start); truncated rows are counted in `num_truncated`. Both counts are logged as `data/filtered_prompts` and
-  `data/truncated_prompts` (`dataset_metrics`, at step 0) and reported in the run summary.
+  `data/truncated_prompts` (`dataset_metrics`, with the run's first logged record) and reported in the run summary.
 - Rows are left-padded to max_prompt_length with pad_token_id; position_ids = cumsum(mask) - 1 clipped at 0
   (docs/CONTRACTS.md).
 """

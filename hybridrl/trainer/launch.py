@@ -247,11 +247,10 @@ def _run_ppo_claimed(config: DictConfig, cleanup: contextlib.ExitStack) -> dict:
     tracker = Tracking(t.project_name, t.experiment_name, _loggers(config), config=config, log_dir=str(log_dir))
     # one directory per step holds actor and critic: validation refuses a different max_critic_ckpt_to_keep
     ckpt = CheckpointManager(str(run_dir), max_to_keep=t.max_actor_ckpt_to_keep)
-    tracker.log(dataset_metrics(train_set), step=0)
     timeline = MemoryTimeline()
     trainer = RayPPOTrainer(config, tokenizer, actor_wg, critic_wg, reward_fn, val_reward_fn, loader, val_set,
                             tracker, ckpt, n_gpus=world, memory_timeline=timeline, plan=plan,
-                            reward_model=reward_model)
+                            reward_model=reward_model, startup_metrics=dataset_metrics(train_set))
     t0 = time.time()
     try:
         history = trainer.fit()

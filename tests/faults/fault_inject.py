@@ -143,6 +143,9 @@ class FakeLoader:
     def __len__(self):
         return 10
 
+    def __iter__(self):  # placeholder batches, for a fit() whose train_step is stubbed
+        return iter([None] * len(self))
+
     def state_dict(self):
         return dict(self.state)
 
