@@ -18,8 +18,8 @@ import sys, time
 sys.path.insert(0, {repo!r})
 from hybridrl.trainer import main_ppo
 def run(config):
-    print("running", flush=True)
-    try:
+    try:  # "running" inside: the signal may come the instant it is read
+        print("running", flush=True)
         time.sleep(60)
     finally:
         print("cleanup ran", flush=True)
@@ -35,8 +35,9 @@ def _stop_driver(run_dir: Path, signum: int) -> subprocess.CompletedProcess:
     while proc.stdout.readline().strip() != "running":
         assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()
     proc.send_signal(signum)
-    out, err = proc.communicate(timeout=60)
-    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+    proc.wait(timeout=60)  # the output is a few lines: no pipe fills
+    # read through the same buffered streams: readline() may already hold what came after "running"
+    return subprocess.CompletedProcess(proc.args, proc.returncode, proc.stdout.read(), proc.stderr.read())
 
 
 @pytest.mark.parametrize("signum, status", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
