@@ -83,6 +83,7 @@ EXTRA_TYPES: dict[str, tuple[type, ...]] = {
                     (str, int)),
     "actor_rollout_ref.model.lora_alpha": (int, float),
     "actor_rollout_ref.model.target_modules": (str, list),   # 'all-linear' or module names
+    "reward_model.sandbox.required_layers": (list, str),   # layer names, or 'all'
     # micro-batch sizes: 'auto' (the run plan chooses) or a number of rows
     **dict.fromkeys(("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu",
                      "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu",

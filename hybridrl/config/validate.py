@@ -22,6 +22,7 @@ from hybridrl.config.limits import check_limits
 from hybridrl.config.reward_rules import reward_model_errors
 from hybridrl.config.schema import ENUMS, EXTRA_TYPES, NULL_DEFAULT_TYPES, NULLABLE, load_defaults, type_name
 from hybridrl.models.tp_rules import model_tp_error
+from hybridrl.tools.sandbox import parse_required_layers
 
 __all__ = ["ConfigError", "check_schema", "check_semantics", "validate_config"]
 
@@ -214,6 +215,10 @@ def check_semantics(cfg: DictConfig | dict) -> list[str]:
     max_err = g("reward_model.max_error_fraction")
     if max_err is not None and not 0 < max_err <= 1:
         errors.append(f"'reward_model.max_error_fraction' must be in (0, 1] or null (never stop), got {max_err}")
+    try:
+        parse_required_layers(g("reward_model.sandbox.required_layers"), "reward_model.sandbox.required_layers")
+    except ValueError as e:
+        errors.append(str(e))
     errors += reward_model_errors(c)
 
     nodes, per_node = g("trainer.nnodes"), g("trainer.n_gpus_per_node")

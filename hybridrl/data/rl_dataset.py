@@ -14,7 +14,7 @@ Choices:
 - Overlong prompts: `filter_overlong_prompts=True` drops them and counts them (`num_filtered`, logged);
   otherwise `truncation` decides: error (ValueError naming the row) | left (keep the end) | right (keep the
   start); truncated rows are counted in `num_truncated`. Both counts are logged as `data/filtered_prompts` and
-  `data/truncated_prompts` (`dataset_metrics`, at step 0) and reported in the run summary.
+  `data/truncated_prompts` (`dataset_metrics`, with the run's first logged record) and reported in the run summary.
 - Rows are left-padded to max_prompt_length with pad_token_id; position_ids = cumsum(mask) - 1 clipped at 0
   (docs/CONTRACTS.md).
 """
@@ -86,8 +86,8 @@ def read_rows(files, prompt_key: str = "prompt") -> list[dict]:
         table = pq.read_table(path)
         _check_schema(str(path), table.schema, prompt_key)
         cols = [c for c in (prompt_key, "data_source", "reward_model", "ability", "extra_info") if c in table.schema.names]
-        for row in table.select(cols).to_pylist():
-            row["_file"] = str(path)
+        for r, row in enumerate(table.select(cols).to_pylist()):
+            row["_file"], row["_row"] = str(path), r
             rows.append(row)
     return rows
 
@@ -111,13 +111,13 @@ class RLHFDataset(torch.utils.data.Dataset):
         self.num_filtered = self.num_truncated = 0
         self.rows: list[dict] = []
         self.prompt_ids: list[list[int]] = []
-        for i, row in enumerate(read_rows(files, self.prompt_key)):
+        for row in read_rows(files, self.prompt_key):
             ids = self._tokenize(row)
             if len(ids) > self.max_prompt_length:
                 if self.filter_overlong_prompts:
                     self.num_filtered += 1
                     continue
-                ids = self._truncate(ids, i, row["_file"])
+                ids = self._truncate(ids, row["_row"], row["_file"])
             row.setdefault("extra_info", None)
             self.rows.append(row)
             self.prompt_ids.append(ids)
@@ -129,9 +129,23 @@ class RLHFDataset(torch.utils.data.Dataset):
                         self.num_truncated, self.max_prompt_length, self.truncation)
 
     def _tokenize(self, row: dict) -> list[int]:
-        messages = [{"role": m["role"], "content": m["content"]} for m in row[self.prompt_key]]
+        """The prompt's token ids; a ValueError naming the file, row and column for a prompt that cannot be
+        rendered (no messages, a message without string role and content, a template error)."""
+        where = f"{row['_file']}: row {row['_row']}, column {self.prompt_key!r}"
+        messages = row[self.prompt_key]
+        if not messages:
+            raise ValueError(f"{where}: the prompt holds no messages; each needs at least one {{role, content}}")
+        bad = [j for j, m in enumerate(messages) if not (isinstance(m, dict) and isinstance(m.get("role"), str)
+                                                        and isinstance(m.get("content"), str))]
+        if bad:
+            raise ValueError(f"{where}: message {bad[0]} is {messages[bad[0]]!r}; each message needs a string "
+                             "'role' and a string 'content'")
+        messages = [{"role": m["role"], "content": m["content"]} for m in messages]
         tools = {"tools": self.tools} if self.tools else {}
-        text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False, **tools)
+        try:
+            text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False, **tools)
+        except Exception as e:  # the template's own message says what it wanted; the location is ours
+            raise ValueError(f"{where}: the chat template cannot render this prompt ({type(e).__name__}: {e})") from e
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 
     def _truncate(self, ids: list[int], i: int, path: str) -> list[int]:

@@ -4,17 +4,20 @@ sandbox (`hybridrl.tools.sandbox.run_python`); the score is the share of tests p
 - The program: the last fenced ```python (or ```py / ```python3) block of the response, or the whole response
   when it has none.
 - `ground_truth` is one of
-  * Python test code with asserts (a str that is not JSON): it runs after the program in the same module; the
-    score is 1 when it finishes (a random marker printed after the last assert is seen) and 0 otherwise. The
-    marker keeps an early `sys.exit(0)` or `os._exit(0)` in the program from passing; it is not proof against a
-    program that inspects its own code object to find it (best effort, like the sandbox).
+  * Python test code with asserts (a str that is not JSON), or HumanEval's `def check(candidate)` + `check(f)`:
+    each assert is a test. Only the calls of the solution's functions go into the sandbox; their values come back
+    as plain data over a channel of their own and the asserts are evaluated here (rewards/code_tests.py), so the
+    expected values and the verdict never enter the process that runs the solution: a printed marker, an early
+    exit, an always-equal object or a rewritten harness cannot pass a test. Test code that cannot be judged that
+    way (loops, assignments) is refused (ValueError, a reward error naming the line).
   * stdin/stdout cases: a JSON list of {"input": str, "output": str} (or a dict {"inputs": [...],
     "outputs": [...]}, the layout of verl's code datasets), each run in its own sandbox; output lines are compared
-    with trailing whitespace removed.
-- Returned: {"score", "passed", "total", "timeouts", "errors", "skipped"}. After the first timeout the remaining
-  cases are skipped (counted as failed): a program that hangs once usually hangs on every case, and each costs
-  the full timeout. `errors` counts runs that crashed or hit a limit other than the wall-clock timeout (a wrong
-  answer is a failed test, not an error; a failed assert is too).
+    here with trailing whitespace removed, and only a run that exits 0 within its limits can pass.
+- Returned: {"score", "passed", "total", "timeouts", "errors", "skipped", "sandbox_layers"}. The score is
+  passed / total. After the first timeout the remaining cases are skipped (counted as failed): a program that
+  hangs once usually hangs on every case, and each costs the full timeout. `errors` counts runs that crashed or
+  hit a limit other than the wall-clock timeout (for asserts: the run, or a call that raised); a wrong answer is
+  a failed test, not an error. `sandbox_layers` is how many kernel layers the last run had (sandbox.py).
 - extra_info may set "timeout_s" (per run, default 5) and "memory_mb" (default 512).
 """
 
@@ -22,8 +25,8 @@ from __future__ import annotations
 
 import json
 import re
-import secrets
 
+from hybridrl.rewards.code_tests import decode_values, harness_program, judge, parse_assert_tests
 from hybridrl.tools.sandbox import run_python
 
 __all__ = ["DATA_SOURCE", "compute_score", "extract_code", "parse_tests"]
@@ -71,17 +74,16 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kw
     code = extract_code(solution_str)
     kind, tests = parse_tests(ground_truth)
     passed = timeouts = errors = skipped = 0
+    r = None
     if kind == "asserts":
-        total = 1
-        marker = "hybridrl-tests-passed-" + secrets.token_hex(16)
-        program = f"{code}\n\n# ---- tests\n{tests}\n\nprint({marker!r})\n"
-        r = run_python(program, timeout_s=timeout_s, memory_mb=memory_mb)
-        if r.ok and marker in r.stdout.splitlines():
-            passed = 1
-        elif r.timed_out:
-            timeouts = 1
-        elif not (r.stderr.strip().splitlines() or [""])[-1].startswith("AssertionError"):
-            errors = 1  # a crash or a limit; a failed assert is a failed test
+        split = parse_assert_tests(tests)
+        total = len(split.checks)
+        r = run_python(harness_program(code, split), timeout_s=timeout_s, memory_mb=memory_mb, values=True)
+        passed, raised, missing = judge(split, decode_values(r.values, len(split.probes)))
+        if r.timed_out:
+            timeouts, skipped = 1, missing
+        elif raised or (missing and not r.ok):
+            errors = 1  # a call that raised, or the run crashed or hit a limit before all values came back
     else:
         total = len(tests)
         for i, (stdin, expected) in enumerate(tests):
@@ -95,4 +97,4 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kw
             elif _normalize(r.stdout) == _normalize(expected):
                 passed += 1
     return {"score": passed / total if total else 0.0, "passed": passed, "total": total, "timeouts": timeouts,
-            "errors": errors, "skipped": skipped}
+            "errors": errors, "skipped": skipped, "sandbox_layers": len(r.isolation["applied"]) if r is not None else 0}

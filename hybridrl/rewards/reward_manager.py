@@ -6,7 +6,8 @@
 - The score goes on the last valid response token, zeros elsewhere. A scorer returning a dict contributes its
   "score"; all its keys (like verl, "score" included) land in `reward_extra_info`, one entry per sample (None where
   a sample had no such key).
-- A scorer that raises, returns a non-number or a non-finite one (NaN, inf, -inf), or overruns `timeout_s` gives 0
+- A scorer that raises, returns a non-number (a string such as "0.5" included: only int, float, bool and numpy
+  numbers count, as in verl) or a non-finite one (NaN, inf, -inf), or overruns `timeout_s` gives 0
   for that sample and is counted (`reward/errors`, `reward/timeouts`); the run goes on (the trainer stops it when
   too many samples fail: rewards/error_guard.py). A sample whose ground truth is missing (None or NaN) is not
   scored: it gets 0 and counts as an error, and also in `reward/missing_ground_truths`. `reward/samples` is the
@@ -37,6 +38,7 @@ from __future__ import annotations
 import inspect
 import logging
 import math
+import numbers
 from dataclasses import dataclass
 
 import torch
@@ -154,6 +156,8 @@ class RewardManager:
     def _as_score(value) -> tuple[float, dict]:
         extra = dict(value) if isinstance(value, dict) else {}
         raw = value["score"] if isinstance(value, dict) else value
+        if not isinstance(raw, numbers.Real):  # "0.5" is refused, as verl's tensor assignment refuses it
+            raise TypeError(f"a score must be a number (or a dict with a numeric 'score'), got {type(raw).__name__}")
         score = float(raw)  # TypeError / KeyError / ValueError are the caller's "error"
         if not math.isfinite(score):  # one inf turns every advantage of its group (or batch) into NaN
             raise ValueError(f"score is {score} (not finite)")

@@ -153,11 +153,13 @@ def python_executor(code: str, *, timeout_s: float = 10.0, memory_mb: int = 512)
     return run_python_tool(code, timeout_s=timeout_s, memory_mb=memory_mb)[0]
 
 
-def run_python_tool(code: str, *, timeout_s: float = 10.0, memory_mb: int = 512) -> tuple[str, SandboxResult | None]:
-    """`python_executor`'s text and the sandbox result it came from (None when no code was run)."""
+def run_python_tool(code: str, *, timeout_s: float = 10.0, memory_mb: int = 512,
+                    require=None) -> tuple[str, SandboxResult | None]:
+    """`python_executor`'s text and the sandbox result it came from (None when no code was run). `require`: the
+    sandbox layers the run must have (run_python's); SandboxUnavailableError when this machine lacks one."""
     if not isinstance(code, str) or not code.strip():
         return "Error: no code given", None
-    r = run_python(code, timeout_s=timeout_s, memory_mb=memory_mb, stats=PYTHON_TOOL_STATS)
+    r = run_python(code, timeout_s=timeout_s, memory_mb=memory_mb, require=require, stats=PYTHON_TOOL_STATS)
     return _python_text(r, timeout_s, memory_mb), r
 
 

@@ -7,7 +7,7 @@ services hybridrl does not run:
       - class_name: hybridrl.tools.builtin.calculator     # a built-in, by name: its schema is TOOL_SPECS'
         config: {type: native, timeout_s: 5}
       - class_name: hybridrl.tools.builtin.python         # code in the sandbox (tools/sandbox.py)
-        config: {type: native, timeout_s: 10, memory_mb: 512}
+        config: {type: native, timeout_s: 10, memory_mb: 512, required_layers: all}
       - class_name: my_package.my_module.lookup           # any function taking the arguments as keywords -> str
         config: {type: native, timeout_s: 5}
         tool_schema: {type: function, function: {name: lookup, description: ..., parameters: {...}}}
@@ -20,6 +20,9 @@ Choices:
   `crash` (the function raised) or `timeout`. A function still running after `timeout_s` is abandoned: its
   thread cannot be killed and finishes in the background (the rollout goes on with an error message); the python
   tool's sandbox kills its process itself, so its timeouts leave nothing behind.
+- The python tool's `required_layers` (sandbox layer names, or `all`; default none) is checked when the file is
+  loaded: a machine lacking one raises SandboxUnavailableError naming the entry, the layers and why, before any
+  rollout; every call then asks the sandbox for them again.
 - Every bad entry is a ValueError naming the file, the entry and the rule.
 """
 
@@ -34,7 +37,7 @@ from pathlib import Path
 
 import yaml
 
-from hybridrl.tools import builtin
+from hybridrl.tools import builtin, sandbox
 
 __all__ = ["Tool", "ToolOutcome", "load_tool_config"]
 
@@ -102,9 +105,9 @@ def _status_of(text: str) -> str:
     return "error" if text.startswith("Error:") else "ok"
 
 
-def _python_tool(timeout_s: float, memory_mb: int):
+def _python_tool(timeout_s: float, memory_mb: int, required: tuple[str, ...]):
     def run(code: str) -> tuple[str, str]:
-        text, result = builtin.run_python_tool(code, timeout_s=timeout_s, memory_mb=memory_mb)
+        text, result = builtin.run_python_tool(code, timeout_s=timeout_s, memory_mb=memory_mb, require=required)
         if result is not None and result.killed_reason == "timeout":
             return text, "timeout"
         return text, "ok" if result is not None and result.ok else "error"
@@ -171,7 +174,10 @@ def _build(entry, where: str) -> Tool:
         fn = builtin.TOOLS[name]
         if name == "python":
             memory_mb = int(_positive(config, "memory_mb", 512, where))
-            fn, timeout_s = _python_tool(timeout_s, memory_mb), timeout_s + _SANDBOX_GRACE_S
+            key = f"{where}: config.required_layers"
+            required = sandbox.parse_required_layers(config.get("required_layers"), key)
+            sandbox.check_required_layers(required, key)  # at load: a rollout never starts without them
+            fn, timeout_s = _python_tool(timeout_s, memory_mb, required), timeout_s + _SANDBOX_GRACE_S
     else:
         if schema is None:
             raise ValueError(f"{where}: class_name={class_name!r} is not a built-in, so it needs a tool_schema")

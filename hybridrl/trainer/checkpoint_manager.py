@@ -38,6 +38,7 @@ the root, so no second run's startup cleanup can delete this run's temporary dir
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -55,8 +56,8 @@ from hybridrl.trainer.checkpoint_integrity import (
     verify_checkpoint,
 )
 
-__all__ = ["CheckpointManager", "save_distributed", "step_of", "is_complete", "TRACKER_FILE", "COMPLETE_MARKER",
-           "CheckpointCorruptError"]
+__all__ = ["CheckpointManager", "CheckpointSaveError", "remove_stale_temp", "save_distributed", "step_of",
+           "is_complete", "TRACKER_FILE", "COMPLETE_MARKER", "CheckpointCorruptError"]
 
 logger = logging.getLogger("hybridrl.checkpoint")
 
@@ -113,6 +114,46 @@ def _write_durable(path: Path, text: str) -> None:
         os.fsync(f.fileno())
 
 
+class CheckpointSaveError(OSError):
+    """A save that did not complete; its temporary directory is gone and earlier checkpoints are untouched."""
+
+
+def _tree_bytes(root: Path) -> int:
+    return sum(p.stat().st_size for p in root.rglob("*") if p.is_file()) if root.is_dir() else 0
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return f"{type(e).__name__}: {text.splitlines()[0][:300]}" if text else type(e).__name__
+
+
+def _is_disk_full(e: BaseException | None) -> bool:
+    """ENOSPC (or EDQUOT) anywhere in the exception's chain; a worker's error arrives as text (Ray)."""
+    seen = 0
+    while e is not None and seen < 10:
+        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        if "No space left on device" in str(e) or "Disk quota exceeded" in str(e):
+            return True
+        e, seen = e.__cause__ or e.__context__, seen + 1
+    return False
+
+
+def remove_stale_temp(root: str | os.PathLike) -> tuple[int, int]:
+    """Remove the `.tmp-*` leftovers of interrupted saves under `root` (only while holding its run lock: they may
+    be a live run's otherwise); returns (entries, bytes) removed, logged when any."""
+    removed = freed = 0
+    root = Path(root)
+    for p in root.iterdir() if root.is_dir() else ():
+        if p.name.startswith(_TMP_PREFIX):
+            freed += _tree_bytes(p) if p.is_dir() else p.stat().st_size
+            shutil.rmtree(p) if p.is_dir() else p.unlink()
+            removed += 1
+    if removed:
+        logger.warning("removed %d stale temporary checkpoint entries (%d bytes) in %s", removed, freed, root)
+    return removed, freed
+
+
 class CheckpointManager:
     def __init__(self, root_dir: str | os.PathLike, max_to_keep: int | None = None, clean_stale: bool = True,
                  fsync: bool = True):
@@ -146,14 +187,7 @@ class CheckpointManager:
 
     def clean_stale(self) -> int:
         """Remove `.tmp-*` leftovers of interrupted saves; returns how many were removed."""
-        removed = 0
-        for p in self.root.iterdir():
-            if p.name.startswith(_TMP_PREFIX):
-                shutil.rmtree(p) if p.is_dir() else p.unlink()
-                removed += 1
-        if removed:
-            logger.warning("removed %d stale temporary checkpoint entries in %s", removed, self.root)
-        return removed
+        return remove_stale_temp(self.root)[0]
 
     # ------------------------------------------------------------------ saving
     def begin(self, step: int) -> Path:
@@ -167,10 +201,31 @@ class CheckpointManager:
         self._pending[step] = tmp
         return tmp
 
-    def abort(self, step: int) -> None:
+    def abort(self, step: int, cause: BaseException | None = None) -> CheckpointSaveError | None:
+        """Remove the step's temporary directory. With the exception that stopped the save, returns the error to
+        raise in its place: it names the step, the directory, the cause (for a full disk: the bytes written
+        before it filled, the free and total space, the size of the last complete checkpoint) and what is kept."""
         tmp = self._pending.pop(step, None)
+        written = _tree_bytes(tmp) if tmp is not None else 0
+        at_failure = shutil.disk_usage(self.root)
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
+        if cause is None or isinstance(cause, (KeyboardInterrupt, SystemExit, GeneratorExit)):
+            return None  # an interrupt stays itself (torch's CheckpointException is a BaseException, not one)
+        kept = self.complete_steps()
+        keeps = (f"the last complete checkpoint, {self.step_dir(kept[-1]).name} ({_tree_bytes(self.step_dir(kept[-1]))}"
+                 " bytes), is intact" if kept else "no earlier complete checkpoint exists")
+        # writers do not all say ENOSPC (torch's zip writer reports a short write as "unexpected pos"), so a
+        # filesystem left all but full by the failed save counts too
+        if _is_disk_full(cause) or at_failure.free < min(1 << 20, at_failure.total // 100):
+            why = (f"no space left on the device: {written} bytes were written before it filled, "
+                   f"{at_failure.free} of {at_failure.total} bytes were free then, "
+                   f"{shutil.disk_usage(self.root).free} bytes are free now; cause: {_first_line(cause)}")
+        else:
+            why = _first_line(cause)
+        return CheckpointSaveError(
+            f"saving the checkpoint of step {step} under {self.root} failed ({why}); its temporary directory was "
+            f"removed and {keeps}. Free space or point trainer.default_local_dir elsewhere, then resume")
 
     def commit(self, step: int) -> Path:
         """Seal the begun temp directory as `global_step_N`, update the tracker, apply retention."""
@@ -199,14 +254,17 @@ class CheckpointManager:
         return final
 
     def save(self, step: int, write_fn: Callable[[Path], None]) -> Path:
-        """write_fn(tmp_dir) writes the contents; on any exception nothing named global_step_N appears."""
+        """write_fn(tmp_dir) writes the contents; on any exception nothing named global_step_N appears, the temp
+        dir is removed, and an error (not an interrupt) comes back as CheckpointSaveError naming the cause."""
         tmp = self.begin(step)
         try:
             write_fn(tmp)
-        except BaseException:
-            self.abort(step)
-            raise
-        return self.commit(step)
+            return self.commit(step)
+        except BaseException as e:
+            error = self.abort(step, e)
+            if error is None:
+                raise
+            raise error from e
 
     def _write_tracker(self, step: int) -> None:
         tmp = self.root / f"{_TMP_PREFIX}tracker-{secrets.token_hex(4)}"

@@ -83,6 +83,7 @@ def build_reward_fns(config: DictConfig, tokenizer):
                          f"true: {config.custom_reward_function.name}() has no `{arg}` parameter, so either it or the "
                          f"reward model would go unused; add `{arg}=None` to it and return the combined score (or "
                          "drop custom_reward_function to train on the reward model's score alone)")
+    _require_sandbox_layers(rm.sandbox.required_layers)
     timeout_s = None if rm.timeout_s is None else float(rm.timeout_s)  # null: in-process, no time limit
     ob = rm.overlong_buffer  # training and validation rewards both carry it, as in verl's DAPO trainer
     overlong = OverlongBuffer(int(ob.len), float(ob.penalty_factor), int(config.data.max_response_length),
@@ -90,6 +91,21 @@ def build_reward_fns(config: DictConfig, tokenizer):
     kwargs = dict(compute_score=score, reward_fn_key=config.data.reward_fn_key, timeout_s=timeout_s,
                   mode=rm.reward_manager, overlong_buffer=overlong)
     return RewardManager(tokenizer, **kwargs), RewardManager(tokenizer, **kwargs)
+
+
+def _require_sandbox_layers(value) -> None:
+    """Refuse to start when reward_model.sandbox.required_layers names a layer this machine lacks; otherwise pass
+    the requirement on (through the environment) to every sandbox the scorers start, spawned processes included,
+    and log which layers are on."""
+    from hybridrl.tools import sandbox
+
+    key = "reward_model.sandbox.required_layers"
+    required = sandbox.parse_required_layers(list(value) if not isinstance(value, str) else value, key)
+    sandbox.check_required_layers(required, key)
+    if required:
+        os.environ[sandbox.REQUIRED_LAYERS_ENV] = ",".join(required)
+    else:
+        sandbox.isolation_report()  # logs the layers once: a run without required layers still says what it has
 
 
 def _use_gpu(config: DictConfig) -> bool:
@@ -231,11 +247,10 @@ def _run_ppo_claimed(config: DictConfig, cleanup: contextlib.ExitStack) -> dict:
     tracker = Tracking(t.project_name, t.experiment_name, _loggers(config), config=config, log_dir=str(log_dir))
     # one directory per step holds actor and critic: validation refuses a different max_critic_ckpt_to_keep
     ckpt = CheckpointManager(str(run_dir), max_to_keep=t.max_actor_ckpt_to_keep)
-    tracker.log(dataset_metrics(train_set), step=0)
     timeline = MemoryTimeline()
     trainer = RayPPOTrainer(config, tokenizer, actor_wg, critic_wg, reward_fn, val_reward_fn, loader, val_set,
                             tracker, ckpt, n_gpus=world, memory_timeline=timeline, plan=plan,
-                            reward_model=reward_model)
+                            reward_model=reward_model, startup_metrics=dataset_metrics(train_set))
     t0 = time.time()
     try:
         history = trainer.fit()

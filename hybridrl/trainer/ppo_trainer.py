@@ -110,8 +110,11 @@ def rollout_probs_diff(batch: DataProto) -> dict:
 class RayPPOTrainer:
     def __init__(self, config: DictConfig, tokenizer, actor_rollout_wg, critic_wg, reward_fn, val_reward_fn,
                  train_loader, val_dataset, tracker, ckpt_manager, n_gpus: int, memory_timeline=None, plan=None,
-                 reward_model=None):
+                 reward_model=None, startup_metrics: dict | None = None):
         self.config = config
+        # logged with the first record: at step 0, or merged into the first step after the resumed one, so a
+        # logger never sees a step at or below one it already has (wandb drops such points)
+        self.startup_metrics = dict(startup_metrics or {})
         self.tokenizer = tokenizer
         self.actor_rollout_wg, self.critic_wg = actor_rollout_wg, critic_wg
         self.reward_model = reward_model  # RewardModelWorker group or JudgeRewardModel (reward_model.enable), or None
@@ -198,16 +201,20 @@ class RayPPOTrainer:
 
     # ------------------------------------------------------------------ checkpoints
     def save_checkpoint(self):
+        """Save this step's checkpoint; a failed save removes its temporary directory and raises
+        CheckpointSaveError naming the cause (checkpoint_manager.CheckpointManager.abort)."""
         step = self.global_steps
-        tmp = Path(self.ckpt.begin(step))
-        self.actor_rollout_wg.save_checkpoint(str(tmp / "actor"))
-        if self.use_critic:
-            self.critic_wg.save_checkpoint(str(tmp / "critic"))
-        state = {"global_step": step, "dataloader": self.train_loader.state_dict(),
-                 "kl_coef": self.kl_ctrl.value if self.kl_ctrl else None}
-        (tmp / "trainer_state.json").write_text(json.dumps(state))
-        save_resolved_config(tmp, self.config)  # compared with the config of a run that resumes from it
-        self.ckpt.commit(step)
+
+        def write(tmp: Path) -> None:
+            self.actor_rollout_wg.save_checkpoint(str(tmp / "actor"))
+            if self.use_critic:
+                self.critic_wg.save_checkpoint(str(tmp / "critic"))
+            state = {"global_step": step, "dataloader": self.train_loader.state_dict(),
+                     "kl_coef": self.kl_ctrl.value if self.kl_ctrl else None}
+            (tmp / "trainer_state.json").write_text(json.dumps(state))
+            save_resolved_config(tmp, self.config)  # compared with the config of a run that resumes from it
+
+        self.ckpt.save(step, write)
 
     def load_checkpoint(self) -> int:
         t = self.config.trainer
@@ -402,10 +409,15 @@ class RayPPOTrainer:
     def fit(self) -> list[dict]:
         cfg = self.config.trainer
         self.load_checkpoint()
-        if cfg.val_before_train and self.val_dataset is not None and self.global_steps == 0:
-            val = self.validate()
-            self.tracker.log(val, step=0)
-            self.history.append({"training/global_step": 0, **val})
+        pending = dict(self.startup_metrics)
+        if self.global_steps == 0:
+            if cfg.val_before_train and self.val_dataset is not None:
+                val = self.validate()
+                pending.update(val)
+                self.history.append({"training/global_step": 0, **val})
+            if pending:
+                self.tracker.log(pending, step=0)
+            pending = {}
         # a step bar on interactive terminals only: in log files the console logger's one line per step says it all
         bar = make_progress_bar(self.total_training_steps, min(self.global_steps, self.total_training_steps),
                                 disable=not sys.stderr.isatty())
@@ -413,7 +425,8 @@ class RayPPOTrainer:
         while self.global_steps < self.total_training_steps:
             batch = next(batches)
             self.global_steps += 1
-            metrics = self.train_step(batch, batches)
+            metrics = {**pending, **self.train_step(batch, batches)}
+            pending = {}
             last = self.global_steps == self.total_training_steps
             if self.val_dataset is not None and cfg.test_freq > 0 and (self.global_steps % cfg.test_freq == 0 or last):
                 timing: dict = {}

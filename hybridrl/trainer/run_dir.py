@@ -1,5 +1,6 @@
-"""Claiming a run's directories before any worker starts: the run-directory lock, then a write probe of every
-directory the run will write to (checkpoints, logs).
+"""Claiming a run's directories before any worker starts: the run-directory lock, the removal of temporary
+directories left by saves that never finished, then a write probe of every directory the run will write to
+(checkpoints, logs).
 
 Without the probe a read-only checkpoint root is found at the first save, after the steps before it are lost;
 `os.access` is not enough (it says yes to root on a read-only bind mount or an immutable directory), so each
@@ -12,7 +13,8 @@ import os
 import tempfile
 from pathlib import Path
 
-from hybridrl.trainer.run_lock import RunLock
+from hybridrl.trainer.checkpoint_manager import remove_stale_temp
+from hybridrl.trainer.run_lock import RunDirLockedError, RunLock
 
 __all__ = ["RunDirNotWritableError", "check_writable", "run_log_dirs", "claim_run_dir"]
 
@@ -53,13 +55,26 @@ def run_log_dirs(loggers: list[str], log_dir: str | os.PathLike) -> dict[str, Pa
 
 
 def claim_run_dir(run_dir: str | os.PathLike, log_dirs: dict[str, Path]) -> RunLock:
-    """Lock `run_dir` (trainer.default_local_dir) for this run, then check it and `log_dirs` are writable. The
-    caller releases the returned lock when the run ends; on any failure here nothing stays locked."""
+    """Lock `run_dir` (trainer.default_local_dir) for this run, remove the temporary directories of saves that
+    never finished, then check it and `log_dirs` are writable. The caller releases the returned lock when the run
+    ends; on any failure here nothing stays locked.
+
+    The stale temp dirs go before the probe because a save that failed on a full disk leaves the disk full: the
+    probe would refuse the restart although removing them frees the space (the complete checkpoints are kept)."""
     run_dir = Path(run_dir)
-    check_writable({"trainer.default_local_dir (checkpoint root)": run_dir})  # the lock file needs a writable dir
-    lock = RunLock(run_dir).acquire()
+    what = "trainer.default_local_dir (checkpoint root)"
     try:
-        check_writable(log_dirs)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        lock = RunLock(run_dir).acquire(record=False)
+    except RunDirLockedError:
+        raise
+    except OSError:
+        check_writable({what: run_dir})  # names why the lock file could not be made
+        raise
+    try:
+        remove_stale_temp(run_dir)
+        lock.record()
+        check_writable({what: run_dir, **log_dirs})
     except BaseException:
         lock.release()
         raise

@@ -66,7 +66,9 @@ class RunLock:
             "one directory overwrite each other's checkpoints and logs: wait for it to end, stop it, or set "
             "trainer.default_local_dir to another directory")
 
-    def acquire(self) -> RunLock:
+    def acquire(self, record: bool = True) -> RunLock:
+        """Take the lock, or raise RunDirLockedError naming the holder. record=False leaves writing this process's
+        name to `record()`: on a full disk the lock is taken first, space freed, then the name written."""
         if self._fd is not None:
             return self
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -77,11 +79,16 @@ class RunLock:
             os.close(self._fd)
             self._fd = None
             raise
+        if record:
+            self.record()
+        return self
+
+    def record(self) -> None:
+        """Write this process's pid, host and start time into the held lock file (what a refused run is told)."""
         me = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.time()}
         os.ftruncate(self._fd, 0)
         os.pwrite(self._fd, json.dumps(me).encode(), 0)
         os.fsync(self._fd)
-        return self
 
     def _lock_or_refuse(self) -> None:
         try:

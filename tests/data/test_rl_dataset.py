@@ -105,6 +105,17 @@ def test_schema_errors_name_file_and_column(tmp_path, tok):
         RLHFDataset(tmp_path / "missing.parquet", tok, {"truncation": "middle"})
 
 
+def test_bad_prompts_name_file_row_and_column(tmp_path, tok):
+    good = {"data_source": "arith", "prompt": [{"role": "user", "content": "x"}],
+            "reward_model": {"style": "rule", "ground_truth": "1"}}
+    pq.write_table(pa.Table.from_pylist([good]), tmp_path / "first.parquet")
+    for prompt, message in (([], "the prompt holds no messages"),
+                            ([{"role": "user", "content": None}], "message 0 is .*string 'content'")):
+        pq.write_table(pa.Table.from_pylist([good, good, {**good, "prompt": prompt}]), tmp_path / "bad.parquet")
+        with pytest.raises(ValueError, match=rf"bad.parquet: row 2, column 'prompt': {message}"):
+            RLHFDataset([tmp_path / "first.parquet", tmp_path / "bad.parquet"], tok, {})  # the row counts per file
+
+
 def test_loader_batches_and_resumes_exactly(tmp_path, tok):
     paths = make_task("arith", tmp_path, 22, 0, seed=0)
     ds = RLHFDataset(paths["train"], tok, {"max_prompt_length": 64})

@@ -143,6 +143,9 @@ class FakeLoader:
     def __len__(self):
         return 10
 
+    def __iter__(self):  # placeholder batches, for a fit() whose train_step is stubbed
+        return iter([None] * len(self))
+
     def state_dict(self):
         return dict(self.state)
 
@@ -188,3 +191,23 @@ def crash_holding_lock(run_dir: Path) -> int:
     dead = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert dead.returncode == 3, dead.stderr
     return int(dead.stdout)
+
+
+@contextlib.contextmanager
+def small_disk(path: Path, size_kb: int):
+    """A tmpfs of `size_kb` KiB mounted at `path` for the block (as root; pytest.skip-able SkipCase otherwise)."""
+    if os.geteuid() != 0:
+        raise SkipCase("needs root to mount a small tmpfs (a full disk cannot be made otherwise)")
+    path.mkdir(parents=True, exist_ok=True)
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_kb}k", "tmpfs", str(path)],
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SkipCase(f"mounting a tmpfs failed: {done.stderr.strip()}")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=False)
+
+
+class SkipCase(Exception):
+    """A fault case this machine cannot stage; the reason says why."""

@@ -27,18 +27,21 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from fault_inject import (  # noqa: E402
+    SkipCase,
     crash_holding_lock,
     garbage,
     largest_file,
     make_trainer,
     overwrite_bytes,
     read_only_dir,
+    small_disk,
     trained_run,
     truncate,
 )
 
 from hybridrl.trainer.resume_check import ResumeConfigError  # noqa: E402
-from hybridrl.trainer.run_dir import RunDirNotWritableError, claim_run_dir  # noqa: E402
+from hybridrl.trainer.checkpoint_manager import CheckpointSaveError  # noqa: E402
+from hybridrl.trainer.run_dir import RunDirNotWritableError, check_writable, claim_run_dir  # noqa: E402
 from hybridrl.trainer.run_lock import RunDirLockedError, RunLock  # noqa: E402
 
 
@@ -262,10 +265,57 @@ def case_empty_model_dir(tmp: Path) -> str:
     return "refused before any worker starts: " + msg.replace(str(tmp), "…").split(";")[0]
 
 
+def _full_disk_run(disk: Path) -> Path:
+    """A run directory on `disk` with a checkpoint at step 1 and too little room for a second."""
+    run = disk / "run"
+    trained_run(run, steps=(1,))
+    return run
+
+
+def case_checkpoint_save_on_a_full_disk(tmp: Path) -> str:
+    with small_disk(tmp / "disk", 3 * 1024) as disk:  # a checkpoint of the tiny model is about 1.6 MB
+        run = _full_disk_run(disk)
+        trainer = make_trainer(run)
+        trainer.global_steps = 2
+        try:
+            trainer.save_checkpoint()
+        except CheckpointSaveError as e:
+            msg = str(e)
+        else:
+            raise AssertionError("a save on a full disk did not fail")
+        leftovers = [p.name for p in run.iterdir() if p.name.startswith(".tmp-")]
+        assert not leftovers, leftovers
+        assert "no space left" in msg and "global_step_1" in msg and "bytes are free" in msg, msg
+        assert make_trainer(run).load_checkpoint() == 1
+    return "the save fails, its temp dir is removed, step 1 resumes: " + msg.split("(", 1)[1].split(";")[0]
+
+
+def case_restart_after_a_save_filled_the_disk(tmp: Path) -> str:
+    with small_disk(tmp / "disk", 3 * 1024) as disk:
+        run = _full_disk_run(disk)
+        stale = run / ".tmp-global_step_2-killed"  # what a save killed mid-write leaves: nothing aborted it
+        stale.mkdir()
+        with contextlib.suppress(OSError), open(stale / "shard", "wb") as f:
+            while True:
+                f.write(b"x" * 65536)
+                f.flush()
+        try:
+            check_writable({"run": run})
+        except RunDirNotWritableError:
+            pass
+        else:
+            raise AssertionError("the disk was not full")
+        claim_run_dir(run, {}).release()
+        assert not stale.exists()
+        assert make_trainer(run).load_checkpoint() == 1
+    return "the stale temp dir is removed before the write probe (which alone refused the full disk); step 1 resumes"
+
+
 CASES = [case_corrupt_shard, case_truncated_shard, case_garbage_shard, case_second_run_same_dir,
          case_lock_left_by_crashed_run, case_read_only_checkpoint_root, case_changed_lr_on_resume,
          case_changed_model_on_resume, case_non_finite_reward, case_missing_ground_truth, case_empty_val_file,
-         case_negative_lr, case_empty_model_dir]
+         case_negative_lr, case_empty_model_dir, case_checkpoint_save_on_a_full_disk,
+         case_restart_after_a_save_filled_the_disk]
 
 
 def run_case(case: Callable[[Path], str]) -> tuple[str, str, bool]:
@@ -276,6 +326,8 @@ def run_case(case: Callable[[Path], str]) -> tuple[str, str, bool]:
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")  # DCP in one process, as meant
         try:
             return name, case(Path(tmp)), True
+        except SkipCase as e:
+            return name, f"skipped: {e}", True
         except Exception as e:  # a misbehaving case is a row of the table, not the end of it
             return name, f"{type(e).__name__}: {e}".split("\n")[0], False
 

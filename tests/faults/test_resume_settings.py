@@ -116,3 +116,30 @@ def test_truncated_shard_loaded_directly_names_it(tmp_path, part, what):
     truncate(largest_file(tmp_path / "actor", part))
     with pytest.raises(CheckpointLoadError, match=rf"cannot load the {what} from {tmp_path / 'actor' / part} \("):
         load_checkpoint(tmp_path / "actor", model, optimizer, scheduler)
+
+
+class _Recorder:
+    def __init__(self):
+        self.steps: list[tuple[int, dict]] = []
+
+    def log(self, data, step):
+        self.steps.append((step, dict(data)))
+
+
+@pytest.mark.parametrize("resume", [True, False], ids=["resumed", "fresh"])
+def test_logged_steps_never_go_back_after_a_resume(tmp_path, resume):
+    """The start-up record (dataset counts) goes with step 0 of a fresh run, and into the first new step of a
+    resumed one: before, a resumed run logged a bare step 0 after its saved steps."""
+    from fault_inject import make_trainer, trained_run
+
+    run = tmp_path / "run"
+    if resume:
+        trained_run(run, steps=(1, 2))
+    trainer = make_trainer(run, "trainer.total_training_steps=4")
+    trainer.tracker, trainer.startup_metrics = _Recorder(), {"data/filtered_prompts": 0.0}
+    trainer.train_step = lambda batch, batches: {"actor/pg_loss": 0.0}
+    trainer.fit()
+    steps = [s for s, _ in trainer.tracker.steps]
+    assert steps == ([3, 4] if resume else [0, 1, 2, 3, 4])
+    assert "data/filtered_prompts" in trainer.tracker.steps[0][1]
+    assert all("data/filtered_prompts" not in d for _, d in trainer.tracker.steps[1:])

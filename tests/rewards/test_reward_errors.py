@@ -3,6 +3,7 @@ run whose samples mostly failed to score."""
 
 import math
 
+import numpy as np
 import pytest
 import torch
 from test_custom_and_manager import make_batch, tok  # noqa: F401  (tok is a fixture)
@@ -22,6 +23,22 @@ def score_by_text(data_source, solution_str, ground_truth, extra_info=None):
 def score_batch_by_text(data_sources, solution_strs, ground_truths, extra_infos):
     assert None not in ground_truths, "a sample without ground truth reached the scorer"
     return [SCORES[s.strip()] for s in solution_strs]
+
+
+TYPED = {"str": "0.5", "dict_str": {"score": "0.5"}, "none": None, "list": [0.5], "np": np.float32(0.5),
+         "int": 1, "bool": True}
+
+
+def score_by_type(data_source, solution_str, ground_truth, extra_info=None):
+    return TYPED[solution_str.strip()]
+
+
+def test_scores_that_are_not_numbers_are_errors(tok):  # noqa: F811
+    """verl puts the score into a tensor, which refuses a string: "0.5" is an error here too, never 0.5."""
+    rm = RewardManager(tok, compute_score=score_by_type, timeout_s=None)
+    out = rm(make_batch(tok, list(TYPED), ["1"] * len(TYPED)))
+    assert out["scores"] == [0.0, 0.0, 0.0, 0.0, 0.5, 1.0, 1.0]
+    assert out["metrics"]["reward/errors"] == 4
 
 
 @pytest.mark.parametrize("timeout_s", [None, 10.0], ids=["in_process", "worker_process"])
