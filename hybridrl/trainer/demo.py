@@ -21,14 +21,12 @@ import os
 import time
 from pathlib import Path
 
+from hybridrl.config.paths import demo_home
+
 DEMO_TASK = dict(task="arith", n_train=600, n_test=100, knobs=dict(digits=1, operands=3, ops="+", unmarked=0.6))
 DEMO_MODEL = dict(arch="qwen2", layers=4, hidden=128, heads=4, kv_heads=2)
 SEED_ENV = "HYBRIDRL_DEMO_SEED"
 GRPO_STEPS = 60
-
-
-def demo_home() -> Path:
-    return Path(os.path.expanduser(os.environ.get("HYBRIDRL_HOME", "~/.cache/hybridrl"))) / "demo"
 
 
 def demo_seed() -> int:

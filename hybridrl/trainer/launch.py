@@ -13,6 +13,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, open_dict
 
+from hybridrl.config.paths import check_paths, files_problem, model_dir_problem
 from hybridrl.data.rl_dataset import dataset_metrics
 from hybridrl.models.external_lib import import_external_lib
 from hybridrl.seeding import seed_everything
@@ -21,29 +22,19 @@ from hybridrl.trainer.run_dir import claim_run_dir, run_log_dirs
 
 
 def _files(value, key: str) -> list[str]:
-    items = [value] if isinstance(value, str) else list(value)
-    paths = [os.path.expanduser(str(v)) for v in items]
-    missing = [p for p in paths if not Path(p).exists()]
-    if missing:
-        raise FileNotFoundError(f"{key}: {missing} not found (make a dataset with `hybridrl data make TASK --out DIR`)")
-    return paths
+    problem = files_problem(value, key)
+    if problem:
+        raise FileNotFoundError(problem)
+    return [os.path.expanduser(str(v)) for v in ([value] if isinstance(value, str) else list(value))]
 
 
 def check_model_dir(path: str, key: str) -> str:
     """`path` expanded, once it is a directory holding config.json; else an error naming the key, the directory and
     what is missing (a half-copied or empty model directory otherwise fails later in the tokenizer or a worker)."""
-    path = os.path.expanduser(str(path))
-    where = Path(path)
-    if not where.exists():
-        raise FileNotFoundError(f"{key}={path!r} does not exist (make a tiny model with `hybridrl assets tiny-model DIR`)")
-    if not where.is_dir():
-        raise NotADirectoryError(f"{key}={path!r} is a file; it must be a HF model directory (config.json, weights, "
-                                 "tokenizer)")
-    if not (where / "config.json").is_file():
-        found = sorted(p.name for p in where.iterdir())[:10]
-        raise FileNotFoundError(f"{key}={path!r}: the model directory has no config.json (it holds "
-                                f"{found or 'nothing'}); a HF model directory needs config.json, weights and tokenizer")
-    return path
+    problem = model_dir_problem(path, key)
+    if problem:
+        raise FileNotFoundError(problem)
+    return os.path.expanduser(str(path))
 
 
 def prompt_tools(multi_turn: DictConfig) -> list[dict] | None:
@@ -163,11 +154,8 @@ def _run_ppo_claimed(config: DictConfig, cleanup: contextlib.ExitStack) -> dict:
     t = config.trainer
     seed_everything(int(t.seed))  # the driver's own draws (e.g. group uids); workers seed themselves at init
     import_external_lib(config.actor_rollout_ref.model.external_lib)  # before any HF config or model is read
-    model_path = check_model_dir(config.actor_rollout_ref.model.path, "actor_rollout_ref.model.path")
-    if need_critic(config):
-        check_model_dir(config.critic.model.path, "critic.model.path")
-    if use_reward_model_worker(config):
-        check_model_dir(config.reward_model.model.path, "reward_model.model.path")
+    check_paths(config)  # every missing model, data or reward file at once, before any is read
+    model_path = os.path.expanduser(config.actor_rollout_ref.model.path)
     tokenizer = policy_tokenizer(config)
     tools = prompt_tools(config.actor_rollout_ref.rollout.multi_turn)
     train_set = load_dataset(config.data.train_files, "data.train_files", tokenizer, config.data, tools)

@@ -95,8 +95,14 @@ def test_kl_twice_is_a_warning_not_an_error(seed_yaml, caplog):
 
 
 def test_grpo_with_one_sample_warns():
-    warnings = validate_config(load_config(validate=False))
+    warnings = validate_config(load_config(overrides=["actor_rollout_ref.rollout.n=1"], validate=False))
     assert any("every advantage is 0" in w for w in warnings)
+
+
+def test_packaged_defaults_are_a_grpo_run_without_warnings():
+    cfg = load_config(validate=False)
+    assert cfg.algorithm.adv_estimator == "grpo" and cfg.actor_rollout_ref.rollout.n > 1
+    assert validate_config(cfg) == []
 
 
 def test_unknown_key_in_a_plain_dict_suggests_closest():
