@@ -39,6 +39,11 @@ def init_ray(address: str | None = None, num_cpus: int | None = None, **ray_init
         if address:
             ray.init(address=address, **kwargs)
         else:
+            # Ray turns token authentication on for a new local cluster and, while RAY_AUTH_MODE is unset, warns
+            # that it did (a warning that asks nothing of the user). Asking for it by name keeps the protection (no
+            # other process on the machine can submit code to this cluster) without the warning; a value the user
+            # set wins. Only here: a cluster being joined has its own mode, which the env must not contradict.
+            os.environ.setdefault("RAY_AUTH_MODE", "token")
             ray.init(num_cpus=num_cpus, **kwargs)
     return dict(ray.cluster_resources())
 

@@ -19,6 +19,7 @@ from hybridrl.models.external_lib import import_external_lib
 from hybridrl.seeding import seed_everything
 from hybridrl.trainer.ppo_trainer import RayPPOTrainer, need_critic, need_reference
 from hybridrl.trainer.run_dir import claim_run_dir, run_log_dirs
+from hybridrl.trainer.tracking import format_duration
 
 
 def _files(value, key: str) -> list[str]:
@@ -131,12 +132,23 @@ def make_run_plan(config: DictConfig, model_path: str, use_gpu: bool, val_prompt
                      rm_hf_config=reward_model_hf_config(config))
 
 
-def run_ppo(config: DictConfig) -> dict:
+def run_ppo(config: DictConfig, report: bool = True) -> dict:
     """The whole run holds the lock on trainer.default_local_dir, taken (with a write check of the checkpoint and
-    log directories) before anything else starts: a second run on the directory stops here, naming the holder."""
+    log directories) before anything else starts: a second run on the directory stops here, naming the holder.
+    report: print the closing line (wall time, where logs and checkpoints went); a caller that prints its own
+    (the demo, whose wall time covers more than this run) passes False."""
     run_dir = Path(os.path.expanduser(config.trainer.default_local_dir))
     with claim_run_dir(run_dir, run_log_dirs(_loggers(config), run_dir / "logs")), contextlib.ExitStack() as cleanup:
-        return _run_ppo_claimed(config, cleanup)
+        summary = _run_ppo_claimed(config, cleanup)
+    if report:
+        print(f"[hybridrl] done in {format_duration(summary['wall_s'])}: {outputs_line(summary)}", flush=True)
+    return summary
+
+
+def outputs_line(summary: dict) -> str:
+    """Where a run's logs, memory plot and checkpoints went, in one line."""
+    plot = summary["memory_plot"] or "none (no GPU memory measured on CPU)"
+    return f"logs {summary['log_dir']}, memory plot {plot}, checkpoints {summary['run_dir']}"
 
 
 def _run_ppo_claimed(config: DictConfig, cleanup: contextlib.ExitStack) -> dict:
@@ -216,7 +228,8 @@ def _run_ppo_claimed(config: DictConfig, cleanup: contextlib.ExitStack) -> dict:
     run_dir = Path(os.path.expanduser(t.default_local_dir))
     run_dir.mkdir(parents=True, exist_ok=True)
     log_dir = run_dir / "logs"
-    tracker = Tracking(t.project_name, t.experiment_name, _loggers(config), config=config, log_dir=str(log_dir))
+    tracker = Tracking(t.project_name, t.experiment_name, _loggers(config), config=config, log_dir=str(log_dir),
+                       total_steps=total_steps)
     # one directory per step holds actor and critic: validation refuses a different max_critic_ckpt_to_keep
     ckpt = CheckpointManager(str(run_dir), max_to_keep=t.max_actor_ckpt_to_keep)
     tracker.log(dataset_metrics(train_set), step=0)
@@ -240,6 +253,4 @@ def _run_ppo_claimed(config: DictConfig, cleanup: contextlib.ExitStack) -> dict:
                "placement": {"actor_rollout": actor_wg.placement,
                              "critic": critic_wg.placement if critic_wg is not None else None,
                              "reward_model": reward_model.placement if with_rm else None}}
-    where = f"memory plot: {plot}" if plot else "memory plot: none (no GPU memory measured on CPU)"
-    print(f"[hybridrl] done in {summary['wall_s']:.1f}s — logs: {log_dir}  {where}  checkpoints: {run_dir}")
     return summary
