@@ -61,7 +61,8 @@ class Layout:
                  if self.grad_accum_steps is not None else f"micro-batch {self.ppo_micro_batch_per_gpu}")
         if self.device == "cpu":  # trainer.n_gpus_per_node counts worker processes there, not GPUs
             nodes = f" ({self.nnodes} nodes x {self.n_gpus_per_node})" if self.nnodes > 1 else ""
-            world = f"world size      {self.world_size} workers on CPU{nodes}"
+            workers = "worker" if self.world_size == 1 else "workers"
+            world = f"world size      {self.world_size} {workers} on CPU{nodes}"
         else:
             world = f"world size      {self.world_size} ({self.nnodes} node(s) x {self.n_gpus_per_node} GPUs)"
         lines = [
