@@ -48,29 +48,66 @@ def _config_show(args) -> int:
 
 
 def _config_check(args) -> int:
-    """Validate, then print the run plan (layout, chosen micro-batches, KV blocks, predicted peak per phase)
-    against this machine's GPU or, with --gpu-memory-gb, a GPU of that size; exit 1 if it cannot fit."""
+    """Validate, then print a summary (the verdict; the memory plan's peak, or the one reason there is no plan; the
+    paths `hybridrl train` would stop on) and the run plan (layout, chosen micro-batches, KV blocks, predicted peak per
+    phase) against this machine's device or, with --gpu-memory-gb, a GPU of that size; exit 1 if the config is invalid
+    or cannot fit. Missing paths do not fail the check: the config may be meant for another machine."""
     import os
+    from dataclasses import replace
 
     from hybridrl.config.layout import derive_layout
+    from hybridrl.config.paths import path_problems
+    from hybridrl.plan import DeviceSpec, local_device, make_plan, reward_model_hf_config
 
     if args.config is None and args.overrides and "=" not in args.overrides[0]:
         args.config = args.overrides.pop(0)  # `config check FILE key=value ...`, the older form
     config = _load(args)
-    print(f"{args.config or 'defaults + overrides'}: OK")
-    model_path = os.path.expanduser(config.actor_rollout_ref.model.path)
-    if not os.path.isfile(os.path.join(model_path, "config.json")):
-        print(derive_layout(config))
-        print(f"(no memory plan: actor_rollout_ref.model.path={model_path!r} has no config.json)")
-        return 0
-    from hybridrl.plan import DeviceSpec, local_device, make_plan, reward_model_hf_config
-    from hybridrl.training.fsdp import load_hf_config
-
     device = (DeviceSpec("cuda", f"a {args.gpu_memory_gb:g} GiB GPU", int(args.gpu_memory_gb * 1024**3))
               if args.gpu_memory_gb else local_device(config))
-    hf_config = load_hf_config(model_path, override_config=config.actor_rollout_ref.model.override_config)
-    print(make_plan(config, hf_config, device, rm_hf_config=reward_model_hf_config(config)))
+    problems = path_problems(config)
+    unplanned = _no_plan_reason(config)
+    plan = None
+    if unplanned is None:
+        from hybridrl.training.fsdp import load_hf_config
+
+        model_path = os.path.expanduser(config.actor_rollout_ref.model.path)
+        hf_config = load_hf_config(model_path, override_config=config.actor_rollout_ref.model.override_config)
+        plan = make_plan(config, hf_config, device, rm_hf_config=reward_model_hf_config(config))
+    print(f"{args.config or 'defaults + overrides'}: valid")
+    print(f"memory plan: {_plan_summary(plan) if plan is not None else 'none: ' + unplanned}")
+    if problems:
+        print(f"missing: {len(problems)} path(s) `hybridrl train` stops on before starting any worker:")
+        print("\n".join(f"  - {p}" for p in problems))
+    print(plan if plan is not None else replace(derive_layout(config), device=device.type))
     return 0
+
+
+def _no_plan_reason(config) -> str | None:
+    """Why no memory plan can be made (the model shapes it needs are read from each model's config.json), or None."""
+    import os
+
+    models = [("actor_rollout_ref.model.path", config.actor_rollout_ref.model.path)]
+    if config.reward_model.enable and config.reward_model.style == "model":
+        models.append(("reward_model.model.path", config.reward_model.model.path))
+    for key, path in models:
+        path = os.path.expanduser(str(path))
+        if not os.path.isfile(os.path.join(path, "config.json")):
+            return (f"{key}={path!r} has no config.json to read the model's shape from (a config alone is enough: "
+                    "`hybridrl assets tiny-model DIR --size qwen2.5-7b --no-weights` writes one of a known shape)")
+    return None
+
+
+def _plan_summary(plan) -> str:
+    """The predicted peak, its phase and what it is measured against, in one line."""
+    gib = 1024**3
+    if not plan.predicted:
+        return f"made for {plan.device} (no per-phase prediction)"
+    phase, peak = max(((name, pm.total) for name, pm in plan.predicted.items()), key=lambda x: x[1])
+    if plan.device.total_bytes is None:
+        return (f"peak {peak / gib:.2f} GiB per worker predicted ({phase}); a CPU has no device memory to hold it "
+                "against (--gpu-memory-gb N plans for GPUs of N GiB)")
+    return (f"peak {peak / gib:.2f} GiB per GPU predicted ({phase}) of {plan.device.total_bytes / gib:.1f} GiB "
+            f"({plan.device.name}): fits")
 
 
 def _train(args) -> int:

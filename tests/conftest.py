@@ -10,6 +10,14 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _compile_cache_in_tmp(tmp_path_factory):
+    """torch.compile's cache in pytest's tmp dir, not /tmp/torchinductor_$USER: the suite leaves nothing behind."""
+    if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(tmp_path_factory.mktemp("torchinductor"))
+    yield
+
+
 @pytest.fixture(scope="session")
 def ray_local():
     import ray

@@ -20,6 +20,32 @@ def test_config_check_seed_prints_both_meshes(capsys):
     assert "[[0, 1], [2, 3], [4, 5]]" in out and "[0, 1, 2, 3, 4, 5]" in out
 
 
+def test_config_check_summary_names_the_missing_plan_and_paths_in_one_report(capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("HYBRIDRL_HOME", str(tmp_path))  # the demo never ran here: its model and data are absent
+    assert cli.main(["config", "check", SEED]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == f"{SEED}: valid"
+    model = tmp_path / "demo" / "runs" / "sft" / "huggingface"
+    assert lines[1].startswith(f"memory plan: none: actor_rollout_ref.model.path='{model}' has no config.json")
+    assert lines[2].startswith("missing: 3 path(s)")
+    assert lines[3].startswith(f"  - actor_rollout_ref.model.path='{model}' does not exist")
+    assert lines[4].startswith("  - data.train_files: [") and lines[5].startswith("  - data.val_files: [")
+    assert all("`hybridrl train` with no arguments builds it there" in line for line in lines[3:6])
+    assert "data.val_files=null turns validation off" in lines[5]
+    assert lines[6] == "world size      6 workers on CPU"
+
+
+def test_config_check_summary_states_the_planned_peak(capsys, tiny_model_dir, tmp_path):
+    data = tmp_path / "train.parquet"
+    data.write_bytes(b"")
+    assert cli.main(["config", "check", f"actor_rollout_ref.model.path={tiny_model_dir}", f"data.train_files={data}",
+                     "data.val_files=null", "--gpu-memory-gb", "80"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "defaults + overrides: valid"
+    assert lines[1].startswith("memory plan: peak ") and lines[1].endswith("of 80.0 GiB (a 80 GiB GPU): fits")
+    assert lines[2] == "world size      8 (1 node(s) x 8 GPUs)"  # nothing missing: no such block
+
+
 def test_config_check_bad_config_exits_1_with_the_key(capsys):
     assert cli.main(["config", "check", SEED, "data.train_batch_size=50"]) == 1
     assert "'data.train_batch_size'" in capsys.readouterr().err

@@ -16,7 +16,7 @@ def test_example_config_validates(algo, size, gpus):
     env = {**os.environ, "HYBRIDRL_DRY_RUN": "1"}
     out = subprocess.run(["bash", str(SCRIPT), algo, size, str(gpus)], env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr + out.stdout
-    assert ": OK" in out.stdout and f"world size      {gpus}" in out.stdout
+    assert ": valid" in out.stdout and f"world size      {gpus}" in out.stdout
 
 
 def test_example_rejects_unknown_size():
@@ -41,7 +41,7 @@ def test_smollm2_recipe_config_validates():
     env = {**os.environ, "HYBRIDRL_DRY_RUN": "1"}
     out = subprocess.run(["bash", str(SMOLLM2_SCRIPT)], env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr + out.stdout
-    assert ": OK" in out.stdout and "64 prompts x n=8 = 512 samples" in out.stdout
+    assert ": valid" in out.stdout and "64 prompts x n=8 = 512 samples" in out.stdout
 
 
 def test_smollm2_recipe_refuses_a_tp_degree_its_heads_do_not_allow(tmp_path):
@@ -63,7 +63,7 @@ def test_smollm2_gsm8k_recipe_uses_verls_gsm8k_scorer_and_longer_sequences(tmp_p
     env = {**os.environ, "HYBRIDRL_DRY_RUN": "1", "DATA": str(tmp_path / "gsm8k")}
     out = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr + out.stdout
-    assert ": OK" in out.stdout and "64 prompts x n=8 = 512 samples" in out.stdout
+    assert ": valid" in out.stdout and "64 prompts x n=8 = 512 samples" in out.stdout
     # the arguments the recipe hands to `hybridrl`, seen by a stand-in first on PATH (later overrides win)
     (tmp_path / "bin").mkdir()
     (tmp_path / "bin" / "hybridrl").write_text('#!/bin/sh\nprintf "%s\\n" "$@"\n')
@@ -88,7 +88,7 @@ def test_reward_model_recipe_validates_with_the_policy_standing_in_for_an_untrai
     env = {**os.environ, "HYBRIDRL_DRY_RUN": "1", "MODEL": str(tmp_path), "RM": str(tmp_path / "no_rm")}
     out = subprocess.run(["bash", str(RM_SCRIPT)], env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr + out.stdout
-    assert ": OK" in out.stdout and "reward model    micro-batch" in out.stdout
+    assert ": valid" in out.stdout and "reward model    micro-batch" in out.stdout
     assert f"checking with the policy {tmp_path} in its place" in out.stderr
 
 
@@ -133,7 +133,7 @@ def test_tools_recipe_validates_and_plans_the_grpo_stage(tmp_path, sft_exists):
     env = {**os.environ, "HYBRIDRL_DRY_RUN": "1", "SFT": str(tmp_path / "sft"), "DATA": str(tmp_path / "data")}
     out = subprocess.run(["bash", str(TOOLS_SCRIPT)], env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr + out.stdout
-    assert ": OK" in out.stdout and "64 prompts x n=8 = 512 samples" in out.stdout
+    assert ": valid" in out.stdout and "64 prompts x n=8 = 512 samples" in out.stdout
     assert ("predicted peak per GPU" in out.stdout) == sft_exists
 
 
@@ -199,3 +199,14 @@ def test_tools_first_turn_check_scores_the_sampled_first_turns(tmp_path, tiny_mo
     for key in ("opens_tool_call", "parsed_calculator_call", "right_expression", "answers_directly"):
         assert 0.0 <= result[key] <= 1.0
     assert result["right_expression"] <= result["parsed_calculator_call"] <= result["opens_tool_call"]
+
+
+def test_my_task_recipe_converts_its_questions_and_plans_the_run(tmp_path, tiny_model_dir):
+    env = {**os.environ, "HYBRIDRL_DRY_RUN": "1", "MODEL": str(tiny_model_dir), "OUT": str(tmp_path)}
+    out = subprocess.run(["bash", str(ROOT / "examples" / "my_task" / "run.sh")], env=env, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr + out.stdout
+    lines = out.stdout.splitlines()
+    assert lines[0] == f"wrote 5 rows to {tmp_path / 'train.parquet'} (data_source 'my_task')"
+    assert lines[1] == "defaults + overrides: valid" and lines[2].startswith("memory plan: peak ")
+    assert "missing:" not in out.stdout  # model, data and reward file all exist

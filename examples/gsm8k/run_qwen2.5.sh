@@ -48,8 +48,7 @@ args=(
   "${algo_args[@]}" "$@"
 )
 if [ "${HYBRIDRL_DRY_RUN:-0}" = 1 ]; then
-  empty=$(mktemp --suffix .yaml); echo "{}" > "$empty"
-  exec hybridrl config check "$empty" "${args[@]}"
+  exec hybridrl config check "${args[@]}"
 fi
 [ -d "$MODEL" ] || hybridrl assets tiny-model "$MODEL" --size "qwen2.5-$size"
 [ -f "$DATA/train.parquet" ] || hybridrl data make gsm8k-synthetic --out "$DATA" --train 7473 --test 1319 --seed 0

@@ -38,8 +38,7 @@ args=(
   "$@"
 )
 if [ "${HYBRIDRL_DRY_RUN:-0}" = 1 ]; then
-  empty=$(mktemp --suffix .yaml); echo "{}" > "$empty"
-  exec hybridrl config check "$empty" "${args[@]}"
+  exec hybridrl config check "${args[@]}"
 fi
 [ -f "$MODEL/model.safetensors" ] || hybridrl assets smollm2 "$MODEL" ${GGUF:+--gguf "$GGUF"}
 [ -f "$DATA/train.parquet" ] || python "$here/make_data.py" --out "$DATA" --train 3000 --test 200 --seed 0

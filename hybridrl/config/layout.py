@@ -59,8 +59,14 @@ class Layout:
         micro = ("dynamic (token budget)" if self.ppo_micro_batch_per_gpu is None else
                  f"{self.grad_accum_steps} micro-batches of {self.ppo_micro_batch_per_gpu}"
                  if self.grad_accum_steps is not None else f"micro-batch {self.ppo_micro_batch_per_gpu}")
+        if self.device == "cpu":  # trainer.n_gpus_per_node counts worker processes there, not GPUs
+            nodes = f" ({self.nnodes} nodes x {self.n_gpus_per_node})" if self.nnodes > 1 else ""
+            workers = "worker" if self.world_size == 1 else "workers"
+            world = f"world size      {self.world_size} {workers} on CPU{nodes}"
+        else:
+            world = f"world size      {self.world_size} ({self.nnodes} node(s) x {self.n_gpus_per_node} GPUs)"
         lines = [
-            f"world size      {self.world_size} ({self.nnodes} node(s) x {self.n_gpus_per_node} GPUs)",
+            world,
             f"training mesh   {self._mesh(self.device, self.training_mesh, self.training_mesh_dims)}"
             f"  [{kind}, dp={self.train_dp}]",
         ]
@@ -83,8 +89,10 @@ class Layout:
         return "\n".join(lines)
 
 
-def derive_layout(config: DictConfig | dict) -> Layout:
-    """Meshes and per-GPU batch sizes implied by a (PPO) config; raises ConfigError if it is inconsistent."""
+def derive_layout(config: DictConfig | dict, device_type: str | None = None) -> Layout:
+    """Meshes and per-GPU batch sizes implied by a (PPO) config; raises ConfigError if it is inconsistent.
+    device_type: "cpu" or "cuda", the device the run will have (trainer.device=auto leaves it to the machine);
+    None: cpu only when trainer.device says so."""
     check_semantics(config)
     c = OmegaConf.to_container(config, resolve=True) if isinstance(config, DictConfig) else config
     t, actor, rollout, ref = c["trainer"], c["actor_rollout_ref"]["actor"], c["actor_rollout_ref"]["rollout"], \
@@ -106,7 +114,7 @@ def derive_layout(config: DictConfig | dict) -> Layout:
     if c["algorithm"]["adv_estimator"] == "gae":
         critic_mini = c["critic"]["ppo_mini_batch_size"] * n // (world // c["critic"]["ulysses_sequence_parallel_size"])
     return Layout(
-        device="cpu" if t["device"] == "cpu" else "cuda",
+        device=device_type or ("cpu" if t["device"] == "cpu" else "cuda"),
         nnodes=t["nnodes"], n_gpus_per_node=t["n_gpus_per_node"], world_size=world,
         training_mesh=training_mesh, training_mesh_dims=dims,
         ulysses_sp=sp, sp_mesh=_grid(train_dp, sp) if sp > 1 else None, train_dp=train_dp,

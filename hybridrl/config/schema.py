@@ -132,7 +132,7 @@ ENUMS: dict[str, tuple[str, ...]] = {
     "algorithm.rollout_correction.rollout_is": ("token", "sequence"),
     "algorithm.adv_estimator": ("gae", "grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "remax"),
     "algorithm.kl_ctrl.type": ("fixed", "adaptive"),
-    "trainer.logger": ("console", "file", "tensorboard", "wandb"),  # checked per entry
+    "trainer.logger": ("console", "file", "tensorboard", "wandb", "mlflow"),  # checked per entry
     "trainer.resume_mode": ("auto", "disable", "resume_path"),
     "trainer.device": ("auto", "cuda", "cpu"),
     "actor_rollout_ref.rollout.log_prob_unshard_once": ("auto", True, False),

@@ -17,6 +17,7 @@ machine and rank 0's machine would host ranks the config meant for another.
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from typing import Any
@@ -39,8 +40,31 @@ def init_ray(address: str | None = None, num_cpus: int | None = None, **ray_init
         if address:
             ray.init(address=address, **kwargs)
         else:
+            _quiet_default_token_auth_notice()
             ray.init(num_cpus=num_cpus, **kwargs)
     return dict(ray.cluster_resources())
+
+
+class _DropRecord(logging.Filter):
+    def __init__(self, prefix: str):
+        super().__init__()
+        self.prefix = prefix
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith(self.prefix)
+
+
+def _quiet_default_token_auth_notice() -> None:
+    """Ray turns token authentication on for a new local cluster and, while RAY_AUTH_MODE is unset, warns that it
+    did: a notice that asks nothing of the user (the protection stays: no other process on the machine can submit
+    code to the cluster). Only that record is dropped. Setting RAY_AUTH_MODE=token here would not do: Ray reads the
+    mode once, when it is imported, so a value set later reaches the cluster's processes but not this one, and
+    they refuse each other; a user's own RAY_AUTH_MODE, set before Ray starts, is what Ray already honours."""
+    if os.environ.get("RAY_AUTH_MODE") is not None:
+        return
+    ray_logger = logging.getLogger("ray._private.authentication.authentication_token_setup")
+    if not any(isinstance(f, _DropRecord) for f in ray_logger.filters):
+        ray_logger.addFilter(_DropRecord("Token authentication is enabled for this Ray cluster"))
 
 
 class RayResourcePool:

@@ -1,4 +1,5 @@
-"""`hybridrl data make TASK --out DIR --train N --test M --seed S [knobs]`.
+"""`hybridrl data make TASK --out DIR --train N --test M --seed S [knobs]` and `hybridrl data convert SRC --out FILE
+...` (convert.py: your JSONL / CSV / datasets / parquet into the trainer's schema).
 
 `register(subparsers)` adds the `data` command to the top-level parser; each task is a sub-command with its own
 knob flags (so `--help` lists them); leaf parsers set `func(args)` (returns the exit code, 0) for the top-level CLI to call.
@@ -34,8 +35,11 @@ def run_make(args: argparse.Namespace) -> int:
 
 
 def register(subparsers) -> argparse.ArgumentParser:
-    data = subparsers.add_parser("data", help="generate datasets")
+    from hybridrl.data.convert import register as register_convert
+
+    data = subparsers.add_parser("data", help="generate a task's datasets, or convert yours")
     sub = data.add_subparsers(dest="data_command", required=True)
+    register_convert(sub)
     make = sub.add_parser("make", help="write TASK's train.parquet / test.parquet (verl schema)")
     tasks = make.add_subparsers(dest="task", required=True)
     for name in TASKS:

@@ -195,7 +195,7 @@ def make_plan(config: DictConfig | dict, hf_config, device: DeviceSpec, val_prom
               rm_hf_config=None) -> RunPlan:
     """The plan of a PPO/GRPO config on `device`; raises ConfigError when a phase cannot fit. `rm_hf_config`: the
     reward model's HF config, needed with reward_model.enable and style=model."""
-    layout = derive_layout(config)
+    layout = derive_layout(config, device.type)
     c = OmegaConf.to_container(config, resolve=True) if isinstance(config, DictConfig) else config
     g = lambda p: _get(c, p)  # noqa: E731
     shape = ModelShape.from_hf_config(hf_config)

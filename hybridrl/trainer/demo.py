@@ -21,14 +21,12 @@ import os
 import time
 from pathlib import Path
 
+from hybridrl.config.paths import demo_home
+
 DEMO_TASK = dict(task="arith", n_train=600, n_test=100, knobs=dict(digits=1, operands=3, ops="+", unmarked=0.6))
 DEMO_MODEL = dict(arch="qwen2", layers=4, hidden=128, heads=4, kv_heads=2)
 SEED_ENV = "HYBRIDRL_DEMO_SEED"
 GRPO_STEPS = 60
-
-
-def demo_home() -> Path:
-    return Path(os.path.expanduser(os.environ.get("HYBRIDRL_HOME", "~/.cache/hybridrl"))) / "demo"
 
 
 def demo_seed() -> int:
@@ -115,8 +113,9 @@ def prepare(home: Path, seed: int = 0) -> tuple[Path, Path]:
 
 def run_demo(args=None, seed: int | None = None) -> dict:
     from hybridrl.config.loader import load_config
-    from hybridrl.trainer.launch import run_ppo
+    from hybridrl.trainer.launch import outputs_line, run_ppo
     from hybridrl.trainer.sft_trainer import load_sft_config, run_sft
+    from hybridrl.trainer.tracking import format_duration
 
     t0 = time.time()
     seed = demo_seed() if seed is None else seed
@@ -127,7 +126,7 @@ def run_demo(args=None, seed: int | None = None) -> dict:
     sft = run_sft(load_sft_config(overrides=sft_overrides(model_dir, data_dir, sft_dir, seed)))
     print("[hybridrl demo] step 2/2: GRPO")
     config = load_config(overrides=demo_overrides(home, Path(sft["hf_model_dir"]), seed))
-    summary = run_ppo(config)
+    summary = run_ppo(config, report=False)  # one closing line, below, with the demo's whole wall time
     vals = [h for h in summary["history"] if any(k.startswith("val-core/") for k in h)]
     key = next((k for k in vals[0] if k.startswith("val-core/") and "/acc/mean@" in k), None) if vals else None
     if key is None or len(vals) < 2:
@@ -135,8 +134,8 @@ def run_demo(args=None, seed: int | None = None) -> dict:
                            f"see the logs in {summary['log_dir']}")
     before, after = vals[0][key], vals[-1][key]
     wall = time.time() - t0
-    print(f"[hybridrl demo] validation accuracy ({key}): before GRPO {before:.3f} → after {after:.3f}; "
-          f"wall time {wall / 60:.1f} min")
+    print(f"[hybridrl demo] done in {format_duration(wall)} (model, data, SFT and GRPO): validation accuracy "
+          f"({key}) before GRPO {before:.3f} → after {after:.3f}; {outputs_line(summary)}")
     result = {"seed": seed, "metric": key, "val_acc_before": before, "val_acc_after": after, "wall_s": wall,
               "val_acc_by_step": {int(h.get("training/global_step", i)): h[key] for i, h in enumerate(vals)},
               "run_dir": summary["run_dir"], "memory_plot": summary["memory_plot"]}

@@ -13,37 +13,29 @@ from pathlib import Path
 
 from omegaconf import DictConfig, open_dict
 
+from hybridrl.config.paths import check_paths, files_problem, model_dir_problem
 from hybridrl.data.rl_dataset import dataset_metrics
 from hybridrl.models.external_lib import import_external_lib
 from hybridrl.seeding import seed_everything
 from hybridrl.trainer.ppo_trainer import RayPPOTrainer, need_critic, need_reference
 from hybridrl.trainer.run_dir import claim_run_dir, run_log_dirs
+from hybridrl.trainer.tracking import format_duration
 
 
 def _files(value, key: str) -> list[str]:
-    items = [value] if isinstance(value, str) else list(value)
-    paths = [os.path.expanduser(str(v)) for v in items]
-    missing = [p for p in paths if not Path(p).exists()]
-    if missing:
-        raise FileNotFoundError(f"{key}: {missing} not found (make a dataset with `hybridrl data make TASK --out DIR`)")
-    return paths
+    problem = files_problem(value, key)
+    if problem:
+        raise FileNotFoundError(problem)
+    return [os.path.expanduser(str(v)) for v in ([value] if isinstance(value, str) else list(value))]
 
 
 def check_model_dir(path: str, key: str) -> str:
     """`path` expanded, once it is a directory holding config.json; else an error naming the key, the directory and
     what is missing (a half-copied or empty model directory otherwise fails later in the tokenizer or a worker)."""
-    path = os.path.expanduser(str(path))
-    where = Path(path)
-    if not where.exists():
-        raise FileNotFoundError(f"{key}={path!r} does not exist (make a tiny model with `hybridrl assets tiny-model DIR`)")
-    if not where.is_dir():
-        raise NotADirectoryError(f"{key}={path!r} is a file; it must be a HF model directory (config.json, weights, "
-                                 "tokenizer)")
-    if not (where / "config.json").is_file():
-        found = sorted(p.name for p in where.iterdir())[:10]
-        raise FileNotFoundError(f"{key}={path!r}: the model directory has no config.json (it holds "
-                                f"{found or 'nothing'}); a HF model directory needs config.json, weights and tokenizer")
-    return path
+    problem = model_dir_problem(path, key)
+    if problem:
+        raise FileNotFoundError(problem)
+    return os.path.expanduser(str(path))
 
 
 def prompt_tools(multi_turn: DictConfig) -> list[dict] | None:
@@ -156,12 +148,23 @@ def make_run_plan(config: DictConfig, model_path: str, use_gpu: bool, val_prompt
                      rm_hf_config=reward_model_hf_config(config))
 
 
-def run_ppo(config: DictConfig) -> dict:
+def run_ppo(config: DictConfig, report: bool = True) -> dict:
     """The whole run holds the lock on trainer.default_local_dir, taken (with a write check of the checkpoint and
-    log directories) before anything else starts: a second run on the directory stops here, naming the holder."""
+    log directories) before anything else starts: a second run on the directory stops here, naming the holder.
+    report: print the closing line (wall time, where logs and checkpoints went); a caller that prints its own
+    (the demo, whose wall time covers more than this run) passes False."""
     run_dir = Path(os.path.expanduser(config.trainer.default_local_dir))
     with claim_run_dir(run_dir, run_log_dirs(_loggers(config), run_dir / "logs")), contextlib.ExitStack() as cleanup:
-        return _run_ppo_claimed(config, cleanup)
+        summary = _run_ppo_claimed(config, cleanup)
+    if report:
+        print(f"[hybridrl] done in {format_duration(summary['wall_s'])}: {outputs_line(summary)}", flush=True)
+    return summary
+
+
+def outputs_line(summary: dict) -> str:
+    """Where a run's logs, memory plot and checkpoints went, in one line."""
+    plot = summary["memory_plot"] or "none (no GPU memory measured on CPU)"
+    return f"logs {summary['log_dir']}, memory plot {plot}, checkpoints {summary['run_dir']}"
 
 
 def _run_ppo_claimed(config: DictConfig, cleanup: contextlib.ExitStack) -> dict:
@@ -179,11 +182,8 @@ def _run_ppo_claimed(config: DictConfig, cleanup: contextlib.ExitStack) -> dict:
     t = config.trainer
     seed_everything(int(t.seed))  # the driver's own draws (e.g. group uids); workers seed themselves at init
     import_external_lib(config.actor_rollout_ref.model.external_lib)  # before any HF config or model is read
-    model_path = check_model_dir(config.actor_rollout_ref.model.path, "actor_rollout_ref.model.path")
-    if need_critic(config):
-        check_model_dir(config.critic.model.path, "critic.model.path")
-    if use_reward_model_worker(config):
-        check_model_dir(config.reward_model.model.path, "reward_model.model.path")
+    check_paths(config)  # every missing model, data or reward file at once, before any is read
+    model_path = os.path.expanduser(config.actor_rollout_ref.model.path)
     tokenizer = policy_tokenizer(config)
     tools = prompt_tools(config.actor_rollout_ref.rollout.multi_turn)
     train_set = load_dataset(config.data.train_files, "data.train_files", tokenizer, config.data, tools)
@@ -244,7 +244,8 @@ def _run_ppo_claimed(config: DictConfig, cleanup: contextlib.ExitStack) -> dict:
     run_dir = Path(os.path.expanduser(t.default_local_dir))
     run_dir.mkdir(parents=True, exist_ok=True)
     log_dir = run_dir / "logs"
-    tracker = Tracking(t.project_name, t.experiment_name, _loggers(config), config=config, log_dir=str(log_dir))
+    tracker = Tracking(t.project_name, t.experiment_name, _loggers(config), config=config, log_dir=str(log_dir),
+                       total_steps=total_steps)
     # one directory per step holds actor and critic: validation refuses a different max_critic_ckpt_to_keep
     ckpt = CheckpointManager(str(run_dir), max_to_keep=t.max_actor_ckpt_to_keep)
     timeline = MemoryTimeline()
@@ -267,6 +268,4 @@ def _run_ppo_claimed(config: DictConfig, cleanup: contextlib.ExitStack) -> dict:
                "placement": {"actor_rollout": actor_wg.placement,
                              "critic": critic_wg.placement if critic_wg is not None else None,
                              "reward_model": reward_model.placement if with_rm else None}}
-    where = f"memory plot: {plot}" if plot else "memory plot: none (no GPU memory measured on CPU)"
-    print(f"[hybridrl] done in {summary['wall_s']:.1f}s — logs: {log_dir}  {where}  checkpoints: {run_dir}")
     return summary

@@ -175,13 +175,8 @@ def _setup_dist(device_pref: str):
         backend = "nccl" if use_cuda else "gloo"
         if int(os.environ.get("WORLD_SIZE", "1")) > 1:
             dist.init_process_group(backend)
-        else:
-            import tempfile
-
-            from torch.distributed import FileStore
-
-            store = FileStore(os.path.join(tempfile.mkdtemp(prefix="hybridrl_sft_"), "store"), 1)
-            dist.init_process_group(backend, store=store, rank=0, world_size=1)
+        else:  # one process: an in-memory store (a file store would leave its directory behind in /tmp)
+            dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
         created = True
     rank, world = dist.get_rank(), dist.get_world_size()
     if use_cuda:

@@ -1,10 +1,12 @@
 """Experiment tracking: one `Tracking` object fans each step's metrics out to the configured backends.
 
-Backends (`trainer.logger`, verl's names): `console`, `file`, `tensorboard`, `wandb`.
+Backends (`trainer.logger`, verl's names): `console`, `file`, `tensorboard`, `wandb`, `mlflow`.
 Choices:
-- console prints ONE compact line per step with a curated short list (score, reward, losses, lengths,
-  times, throughput, memory, core validation numbers): a step's full dict is ~100 keys and unreadable
-  in a terminal; the full dict goes to the `hybridrl.tracking` logger at DEBUG level;
+- console prints ONE short line per step: `step k/N`, the time since logging began and an ETA (the mean time of the
+  steps this process ran, times the steps left), then a curated few numbers (score, entropy, response length,
+  step time, memory, core validation numbers). A step's full dict is ~100 keys and unreadable in a terminal:
+  it goes to the file logger (the packaged default logs to both) and to the `hybridrl.tracking` logger at
+  DEBUG level. A step with none of the curated keys (the dataset statistics logged at step 0) prints nothing;
 - file writes verl's FileLogger format, one JSON object per line `{"step": N, "data": {...}}`, flushed
   every step (a killed run keeps every logged step). Path: `$VERL_FILE_LOGGER_PATH` if set, else
   `{log_dir}/metrics.jsonl`; appended to, so a resumed run continues the same file. Non-finite floats
@@ -13,6 +15,14 @@ Choices:
   non-numeric values are skipped with a warning naming them (scalars only there);
 - wandb: offline mode when neither WANDB_MODE nor WANDB_API_KEY is set (no account, no network
   here); a missing package is an ImportError that says how to fix it, never a silent no-op;
+- mlflow: `$MLFLOW_TRACKING_URI` when set (a server, a database, a directory), else a local file store in
+  `{log_dir}/mlruns` (`mlflow ui --backend-store-uri file://...` shows it; MLFLOW_ALLOW_FILE_STORE=true, which
+  mlflow 3 asks for before it opens a file store, is set for it unless set already). project_name is the experiment,
+  experiment_name the run's name; the resolved config is the run's `config.json` artifact (hundreds of keys exceed
+  what mlflow's params take in one batch) and validation generations `val_generations/step_N.json`. Metric names
+  are made legal for mlflow (`@` -> `_at_`, other characters it refuses -> `_`); non-numeric values are skipped
+  with a warning, as for tensorboard. Through MlflowClient, not mlflow's module-level active run, so a process
+  that runs mlflow for its own purposes keeps its run;
 - log_dir defaults to `logs/{project_name}/{experiment_name}`.
 """
 
@@ -22,7 +32,9 @@ import json
 import logging
 import math
 import os
+import re
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TextIO
@@ -30,28 +42,20 @@ from typing import Any, TextIO
 import numpy as np
 
 __all__ = ["Tracking", "ValidationGenerationsLogger", "select_generations", "make_progress_bar",
-           "format_console_line", "SUPPORTED_BACKENDS"]
+           "format_console_line", "format_duration", "SUPPORTED_BACKENDS"]
 
 logger = logging.getLogger("hybridrl.tracking")
 
-SUPPORTED_BACKENDS = ("console", "file", "tensorboard", "wandb")
+SUPPORTED_BACKENDS = ("console", "file", "tensorboard", "wandb", "mlflow")
 
-# (metric key, short name) shown on the console line, in this order, when present.
+# (metric key, short name) shown on the console line, in this order, when present: what tells whether a run
+# learns (score, entropy, length; the critic's loss for PPO) and what it costs (step time, memory)
 CONSOLE_KEYS = (
     ("critic/score/mean", "score"),
-    ("critic/rewards/mean", "reward"),
-    ("actor/pg_loss", "pg_loss"),
-    ("actor/kl_loss", "kl_loss"),
     ("actor/entropy", "entropy"),
-    ("actor/pg_clipfrac", "clipfrac"),
-    ("actor/grad_norm", "grad_norm"),
     ("critic/vf_loss", "vf_loss"),
     ("response_length/mean", "resp_len"),
-    ("response_length/clip_ratio", "resp_clip"),
-    ("timing_s/gen", "gen_s"),
-    ("timing_s/update_actor", "upd_s"),
     ("timing_s/step", "step_s"),
-    ("perf/throughput", "tok/s/gpu"),
     ("perf/max_memory_allocated_gb", "mem_gb"),
 )
 
@@ -78,12 +82,31 @@ def _fmt(value: Any) -> str:
     return f"{value:.4g}"
 
 
-def format_console_line(data: dict[str, Any], step: int) -> str:
-    """`step 3 | score 0.5 | ... | val/gsm8k/acc/mean@4 0.25` from the curated keys present in `data`."""
-    parts = [f"step {step}"]
-    parts += [f"{short} {_fmt(data[key])}" for key, short in CONSOLE_KEYS if key in data]
-    parts += [f"{k.replace('val-core/', 'val/', 1)} {_fmt(v)}" for k, v in data.items() if k.startswith("val-core/")]
-    return " | ".join(parts)
+def format_duration(seconds: float) -> str:
+    """`42s`, `3:07` (m:ss), `1:02:03` (h:mm:ss)."""
+    s = max(0, round(seconds))
+    if s < 60:
+        return f"{s}s"
+    h, rest = divmod(s, 3600)
+    m, sec = divmod(rest, 60)
+    return f"{h}:{m:02d}:{sec:02d}" if h else f"{m}:{sec:02d}"
+
+
+def _curated(data: dict[str, Any]) -> list[str]:
+    parts = [f"{short} {_fmt(data[key])}" for key, short in CONSOLE_KEYS if key in data]
+    return parts + [f"{k.replace('val-core/', 'val/', 1)} {_fmt(v)}" for k, v in data.items()
+                    if k.startswith("val-core/")]
+
+
+def format_console_line(data: dict[str, Any], step: int, total_steps: int | None = None,
+                        elapsed_s: float | None = None, eta_s: float | None = None) -> str:
+    """`step 3/60 | 0:42 elapsed, ETA 13:20 | score 0.5 | ... | val/gsm8k/acc/mean@4 0.25` from the curated keys
+    present in `data` (the total, elapsed time and ETA where given)."""
+    parts = [f"step {step}" + (f"/{total_steps}" if total_steps else "")]
+    if elapsed_s is not None:
+        parts.append(f"{format_duration(elapsed_s)} elapsed" + (f", ETA {format_duration(eta_s)}"
+                                                                  if eta_s is not None else ""))
+    return " | ".join(parts + _curated(data))
 
 
 def _plain_config(config: Any) -> Any:
@@ -99,13 +122,42 @@ def _plain_config(config: Any) -> Any:
     return config
 
 
+def _require(module: str, backend: str, install: str):
+    """The module a logger backend needs; a missing package is an ImportError that says how to fix it."""
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ImportError as e:
+        raise ImportError(f"trainer.logger includes '{backend}' but the {backend} package is not installed: "
+                          f"`{install}` or remove it from trainer.logger") from e
+
+
 class _ConsoleBackend:
-    def __init__(self, stream: TextIO | None):
-        self.stream = stream
+    def __init__(self, stream: TextIO | None, total_steps: int | None, clock=time.monotonic):
+        self.stream, self.total_steps, self.clock = stream, total_steps, clock
+        self.start = clock()
+        self.base: tuple[int, float] | None = None   # (step, time) the ETA's rate is measured from
+
+    def _eta(self, step: int, now: float) -> float | None:
+        if self.base is None:  # a resumed run's first step: measured from when logging started
+            self.base = (step - 1, self.start)
+        base_step, base_time = self.base
+        if not self.total_steps or step <= base_step:
+            return None
+        return (now - base_time) / (step - base_step) * max(0, self.total_steps - step)
 
     def log(self, data: dict, step: int) -> None:
-        print(format_console_line(data, step), file=self.stream or sys.stdout, flush=True)
         logger.debug("step %d metrics: %s", step, {k: _to_python(v) for k, v in data.items()})
+        now = self.clock()
+        if step <= 0:  # before training (dataset statistics, validation): training's time starts after it
+            self.base = (step, now)
+            if not _curated(data):
+                return
+            line = format_console_line(data, step, self.total_steps)
+        else:
+            line = format_console_line(data, step, self.total_steps, now - self.start, self._eta(step, now))
+        print(line, file=self.stream or sys.stdout, flush=True)
 
     def finish(self) -> None:
         pass
@@ -131,11 +183,7 @@ class _FileBackend:
 
 class _TensorboardBackend:
     def __init__(self, log_dir: Path):
-        try:
-            from torch.utils.tensorboard import SummaryWriter
-        except ImportError as e:
-            raise ImportError("trainer.logger includes 'tensorboard' but the tensorboard package is not "
-                              "installed: `pip install tensorboard` or remove it from trainer.logger") from e
+        SummaryWriter = _require("torch.utils.tensorboard", "tensorboard", "pip install tensorboard").SummaryWriter
         self.dir = Path(os.environ.get("TENSORBOARD_DIR") or log_dir / "tensorboard")
         self.dir.mkdir(parents=True, exist_ok=True)
         print(f"[tracking] tensorboard logs in {self.dir}", flush=True)
@@ -165,11 +213,7 @@ class _TensorboardBackend:
 
 class _WandbBackend:
     def __init__(self, project_name: str, experiment_name: str, config: Any, log_dir: Path):
-        try:
-            import wandb
-        except ImportError as e:
-            raise ImportError("trainer.logger includes 'wandb' but the wandb package is not installed: "
-                              "`pip install wandb` or remove it from trainer.logger") from e
+        wandb = _require("wandb", "wandb", "pip install wandb")
         self.wandb = wandb
         mode = os.environ.get("WANDB_MODE") or (None if os.environ.get("WANDB_API_KEY") else "offline")
         log_dir.mkdir(parents=True, exist_ok=True)
@@ -187,13 +231,66 @@ class _WandbBackend:
         self.wandb.finish()
 
 
+class _MlflowBackend:
+    _ILLEGAL = re.compile(r"[^\w\-. /:]")   # what mlflow accepts in a metric name: alphanumerics, _ - . space / :
+
+    def __init__(self, project_name: str, experiment_name: str, config: Any, log_dir: Path):
+        mlflow = _require("mlflow", "mlflow", "pip install 'hybridrl[mlflow]'")
+        from mlflow.entities import Metric
+
+        self.metric = Metric
+        uri = os.environ.get("MLFLOW_TRACKING_URI")
+        if not uri:
+            store = (log_dir / "mlruns").resolve()
+            store.mkdir(parents=True, exist_ok=True)
+            uri = store.as_uri()
+            # mlflow >= 3.x refuses a file store unless this is set (it would have a database instead); the run
+            # directory's own store is plain files that need no server or schema migrations (a SQLite store
+            # spends seconds creating its tables and logs about it). A value the user set wins.
+            os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+        self.uri = uri
+        self.client = mlflow.MlflowClient(tracking_uri=uri)
+        experiment = self.client.get_experiment_by_name(project_name)
+        experiment_id = experiment.experiment_id if experiment else self.client.create_experiment(project_name)
+        self.run_id = self.client.create_run(experiment_id, run_name=experiment_name).info.run_id
+        if config is not None:
+            self.client.log_dict(self.run_id, _plain_config(config), "config.json")
+        print(f"[tracking] mlflow run {self.run_id} ({project_name}/{experiment_name}) in {uri}", flush=True)
+
+    @classmethod
+    def key(cls, name: str) -> str:
+        return cls._ILLEGAL.sub("_", name.replace("@", "_at_"))
+
+    def log(self, data: dict, step: int) -> None:
+        now = int(time.time() * 1000)
+        metrics, skipped = [], []
+        for key, value in data.items():
+            value = _to_python(value)
+            if isinstance(value, int | float) and not isinstance(value, bool):
+                metrics.append(self.metric(self.key(key), float(value), now, int(step)))
+            else:
+                skipped.append(key)
+        if skipped:
+            logger.warning("mlflow: step %d: %d non-scalar values not logged: %s", step, len(skipped), skipped)
+        for i in range(0, len(metrics), 1000):  # mlflow's limit of metrics per batch
+            self.client.log_batch(self.run_id, metrics=metrics[i:i + 1000])
+
+    def log_generations(self, rows: list[list], step: int) -> None:
+        self.client.log_dict(self.run_id, [{"input": r[0], "output": r[1], "score": r[2]} for r in rows],
+                             f"val_generations/step_{int(step)}.json")
+
+    def finish(self) -> None:
+        self.client.set_terminated(self.run_id)
+
+
 class Tracking:
     """Fan-out logger: `Tracking(project, experiment, ["console", "file"]).log(metrics, step)`; `finish()` at the end."""
 
     supported_backend = SUPPORTED_BACKENDS
 
     def __init__(self, project_name: str, experiment_name: str, default_backend: str | Sequence[str] = "console",
-                 config: Any = None, log_dir: str | os.PathLike | None = None, stream: TextIO | None = None):
+                 config: Any = None, log_dir: str | os.PathLike | None = None, stream: TextIO | None = None,
+                 total_steps: int | None = None):
         backends = [default_backend] if isinstance(default_backend, str) else list(default_backend or [])
         unknown = [b for b in backends if b not in SUPPORTED_BACKENDS]
         if unknown:
@@ -203,13 +300,15 @@ class Tracking:
         self.logger: dict[str, Any] = {}
         for name in dict.fromkeys(backends):  # keep order, drop duplicates
             if name == "console":
-                self.logger[name] = _ConsoleBackend(stream)
+                self.logger[name] = _ConsoleBackend(stream, total_steps)
             elif name == "file":
                 self.logger[name] = _FileBackend(self.log_dir)
             elif name == "tensorboard":
                 self.logger[name] = _TensorboardBackend(self.log_dir)
             elif name == "wandb":
                 self.logger[name] = _WandbBackend(project_name, experiment_name, config, self.log_dir)
+            elif name == "mlflow":
+                self.logger[name] = _MlflowBackend(project_name, experiment_name, config, self.log_dir)
         self._finished = False
 
     def log(self, data: dict[str, Any], step: int, backend: Sequence[str] | None = None) -> None:
@@ -233,6 +332,8 @@ class Tracking:
             self.logger["tensorboard"].log_text("val/generations", text, step)
         if "wandb" in self.logger:
             self.logger["wandb"].log_table("val/generations", ["input", "output", "score"], rows, step)
+        if "mlflow" in self.logger:
+            self.logger["mlflow"].log_generations(rows, step)
 
     def finish(self) -> None:
         if self._finished:

@@ -227,7 +227,10 @@ def register_varlen_attention() -> str:
 # ---------------------------------------------------------------------------------------------- forward
 @contextmanager
 def _replaced_head(module, head_rows, flat: torch.Tensor, drop_last: bool = False):
-    """While active, the model's output head returns head_rows(hidden [K, H], weight, flat) instead of logits.
+    """While active, the model's output head returns head_rows(hidden [K, H], weight, flat) instead of logits:
+    the [K, M] rows as head_rows made them, which the caller shapes. Not reshaped to the hidden's batch shape
+    here: that view would be the FSDP root's output, the tensor FSDP2 hooks for its pre-backward all-gather,
+    and it warns that an in-place op on a view drops that hook.
     drop_last: the head sees [B, R+1, H] (padded path); the last position predicts no response token."""
     if head_rows is None:
         yield
@@ -236,9 +239,8 @@ def _replaced_head(module, head_rows, flat: torch.Tensor, drop_last: bool = Fals
 
     def forward(hidden):
         if drop_last:
-            rows = head_rows(hidden[:, :-1].reshape(-1, hidden.shape[-1]), head.weight, flat)
-            return rows.reshape(hidden.shape[0], -1, rows.shape[-1])
-        return head_rows(hidden.reshape(-1, hidden.shape[-1]), head.weight, flat)[None]
+            hidden = hidden[:, :-1]
+        return head_rows(hidden.reshape(-1, hidden.shape[-1]), head.weight, flat)
 
     head.forward = forward
     try:
@@ -292,8 +294,9 @@ def forward_response_logits(module, input_ids: torch.Tensor, attention_mask: tor
     if not use_remove_padding and head_rows is not None:
         flat = torch.arange(bsz * response_length, device=input_ids.device)
         with _replaced_head(module, head_rows, flat, drop_last=True):
-            return module(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+            rows = module(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                           use_cache=False, logits_to_keep=response_length + 1).logits
+        return rows.reshape(bsz, response_length, -1)
     if not use_remove_padding:
         kwargs = {"logits_to_keep": response_length + 1} if keep_only_needed else {}
         logits = module(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
@@ -316,8 +319,9 @@ def forward_response_logits(module, input_ids: torch.Tensor, attention_mask: tor
         rows = _sequence_parallel_rows(module, packed, keep, flat, kwargs, sp, keep_only_needed, row_fn, head_rows)
     elif keep_only_needed:
         with _replaced_head(module, head_rows, flat):
-            rows = row_fn(module(input_ids=packed.input_ids, position_ids=packed.position_ids, logits_to_keep=keep,
-                                 **kwargs).logits[0], flat)                               # [K, M]
+            logits = module(input_ids=packed.input_ids, position_ids=packed.position_ids, logits_to_keep=keep,
+                            **kwargs).logits
+        rows = row_fn(logits if head_rows is not None else logits[0], flat)          # [K, M]
     else:
         logits = module(input_ids=packed.input_ids, position_ids=packed.position_ids, **kwargs).logits[0]
         rows = row_fn(logits[keep], flat)
@@ -346,7 +350,8 @@ def _sequence_parallel_rows(module, packed: PackedInputs, keep: torch.Tensor, fl
     ids, pos = ids[:, lo:lo + local], pos[:, lo:lo + local]
     if keep_only_needed:
         with _replaced_head(module, head_rows, flat[mine]):
-            rows = module(input_ids=ids, position_ids=pos, logits_to_keep=keep[mine] - lo, **kwargs).logits[0]
+            rows = module(input_ids=ids, position_ids=pos, logits_to_keep=keep[mine] - lo, **kwargs).logits
+        rows = rows if head_rows is not None else rows[0]
     else:  # heads without logits_to_keep (the critic's value head): the whole slice, then this rank's rows
         rows = module(input_ids=ids, position_ids=pos, **kwargs).logits[0][keep[mine] - lo]
     return gather_rows(row_fn(rows, flat[mine]), sizes, sp)

@@ -90,7 +90,8 @@ def test_policy_losses_ignore_non_finite_padding(mode):
         torch.manual_seed(0)
         loss, metrics = get_policy_loss_fn(mode)(*args, config=config)
         loss.backward()
-        results.append((loss.item(), metrics, log_prob.grad))
+        # metrics are 0-d tensors or floats; pytest.approx compares flat dicts of numbers only
+        results.append((loss.item(), {k: float(v) for k, v in metrics.items()}, log_prob.grad))
     (clean_loss, clean_metrics, clean_grad), (dirty_loss, dirty_metrics, dirty_grad) = results
     assert dirty_loss == pytest.approx(clean_loss, abs=1e-7)
     assert dirty_metrics == pytest.approx(clean_metrics, abs=1e-7)

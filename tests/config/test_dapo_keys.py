@@ -13,7 +13,7 @@ REFUSED = [
     ([f"{FG}.enable=true", f"{FG}.metric=pass"], rf"'{FG}.metric' = 'pass' is not one of"),
     ([f"{FG}.max_num_gen_batches=-1"], rf"'{FG}.max_num_gen_batches' = -1 must be >= 0 \(0 = no limit\)"),
     (["data.gen_batch_size=2048"],
-     rf"'data.gen_batch_size' = 2048 differs from data.train_batch_size = 1024 but '{FG}.enable' is false"),
+     rf"'data.gen_batch_size' = 2048 differs from data.train_batch_size = 256 but '{FG}.enable' is false"),
     (["data.gen_batch_size=1500", f"{FG}.enable=true", f"{FG}.metric=acc"],
      r"'data.gen_batch_size' = 1500 must be a positive multiple of the rollout dp size 8"),
     ([f"{RC}.rollout_is=geo"], rf"'{RC}.rollout_is' = 'geo' is not one of \['token', 'sequence'\]"),
@@ -32,8 +32,8 @@ def test_bad_dapo_values_are_refused_naming_key_and_rule(overrides, message):
 def test_accepted_dapo_values_and_warnings():
     cfg = load_config(overrides=[f"{FG}.enable=true", f"{FG}.metric=seq_reward", "actor_rollout_ref.rollout.n=1"])
     assert any("nothing is filtered" in w for w in check_semantics(cfg))
-    load_config(overrides=["data.gen_batch_size=512", f"{FG}.enable=true", f"{FG}.metric=acc"])  # smaller is fine
-    load_config(overrides=["data.gen_batch_size=1024"])
+    load_config(overrides=["data.gen_batch_size=128", f"{FG}.enable=true", f"{FG}.metric=acc"])  # smaller is fine
+    load_config(overrides=["data.gen_batch_size=256"])
     cfg = load_config(overrides=[f"{RC}.rollout_rs=token_k1,seq_mean_k3", f"{RC}.rollout_rs_threshold='0.5_2,0.1'"])
     assert cfg.algorithm.rollout_correction.rollout_rs_threshold == "0.5_2,0.1"
     warnings = check_semantics(load_config(overrides=[f"{RC}.rollout_rs_threshold=2"]))

@@ -28,7 +28,7 @@ BAD = [
     ([f"{A}.kl_loss_type=k4"], f"{A}.kl_loss_type", "not one of"),
     ([f"{A}.optim.warmup_style=linear"], f"{A}.optim.warmup_style", "not one of"),
     (["data.truncation=middle"], "data.truncation", "not one of"),
-    (["trainer.logger=[console,mlflow]"], "trainer.logger", "'mlflow' is not one of"),
+    (["trainer.logger=[console,swanlab]"], "trainer.logger", "'swanlab' is not one of"),
     (["algorithm.kl_ctrl.type=pid"], "algorithm.kl_ctrl.type", "not one of"),
     (["trainer.resume_mode=latest"], "trainer.resume_mode", "not one of"),
     ([f"{A}.strategy=megatron"], f"{A}.strategy", "not one of"),
@@ -97,8 +97,14 @@ def test_kl_twice_is_a_warning_not_an_error(seed_yaml, caplog):
 
 
 def test_grpo_with_one_sample_warns():
-    warnings = validate_config(load_config(validate=False))
+    warnings = validate_config(load_config(overrides=["actor_rollout_ref.rollout.n=1"], validate=False))
     assert any("every advantage is 0" in w for w in warnings)
+
+
+def test_packaged_defaults_are_a_grpo_run_without_warnings():
+    cfg = load_config(validate=False)
+    assert cfg.algorithm.adv_estimator == "grpo" and cfg.actor_rollout_ref.rollout.n > 1
+    assert validate_config(cfg) == []
 
 
 def test_unknown_key_in_a_plain_dict_suggests_closest():

@@ -173,3 +173,30 @@ def test_worker_exception_reaches_driver_with_rank_and_traceback(wg):
     message = str(info.value)
     assert "worker traceback" in message and "in fail_on" in message and 'raise KeyError(f"boom' in message
     assert wg.fail_on(-1) == [0, 1]  # an exception leaves the workers alive
+
+
+def test_a_local_ray_drops_only_its_token_auth_notice(monkeypatch):
+    """Ray's notice that it turned token authentication on asks nothing of the user: it is dropped, and every other
+    record of the same logger (the warning that a cluster runs without authentication, say) still shows."""
+    import logging
+
+    from ray._private.authentication import authentication_token_setup as ray_auth
+
+    from hybridrl.controller.resource_pool import _quiet_default_token_auth_notice
+
+    monkeypatch.delenv("RAY_AUTH_MODE", raising=False)
+    _quiet_default_token_auth_notice()
+    _quiet_default_token_auth_notice()  # idempotent: one filter
+    ray_logger = logging.getLogger(ray_auth.__name__)
+    assert len(ray_logger.filters) == 1
+    seen = []
+    handler = logging.Handler()
+    handler.emit = lambda record: seen.append(record.getMessage())
+    ray_logger.addHandler(handler)  # Ray's loggers do not propagate to the root, where caplog listens
+    try:
+        ray_auth._warn_token_auth_enabled()
+        ray_auth._warn_token_auth_disabled()
+    finally:
+        ray_logger.removeHandler(handler)
+    messages = seen
+    assert len(messages) == 1 and messages[0].startswith("Token authentication is disabled"), messages

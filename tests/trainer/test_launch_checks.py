@@ -63,3 +63,38 @@ def test_data_file_without_rows_is_named(tmp_path, tiny_model_dir, arith_files, 
         run_ppo(config(tmp_path, tiny_model_dir, arith_files, f"{key}={empty}"))
     msg = str(e.value)
     assert msg.startswith(f"{key}:") and str(empty) in msg and "no rows" in msg, msg
+
+
+def test_every_missing_path_is_reported_at_once(tmp_path, no_ray):
+    """A model, a train file and a validation file that are all absent: one error names all three, each with the
+    command that makes it, before Ray starts."""
+    from hybridrl.config.paths import MissingPathsError
+
+    cfg = load_config(overrides=[
+        f"actor_rollout_ref.model.path={tmp_path / 'no_model'}", f"data.train_files={tmp_path / 'no_train.parquet'}",
+        f"data.val_files=[{tmp_path / 'no_val.parquet'}]", f"custom_reward_function.path={tmp_path / 'no_reward.py'}",
+        "trainer.device=cpu", f"trainer.default_local_dir={tmp_path / 'run'}"])
+    with pytest.raises(MissingPathsError) as e:
+        run_ppo(cfg)
+    assert isinstance(e.value, FileNotFoundError)
+    problems = e.value.errors
+    assert len(problems) == 4, problems
+    assert problems[0].startswith(f"actor_rollout_ref.model.path='{tmp_path / 'no_model'}' does not exist")
+    assert "hybridrl assets tiny-model DIR" in problems[0]
+    assert problems[1].startswith("data.train_files:") and "no_train.parquet" in problems[1]
+    assert "hybridrl data make TASK --out DIR" in problems[1] and "hybridrl data convert" in problems[1]
+    assert "no_val.parquet" in problems[2] and "data.val_files=null turns validation off" in problems[2]
+    assert problems[3].startswith(f"custom_reward_function.path='{tmp_path / 'no_reward.py'}' does not exist")
+
+
+def test_the_packaged_defaults_name_the_demo_as_what_makes_their_paths(tmp_path, monkeypatch):
+    from hybridrl.config.paths import path_problems
+
+    monkeypatch.setenv("HYBRIDRL_HOME", str(tmp_path))
+    cfg = load_config()
+    demo = tmp_path / "demo"
+    assert cfg.actor_rollout_ref.model.path == f"{demo}/runs/sft/huggingface"  # the demo's SFT output
+    assert cfg.data.train_files == f"{demo}/data/train.parquet" and cfg.data.val_files == f"{demo}/data/test.parquet"
+    problems = path_problems(cfg)
+    assert len(problems) == 3 and all("the demo's; `hybridrl train` with no arguments builds it" in p
+                                      for p in problems), problems

@@ -29,17 +29,43 @@ METRICS = {
 }
 
 
-def test_console_prints_one_compact_line_and_full_dict_at_debug(caplog):
+def test_console_prints_one_short_line_and_full_dict_at_debug(caplog):
     out = io.StringIO()
     with caplog.at_level(logging.DEBUG, logger="hybridrl.tracking"):
         t = Tracking("p", "e", ["console"], stream=out)
         t.log(METRICS, step=3)
         t.finish()
     lines = out.getvalue().splitlines()
-    assert lines == ["step 3 | score 0.75 | pg_loss -0.125 | resp_len 3.5 | step_s 2 | tok/s/gpu 12346 | "
-                     "val/gsm8k/acc/mean@4 0.5"]
-    assert "actor/lr" in caplog.text  # everything is there at DEBUG
+    assert len(lines) == 1 and lines[0].startswith("step 3 | ")
+    assert lines[0].endswith(" elapsed | score 0.75 | resp_len 3.5 | step_s 2 | val/gsm8k/acc/mean@4 0.5"), lines
+    assert "actor/lr" in caplog.text and "actor/pg_loss" in caplog.text  # everything is there at DEBUG
     assert format_console_line({}, 0) == "step 0"
+
+
+def test_console_line_counts_steps_with_elapsed_and_eta():
+    """Steps take 10 s after a step-0 validation that took 30 s: the ETA is measured from training's start."""
+    now = [100.0]
+    out = io.StringIO()
+    t = Tracking("p", "e", ["console"], stream=out, total_steps=60)
+    t.logger["console"].clock = lambda: now[0]
+    t.logger["console"].start = 100.0
+    t.log({"training/dataset_rows": 600}, step=0)   # nothing curated: no line
+    now[0] = 130.0
+    t.log({"val-core/arith/acc/mean@1": 0.01}, step=0)
+    for step in (1, 2):
+        now[0] += 10.0
+        t.log({"critic/score/mean": 0.5, "timing_s/step": 10.0}, step=step)
+    lines = out.getvalue().splitlines()
+    assert lines == ["step 0/60 | val/arith/acc/mean@1 0.01",
+                     "step 1/60 | 40s elapsed, ETA 9:50 | score 0.5 | step_s 10",
+                     "step 2/60 | 50s elapsed, ETA 9:40 | score 0.5 | step_s 10"]
+    assert all(len(line) < 100 for line in lines)
+
+
+def test_durations_read_as_clock_times():
+    from hybridrl.trainer.tracking import format_duration
+
+    assert [format_duration(s) for s in (0.4, 42, 187, 3723)] == ["0s", "42s", "3:07", "1:02:03"]
 
 
 def test_file_backend_writes_valid_jsonl_flushed_each_step(tmp_path, monkeypatch, capsys):
@@ -67,8 +93,8 @@ def test_file_path_from_env_and_resumed_run_appends(tmp_path, monkeypatch):
 
 
 def test_unknown_backend_lists_valid_ones():
-    with pytest.raises(ValueError, match=r"\['mlflow'\].*'console', 'file', 'tensorboard', 'wandb'"):
-        Tracking("p", "e", ["console", "mlflow"])
+    with pytest.raises(ValueError, match=r"\['swanlab'\].*'console', 'file', 'tensorboard', 'wandb', 'mlflow'"):
+        Tracking("p", "e", ["console", "swanlab"])
 
 
 def test_tensorboard_writes_events_and_counts_skipped(tmp_path, monkeypatch):
@@ -158,3 +184,49 @@ def test_progress_bar_starts_at_resumed_step():
     bar.close()
     with pytest.raises(ValueError, match="initial_step=11"):
         make_progress_bar(10, initial_step=11)
+
+
+def test_mlflow_logs_to_a_local_file_store_under_the_log_dir(tmp_path, monkeypatch):
+    pytest.importorskip("mlflow", reason="mlflow is not installed (pip install -e '.[mlflow]')")
+    import mlflow
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "")  # recorded, so the backend's own setting is undone after
+    monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE")
+    t = Tracking("proj", "exp", ["mlflow"], config={"trainer": {"seed": 1}}, log_dir=tmp_path / "logs")
+    t.log(METRICS, step=1)
+    t.log({"critic/score/mean": 0.5, "note": "text"}, step=2)
+    t.log_generations([("q", "a", 1.0)], step=2)
+    t.finish()
+    store = tmp_path / "logs" / "mlruns"
+    assert store.is_dir()
+    client = mlflow.MlflowClient(tracking_uri=store.as_uri())
+    (run,) = client.search_runs([client.get_experiment_by_name("proj").experiment_id])
+    assert run.info.run_name == "exp" and run.info.status == "FINISHED"
+    history = client.get_metric_history(run.info.run_id, "critic/score/mean")
+    assert [(m.step, m.value) for m in history] == [(1, 0.75), (2, 0.5)]
+    assert run.data.metrics["val-core/gsm8k/acc/mean_at_4"] == 0.5  # '@' is not legal in an mlflow metric name
+    assert run.data.metrics["response_length/mean"] == 3.5 and "note" not in run.data.metrics
+    artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
+    assert {"config.json", "val_generations"} <= artifacts
+
+
+def test_mlflow_honours_the_tracking_uri(tmp_path, monkeypatch):
+    pytest.importorskip("mlflow", reason="mlflow is not installed (pip install -e '.[mlflow]')")
+    import mlflow
+
+    elsewhere = tmp_path / "elsewhere"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", elsewhere.as_uri())
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # a file store named by the user: their opt-in
+    with Tracking("proj", "exp", ["mlflow"], log_dir=tmp_path / "logs") as t:
+        t.log({"critic/score/mean": 1.0}, step=1)
+    assert not (tmp_path / "logs" / "mlruns").exists()
+    client = mlflow.MlflowClient(tracking_uri=elsewhere.as_uri())
+    (run,) = client.search_runs([client.get_experiment_by_name("proj").experiment_id])
+    assert run.data.metrics["critic/score/mean"] == 1.0
+
+
+def test_mlflow_missing_package_says_how_to_install(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "mlflow", None)
+    with pytest.raises(ImportError, match=r"pip install 'hybridrl\[mlflow\]'"):
+        Tracking("p", "e", ["mlflow"], log_dir=tmp_path)

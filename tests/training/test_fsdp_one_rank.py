@@ -12,6 +12,8 @@ import transformers
 from _training_tiny import tiny_qwen2_config
 
 from hybridrl.training.fsdp import apply_fsdp, build_training_mesh, grads_unsplit
+from hybridrl.training.fused_logprob import fused_logprob_entropy
+from hybridrl.training.packing import forward_response_logits
 
 
 @pytest.fixture
@@ -71,3 +73,28 @@ def test_one_rank_lora_keeps_its_adapters_dtype(one_rank):
         p.data, p.requires_grad = p.data.float(), True
     apply_fsdp(model, one_rank, torch.bfloat16, torch.bfloat16)
     assert model.fsdp_mixed_precision.reduce_dtype == torch.float32
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_fused_head_output_is_no_view_for_fsdp_to_warn_about(one_rank, packed):
+    """The fused head replaces the root module's logits: were they a view, FSDP2 would warn on every forward
+    that an in-place op would drop its pre-backward hook. The rows come back unviewed, and train the head."""
+    import warnings
+
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(tiny_qwen2_config())
+    apply_fsdp(model, one_rank, torch.float32, torch.float32)
+    ids = torch.randint(0, 300, (2, 10))
+    positions = torch.arange(10).expand(2, 10)
+    targets = ids[:, -4:].reshape(-1)
+
+    def head_rows(hidden, weight, flat):
+        return fused_logprob_entropy(hidden, weight, targets[flat], 1.0, True, False)
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = forward_response_logits(model, ids, torch.ones_like(ids), positions, 4, packed, head_rows=head_rows)
+        out[..., 0].sum().backward()
+    assert out.shape == (2, 4, 2)
+    assert not [w for w in caught if "view tensor" in str(w.message)]
+    assert model.lm_head.weight.grad.to_local().abs().sum() > 0

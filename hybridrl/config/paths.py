@@ -1,0 +1,116 @@
+"""The files a PPO/GRPO config names, checked together before anything starts.
+
+`path_problems(config)` lists every missing or unusable path of a config at once (the actor's model directory, the
+critic's and the reward model's where the run uses them, the train and validation files, the custom reward file),
+each naming its key, the value and the command that makes it; `check_paths` raises them as one MissingPathsError.
+
+Choices:
+- One report, not the first problem: a run that stops on the model path, then on the train file, then on the
+  validation file costs three tries for what one message can say.
+- A path inside the demo's directory (`demo_home()`, where `hybridrl train` with no arguments builds its model and
+  data, and what the packaged config points at) is named with the demo as the command that makes it; any other
+  with the generic commands (`hybridrl assets tiny-model`, `hybridrl data make` / `data convert`).
+- MissingPathsError is a ConfigError and a FileNotFoundError, so callers catching either see it.
+- Only existence and shape (a model directory holds config.json) are checked here: whether a parquet file has
+  rows, or its columns, is the dataset's business once it is read.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+from hybridrl.config.validate import ConfigError
+
+__all__ = ["MissingPathsError", "check_paths", "demo_home", "files_problem", "model_dir_problem", "path_problems"]
+
+HOME_ENV = "HYBRIDRL_HOME"
+OWN_RUN_DOC = "docs/your-own-run.md"
+
+
+def demo_home() -> Path:
+    """Where the embedded demo keeps its model, data and runs: $HYBRIDRL_HOME/demo (default ~/.cache/hybridrl/demo)."""
+    return Path(os.path.expanduser(os.environ.get(HOME_ENV, "~/.cache/hybridrl"))) / "demo"
+
+
+class MissingPathsError(ConfigError, FileNotFoundError):
+    """Paths a config names that do not exist or cannot be used; `.errors` lists each (key, value, how to make it)."""
+
+
+def _in_demo(path: str) -> bool:
+    try:
+        return Path(path).resolve().is_relative_to(demo_home().resolve())
+    except OSError:
+        return False
+
+
+def _demo_hint() -> str:
+    return "the demo's; `hybridrl train` with no arguments builds it there"
+
+
+def model_dir_problem(path, key: str) -> str | None:
+    """Why `path` (the value of `key`) is not a HF model directory holding config.json, or None when it is."""
+    path = os.path.expanduser(str(path))
+    where = Path(path)
+    if not where.exists():
+        how = _demo_hint() if _in_demo(path) else (
+            f"a HF model directory: config.json, weights and tokenizer; `hybridrl assets tiny-model DIR` writes a "
+            f"tiny one, {OWN_RUN_DOC} says what yours needs")
+        return f"{key}={path!r} does not exist ({how})"
+    if not where.is_dir():
+        return f"{key}={path!r} is a file; it must be a HF model directory (config.json, weights, tokenizer)"
+    if not (where / "config.json").is_file():
+        found = sorted(p.name for p in where.iterdir())[:10]
+        return (f"{key}={path!r}: the model directory has no config.json (it holds {found or 'nothing'}); a HF model "
+                "directory needs config.json, weights and tokenizer")
+    return None
+
+
+def _as_list(value) -> list[str]:
+    if value is None:
+        return []
+    items = [value] if isinstance(value, str) else list(value)
+    return [os.path.expanduser(str(v)) for v in items]
+
+
+def files_problem(value, key: str) -> str | None:
+    """Which of the data files `value` (one path or a list, the value of `key`) do not exist, or None."""
+    missing = [p for p in _as_list(value) if not Path(p).exists()]
+    if not missing:
+        return None
+    if all(_in_demo(p) for p in missing):
+        how = _demo_hint()
+    else:
+        how = ("`hybridrl data make TASK --out DIR` writes DIR/train.parquet and DIR/test.parquet; `hybridrl data "
+               f"convert` turns JSONL, CSV or a datasets directory into one ({OWN_RUN_DOC})")
+    if key == "data.val_files":
+        how += "; data.val_files=null turns validation off"
+    return f"{key}: {missing} not found ({how})"
+
+
+def path_problems(config: DictConfig | dict) -> list[str]:
+    """Every path problem of a PPO/GRPO config (see the module docstring), in the order a run would meet them."""
+    c = OmegaConf.to_container(config, resolve=True) if isinstance(config, DictConfig) else config
+    problems = [model_dir_problem(c["actor_rollout_ref"]["model"]["path"], "actor_rollout_ref.model.path")]
+    if c["algorithm"]["adv_estimator"] == "gae":
+        problems.append(model_dir_problem(c["critic"]["model"]["path"], "critic.model.path"))
+    rm = c["reward_model"]
+    if rm["enable"] and rm["style"] == "model" and rm["model"]["path"] is not None:
+        problems.append(model_dir_problem(rm["model"]["path"], "reward_model.model.path"))
+    problems.append(files_problem(c["data"]["train_files"], "data.train_files"))
+    problems.append(files_problem(c["data"]["val_files"], "data.val_files"))
+    reward_file = c["custom_reward_function"]["path"]
+    if reward_file and not Path(os.path.expanduser(reward_file)).is_file():
+        problems.append(f"custom_reward_function.path={reward_file!r} does not exist (a Python file defining "
+                        f"{c['custom_reward_function']['name']}(data_source, solution_str, ground_truth, "
+                        "extra_info=None); null = the built-in scorers by data_source)")
+    return [p for p in problems if p]
+
+
+def check_paths(config: DictConfig | dict) -> None:
+    """Raises MissingPathsError listing every path problem of `config`."""
+    problems = path_problems(config)
+    if problems:
+        raise MissingPathsError(problems)
