@@ -124,7 +124,7 @@ ENUMS: dict[str, tuple[str, ...]] = {
     "actor_rollout_ref.rollout.mode": ("sync",),
     "actor_rollout_ref.rollout.dtype": _DTYPES,
     "actor_rollout_ref.rollout.multi_turn.tool_response_truncate_side": ("left", "middle", "right"),
-    "actor_rollout_ref.rollout.multi_turn.format": ("hermes",),
+    "actor_rollout_ref.rollout.multi_turn.format": ("hermes", "qwen3_coder", "llama3_json"),
     "reward_model.reward_manager": ("naive", "batch"),
     "reward_model.style": ("model", "judge"),
     "reward_model.truncation": ("error", "left", "right"),

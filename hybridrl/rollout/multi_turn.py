@@ -5,11 +5,14 @@ assistant turn ends, and, once one has, what comes next: the tool messages to ap
 
 Choices:
 - A turn ends at an eos token, or as soon as it holds `max_parallel_calls` complete tool calls (the token ids of
-  `</tool_call>` at its end; with Qwen's tokenizer one token): with the default of 1 the model stops right after
-  its call instead of running on to eos. A call whose closing tag the model tokenized unusually is still parsed
-  when the turn ends at eos.
-- The turn's text is parsed (tool_parser.py); a turn without a call ends the trajectory. Otherwise the calls run
-  on this agent's thread pool — the engine keeps decoding the other sequences meanwhile — and each answer,
+  the format's closing tag, e.g. `</tool_call>`, at its end; with Qwen's tokenizer one token) outside a reasoning
+  block: with the default of 1 the model stops right after its call instead of running on to eos. A call whose
+  closing tag the model tokenized unusually is still parsed when the turn ends at eos. Formats whose calls have no
+  closing tag (llama3_json) end turns at eos only. `max_tokens_per_turn` ends a turn that long: its trajectory
+  ends with finish_reason "length" (counted as cut by the turn limit).
+- The turn's text is parsed in the configured format (tool_parser.py); calls inside `<think>` blocks are not run
+  (counted); a turn without a call ends the trajectory. Otherwise the turn's calls run concurrently on this
+  agent's call threads — the engine keeps decoding the other sequences meanwhile — and each answer,
   truncated to `max_tool_response_length` characters on `tool_response_truncate_side` as verl does, becomes a
   `tool` message. Malformed calls, unknown tools, bad arguments, crashing and timed-out tools all give an
   "Error: ..." message instead (counted, never raised): the rollout goes on.
@@ -29,7 +32,7 @@ from __future__ import annotations
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 
-from hybridrl.rollout.tool_parser import CALL_END, FORMATS, ParsedCall, parse_hermes
+from hybridrl.rollout.tool_parser import FORMATS, ParsedCall, get_format, strip_reasoning
 from hybridrl.tools.registry import Tool
 
 __all__ = ["MultiTurnSettings", "ToolAgent", "TrajectoryStats", "TurnOutcome", "truncate_tool_response"]
@@ -48,9 +51,10 @@ class MultiTurnSettings:
     max_tool_response_length: int = 256
     tool_response_truncate_side: str = "middle"
     format: str = "hermes"
+    max_tokens_per_turn: int | None = None
 
     def __post_init__(self):
-        for name in ("max_assistant_turns", "max_user_turns"):
+        for name in ("max_assistant_turns", "max_user_turns", "max_tokens_per_turn"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise ValueError(f"{KEY}.{name}={value!r} must be null (no limit) or an integer >= 1")
@@ -68,7 +72,8 @@ class MultiTurnSettings:
     def from_config(cls, mt) -> MultiTurnSettings:
         return cls(max_assistant_turns=mt.max_assistant_turns, max_user_turns=mt.max_user_turns,
                    max_parallel_calls=mt.max_parallel_calls, max_tool_response_length=mt.max_tool_response_length,
-                   tool_response_truncate_side=mt.tool_response_truncate_side, format=mt.format)
+                   tool_response_truncate_side=mt.tool_response_truncate_side, format=mt.format,
+                   max_tokens_per_turn=mt.max_tokens_per_turn)
 
 
 @dataclass
@@ -82,8 +87,10 @@ class TrajectoryStats:
     tool_timeouts: int = 0
     tool_time_s: float = 0.0
     dropped_calls: int = 0     # beyond max_parallel_calls in a turn
+    calls_in_reasoning: int = 0  # written inside <think> blocks: not run
     truncated_responses: int = 0
-    cut: str = ""              # "" | "turns" | "length": ended by a limit while the model asked for tools
+    cut: str = ""              # "" | "turns" | "length" | "turn_length": ended by a limit (assistant / tool turns,
+                               # the response budget, max_tokens_per_turn)
 
     def as_dict(self) -> dict:
         return {**asdict(self), "num_turns": self.assistant_turns + self.user_turns + 1}  # verl's count
@@ -128,13 +135,18 @@ class ToolAgent:
                  max_workers: int = TOOL_THREADS):
         self.tokenizer, self.tools, self.settings = tokenizer, tools, settings
         self.schemas = [t.schema for t in tools.values()]
+        self.format = get_format(settings.format)
         self.eos = set(eos_token_ids)
         if not self.eos:
             raise ValueError(f"{KEY}.enable: the tokenizer has no eos token to end an assistant turn with")
-        self.call_end_ids = list(tokenizer.encode(CALL_END, add_special_tokens=False))
+        end = self.format.call_end
+        self.call_end_ids = list(tokenizer.encode(end, add_special_tokens=False)) if end else None
         self.eos_text = {e: tokenizer.decode([e], skip_special_tokens=False) for e in self.eos}
         self._check_template()
-        self.pool = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="hybridrl-tool")
+        # turns wait on their calls, so the calls get threads of their own (one pool for both could fill up with
+        # waiting turns)
+        self.pool = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="hybridrl-turn")
+        self.call_pool = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="hybridrl-tool")
 
     def _check_template(self) -> None:
         name = next(iter(self.tools))
@@ -155,20 +167,34 @@ class ToolAgent:
         tok, end = ids[-1], self.call_end_ids
         if tok in self.eos:
             return True
-        if tok != end[-1] or ids[-len(end):] != end:
+        limit = self.settings.max_tokens_per_turn
+        if limit is not None and len(ids) - seq.turn_start >= limit:
+            return True
+        if end is None or tok != end[-1] or ids[-len(end):] != end:
+            return False
+        turn = ids[seq.turn_start:]
+        if strip_reasoning(self.tokenizer.decode(turn, skip_special_tokens=False))[1].endswith(
+                self.format.call_end):  # the call closes inside a reasoning block: the turn goes on
             return False
         limit = self.settings.max_parallel_calls
-        return limit == 1 or _count(ids[seq.turn_start:], end) >= limit
+        return limit == 1 or _count(turn, end) >= limit
 
     def on_turn_end(self, seq, budget: int) -> Future:
         """Parse the ended turn and start its tools; the Future resolves to a TurnOutcome."""
         st = seq.agent_state = seq.agent_state or TrajectoryStats()
         st.assistant_turns += 1
         turn = seq.token_ids[seq.turn_start:]
-        calls = parse_hermes(self.tokenizer.decode(turn, skip_special_tokens=False))
+        s = self.settings
+        parsed = self.format.parse(self.tokenizer.decode(turn, skip_special_tokens=False), self.schemas)
+        st.calls_in_reasoning += parsed.in_reasoning
+        calls = parsed.calls
+        cut_long = (s.max_tokens_per_turn is not None and len(turn) >= s.max_tokens_per_turn
+                    and turn[-1] not in self.eos and not self._ends_with_call(turn))
+        if cut_long:  # the turn ran into max_tokens_per_turn: what it was writing is unfinished
+            st.cut = "turn_length"
+            return _done(TurnOutcome(None, "length"))
         if not calls:
             return _done(TurnOutcome(None, "stop"))
-        s = self.settings
         if (s.max_assistant_turns and st.assistant_turns >= s.max_assistant_turns) or (
                 s.max_user_turns and st.user_turns >= s.max_user_turns):
             st.cut = "turns"
@@ -183,28 +209,35 @@ class ToolAgent:
     def trajectory_stats(self, seq) -> dict:
         return (seq.agent_state or TrajectoryStats()).as_dict()
 
+    def _ends_with_call(self, turn: list[int]) -> bool:
+        end = self.call_end_ids
+        return end is not None and turn[-len(end):] == end
+
     def close(self) -> None:
         self.pool.shutdown(wait=False, cancel_futures=True)
+        self.call_pool.shutdown(wait=False, cancel_futures=True)
 
     # ------------------------------------------------------------------ on the tool threads
-    def _answer(self, call: ParsedCall, st: TrajectoryStats) -> str:
-        st.tool_calls += 1
+    def _answer(self, call: ParsedCall) -> tuple[str, dict]:
+        """A call's tool message and the counts it adds (added by the turn's thread: calls run concurrently)."""
         if call.error is not None or call.name not in self.tools:
-            st.malformed_calls += 1
-            st.tool_errors += 1
-            return call.error or f"Error: unknown tool {call.name!r}; available: {sorted(self.tools)}"
+            text = call.error or f"Error: unknown tool {call.name!r}; available: {sorted(self.tools)}"
+            return text, {"tool_calls": 1, "malformed_calls": 1, "tool_errors": 1}
         out = self.tools[call.name].run(call.arguments)
-        st.tool_time_s += out.seconds
-        st.tool_errors += out.status != "ok"
-        st.tool_crashes += out.status == "crash"
-        st.tool_timeouts += out.status == "timeout"
         s = self.settings
-        st.truncated_responses += len(out.text) > s.max_tool_response_length
-        return truncate_tool_response(out.text, s.max_tool_response_length, s.tool_response_truncate_side)
+        counts = {"tool_calls": 1, "tool_time_s": out.seconds, "tool_errors": int(out.status != "ok"),
+                  "tool_crashes": int(out.status == "crash"), "tool_timeouts": int(out.status == "timeout"),
+                  "truncated_responses": int(len(out.text) > s.max_tool_response_length)}
+        return truncate_tool_response(out.text, s.max_tool_response_length, s.tool_response_truncate_side), counts
 
     def _run_turn(self, st: TrajectoryStats, calls: list[ParsedCall], ended_on: int | None,
                   budget: int) -> TurnOutcome:
-        contents = [self._answer(call, st) for call in calls]
+        contents = []
+        for future in [self.call_pool.submit(self._answer, call) for call in calls]:
+            text, counts = future.result()
+            contents.append(text)
+            for key, value in counts.items():
+                setattr(st, key, getattr(st, key) + value)
         text = self._delta_text(contents)
         if ended_on is not None and text.startswith(self.eos_text[ended_on]):
             text = text[len(self.eos_text[ended_on]):]

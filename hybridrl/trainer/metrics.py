@@ -15,7 +15,8 @@ Choices, following verl's trainer/ppo/metric_utils.py unless stated:
   falls back to `attention_mask.sum()`; tokens / second / GPU;
 - multi-turn rollouts (`multi_turn_stats` in the batch): verl's `num_turns/{min,max,mean}` and
   `tool_call_counts/{min,max,mean}`, and batch sums under `multi_turn/` (tool errors, timeouts, crashes, malformed
-  calls, dropped calls, truncated tool answers, trajectories cut by the turn or length limits, seconds in tools);
+  calls, dropped calls, calls inside reasoning blocks (not run), truncated tool answers, trajectories cut by the
+  turn, response-length or per-turn token limits, seconds in tools);
   `multi_turn/tool_use_rate` is the fraction of trajectories with at least one tool call;
   `multi_turn/masked_tokens` counts the tool tokens kept out of the loss; validation reports the same (without
   masked_tokens) over all its samples under `val-aux/` (verl's `val-aux/num_turns/{min,max,mean}` among them);
@@ -113,7 +114,7 @@ def compute_data_metrics(batch: DataProto, use_critic: bool = True) -> dict[str,
 
 
 _MULTI_TURN_SUMS = ("tool_calls", "tool_errors", "tool_timeouts", "tool_crashes", "malformed_calls", "dropped_calls",
-                    "truncated_responses", "tool_time_s")
+                    "calls_in_reasoning", "truncated_responses", "tool_time_s")
 
 
 def multi_turn_stats_metrics(stats: Sequence[dict]) -> dict[str, float]:
@@ -129,6 +130,7 @@ def multi_turn_stats_metrics(stats: Sequence[dict]) -> dict[str, float]:
     out["multi_turn/tool_time_s_max"] = float(max(s.get("tool_time_s", 0.0) for s in stats))
     out["multi_turn/cut_by_turns"] = float(sum(s.get("cut") == "turns" for s in stats))
     out["multi_turn/cut_by_length"] = float(sum(s.get("cut") == "length" for s in stats))
+    out["multi_turn/cut_by_turn_length"] = float(sum(s.get("cut") == "turn_length" for s in stats))
     return {k: float(v) for k, v in out.items()}
 
 
