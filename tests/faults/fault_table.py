@@ -39,8 +39,8 @@ from fault_inject import (  # noqa: E402
     truncate,
 )
 
-from hybridrl.trainer.resume_check import ResumeConfigError  # noqa: E402
 from hybridrl.trainer.checkpoint_manager import CheckpointSaveError  # noqa: E402
+from hybridrl.trainer.resume_check import ResumeConfigError  # noqa: E402
 from hybridrl.trainer.run_dir import RunDirNotWritableError, check_writable, claim_run_dir  # noqa: E402
 from hybridrl.trainer.run_lock import RunDirLockedError, RunLock  # noqa: E402
 
