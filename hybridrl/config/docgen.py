@@ -183,8 +183,8 @@ writes them, and generation continues from the sequence's cached KV (only the ne
 `response_mask` is 0 on them (no loss, advantage or KL) and their `rollout_log_probs` are 0. Malformed calls,
 unknown tools, crashes and timeouts become "Error: ..." tool messages; each is counted. Metrics per step:
 `num_turns/{min,max,mean}`, `tool_call_counts/{min,max,mean}` (verl's) and `multi_turn/{tool_use_rate, tool_calls,
-tool_errors, tool_timeouts, tool_crashes, malformed_calls, dropped_calls, truncated_responses, tool_time_s,
-tool_time_s_max, cut_by_turns, cut_by_length, masked_tokens}` (`tool_use_rate`: the fraction of trajectories with at
+tool_errors, tool_timeouts, tool_crashes, malformed_calls, dropped_calls, calls_in_reasoning, truncated_responses,
+tool_time_s, tool_time_s_max, cut_by_turns, cut_by_length, cut_by_turn_length, masked_tokens}` (`tool_use_rate`: the fraction of trajectories with at
 least one tool call); validation reports the same over all its samples under `val-aux/` (but `masked_tokens`), e.g.
 `val-aux/multi_turn/tool_use_rate`, `val-aux/num_turns/mean` (verl's). A model whose template cannot render tools
 gets one through `actor_rollout_ref.model.custom_chat_template`. Recipe `examples/smollm2_tools/run.sh`:
@@ -194,9 +194,13 @@ messages, laid out as the rollout lays them out, loss on the assistant's tokens 
 calculator, validation reporting `val-core/bignum/acc/mean@1` and the tool-use rate; one GPU, run end to end on CPU
 with a tiny model, not measured on a GPU yet. Tool config entries: `class_name` (`hybridrl.tools.builtin.calculator`,
 `hybridrl.tools.builtin.python`, or any `module.function` returning a string, which then needs a `tool_schema`),
-`config.type: native`, `config.timeout_s` (default 30), `config.memory_mb` (python). Not supported: verl's
-interactions (`interaction_config_path` must stay null), MCP tools, formats other than `hermes`, and
-`tensor_model_parallel_size` > 1 with multi-turn.
+`config.type: native`, `config.timeout_s` (default 30), `config.memory_mb` (python). Tool-call formats
+(`multi_turn.format`): `hermes`, `qwen3_coder`, `llama3_json`; calls inside `<think>` blocks are not run. verl's
+interactions (`interaction_config_path`, verl's YAML: a list under `interaction` of `name`, `class_name`, `config`;
+built in: `hybridrl.rollout.interactions.Gsm8kInteraction`, also under verl's class name) answer a turn without a
+tool call with a user message, chosen per sample by `extra_info.interaction_kwargs.name` (its other keys, e.g.
+`ground_truth`, are passed to the interaction); their scores are in each sample's `multi_turn_stats.turn_scores`.
+Not supported: MCP tools and `tensor_model_parallel_size` > 1 with multi-turn.
 """
 
 

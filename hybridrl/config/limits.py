@@ -81,10 +81,7 @@ def _multi_turn_errors(rollout: dict) -> list[str]:
     key = "actor_rollout_ref.rollout.multi_turn"
     mt = rollout["multi_turn"]
     errors = []
-    if mt["interaction_config_path"] is not None:
-        errors.append(f"'{key}.interaction_config_path' = {mt['interaction_config_path']!r}: verl's interactions "
-                      "(a simulated user answering each turn) are not supported; leave it null")
-    for name in ("max_assistant_turns", "max_user_turns"):
+    for name in ("max_assistant_turns", "max_user_turns", "max_tokens_per_turn"):
         if mt[name] is not None and mt[name] < 1:
             errors.append(f"'{key}.{name}' = {mt[name]} must be null (no limit) or >= 1")
     for name in ("max_parallel_calls", "max_tool_response_length"):
@@ -92,10 +89,12 @@ def _multi_turn_errors(rollout: dict) -> list[str]:
             errors.append(f"'{key}.{name}' = {mt[name]} must be >= 1")
     if not mt["enable"]:
         return errors
-    if mt["tool_config_path"] is None:
-        errors.append(f"'{key}.enable' = true needs '{key}.tool_config_path' (a YAML listing the tools)")
-    elif not Path(os.path.expanduser(mt["tool_config_path"])).is_file():
-        errors.append(f"'{key}.tool_config_path' = {mt['tool_config_path']!r}: no such file")
+    if mt["tool_config_path"] is None and mt["interaction_config_path"] is None:
+        errors.append(f"'{key}.enable' = true needs '{key}.tool_config_path' (a YAML listing the tools) or "
+                      f"'{key}.interaction_config_path' (verl's interaction YAML)")
+    for name in ("tool_config_path", "interaction_config_path"):
+        if mt[name] is not None and not Path(os.path.expanduser(mt[name])).is_file():
+            errors.append(f"'{key}.{name}' = {mt[name]!r}: no such file")
     if rollout["name"] != "native":
         errors.append(f"'{key}.enable' = true runs in the native engine: 'actor_rollout_ref.rollout.name' = "
                       f"{rollout['name']!r} must be 'native'")

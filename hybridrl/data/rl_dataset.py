@@ -169,6 +169,7 @@ class RLHFDataset(torch.utils.data.Dataset):
         out = {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids,
                "raw_prompt_ids": list(ids), "data_source": row["data_source"], "reward_model": row["reward_model"],
                "extra_info": extra_info, "ability": row.get("ability") or "",
+               "interaction_kwargs": (extra_info.get("interaction_kwargs") or {}) if isinstance(extra_info, dict) else {},
                "index": extra_info.get("index", idx) if isinstance(extra_info, dict) else idx}
         if self.return_raw_chat:
             out["raw_prompt"] = row[self.prompt_key]

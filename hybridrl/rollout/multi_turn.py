@@ -24,14 +24,21 @@ Choices:
   ends even if it asked for tools (counted as cut by turns); calls beyond `max_parallel_calls` in one turn are
   dropped and counted; tool messages that do not fit in the response budget end the trajectory with
   finish_reason "length" (counted as cut by length) — the response never holds a partial tool message.
+- Interactions (interactions.py, verl's simulated users): with `interaction_config_path`, a turn without a tool
+  call goes to the sample's interaction (`extra_info.interaction_kwargs.name`; `begin` hands the agent the
+  call's per-prompt kwargs) instead of ending the trajectory: its text becomes a `user` message and the
+  trajectory goes on unless it said done. Its scores are kept per turn (`turn_scores`); user-message turns count
+  toward `max_user_turns` as tool turns do; an interaction started for a trajectory is finalized when the
+  trajectory ends, however it ends.
 - Counts are kept per trajectory (`TrajectoryStats`, on the sequence) and summed by the trainer over the batch.
 """
 
 from __future__ import annotations
 
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
+from hybridrl.rollout.interactions import call as run_interaction
 from hybridrl.rollout.tool_parser import FORMATS, ParsedCall, get_format, strip_reasoning
 from hybridrl.tools.registry import Tool
 
@@ -79,7 +86,7 @@ class MultiTurnSettings:
 @dataclass
 class TrajectoryStats:
     assistant_turns: int = 0
-    user_turns: int = 0        # tool-message turns appended
+    user_turns: int = 0        # turns of tool or user (interaction) messages appended
     tool_calls: int = 0        # calls answered (each gets a tool message), malformed ones included
     tool_errors: int = 0       # calls answered with an error: malformed, unknown tool, bad arguments, crash, timeout
     malformed_calls: int = 0   # not JSON / no name / unknown tool
@@ -88,12 +95,17 @@ class TrajectoryStats:
     tool_time_s: float = 0.0
     dropped_calls: int = 0     # beyond max_parallel_calls in a turn
     calls_in_reasoning: int = 0  # written inside <think> blocks: not run
+    interaction_turns: int = 0   # user messages an interaction answered with
+    turn_scores: list = field(default_factory=list)  # each interaction answer's score
+    appended: list = field(default_factory=list)  # the messages appended after each assistant turn
     truncated_responses: int = 0
     cut: str = ""              # "" | "turns" | "length" | "turn_length": ended by a limit (assistant / tool turns,
                                # the response budget, max_tokens_per_turn)
 
     def as_dict(self) -> dict:
-        return {**asdict(self), "num_turns": self.assistant_turns + self.user_turns + 1}  # verl's count
+        out = asdict(self)
+        out.pop("appended")
+        return {**out, "num_turns": self.assistant_turns + self.user_turns + 1}  # verl's count
 
 
 @dataclass(frozen=True)
@@ -132,8 +144,12 @@ def _count(seq: list[int], pattern: list[int]) -> int:
 
 class ToolAgent:
     def __init__(self, tokenizer, tools: dict[str, Tool], settings: MultiTurnSettings, *, eos_token_ids,
-                 max_workers: int = TOOL_THREADS):
+                 interactions: dict | None = None, max_workers: int = TOOL_THREADS):
         self.tokenizer, self.tools, self.settings = tokenizer, tools, settings
+        self.interactions = interactions or {}
+        if not tools and not self.interactions:
+            raise ValueError(f"{KEY}.enable: no tools (tool_config_path) and no interactions (interaction_config_path)")
+        self.requests: list = []   # per prompt of the current generate call: its interaction kwargs (begin)
         self.schemas = [t.schema for t in tools.values()]
         self.format = get_format(settings.format)
         self.eos = set(eos_token_ids)
@@ -149,6 +165,8 @@ class ToolAgent:
         self.call_pool = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="hybridrl-tool")
 
     def _check_template(self) -> None:
+        if not self.tools:
+            return
         name = next(iter(self.tools))
         prompt = self.tokenizer.apply_chat_template([{"role": "user", "content": "?"}], tools=self.schemas,
                                                     add_generation_prompt=True, tokenize=False)
@@ -184,6 +202,7 @@ class ToolAgent:
         st = seq.agent_state = seq.agent_state or TrajectoryStats()
         st.assistant_turns += 1
         turn = seq.token_ids[seq.turn_start:]
+        seq.agent_turns = [*getattr(seq, "agent_turns", []), (seq.turn_start, len(seq.token_ids))]
         s = self.settings
         parsed = self.format.parse(self.tokenizer.decode(turn, skip_special_tokens=False), self.schemas)
         st.calls_in_reasoning += parsed.in_reasoning
@@ -193,7 +212,8 @@ class ToolAgent:
         if cut_long:  # the turn ran into max_tokens_per_turn: what it was writing is unfinished
             st.cut = "turn_length"
             return _done(TurnOutcome(None, "length"))
-        if not calls:
+        interaction = self._interaction(seq) if not calls else None
+        if not calls and interaction is None:
             return _done(TurnOutcome(None, "stop"))
         if (s.max_assistant_turns and st.assistant_turns >= s.max_assistant_turns) or (
                 s.max_user_turns and st.user_turns >= s.max_user_turns):
@@ -202,12 +222,37 @@ class ToolAgent:
         if budget <= 0:  # not even an empty tool message fits
             st.cut = "length"
             return _done(TurnOutcome(None, "length"))
-        st.dropped_calls += max(0, len(calls) - s.max_parallel_calls)
         ended_on = turn[-1] if turn[-1] in self.eos else None
+        if interaction is not None:
+            return self.pool.submit(self._interact, seq, st, interaction, ended_on, budget)
+        st.dropped_calls += max(0, len(calls) - s.max_parallel_calls)
         return self.pool.submit(self._run_turn, st, calls[:s.max_parallel_calls], ended_on, budget)
 
+    def begin(self, interaction_kwargs) -> None:
+        """The per-prompt interaction kwargs of the next generate call (index = the engine's request id); None or
+        empty entries: no interaction for that prompt."""
+        self.requests = list(interaction_kwargs) if interaction_kwargs is not None else []
+
     def trajectory_stats(self, seq) -> dict:
+        """The trajectory's counts, once it has ended; an interaction it started is finalized here."""
+        started = getattr(seq, "interaction", None)
+        if started is not None:
+            run_interaction(started.finalize_interaction(str(seq.seq_id)))
+            seq.interaction = None
         return (seq.agent_state or TrajectoryStats()).as_dict()
+
+    def _interaction(self, seq):
+        if not self.interactions:
+            return None
+        kwargs = self.requests[seq.request_id] if seq.request_id < len(self.requests) else None
+        if not kwargs:
+            return None
+        name = kwargs.get("name")
+        if name not in self.interactions:
+            raise ValueError(f"extra_info.interaction_kwargs.name={name!r} of prompt {seq.request_id}: no such "
+                             f"interaction in {KEY.removesuffix('.enable')}.interaction_config_path "
+                             f"(have {sorted(self.interactions)})")
+        return self.interactions[name]
 
     def _ends_with_call(self, turn: list[int]) -> bool:
         end = self.call_end_ids
@@ -230,6 +275,30 @@ class ToolAgent:
                   "truncated_responses": int(len(out.text) > s.max_tool_response_length)}
         return truncate_tool_response(out.text, s.max_tool_response_length, s.tool_response_truncate_side), counts
 
+    def _interact(self, seq, st: TrajectoryStats, interaction, ended_on: int | None, budget: int) -> TurnOutcome:
+        kwargs = {k: v for k, v in self.requests[seq.request_id].items() if k != "name"}
+        instance = str(seq.seq_id)
+        if getattr(seq, "interaction", None) is None:
+            run_interaction(interaction.start_interaction(instance, **kwargs))
+            seq.interaction = interaction
+        done, text, score, _ = run_interaction(interaction.generate_response(instance, self._messages(seq), **kwargs))
+        st.turn_scores.append(float(score))
+        if done:
+            return TurnOutcome(None, "stop")
+        return self._append(st, [text], "user", ended_on, budget)
+
+    def _messages(self, seq) -> list[dict]:
+        """The conversation as chat messages: the prompt (decoded, template text included) as a user message, then
+        each assistant turn's text (decoded from the sequence: what the model wrote) and the messages appended
+        after it (tool answers or the interaction's, as given)."""
+        decode = lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True).strip()  # noqa: E731
+        ids, appended = seq.token_ids, seq.agent_state.appended
+        messages = [{"role": "user", "content": decode(ids[:seq.num_prompt_tokens])}]
+        for i, (start, end) in enumerate(seq.agent_turns):
+            messages.append({"role": "assistant", "content": decode(ids[start:end])})
+            messages.extend(appended[i] if i < len(appended) else [])
+        return messages
+
     def _run_turn(self, st: TrajectoryStats, calls: list[ParsedCall], ended_on: int | None,
                   budget: int) -> TurnOutcome:
         contents = []
@@ -238,7 +307,12 @@ class ToolAgent:
             contents.append(text)
             for key, value in counts.items():
                 setattr(st, key, getattr(st, key) + value)
-        text = self._delta_text(contents)
+        return self._append(st, contents, "tool", ended_on, budget)
+
+    def _append(self, st: TrajectoryStats, contents: list[str], role: str, ended_on: int | None,
+                budget: int) -> TurnOutcome:
+        """The tokens of `role` messages after the turn, or the end of the trajectory when they do not fit."""
+        text = self._delta_text(contents, role)
         if ended_on is not None and text.startswith(self.eos_text[ended_on]):
             text = text[len(self.eos_text[ended_on]):]
         ids = list(self.tokenizer.encode(text, add_special_tokens=False))
@@ -246,12 +320,14 @@ class ToolAgent:
             st.cut = "length"
             return TurnOutcome(None, "length")
         st.user_turns += 1
+        st.interaction_turns += role == "user"
+        st.appended.append([{"role": role, "content": c} for c in contents])
         return TurnOutcome(ids)
 
-    def _delta_text(self, contents: list[str]) -> str:
+    def _delta_text(self, contents: list[str], role: str = "tool") -> str:
         """The template's text from the end of an assistant turn's content to the next generation prompt."""
         messages = [{"role": "user", "content": "?"}, {"role": "assistant", "content": SENTINEL},
-                    *({"role": "tool", "content": c} for c in contents)]
+                    *({"role": role, "content": c} for c in contents)]
         text = self.tokenizer.apply_chat_template(messages, tools=self.schemas, add_generation_prompt=True,
                                                   tokenize=False)
         return text[text.index(SENTINEL) + len(SENTINEL):]

@@ -49,6 +49,12 @@ from hybridrl.trainer.tracking import make_progress_bar
 logger = logging.getLogger("hybridrl.trainer")
 
 GEN_KEYS = ["input_ids", "attention_mask", "position_ids"]
+GEN_NON_TENSOR_KEYS = ["raw_prompt_ids", "interaction_kwargs"]   # what the rollout reads of a prompt
+
+
+def generation_inputs(batch: DataProto) -> DataProto:
+    """The part of a prompt batch the rollout reads: the prompt tensors and those of GEN_NON_TENSOR_KEYS present."""
+    return batch.select(GEN_KEYS, [k for k in GEN_NON_TENSOR_KEYS if k in batch.non_tensor_batch])
 
 
 def need_critic(config: DictConfig) -> bool:
@@ -157,7 +163,7 @@ class RayPPOTrainer:
         for start in range(0, len(val), bs):
             batch = collate_fn([val[i] for i in range(start, min(len(val), start + bs))])
             assign_uids(batch)
-            gen = batch.select(GEN_KEYS, ["raw_prompt_ids"])
+            gen = generation_inputs(batch)
             gen.meta_info = {**self._meta(), "validate": True, "seed": validation_sampling_seed(
                 cfg.trainer.seed, cfg.actor_rollout_ref.rollout.seed)}
             out = self.actor_rollout_wg.generate_sequences(gen)
@@ -243,7 +249,7 @@ class RayPPOTrainer:
         cfg = self.config
         n = int(cfg.actor_rollout_ref.rollout.n)
         assign_uids(batch)
-        gen = batch.select(GEN_KEYS, ["raw_prompt_ids"])
+        gen = generation_inputs(batch)
         # a fresh sampling seed each step (and generation batch), derived from the step so a resumed run samples
         # what the original did
         seed = step_sampling_seed(int(cfg.trainer.seed), cfg.actor_rollout_ref.rollout.seed, self.global_steps)

@@ -62,11 +62,14 @@ def build_tool_agent(config: DictConfig, eos_token_ids):
     if not mt.enable:
         return None
     from hybridrl.models.tokenizer import policy_tokenizer
+    from hybridrl.rollout.interactions import load_interactions
     from hybridrl.rollout.multi_turn import MultiTurnSettings, ToolAgent
     from hybridrl.tools.registry import load_tool_config
 
-    return ToolAgent(policy_tokenizer(config), load_tool_config(mt.tool_config_path),
-                     MultiTurnSettings.from_config(mt), eos_token_ids=eos_token_ids)
+    tools = load_tool_config(mt.tool_config_path) if mt.tool_config_path else {}
+    interactions = load_interactions(mt.interaction_config_path) if mt.interaction_config_path else None
+    return ToolAgent(policy_tokenizer(config), tools, MultiTurnSettings.from_config(mt), eos_token_ids=eos_token_ids,
+                     interactions=interactions)
 
 
 class ActorRolloutRefWorker(Worker):
@@ -191,6 +194,8 @@ class ActorRolloutRefWorker(Worker):
         with self.hybrid.rollout(metrics) as engine:
             tg = time.perf_counter()
             agent = {"agent": self.tool_agent} if self.tool_agent is not None else {}
+            if agent:  # interactions read each prompt's extra_info.interaction_kwargs
+                self.tool_agent.begin(prompts.non_tensor_batch.get("interaction_kwargs"))
             outputs = engine.generate(prompt_token_lists(prompts), params, **agent)
             metrics["timing_s/gen_engine"] = time.perf_counter() - tg
             for k, v in getattr(engine, "stats", {}).items():

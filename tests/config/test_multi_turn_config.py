@@ -21,14 +21,16 @@ def test_enabled_multi_turn_config_loads(tool_yaml):
 
 
 @pytest.mark.parametrize("overrides,key,rule", [
-    ([f"{MT}.enable=true"], f"{MT}.tool_config_path", "a YAML listing the tools"),
+    ([f"{MT}.enable=true"], f"{MT}.enable", "a YAML listing the tools"),
     ([f"{MT}.enable=true", f"{MT}.tool_config_path=/nonexistent/tools.yaml"], f"{MT}.tool_config_path", "no such file"),
-    ([f"{MT}.interaction_config_path=interaction.yaml"], f"{MT}.interaction_config_path", "not supported"),
+    ([f"{MT}.enable=true", f"{MT}.interaction_config_path=/nonexistent/interaction.yaml"],
+     f"{MT}.interaction_config_path", "no such file"),
     ([f"{MT}.max_assistant_turns=0"], f"{MT}.max_assistant_turns", "must be null (no limit) or >= 1"),
     ([f"{MT}.max_parallel_calls=0"], f"{MT}.max_parallel_calls", ">= 1"),
     ([f"{MT}.max_tool_response_length=0"], f"{MT}.max_tool_response_length", ">= 1"),
     ([f"{MT}.tool_response_truncate_side=top"], f"{MT}.tool_response_truncate_side", "not one of"),
-    ([f"{MT}.format=llama3_json"], f"{MT}.format", "not one of"),
+    ([f"{MT}.format=gpt_oss"], f"{MT}.format", "not one of"),
+    ([f"{MT}.max_tokens_per_turn=0"], f"{MT}.max_tokens_per_turn", "must be null (no limit) or >= 1"),
     ([f"{MT}.enable=true", "TOOLS", "actor_rollout_ref.rollout.name=hf"], f"{MT}.enable", "must be 'native'"),
     ([f"{MT}.enable=true", "TOOLS", "actor_rollout_ref.rollout.tensor_model_parallel_size=2",
       "trainer.n_gpus_per_node=2"], f"{MT}.enable", "tensor_model_parallel_size' = 1"),

@@ -37,3 +37,25 @@ def slow_square(expression: str) -> str:
     with _lock:
         active["now"] -= 1
     return "42"
+
+
+class CountdownInteraction:
+    """An async interaction (verl's method shape) that asks for another try until the third answer; it records
+    the messages it was shown and which instances are still open."""
+
+    def __init__(self, config):
+        self.tries = int(config.get("tries", 3))
+        self.open, self.seen = {}, []
+
+    async def start_interaction(self, instance_id, **kwargs):
+        self.open[instance_id] = 0
+        return instance_id
+
+    async def generate_response(self, instance_id, messages, **kwargs):
+        self.open[instance_id] += 1
+        self.seen.append(messages)
+        done = self.open[instance_id] >= self.tries
+        return done, "again" if not done else "done", float(self.open[instance_id]), {}
+
+    async def finalize_interaction(self, instance_id, **kwargs):
+        del self.open[instance_id]

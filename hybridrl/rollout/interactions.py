@@ -1,0 +1,106 @@
+"""verl's interactions: a simulated user (or any environment) that answers an assistant turn that made no tool call
+(`actor_rollout_ref.rollout.multi_turn.interaction_config_path`).
+
+The config is verl's YAML, a list under `interaction`:
+
+    interaction:
+      - name: gsm8k                                            # optional; default: the class name
+        class_name: hybridrl.rollout.interactions.Gsm8kInteraction   # verl.interactions.* names map here too
+        config: {}                                            # passed to the constructor
+
+A class has verl's `BaseInteraction` shape, its methods plain or `async`:
+`start_interaction(instance_id, **interaction_kwargs)`, `generate_response(instance_id, messages,
+**interaction_kwargs) -> (done, text, score, extra)`, `finalize_interaction(instance_id)`. A sample chooses its
+interaction with `extra_info.interaction_kwargs.name` (the dataset copies `extra_info.interaction_kwargs` into
+the batch as verl does); the other kwargs (e.g. `ground_truth`) are passed to every call.
+
+Choices:
+- Methods run on the agent's turn threads; a coroutine is run to completion there (`asyncio.run`), so verl's
+  async interactions work unchanged and the engine keeps decoding meanwhile.
+- `messages` holds the conversation as chat messages: the prompt's (when the batch carries them), then each
+  assistant turn's text and each tool / user message appended after it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import inspect
+from pathlib import Path
+
+import yaml
+
+__all__ = ["Gsm8kInteraction", "call", "load_interactions"]
+
+KEY = "actor_rollout_ref.rollout.multi_turn.interaction_config_path"
+VERL_ALIASES = {"verl.interactions.gsm8k_interaction.Gsm8kInteraction": "hybridrl.rollout.interactions.Gsm8kInteraction"}
+
+
+def call(value):
+    """The result of an interaction method, awaited when it is a coroutine."""
+    return asyncio.run(value) if inspect.isawaitable(value) else value
+
+
+class Gsm8kInteraction:
+    """GSM8K feedback: the latest assistant answer is scored by verl's GSM8K scorer (flexible: the last number); a
+    correct one ends the trajectory ("Your response is correct!", score 1.0), a wrong one asks to try again
+    (score 0.0), as verl's gsm8k_interaction does."""
+
+    def __init__(self, config: dict | None = None):
+        self.config = dict(config or {})
+        self._truth: dict[str, str] = {}
+
+    def start_interaction(self, instance_id: str, ground_truth=None, **kwargs) -> str:
+        self._truth[instance_id] = ground_truth
+        return instance_id
+
+    def generate_response(self, instance_id: str, messages: list[dict], **kwargs):
+        from hybridrl.rewards.verl_compat.gsm8k import compute_score
+
+        content = next((m.get("content") or "" for m in reversed(messages) if m.get("role") == "assistant"), "")
+        answer = content if content.startswith("#### ") else "#### " + content
+        score = float(compute_score(answer, self._truth[instance_id], method="flexible", format_score=0.0, score=1.0))
+        if score == 1.0:
+            return True, "Your response is correct!", score, {}
+        return False, "Your response is incorrect! You need to reflect on your answer and try again.", score, {}
+
+    def finalize_interaction(self, instance_id: str, **kwargs) -> None:
+        self._truth.pop(instance_id, None)
+
+
+def _build(entry, where: str):
+    if not isinstance(entry, dict) or not isinstance(entry.get("class_name"), str):
+        raise ValueError(f"{where}: each interaction needs a class_name (module.Class), got {entry!r}")
+    path = VERL_ALIASES.get(entry["class_name"], entry["class_name"])
+    module, _, cls_name = path.rpartition(".")
+    try:
+        cls = getattr(importlib.import_module(module), cls_name)
+    except (ImportError, AttributeError, ValueError) as e:
+        raise ValueError(f"{where}: class_name {entry['class_name']!r} cannot be imported ({e})") from e
+    missing = [m for m in ("start_interaction", "generate_response", "finalize_interaction") if not hasattr(cls, m)]
+    if missing:
+        raise ValueError(f"{where}: {path} lacks {missing} (verl's BaseInteraction methods)")
+    config = entry.get("config") or {}
+    name = entry.get("name") or cls_name
+    return name, cls({**config, "name": name})
+
+
+def load_interactions(path: str | Path) -> dict:
+    """{interaction name: instance} from verl's interaction YAML; ValueError naming the file and entry."""
+    path = Path(path).expanduser()
+    if not path.is_file():
+        raise FileNotFoundError(f"{KEY}={str(path)!r}: no such file")
+    try:
+        doc = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as e:
+        raise ValueError(f"{KEY}={str(path)!r}: not valid YAML ({e})") from e
+    entries = doc.get("interaction") if isinstance(doc, dict) else None
+    if not isinstance(entries, list) or not entries:
+        raise ValueError(f"{KEY}={str(path)!r}: must hold a non-empty 'interaction:' list")
+    out = {}
+    for i, entry in enumerate(entries):
+        name, instance = _build(entry, f"{path}: interaction[{i}]")
+        if name in out:
+            raise ValueError(f"{path}: interaction[{i}]: the name {name!r} is used twice")
+        out[name] = instance
+    return out
