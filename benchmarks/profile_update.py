@@ -287,7 +287,7 @@ class ActorBench:
         set_recompute(self.module, cfg.checkpointing, cfg.kept_layers)
         if cfg.lora_rank:
             set_lora_forward(self.module, cfg.lora_forward)
-        section = per_rank_section(self.config.actor, rows, cfg.micro)
+        section = per_rank_section(self.config.actor, rows, cfg.micro, None)
         return DataParallelPPOActor(section, self.module, self.optimizer, self.scheduler,
                                     use_remove_padding=bool(self.config.model.use_remove_padding),
                                     share_prompts=self.share_prompts)

@@ -17,7 +17,7 @@ Choices:
   `{prefill,decode}_wait_s` (blocked on the step's one device->host read of the sampled tokens,
   i.e. the GPU time not hidden behind the host work). The tail: `decode_s` (wall time of decode steps),
   `tail_time_frac` (the share of the call's wall time in steps with fewer than TAIL_FRACTION of its sequences
-  still running), `running_seqs_mean` (sequences per decode step, weighted by the steps' wall time) and, on GPUs
+  still running), `running_seqs_mean` (sequences per decode step, the mean over steps) and, on GPUs
   with known peaks (device_peaks.py), `decode_floor_s`: each decode step's unavoidable bytes (this rank's engine
   weights once, plus every running sequence's K/V) over the HBM bandwidth, summed.
 - One SamplingParams per generate call is handed to the runner, which builds the sampling tensors
@@ -259,7 +259,8 @@ class _TailClock:
         self.cut = TAIL_FRACTION * num_seqs
         self.step_floor_s = step_floor_s      # (total context of a step's sequences) -> seconds, or None
         self.start = time.perf_counter()
-        self.decode_s = self.tail_s = self.seq_s = 0.0
+        self.decode_s = self.tail_s = 0.0
+        self.steps = self.seq_steps = 0
         self.floor_s = 0.0 if step_floor_s is not None else None
 
     def step(self, batch, t0: float) -> None:
@@ -268,7 +269,8 @@ class _TailClock:
         dt = time.perf_counter() - t0
         running = len(batch.seqs)
         self.decode_s += dt
-        self.seq_s += running * dt
+        self.steps += 1
+        self.seq_steps += running
         if running < self.cut:
             self.tail_s += dt
         if self.floor_s is not None:
@@ -277,7 +279,7 @@ class _TailClock:
     def stats(self) -> dict:
         wall = time.perf_counter() - self.start
         out = {"decode_s": self.decode_s, "tail_time_frac": self.tail_s / wall if wall > 0 else 0.0,
-               "running_seqs_mean": self.seq_s / self.decode_s if self.decode_s > 0 else 0.0}
+               "running_seqs_mean": self.seq_steps / self.steps if self.steps else 0.0}
         if self.floor_s is not None:
             out["decode_floor_s"] = self.floor_s
         return out

@@ -28,8 +28,6 @@ import importlib
 import inspect
 from pathlib import Path
 
-import yaml
-
 __all__ = ["Gsm8kInteraction", "call", "load_interactions"]
 
 KEY = "actor_rollout_ref.rollout.multi_turn.interaction_config_path"
@@ -87,16 +85,10 @@ def _build(entry, where: str):
 
 def load_interactions(path: str | Path) -> dict:
     """{interaction name: instance} from verl's interaction YAML; ValueError naming the file and entry."""
+    from hybridrl.tools.registry import yaml_entries
+
     path = Path(path).expanduser()
-    if not path.is_file():
-        raise FileNotFoundError(f"{KEY}={str(path)!r}: no such file")
-    try:
-        doc = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except yaml.YAMLError as e:
-        raise ValueError(f"{KEY}={str(path)!r}: not valid YAML ({e})") from e
-    entries = doc.get("interaction") if isinstance(doc, dict) else None
-    if not isinstance(entries, list) or not entries:
-        raise ValueError(f"{KEY}={str(path)!r}: must hold a non-empty 'interaction:' list")
+    entries = yaml_entries(path, KEY, "interaction")
     out = {}
     for i, entry in enumerate(entries):
         name, instance = _build(entry, f"{path}: interaction[{i}]")

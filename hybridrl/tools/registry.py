@@ -186,19 +186,24 @@ def _build(entry, where: str) -> Tool:
     return Tool(schema["function"]["name"], schema, fn, timeout_s)
 
 
-def load_tool_config(path: str | Path) -> dict[str, Tool]:
-    """{tool name: Tool} from a tool config YAML (module docstring); ValueError naming the problem."""
-    path = Path(path).expanduser()
-    key = "actor_rollout_ref.rollout.multi_turn.tool_config_path"
+def yaml_entries(path: Path, key: str, list_name: str) -> list:
+    """The non-empty list under `list_name` of the YAML file at `path` (config key `key`); errors name both."""
     if not path.is_file():
         raise FileNotFoundError(f"{key}={str(path)!r}: no such file")
     try:
         doc = yaml.safe_load(path.read_text(encoding="utf-8"))
     except yaml.YAMLError as e:
         raise ValueError(f"{key}={str(path)!r}: not valid YAML ({e})") from e
-    entries = doc.get("tools") if isinstance(doc, dict) else None
+    entries = doc.get(list_name) if isinstance(doc, dict) else None
     if not isinstance(entries, list) or not entries:
-        raise ValueError(f"{key}={str(path)!r}: must hold a non-empty 'tools:' list")
+        raise ValueError(f"{key}={str(path)!r}: must hold a non-empty '{list_name}:' list")
+    return entries
+
+
+def load_tool_config(path: str | Path) -> dict[str, Tool]:
+    """{tool name: Tool} from a tool config YAML (module docstring); ValueError naming the problem."""
+    path = Path(path).expanduser()
+    entries = yaml_entries(path, "actor_rollout_ref.rollout.multi_turn.tool_config_path", "tools")
     tools: dict[str, Tool] = {}
     for i, entry in enumerate(entries):
         tool = _build(entry, f"{path}: tools[{i}]")

@@ -1,6 +1,6 @@
-"""The log-prob pass settings a worker hands the actor: sizes and unshard choices from the run plan (old
-log-probs: the rollout's, reference: the ref's), dynamic-batch keys from that pass's config section
-(`actor_rollout_ref.rollout.*` or `actor_rollout_ref.ref.*`), the temperature from the rollout in both."""
+"""The log-prob pass settings a worker hands the actor: rows or token budget and unshard choices from the run plan
+(old log-probs: the rollout's, reference: the ref's; a pass without rows is token-budgeted), the temperature from
+the rollout in both."""
 
 from types import SimpleNamespace
 
@@ -11,20 +11,20 @@ from hybridrl.workers.actor_rollout_ref import ActorRolloutRefWorker
 
 def _meta(overrides, section):
     cfg = load_config(overrides=["actor_rollout_ref.rollout.n=2", *overrides])
-    plan = SimpleNamespace(log_prob_micro=5, ref_log_prob_micro=3, log_prob_unshard_once=True,
-                           ref_log_prob_unshard_once=False)
+    plan = SimpleNamespace(log_prob_micro=5, ref_log_prob_micro=None, log_prob_max_tokens=None,
+                           ref_log_prob_max_tokens=4096, log_prob_unshard_once=True, ref_log_prob_unshard_once=False)
     fake = SimpleNamespace(config=cfg, plan=plan)
     return ActorRolloutRefWorker._log_prob_meta(fake, DataProto(), section).meta_info
 
 
-def test_log_prob_meta_reads_the_pass_section():
+def test_log_prob_meta_reads_the_plan():
     ref_keys = ["actor_rollout_ref.ref.log_prob_use_dynamic_bsz=true",
                 "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu=4096",
                 "actor_rollout_ref.rollout.temperature=0.7"]
     old = _meta(ref_keys, "rollout")
     ref = _meta(ref_keys, "ref")
     assert (old["micro_batch_size"], old["use_dynamic_bsz"], old["max_token_len"], old["unshard_once"]) == \
-        (5, False, 16384, True)
+        (5, False, None, True)
     assert (ref["micro_batch_size"], ref["use_dynamic_bsz"], ref["max_token_len"], ref["unshard_once"]) == \
-        (3, True, 4096, False)
+        (None, True, 4096, False)
     assert old["temperature"] == ref["temperature"] == 0.7
