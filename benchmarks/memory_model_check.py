@@ -5,14 +5,14 @@ micro-batch, recompute and Liger choice each run's plan made are passed explicit
 partial recompute, and the Liger rows plan as if liger-kernel were installed, as it was on the GPU). CPU only, a
 few seconds:
 
-    python benchmarks/results/memory_model_check/predicted_vs_measured.py [-v]
+    python benchmarks/memory_model_check.py [-v]      (or: hybridrl bench run memory-model)
 """
 import argparse
 import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 from grpo_step import base_overrides  # noqa: E402
 
 from hybridrl.assets.tiny_model import write_size_preset  # noqa: E402
@@ -52,7 +52,7 @@ def main(verbose: bool) -> None:
             write_size_preset(model, preset, weights=False)
         a = argparse.Namespace(defaults=True, prompts=64, n=8, prompt_len=256, response_len=256, tp=1, mini_batch=0,
                                grad_ckpt=str(recompute).lower(), gpus=gpus, device="cuda", steps=3, gpu_mem=0.5,
-                               logprob_micro=16, micro=micro)
+                               logprob_micro=16, micro=micro, keep_eos=False)
         extra = extra if any("use_liger" in o for o in extra) else extra + NO_LIGER
         overrides = base_overrides(a, model, tmp / "prompts.parquet", tmp / "run") + extra + [
             f"{A}.actor.ppo_micro_batch_size_per_gpu={micro}"]
