@@ -1,4 +1,4 @@
-"""Summarize the reward-model-driven SmolLM2 run (examples/smollm2_reward_model, gpu_suite.sh part 12): the reward
+"""Summarize the reward-model-driven SmolLM2 run (`hybridrl bench run smollm2-reward-model`): the reward
 model's held-out quality (rm_eval.json), the rule accuracy on validation (val-core acc: what the reward model was
 trained to predict, never seen by GRPO) next to the reward model's own mean score, per step, and the same task's
 rule-rewarded curve for comparison. Writes summary.json and reward_model_run.png into OUT.

@@ -1,4 +1,4 @@
-"""Summarize benchmarks/smollm2_vs_trl.sh output: the validation curves of hybridrl and TRL's GRPOTrainer on the
+"""Summarize `hybridrl bench run smollm2-vs-trl` output: the validation curves of hybridrl and TRL's GRPOTrainer on the
 real-model task by step and by training wall time (validation excluded on both sides), the wall time each needed
 to first reach accuracy levels both reached, step times and peak memory. Writes OUT/summary.json and
 OUT/smollm2_vs_trl.png.

@@ -1,4 +1,4 @@
-"""Summarize the SmolLM2 tool-use run (examples/smollm2_tools, gpu_suite.sh part 13): per validation point the
+"""Summarize the SmolLM2 tool-use run (`hybridrl bench run smollm2-tools`): per validation point the
 accuracy (val-core acc), the fraction of trajectories that call the calculator (val-aux/multi_turn/tool_use_rate),
 tool calls per trajectory and malformed calls; per training step the same rates. Writes summary.json and
 tool_use_run.png into OUT.

@@ -1,4 +1,4 @@
-"""Summarize benchmarks/vs_trl.sh output: per configuration the median step time and peak allocated memory over
+"""Summarize `hybridrl bench run vs-trl-*` output: per configuration the median step time and peak allocated memory over
 runs (each run's step time is its mean over timed steps), their spread (min-max), the ratio hybridrl / TRL at the
 same weight precision, and the memory model's predicted peak per phase next to the measured one. Writes
 summary JSON and a bar plot.

@@ -1,32 +1,135 @@
-"""`hybridrl bench {grpo,rollout,decode,update,logprob,plot} [args]`: run the benchmark scripts of a source checkout.
+"""`hybridrl bench list | run NAME | {grpo,rollout,decode,update,logprob,plot} [args]`: the benchmarks of a source
+checkout.
 
-The scripts live in `benchmarks/` next to the package (they are reproduction recipes, not library code, so they are
-not installed); this command finds them from the package location and runs them with the arguments given.
+`run NAME` runs a named scenario of `benchmarks/scenarios.py` (the exact commands of one committed record) from the
+repository root, each command's console output in a log under the output folder, and writes `manifest.json` there
+(commit and dirty flag, device, versions, the invocation, each command with its environment, exit code and wall
+time, the verl overrides); `--dry-run` writes the manifest without running anything. The other subcommands run one
+benchmark script with the arguments given. The scripts live in `benchmarks/` next to the package (reproduction
+recipes, not library code, so not installed); this command finds them from the package location.
 """
 
 from __future__ import annotations
 
+import argparse
+import json
+import os
 import runpy
+import subprocess
 import sys
+import time
 from pathlib import Path
 
+from hybridrl import bench_manifest
+
+ROOT = Path(__file__).resolve().parent.parent
+BENCH = ROOT / "benchmarks"
 SCRIPTS = {"grpo": "grpo_step.py", "rollout": "rollout.py", "decode": "profile_decode.py",
            "update": "profile_update.py", "logprob": "logprob_unshard.py", "plot": "plot_results.py"}
+RUN_ENV = {"PYTHONUNBUFFERED": "1", "RAY_DEDUP_LOGS": "0", "TOKENIZERS_PARALLELISM": "false"}
+
+
+def load_scenarios() -> dict:
+    """benchmarks/scenarios.py's SCENARIOS (name -> Scenario)."""
+    if str(BENCH) not in sys.path:
+        sys.path.insert(0, str(BENCH))
+    import scenarios
+
+    return scenarios.SCENARIOS
+
+
+def _missing_checkout() -> int:
+    print(f"hybridrl bench: {BENCH} not found — benchmarks run from a source checkout of hybridrl", file=sys.stderr)
+    return 2
+
+
+def _list(args) -> int:
+    if not BENCH.exists():
+        return _missing_checkout()
+    for s in load_scenarios().values():
+        print(f"{s.name:28s} {s.device:15s} {s.record or '(not run yet)':42s} {s.what}")
+    return 0
+
+
+def _expand(text: str, places: dict[str, str]) -> str:
+    for key, value in places.items():
+        text = text.replace("{" + key + "}", value)
+    return text
+
+
+def _execute(argv: list[str], env: dict[str, str], log: Path) -> int:
+    """Run from the repository root, streaming the output to the console and to LOG."""
+    with open(log, "w") as f, subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                                               stderr=subprocess.STDOUT, text=True) as proc:
+        for line in proc.stdout:
+            sys.stdout.write(line)
+            f.write(line)
+    return proc.returncode
 
 
 def _run(args) -> int:
-    script = Path(__file__).resolve().parent.parent / "benchmarks" / SCRIPTS[args.which]
-    if not script.exists():
-        print(f"hybridrl bench: {script} not found — benchmarks run from a source checkout of hybridrl", file=sys.stderr)
+    if not BENCH.exists():
+        return _missing_checkout()
+    known = load_scenarios()
+    if args.name not in known:
+        print(f"hybridrl bench run: no scenario {args.name!r}; `hybridrl bench list` names them", file=sys.stderr)
         return 2
-    sys.argv = [str(script), *args.script_args]
+    s = known[args.name]
+    out = Path(args.out or f"runs/bench/{s.name}").resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    places = {"out": str(out), "work": str(Path(args.work).resolve()), "smollm2": args.smollm2}
+    base_env = {**os.environ, **RUN_ENV, "PYTHONPATH": os.pathsep.join(
+        p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)}
+    commands = []
+    for i, cmd in enumerate(s.commands, 1):
+        argv = [sys.executable if a == "python" else _expand(a, places) for a in cmd.argv]
+        script = Path(next((a for a in cmd.argv[1:] if not a.startswith("-")), cmd.argv[0])).stem
+        commands.append({"argv": argv, "env": {k: _expand(v, places) for k, v in cmd.env},
+                         "log": cmd.log or f"{i:02d}_{script}.log", "overrides": bench_manifest.overrides(argv)})
+    manifest = {"scenario": s.name, "what": s.what, "record": s.record, "device_kind": s.device,
+                "command": f"hybridrl bench run {s.name} --out {out} --work {places['work']} --smollm2 {args.smollm2}"
+                           + (" --dry-run" if args.dry_run else ""), "dry_run": args.dry_run,
+                "placeholders": places, "env": RUN_ENV, "git": bench_manifest.git_state(ROOT),
+                "device": bench_manifest.device_facts(), "versions": bench_manifest.versions(),
+                "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "commands": commands}
+    path = out / "manifest.json"
+    path.write_text(json.dumps(manifest, indent=1))
+    failed = 0
+    for c in [] if args.dry_run else commands:
+        print(f"[bench run] {' '.join(c['argv'])}", flush=True)
+        t0 = time.time()
+        c["rc"] = _execute(c["argv"], {**base_env, **c["env"]}, out / c["log"])
+        c["wall_s"] = round(time.time() - t0, 2)
+        failed += c["rc"] != 0
+        path.write_text(json.dumps(manifest, indent=1))   # after each command: a cut-short run keeps its manifest
+    print(f"[bench run] {s.name}: {len(commands)} commands, {failed} failed; {path}")
+    return 1 if failed else 0
+
+
+def _script(args) -> int:
+    script = BENCH / SCRIPTS[args.which]
+    if not script.exists():
+        return _missing_checkout()
+    extra = args.script_args[1:] if args.script_args[:1] == ["--"] else args.script_args
+    sys.argv = [str(script), *extra]
     runpy.run_path(str(script), run_name="__main__")
     return 0
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("bench", help="run a benchmark script (grpo step, rollout vs HF, decode profile, "
-                              "update profile, log-prob unsharding, plots)")
-    p.add_argument("which", choices=sorted(SCRIPTS), help=", ".join(f"{k}: benchmarks/{v}" for k, v in SCRIPTS.items()))
-    p.add_argument("script_args", nargs="*", help="arguments passed to the script (put them after --)")
-    p.set_defaults(func=_run)
+    p = subparsers.add_parser("bench", help="run a named benchmark scenario (bench list, bench run NAME) or one "
+                              "benchmark script")
+    sub = p.add_subparsers(dest="bench_command", required=True)
+    sub.add_parser("list", help="the scenarios, one line each: name, machine kind, record, what it measures"
+                   ).set_defaults(func=_list)
+    r = sub.add_parser("run", help="run a scenario and write manifest.json beside its outputs")
+    r.add_argument("name")
+    r.add_argument("--out", help="output folder (default runs/bench/NAME)")
+    r.add_argument("--work", default="/tmp/hybridrl_bench", help="scratch folder: models, prompts, run directories")
+    r.add_argument("--smollm2", default="/tmp/smollm2", help="the converted SmolLM2-135M-Instruct (SmolLM2 scenarios)")
+    r.add_argument("--dry-run", action="store_true", help="write the manifest with the expanded commands, run nothing")
+    r.set_defaults(func=_run)
+    for which, script in SCRIPTS.items():
+        s = sub.add_parser(which, help=f"benchmarks/{script} with the arguments given")
+        s.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments passed to the script")
+        s.set_defaults(func=_script, which=which)

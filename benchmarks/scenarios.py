@@ -1,0 +1,191 @@
+"""The benchmark scenarios: each name is the commands, with their exact arguments, that produce one record.
+
+`hybridrl bench list` prints them; `hybridrl bench run NAME [--out DIR]` runs one from the repository root and
+writes `manifest.json` (commit, device, versions, commands) beside its outputs. The builders and the placeholders
+(`{out}`, `{work}`, `{smollm2}`) are in scenario_kit.py; the 7B records in scenarios_7b.py.
+"""
+
+from scenario_kit import (
+    ADD,
+    BF16,
+    TWO_GPU_WORKLOAD,
+    Cmd,
+    Scenario,
+    gpu_tests,
+    grpo,
+    py,
+    recipe,
+    smollm2_trl,
+    summarize,
+    trl,
+)
+from scenarios_7b import SEVEN_B
+
+ARITH = "examples/smollm2_arith/run.sh"
+ONE_GPU = ("--gpus", "1", "--defaults")
+MAKE_ADD = py("examples/smollm2_arith/make_data.py", "--out", ADD, "--train", "3000", "--test", "200", "--seed", "0",
+              log="make_data.log")
+
+CPU = [
+    Scenario("memory-model", "the plan's memory prediction per phase beside every measured one-H200 peak",
+             "cpu", "memory_model_check", (py("benchmarks/memory_model_check.py", log="predicted.txt"),)),
+    Scenario("plan-capacity", "what fits on one H200 per the memory model: hybrid vs scheme A, 0.5B-7B",
+             "cpu", "plan_capacity.json",
+             (py("benchmarks/plan_capacity.py", "--presets", "qwen2.5-0.5b,qwen2.5-1.5b,qwen2.5-7b",
+                 "--response-lens", "1024,4096,16384", "--prompts", "64", "--n", "8", "--prompt-len", "256",
+                 "--gpu-memory-gb", "139.8", "--out", "{out}/plan_capacity.json"),)),
+    Scenario("logprob-unshard-cpu", "log-prob pass with blocks all-gathered once vs per micro-batch, 2 gloo ranks",
+             "cpu", "logprob_unshard_cpu.json",
+             (py("benchmarks/logprob_unshard.py", "--tiny", "--device", "cpu", "--ranks", "2", "--rows", "16",
+                 "--prompt-len", "64", "--response-len", "64", "--micro", "1,4,16", "--reps", "2",
+                 "--out", "{out}/logprob_unshard_cpu.json"),)),
+    Scenario("multi-turn-tiny-cpu", "multi-turn rollout with tool calls on a tiny model", "cpu",
+             "multi_turn_tiny_cpu.json",
+             (py("benchmarks/multi_turn.py", "--model", "tiny", "--device", "cpu", "--prompts", "16", "--n", "4",
+                 "--prompt-len", "256", "--turn-len", "32", "--inject", "24", "--turns", "4", "--tool-ms", "50",
+                 "--repeats", "3", "--out", "{out}/multi_turn_tiny_cpu.json"),)),
+    Scenario("demo-seeds", "`hybridrl train` (the demo) over three seeds: greedy accuracy before/after GRPO",
+             "cpu", "demo_seeds.json",
+             (py("benchmarks/demo_seeds.py", "--seeds", "0", "1", "2", "--out", "{out}/demo_seeds.json"),)),
+]
+
+SMALL = [
+    Scenario("vs-trl-0.5b", "0.5B at the defaults (fp32 and bf16 masters) beside TRL (bf16 and fp32 weights)",
+             "nvidia-h200", "vs_trl", (
+                 grpo("hybridrl_qwen2.5-0.5b.json", "--preset", "qwen2.5-0.5b", *ONE_GPU, "--grad-ckpt", "--steps",
+                      "3", "--repeat", "3", "--variants", f"hybrid,hybrid_bf16:{BF16}"),
+                 *(trl(f"trl_qwen2.5-0.5b_{w}_{i}.json", "qwen2.5-0.5b", 2, weights=w)
+                   for w in ("bf16", "fp32") for i in (1, 2, 3)),
+                 summarize("summarize_vs_trl.py"))),
+    Scenario("vs-trl-1.5b", "1.5B at the defaults (fp32 masters) beside TRL (bf16 weights)", "nvidia-h200", "vs_trl", (
+        grpo("hybridrl_qwen2.5-1.5b.json", "--preset", "qwen2.5-1.5b", *ONE_GPU, "--grad-ckpt", "--steps", "3",
+             "--repeat", "3", "--variants", "hybrid"),
+        *(trl(f"trl_qwen2.5-1.5b_bf16_{i}.json", "qwen2.5-1.5b", 2) for i in (1, 2)),
+        summarize("summarize_vs_trl.py"))),
+    Scenario("vs-trl-equal-precision", "1.5B with bf16 masters beside TRL with bf16 weights; a 0.5B bf16-master run",
+             "nvidia-h200", "vs_trl/equal_precision", (
+                 grpo("hybridrl_qwen2.5-1.5b.json", "--preset", "qwen2.5-1.5b", *ONE_GPU, "--steps", "4", "--repeat",
+                      "3", "--variants", f"hybrid_bf16:{BF16}"),
+                 *(trl(f"trl_qwen2.5-1.5b_bf16_{i}.json", "qwen2.5-1.5b", 2) for i in (1, 2)),
+                 grpo("hybridrl_qwen2.5-0.5b.json", "--preset", "qwen2.5-0.5b", *ONE_GPU, "--steps", "3",
+                      "--variants", f"hybrid_bf16:{BF16}"),
+                 summarize("summarize_vs_trl.py"))),
+    Scenario("memory-model-live", "the bf16-master 1.5B and 0.5B runs the update's memory model is checked on",
+             "nvidia-h200", "memory_model_check", tuple(
+                 grpo(f"hybridrl_qwen2.5-{size}_bf16.json", "--preset", f"qwen2.5-{size}", *ONE_GPU, "--steps", "3",
+                      "--variants", f"hybrid_bf16:{BF16}") for size in ("1.5b", "0.5b"))),
+    Scenario("need-kv-scheme-a", "hybrid engine vs scheme A with the KV cache sized to the step, 0.5B and 1.5B",
+             "nvidia-h200", "hybrid_vs_schemeA_need_kv", tuple(
+                 grpo(f"hybrid_vs_schemeA_qwen2.5-{size}.json", "--preset", f"qwen2.5-{size}", *ONE_GPU,
+                      "--grad-ckpt", "--steps", "3", "--variants", "hybrid,schemeA:actor_rollout_ref.hybrid_engine=false")
+                 for size in ("0.5b", "1.5b"))),
+    Scenario("long-tail-1.5b", "GRPO with long-tailed response lengths (mean 1,000, limit 4,096), 1.5B, three runs",
+             "nvidia-h200", "long_tail", (
+                 py("benchmarks/long_tail.py", "--preset", "qwen2.5-1.5b", "--response-len", "4096", "--mean-len",
+                    "1000", "--workdir", "{work}/long_tail", "--defaults", "--gpus", "1", "--prompts", "32", "--n",
+                    "8", "--steps", "3", "--variants", "hybrid", "--repeat", "3", "--out", "{out}/defaults.json"),)),
+    Scenario("decode-floor-1.5b", "decode steps against the bandwidth floor: single-pass vs split kernels vs async",
+             "nvidia-h200", "long_tail", (
+                 py("benchmarks/decode_floor.py", "--out", "{out}/decode_floor.json"),
+                 py("benchmarks/decode_floor.py", "--engine-only", "--out", "{out}/decode_async.json"))),
+    Scenario("rollout-vs-hf", "the rollout engine vs HF generate, n=1 and n=8 with shared prompts, 0.5B-7B",
+             "nvidia-h200", "rollout.json", (
+                 py("benchmarks/rollout.py", "--models", "7B,0.5B,1.5B", "--ab-unfused", "7B,0.5B",
+                    "--out", "{out}/rollout.json"),)),
+    Scenario("profile-decode-7b", "where a 7B decode step goes (torch.profiler), batch 256", "nvidia-h200",
+             "profile_decode.json", (py("benchmarks/profile_decode.py", "--out", "{out}/profile_decode.json"),)),
+    Scenario("rollout-async", "rollout with async scheduling vs without, 0.5B and 7B; then the GPU tests",
+             "nvidia-h200", None, (
+                 py("benchmarks/rollout.py", "--models", "0.5B,7B", "--skip-hf", "--ab-async", "0.5B,7B",
+                    "--out", "{out}/rollout_async.json"),
+                 gpu_tests("gpu_tests.log", "tests"))),
+]
+
+TP2 = (*TWO_GPU_WORKLOAD, "--tp", "2")
+LP = "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu"
+UTIL07 = "actor_rollout_ref.rollout.gpu_memory_utilization=0.7"
+TWO_GPUS = [
+    Scenario("scheme-a-1.5b-2gpu", "1.5B hybrid vs scheme A at gpu_memory_utilization 0.5; rollout TP 1; offload",
+             "nvidia-h200-x2", "grpo_qwen2.5-1.5b.json", (
+                 grpo("grpo_qwen2.5-1.5b.json", "--preset", "qwen2.5-1.5b", *TP2, "--steps", "3", "--micro", "8",
+                      "--logprob-micro", "16", "--variants",
+                      "hybrid,scheme_a,hybrid_tp1:actor_rollout_ref.rollout.tensor_model_parallel_size=1,"
+                      "hybrid_offload:actor_rollout_ref.actor.fsdp_config.param_offload=true;"
+                      "actor_rollout_ref.actor.fsdp_config.optimizer_offload=true"),)),
+    *(Scenario(f"scheme-a-{tag}-2gpu", f"{label} hybrid vs scheme A at gpu_memory_utilization 0.5", "nvidia-h200-x2",
+               f"grpo_{preset}.json", (
+                   grpo(f"grpo_{preset}.json", "--preset", preset, *TP2, "--steps", "3", "--micro", "4",
+                        "--logprob-micro", "16", "--grad-ckpt", "--variants", "hybrid,scheme_a"),))
+      for tag, label, preset in (("7b", "Qwen2.5-7B", "qwen2.5-7b"), ("llama3-8b", "Llama-3-8B", "llama3-8b"))),
+    Scenario("scheme-a-7b-util07", "7B at gpu_memory_utilization 0.7: scheme A runs out of memory, hybrid runs",
+             "nvidia-h200-x2", "grpo_qwen2.5-7b_util07.json", (
+                 grpo("grpo_qwen2.5-7b_util07.json", "--preset", "qwen2.5-7b", *TP2, "--steps", "2", "--micro", "4",
+                      "--logprob-micro", "16", "--grad-ckpt", "--variants",
+                      f"scheme_a_util07:actor_rollout_ref.hybrid_engine=false;{UTIL07},"
+                      f"hybrid_util07:actor_rollout_ref.hybrid_engine=true;{UTIL07}"),)),
+    Scenario("stability-7b-util07", "20 steps of the hybrid engine at gpu_memory_utilization 0.7, 7B, 16 × 8",
+             "nvidia-h200-x2", "grpo_qwen2.5-7b_stability.log", (
+                 grpo("grpo_qwen2.5-7b_20steps.json", "--preset", "qwen2.5-7b", "--prompts", "16",
+                      *TWO_GPU_WORKLOAD[2:], "--tp", "2", "--steps", "20", "--micro", "4", "--logprob-micro", "16",
+                      "--grad-ckpt", "--variants", f"hybrid_util07:{UTIL07}"),)),
+    Scenario("logprob-micro-1.5b-2gpu", "old-log-prob micro-batch 1/4/8/16, 1.5B, rollout TP 1", "nvidia-h200-x2",
+             "grpo_qwen2.5-1.5b_logprob_micro_full.json", (
+                 grpo("grpo_qwen2.5-1.5b_logprob_micro_full.json", "--preset", "qwen2.5-1.5b", *TWO_GPU_WORKLOAD,
+                      "--tp", "1", "--steps", "3", "--micro", "8", "--variants",
+                      ",".join(f"lp{m}:{LP}={m}" for m in (1, 4, 8, 16))),)),
+    Scenario("logprob-unshard-1.5b-2gpu", "log-prob pass with blocks all-gathered once, 1.5B on two GPUs",
+             "nvidia-h200-x2", None, (
+                 py("benchmarks/logprob_unshard.py", "--preset", "qwen2.5-1.5b", "--ranks", "2", "--rows", "64",
+                    "--micro", "1,4,16", "--out", "{out}/logprob_unshard_qwen2.5-1.5b.json"),)),
+    Scenario("packing-ulysses-1.5b-2gpu", "padded vs packed training forwards, and Ulysses sp=2, 1024-token responses",
+             "nvidia-h200-x2", None, (
+                 grpo("grpo_qwen2.5-1.5b_packing_ulysses.json", "--preset", "qwen2.5-1.5b", "--prompts", "32", "--n",
+                      "8", "--prompt-len", "256", "--response-len", "1024", "--gpus", "2", "--tp", "1", "--steps", "3",
+                      "--micro", "4", "--logprob-micro", "8", "--variants",
+                      "padded,packed:actor_rollout_ref.model.use_remove_padding=true,packed_sp2:"
+                      "actor_rollout_ref.model.use_remove_padding=true;"
+                      "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2"),)),
+    Scenario("smoke-2gpu", "one tiny-model GRPO step through the hybrid engine on two GPUs (not a record)",
+             "nvidia-h200-x2", None, (
+                 Cmd(("python", "-m", "hybridrl.cli", "assets", "tiny-model", "{work}/tiny", "--layers", "2",
+                      "--hidden", "64"), log="tiny_model.log"),
+                 grpo("smoke.json", "--preset", "dir:{work}/tiny", "--gpus", "2", "--tp", "2", "--prompts", "8", "--n",
+                      "4", "--prompt-len", "32", "--response-len", "16", "--steps", "2", "--micro", "4",
+                      "--logprob-micro", "8", "--variants", "hybrid"))),
+]
+
+ARITH_60 = ("trainer.total_training_steps=60", "trainer.default_local_dir={work}/smollm2_run")
+SMOLLM2 = [
+    Scenario("smollm2-vs-trl", "SmolLM2-135M learns a + b: hybridrl's curve and TRL's, LoRA r32, TRL's peak",
+             "nvidia-h200", "smollm2_vs_trl", (
+                 MAKE_ADD,
+                 recipe(ARITH, "hybridrl_metrics.jsonl", "hybridrl_run.log", *ARITH_60, DATA=ADD),
+                 smollm2_trl("trl.json", "trl_curve.log", "--val-prompts", f"{ADD}/test.parquet", "--val-every", "12",
+                             "--steps", "24", "--val-temperature", "0.8"),
+                 smollm2_trl("trl_mem.json", "trl_mem.log", "--steps", "4"),
+                 recipe(ARITH, "hybridrl_lora_metrics.jsonl", "hybridrl_lora_run.log",
+                        "trainer.total_training_steps=40", "actor_rollout_ref.model.lora_rank=32",
+                        "actor_rollout_ref.model.lora_alpha=64", "actor_rollout_ref.actor.optim.lr=1e-4", DATA=ADD),
+                 summarize("summarize_smollm2.py"))),
+    Scenario("smollm2-arith", "SmolLM2-135M learns a + b at today's defaults (hybridrl's side alone)", "nvidia-h200",
+             "rows_on_host/smollm2", (recipe(ARITH, "hybridrl_metrics.jsonl", "hybridrl_run.log", *ARITH_60,
+                                             DATA=ADD),)),
+    Scenario("smollm2-gsm8k", "SmolLM2-135M on GSM8K-format word problems, strict scorer", "nvidia-h200",
+             "smollm2_gsm8k", (recipe("examples/smollm2_gsm8k/run.sh", "hybridrl_metrics.jsonl", "hybridrl_run.log",
+                                      "trainer.total_training_steps=60", DATA="{work}/smollm2_gsm8k"),)),
+    Scenario("smollm2-reward-model", "GRPO on SmolLM2 driven by a reward model trained on its own answers",
+             "nvidia-h200", "smollm2_reward_model", (
+                 MAKE_ADD,
+                 recipe("examples/smollm2_reward_model/run.sh", "smollm2_rm_metrics.jsonl", "rm_run.log",
+                        "trainer.total_training_steps=40", DATA=ADD, RM="{work}/smollm2_rm"),
+                 Cmd(("cp", "{work}/smollm2_rm/rm_eval.json", "{out}/rm_eval.json")),
+                 summarize("summarize_reward_model.py", "benchmarks/results/smollm2_vs_trl/hybridrl_metrics.jsonl"))),
+    Scenario("smollm2-tools", "SmolLM2 learns to call a calculator: SFT warm-up, then 20 multi-turn GRPO steps",
+             "nvidia-h200", "smollm2_tools", (
+                 recipe("examples/smollm2_tools/run.sh", "smollm2_tools_metrics.jsonl", "smollm2_tools.log",
+                        "trainer.total_training_steps=20", "trainer.test_freq=5", DATA="{work}/smollm2_bignum",
+                        SFT="{work}/smollm2_tools_sft"),
+                 summarize("summarize_tools.py"))),
+]
+
+SCENARIOS: dict[str, Scenario] = {s.name: s for s in CPU + SMALL + SEVEN_B + TWO_GPUS + SMOLLM2}

@@ -1,0 +1,67 @@
+"""`hybridrl bench list` / `bench run`: every scenario is listed, points at scripts and records that exist, and a run
+writes manifest.json (commit, device, versions, command, per-command config) beside its outputs."""
+
+import json
+import sys
+from pathlib import Path
+
+from hybridrl import benchmarks_cli, cli
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from scenario_kit import Cmd, Scenario  # noqa: E402
+
+MANIFEST_KEYS = {"scenario", "command", "git", "device", "versions", "commands", "placeholders", "record"}
+
+
+def test_list_shows_every_scenario(capsys):
+    assert cli.main(["bench", "list"]) == 0
+    listed = [line.split()[0] for line in capsys.readouterr().out.splitlines()]
+    assert listed == list(benchmarks_cli.load_scenarios())
+
+
+def test_scenarios_point_at_existing_scripts_and_records():
+    for s in benchmarks_cli.load_scenarios().values():
+        assert s.commands and s.what and s.device
+        if s.record:
+            assert (ROOT / "benchmarks" / "results" / s.record).exists(), (s.name, s.record)
+        for cmd in s.commands:
+            for arg in cmd.argv:
+                if arg.startswith(("benchmarks/", "examples/", "tests/")) and "{" not in arg:
+                    assert (ROOT / arg).exists(), (s.name, arg)
+
+
+def test_run_writes_outputs_and_manifest(tmp_path, monkeypatch):
+    tiny = Scenario("tiny", "writes one file", "cpu", None, (
+        Cmd(("python", "-c", "import os, sys; open(sys.argv[1], 'w').write(os.environ['WHO'])", "{out}/hello.txt"),
+            (("WHO", "{work}"),), "hello.log"),))
+    monkeypatch.setattr(benchmarks_cli, "load_scenarios", lambda: {"tiny": tiny})
+    out = tmp_path / "out"
+    assert cli.main(["bench", "run", "tiny", "--out", str(out), "--work", str(tmp_path / "w")]) == 0
+    assert (out / "hello.txt").read_text() == str(tmp_path / "w")
+    m = json.loads((out / "manifest.json").read_text())
+    assert MANIFEST_KEYS <= set(m) and m["commands"][0]["rc"] == 0 and (out / "hello.log").exists()
+    assert m["versions"]["python"] and "torch" in m["versions"] and "ray" in m["versions"]
+    assert m["command"].startswith("hybridrl bench run tiny --out") and "dirty" in m["git"]
+
+
+def test_dry_run_expands_a_real_scenario_without_running(tmp_path):
+    out = tmp_path / "dry"
+    assert cli.main(["bench", "run", "long-tail-1.5b", "--out", str(out), "--dry-run"]) == 0
+    m = json.loads((out / "manifest.json").read_text())
+    assert MANIFEST_KEYS <= set(m) and m["dry_run"] and m["git"]["commit"]
+    (c,) = m["commands"]
+    assert c["argv"][1:4] == ["benchmarks/long_tail.py", "--preset", "qwen2.5-1.5b"] and "rc" not in c
+    assert f"{out}/defaults.json" in c["argv"] and sorted(p.name for p in out.iterdir()) == ["manifest.json"]
+
+
+def test_failed_command_fails_the_run(tmp_path, monkeypatch):
+    bad = Scenario("bad", "exits 3", "cpu", None, (Cmd(("python", "-c", "raise SystemExit(3)")),))
+    monkeypatch.setattr(benchmarks_cli, "load_scenarios", lambda: {"bad": bad})
+    assert cli.main(["bench", "run", "bad", "--out", str(tmp_path)]) == 1
+    assert json.loads((tmp_path / "manifest.json").read_text())["commands"][0]["rc"] == 3
+
+
+def test_overrides_are_found_inside_variants():
+    argv = ["--variants", "a:x.y=1;x.z=bf16,b", "k.v=2", "--out", "f.json"]
+    assert benchmarks_cli.bench_manifest.overrides(argv) == ["x.y=1", "x.z=bf16", "k.v=2"]
