@@ -1,7 +1,8 @@
 """The run plan: every fact of a run derived once on the driver — meshes and per-GPU batch sizes (the layout),
 micro-batch sizes of each pass (`auto` resolved by the memory model), the KV cache each engine needs for this
 step's batch, engine concurrency, unshard choices, reshard strategy — with the predicted peak memory of every
-phase. Workers receive it frozen and read these facts instead of re-deriving them from the config.
+phase. Workers receive it frozen and read these facts instead of re-deriving them from the config; the rollout
+engine gets them as one `EngineConfig` (`RunPlan.engine_config`).
 
 Automatic sizes: the largest micro-batch (a divisor of the per-GPU mini-batch for updates) whose tokens stay
 within a throughput target (beyond it a GPU gains nothing and only memory grows) and whose predicted phase peak
