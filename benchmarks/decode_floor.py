@@ -100,6 +100,7 @@ def sampler_grid(vocab: int, bw: float) -> list[dict]:
 
 def engine_grid(cfg, state, bw: float, single_pass: bool, async_scheduling: bool = False) -> list[dict]:
     from hybridrl.rollout import triton_decode, triton_sample
+    from hybridrl.rollout.config import EngineConfig
     from hybridrl.rollout.engine import LLMEngine
     from hybridrl.rollout.sampling_params import SamplingParams
 
@@ -111,9 +112,10 @@ def engine_grid(cfg, state, bw: float, single_pass: bool, async_scheduling: bool
     weight_bytes = sum(t.numel() * t.element_size() for t in {t.data_ptr(): t for t in state.values()}.values())
     try:
         for B, C in ENGINE_GRID:
-            engine = LLMEngine(cfg, device="cuda", dtype=torch.bfloat16, max_model_len=C + steps + 16,
-                               max_num_seqs=B, max_num_batched_tokens=max(8192, C + steps + 16),
-                               gpu_memory_utilization=0.6, async_scheduling=async_scheduling)
+            config = EngineConfig(dtype=torch.bfloat16, max_model_len=C + steps + 16, max_num_seqs=B,
+                                  max_num_batched_tokens=max(8192, C + steps + 16), gpu_memory_utilization=0.6,
+                                  async_scheduling=async_scheduling)
+            engine = LLMEngine(cfg, config, device="cuda")
             engine.wake_up(("weights",))
             engine.load_weights(state.items())
             engine.wake_up(("kv_cache",))
@@ -127,7 +129,7 @@ def engine_grid(cfg, state, bw: float, single_pass: bool, async_scheduling: bool
             wall = time.perf_counter() - t0
             st = engine.stats
             step_ms = 1e3 * (st["decode_launch_s"] + st["decode_wait_s"]) / st["num_decode_steps"]
-            kv_token = engine.runner.block_bytes() / engine.block_size
+            kv_token = engine.runner.block_bytes() / engine.config.block_size
             floor_ms = (weight_bytes + B * (C + steps / 2) * kv_token) / bw * 1e3
             rows.append({"batch": B, "context": C, "decode_ms_per_step": step_ms, "floor_ms": floor_ms,
                          "vs_floor": step_ms / floor_ms, "decode_steps": st["num_decode_steps"], "wall_s": wall,

@@ -49,14 +49,16 @@ def eos_logit_stats(model_dir: Path, prompts: list[list[int]], response_len: int
     of responses sampled with EOS ignored."""
     from transformers import AutoModelForCausalLM
 
+    from hybridrl.rollout.config import EngineConfig
     from hybridrl.rollout.engine import LLMEngine
     from hybridrl.rollout.sampling_params import SamplingParams
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16).cuda().eval()
-    engine = LLMEngine(model.config, device="cuda", dtype=torch.bfloat16, max_num_seqs=len(prompts),
-                       max_model_len=max(map(len, prompts)) + response_len + 1,
-                       max_num_batched_tokens=max(8192, max(map(len, prompts)) + response_len + 1),
-                       gpu_memory_utilization=0.4, eos_token_id=eos)
+    longest = max(map(len, prompts)) + response_len + 1
+    config = EngineConfig(dtype=torch.bfloat16, max_num_seqs=len(prompts), max_model_len=longest,
+                          max_num_batched_tokens=max(8192, longest), gpu_memory_utilization=0.4,
+                          eos_token_ids=(eos,))
+    engine = LLMEngine(model.config, config, device="cuda")
     engine.wake_up(("weights",))
     engine.load_weights(model.state_dict().items())
     outs = engine.generate(prompts, SamplingParams(n=1, temperature=1.0, max_tokens=response_len, ignore_eos=True,

@@ -21,6 +21,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
 
+from hybridrl.rollout.config import EngineConfig
 from hybridrl.rollout.engine import LLMEngine
 from hybridrl.rollout.multi_turn import TurnOutcome
 from hybridrl.rollout.sampling_params import SamplingParams
@@ -63,9 +64,9 @@ def build(model: str, max_model_len: int, device: str):
     with torch.device(device):
         hf = transformers.AutoModelForCausalLM.from_config(cfg, dtype=dtype)
     kv = None if device == "cuda" else 4096  # on CUDA gpu_memory_utilization sizes the cache
-    engine = LLMEngine(cfg, device=device, dtype=dtype, block_size=16, max_num_seqs=512, num_kv_blocks=kv,
-                       max_num_batched_tokens=16384, max_model_len=max_model_len, gpu_memory_utilization=0.6,
-                       enforce_eager=device != "cuda")
+    config = EngineConfig(dtype=dtype, block_size=16, max_num_seqs=512, num_kv_blocks=kv, max_num_batched_tokens=16384,
+                          max_model_len=max_model_len, gpu_memory_utilization=0.6, enforce_eager=device != "cuda")
+    engine = LLMEngine(cfg, config, device=device)
     engine.wake_up(("weights",))
     engine.load_weights(hf.state_dict().items())
     del hf

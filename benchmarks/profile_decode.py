@@ -27,6 +27,7 @@ from torch.profiler import ProfilerActivity, profile
 sys.path.insert(0, str(Path(__file__).parent))
 from rollout import qwen_config, timed  # noqa: E402
 
+from hybridrl.rollout.config import EngineConfig  # noqa: E402
 from hybridrl.rollout.engine import LLMEngine  # noqa: E402
 from hybridrl.rollout.sampling_params import SamplingParams  # noqa: E402
 
@@ -43,8 +44,9 @@ def category(name: str) -> str:
 
 
 def engine_for(cfg, args, eager):
-    return LLMEngine(cfg, device="cuda", dtype=torch.bfloat16, max_model_len=args.prompt_len + args.new_tokens + 16,
-                     max_num_seqs=args.batch, gpu_memory_utilization=0.5, enforce_eager=eager)
+    config = EngineConfig(dtype=torch.bfloat16, max_model_len=args.prompt_len + args.new_tokens + 16,
+                          max_num_seqs=args.batch, gpu_memory_utilization=0.5, enforce_eager=eager)
+    return LLMEngine(cfg, config, device="cuda")
 
 
 def load(engine, state):

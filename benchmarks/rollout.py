@@ -29,6 +29,7 @@ from pathlib import Path
 import torch
 import transformers
 
+from hybridrl.rollout.config import EngineConfig
 from hybridrl.rollout.engine import LLMEngine
 from hybridrl.rollout.sampling_params import SamplingParams
 
@@ -55,9 +56,10 @@ def timed(fn):
 
 
 def run_native(cfg, state, prompts, n, sharing, args, async_scheduling=False):
-    engine = LLMEngine(cfg, device="cuda", dtype=torch.bfloat16, max_model_len=args.prompt_len + args.new_tokens + 16,
-                       max_num_seqs=args.batch, enable_prefix_sharing=sharing,
-                       gpu_memory_utilization=args.gpu_memory_utilization, async_scheduling=async_scheduling)
+    config = EngineConfig(dtype=torch.bfloat16, max_model_len=args.prompt_len + args.new_tokens + 16,
+                          max_num_seqs=args.batch, enable_prefix_sharing=sharing,
+                          gpu_memory_utilization=args.gpu_memory_utilization, async_scheduling=async_scheduling)
+    engine = LLMEngine(cfg, config, device="cuda")
     engine.wake_up(("weights",))
     (_, t_load) = timed(lambda: engine.load_weights(state.items()))
     (_, t_kv) = timed(lambda: engine.wake_up(("kv_cache",)))

@@ -42,6 +42,7 @@ from transformers import (
 )
 
 from hybridrl.config.limits import TOKENIZER_FILES
+from hybridrl.rollout.config import EngineConfig
 from hybridrl.rollout.engine import LLMEngine
 from hybridrl.rollout.sampling_params import SamplingParams
 from hybridrl.training.reward_model import last_token_scores, score_sequences
@@ -55,10 +56,10 @@ def sample_answers(policy: str, prompts: list[list[int]], args, device, eos: int
     model = AutoModelForCausalLM.from_pretrained(policy, dtype=dtype)
     seqs, block = min(256, len(prompts) * args.samples), 16
     max_len = max(map(len, prompts)) + args.max_tokens
-    engine = LLMEngine(model.config, device=device, dtype=dtype, block_size=block, max_num_seqs=seqs,
-                       num_kv_blocks=seqs * -(-max_len // block), max_model_len=max_len,
-                       max_num_batched_tokens=max(8192, max_len), enforce_eager=device.type != "cuda",
-                       eos_token_id=eos)
+    config = EngineConfig(dtype=dtype, block_size=block, max_num_seqs=seqs, num_kv_blocks=seqs * -(-max_len // block),
+                          max_model_len=max_len, max_num_batched_tokens=max(8192, max_len),
+                          enforce_eager=device.type != "cuda", eos_token_ids=(eos,))
+    engine = LLMEngine(model.config, config, device=device)
     engine.wake_up(("weights",))
     engine.load_weights(model.state_dict().items())
     engine.wake_up(("kv_cache",))

@@ -53,8 +53,10 @@ class HybridEngine:
 
     # ------------------------------------------------------------------ phases
     @contextmanager
-    def rollout(self, metrics: dict):
-        """Yields the awake engine; fills `metrics` with reshard timing/bytes and per-phase memory."""
+    def rollout(self, metrics: dict, num_kv_blocks: int | None = None):
+        """Yields the awake engine; fills `metrics` with reshard timing/bytes and per-phase memory.
+        `num_kv_blocks`: this rollout's KV need, which the hybrid scheme allocates per rollout; the resident one
+        keeps the cache of its first wake, the engine config's (sized for the largest call)."""
         if getattr(self.engine, "shares_actor_weights", False):
             # the `hf` backend generates with the actor's own module: nothing to reshard, offload or sleep
             metrics["timing_s/reshard"] = 0.0
@@ -64,7 +66,7 @@ class HybridEngine:
         t0 = time.perf_counter()
         with track_phase("reshard", metrics, self.device):
             if self.hybrid:
-                self._enter_hybrid(metrics)
+                self._enter_hybrid(metrics, num_kv_blocks)
             else:
                 self._enter_resident(metrics)
         _sync(self.device)
@@ -84,7 +86,7 @@ class HybridEngine:
             _sync(self.device)
             metrics["timing_s/switch_to_train"] = time.perf_counter() - t0
 
-    def _enter_hybrid(self, metrics: dict):
+    def _enter_hybrid(self, metrics: dict, num_kv_blocks: int | None):
         if self.optimizer is not None:
             self.optimizer.zero_grad(set_to_none=True)
         if self.optimizer_offload and self.optimizer is not None and not self._optimizer_on_cpu:
@@ -100,7 +102,7 @@ class HybridEngine:
 
             offload_fsdp_params(self.module)
         _empty_cache(self.device)
-        self.engine.wake_up(tags=("kv_cache",))
+        self.engine.wake_up(tags=("kv_cache",), num_kv_blocks=num_kv_blocks)
 
     def _enter_resident(self, metrics: dict):
         if not self._resident_ready:

@@ -1,7 +1,8 @@
 """The run plan: every fact of a run derived once on the driver — meshes and per-GPU batch sizes (the layout),
 micro-batch sizes of each pass (`auto` resolved by the memory model), the KV cache each engine needs for this
 step's batch, engine concurrency, unshard choices, reshard strategy — with the predicted peak memory of every
-phase. Workers receive it frozen and read these facts instead of re-deriving them from the config.
+phase. Workers receive it frozen and read these facts instead of re-deriving them from the config; the rollout
+engine gets them as one `EngineConfig` (`RunPlan.engine_config`).
 
 Automatic sizes: the largest micro-batch (a divisor of the per-GPU mini-batch for updates) whose tokens stay
 within a throughput target (beyond it a GPU gains nothing and only memory grows) and whose predicted phase peak
@@ -21,6 +22,7 @@ from hybridrl.config.layout import Layout, derive_layout
 from hybridrl.config.validate import ConfigError
 from hybridrl.plan.memory import GiB, MemoryModel, PhaseMemory, Residency
 from hybridrl.plan.model_shape import ModelShape
+from hybridrl.rollout.config import EngineConfig
 from hybridrl.training.fsdp import AUTO_UNSHARD_MAX_FRACTION, resolve_dtype
 from hybridrl.training.lora import adapter_param_count
 
@@ -113,6 +115,18 @@ class RunPlan:
         prompt_len, response_len, block_size, sharing = self.kv_rule
         need, _ = kv_need(prompts, n, prompt_len, response_len, block_size, sharing, self.engine_max_num_seqs)
         return max(1, min(need, self.kv_blocks))
+
+    def engine_config(self, rollout: DictConfig, eos_token_ids: tuple[int, ...] | None = None) -> EngineConfig:
+        """The native rollout engine's config: its sizes, dtype and scheduling from this plan, the rest from the
+        `actor_rollout_ref.rollout` section; `eos_token_ids` None leaves them to the model's config."""
+        return EngineConfig(
+            block_size=int(rollout.block_size), max_num_seqs=self.engine_max_num_seqs,
+            max_num_batched_tokens=self.engine_max_num_batched_tokens,
+            max_model_len=int(rollout.prompt_length) + int(rollout.response_length),
+            gpu_memory_utilization=float(rollout.gpu_memory_utilization), num_kv_blocks=self.kv_blocks,
+            enforce_eager=bool(rollout.enforce_eager), enable_prefix_sharing=bool(rollout.enable_prefix_sharing),
+            async_scheduling=self.engine_async_scheduling, eos_token_ids=eos_token_ids,
+            dtype=resolve_dtype(self.rollout_dtype, "plan.rollout_dtype"))
 
     def predicted_peak_gb(self) -> dict[str, float]:
         return {f"plan/predicted_peak_gb/{k}": v.total / GiB for k, v in self.predicted.items()}

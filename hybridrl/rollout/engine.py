@@ -1,11 +1,17 @@
 """LLMEngine: the native rollout engine with the vLLM-shaped API of docs/CONTRACTS.md.
 
 Choices:
-- Lifecycle per RL step: wake_up(("weights",)) -> load_weights(...) -> wake_up(("kv_cache",)) ->
-  generate(...) -> sleep(). `generate` wakes the KV cache itself if the caller did not. Weights can
-  be loaded any number of times (every step is a weight update); before the first generate after a
-  weights wake-up every parameter (and fused shard) must have been loaded, else ValueError lists the
-  missing ones — a half-loaded model must not generate silently.
+- One EngineConfig (rollout/config.py), with the model's defaults filled in, is what the runner and each call's
+  scheduler read their sizes from; the run plan makes it (`RunPlan.engine_config`).
+- `generate` is a loop over `_step`: schedule and launch a step (unless the step before launched it ahead),
+  launch the next one ahead (`_launch_ahead`, async scheduling), read the step's samples, postprocess them;
+  the multi-turn hooks (`_end_turns`, `_resume_ready`) run beside it. A call's state (`_Call`: its scheduler,
+  generator, sequences, clocks, turns in flight) is passed to each of them.
+- Lifecycle per RL step: wake_up(("weights",)) -> load_weights(...) -> wake_up(("kv_cache",), num_kv_blocks) ->
+  generate(...) -> sleep(). `num_kv_blocks` sizes this wake's cache (None: the config's); `generate` wakes the
+  KV cache itself if the caller did not. Weights can be loaded any number of times (every step is a weight
+  update); before the first generate after a weights wake-up every parameter (and fused shard) must have been
+  loaded, else ValueError lists the missing ones — a half-loaded model must not generate silently.
 - A fresh BlockManager/Scheduler per generate call: nothing survives across calls (the prefix cache
   is reset by construction, which the hybrid engine needs since weights change every step).
 - TP ranks sample the same tokens without a broadcast: logits are all-gathered (identical on every
@@ -42,55 +48,41 @@ import queue
 import random
 import time
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 
 import torch
 
 from hybridrl.models.decoder import check_supported
 from hybridrl.rollout.block_manager import BlockManager
-from hybridrl.rollout.model_runner import ModelRunner, TokenFeed
+from hybridrl.rollout.config import EngineConfig
+from hybridrl.rollout.model_runner import ModelRunner, StepHandle, TokenFeed
 from hybridrl.rollout.sampling_params import CompletionOutput, RequestOutput, SamplingParams
-from hybridrl.rollout.scheduler import Scheduler
+from hybridrl.rollout.scheduler import ScheduledBatch, Scheduler
 from hybridrl.rollout.sequence import Sequence
 
 _PEAK_KEYS = ("kv_blocks_peak", "kv_blocks_peak_unshared")
 TAIL_FRACTION = 0.1     # a decode step with fewer than this share of the call's sequences running is in the tail
+_Launched = tuple[ScheduledBatch, StepHandle]   # a step launched on the device, not read yet
 
 
 class LLMEngine:
-    def __init__(self, hf_config, *, tp_group=None, device=None, dtype=torch.bfloat16, block_size: int = 16,
-                 gpu_memory_utilization: float = 0.5, max_num_seqs: int = 1024, max_num_batched_tokens: int = 8192,
-                 max_model_len: int | None = None, enforce_eager: bool = False, enable_prefix_sharing: bool = True,
-                 num_kv_blocks: int | None = None, eos_token_id=None, async_scheduling: bool = False):
+    def __init__(self, hf_config, config: EngineConfig, *, tp_group=None, device=None):
+        """`config` with the model's defaults filled in (EngineConfig.for_model) is what the runner and each call's
+        scheduler read their sizes from."""
         check_supported(hf_config)
-        max_model_len = max_model_len or hf_config.max_position_embeddings
-        rules = [
-            ("block_size", block_size, block_size >= 1, ">= 1"),
-            ("gpu_memory_utilization", gpu_memory_utilization, 0 < gpu_memory_utilization <= 1, "in (0, 1]"),
-            ("max_num_seqs", max_num_seqs, max_num_seqs >= 1, ">= 1"),
-            ("max_num_batched_tokens", max_num_batched_tokens, max_num_batched_tokens >= max_model_len,
-             f">= max_model_len ({max_model_len}), since a prompt is prefilled in one step"),
-            ("num_kv_blocks", num_kv_blocks, num_kv_blocks is None or num_kv_blocks >= 1, "None or >= 1"),
-        ]
-        for key, value, ok, rule in rules:
-            if not ok:
-                raise ValueError(f"rollout engine: {key}={value!r} must be {rule}")
         if device is None:
             device = "cuda" if torch.cuda.is_available() else "cpu"
-        self.config = hf_config
-        self.block_size, self.max_model_len = block_size, max_model_len
-        self.max_num_seqs, self.max_num_batched_tokens = max_num_seqs, max_num_batched_tokens
-        self.gpu_memory_utilization, self.num_kv_blocks = gpu_memory_utilization, num_kv_blocks
-        self.enable_prefix_sharing = enable_prefix_sharing
-        self.async_scheduling = async_scheduling
-        eos = hf_config.eos_token_id if eos_token_id is None else eos_token_id
-        self.eos_token_ids = tuple(eos) if isinstance(eos, (list, tuple)) else (() if eos is None else (eos,))
-        self.runner = ModelRunner(hf_config, tp_group=tp_group, device=device, dtype=dtype, block_size=block_size,
-                                  max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-                                  max_model_len=max_model_len, enforce_eager=enforce_eager)
-        self.runner.async_copies = async_scheduling
+        self.hf_config = hf_config
+        self.config = config.for_model(hf_config)
+        self.runner = ModelRunner(hf_config, self.config, tp_group=tp_group, device=device)
         self._loaded: set = set()
         self.stats: dict = {}
         self.reset_stats()
+
+    @property
+    def eos_token_ids(self) -> tuple[int, ...]:
+        """The tokens that end a sequence (the hf backend has the same attribute)."""
+        return self.config.eos_token_ids
 
     def reset_stats(self) -> None:
         self.stats = {"num_prefill_steps": 0, "num_decode_steps": 0, "num_preemptions": 0, "num_cow_copies": 0,
@@ -104,7 +96,9 @@ class LLMEngine:
         self.stats.update(self.runner.timing)
 
     # ------------------------------------------------------------------ memory phases
-    def wake_up(self, tags=("weights", "kv_cache")) -> None:
+    def wake_up(self, tags=("weights", "kv_cache"), num_kv_blocks: int | None = None) -> None:
+        """Allocate the engine's weights and/or KV cache. `num_kv_blocks`: this wake's cache size (a hybrid engine
+        allocates each call's need); None: the config's. Either is capped on GPUs by gpu_memory_utilization."""
         unknown = set(tags) - {"weights", "kv_cache"}
         if unknown:
             raise ValueError(f"wake_up: tags {sorted(unknown)} unknown (allowed: 'weights', 'kv_cache')")
@@ -115,7 +109,7 @@ class LLMEngine:
             if not self.runner.weights_awake:
                 raise RuntimeError("wake_up(('kv_cache',)) before the weights: wake weights first (the order "
                                    "that avoids the wake-up OOM)")
-            self.runner.wake_kv(self.num_kv_blocks, self.gpu_memory_utilization)
+            self.runner.wake_kv(self.config.num_kv_blocks if num_kv_blocks is None else num_kv_blocks)
             self.stats["num_kv_blocks"] = self.runner.num_blocks
             self.stats["cuda_graph_capture_s"] = self.runner.last_capture_s
 
@@ -151,35 +145,17 @@ class LLMEngine:
     def _validate(self, prompts, params: SamplingParams) -> None:
         if not isinstance(params, SamplingParams):
             raise ValueError(f"sampling_params must be a SamplingParams, got {type(params).__name__}")
-        if self.enable_prefix_sharing and params.n > self.max_num_seqs:
-            raise ValueError(f"SamplingParams.n={params.n} exceeds max_num_seqs={self.max_num_seqs}: the n samples "
+        c = self.config
+        if c.enable_prefix_sharing and params.n > c.max_num_seqs:
+            raise ValueError(f"SamplingParams.n={params.n} exceeds max_num_seqs={c.max_num_seqs}: the n samples "
                              "of a prompt are admitted together when enable_prefix_sharing is on")
-        V = self.config.vocab_size
+        V = self.hf_config.vocab_size
         for i, p in enumerate(prompts):
-            if len(p) == 0 or len(p) >= self.max_model_len:
+            if len(p) == 0 or len(p) >= c.max_model_len:
                 raise ValueError(f"prompt {i} has {len(p)} tokens; it must have 1..max_model_len-1 "
-                                 f"({self.max_model_len - 1}) tokens")
+                                 f"({c.max_model_len - 1}) tokens")
             if min(p) < 0 or max(p) >= V:
                 raise ValueError(f"prompt {i} has token ids outside [0, vocab_size={V})")
-
-    def _turn_budget(self, seq: Sequence) -> int:
-        """Tokens that may be appended to a paused sequence so that one more can still be sampled."""
-        return min(seq.params.max_tokens - seq.num_completion_tokens, self.max_model_len - len(seq)) - 1
-
-    @staticmethod
-    def _apply_ready(sched: Scheduler, ready: queue.SimpleQueue, pending: dict, block: bool) -> None:
-        """Resume or finish the paused sequences whose turn outcome is known (waiting for one if `block`)."""
-        while pending:
-            try:
-                seq = ready.get(block=block)
-            except queue.Empty:
-                return
-            block = False
-            outcome = pending.pop(seq).result()  # the agent's own failures (not a tool's) propagate
-            if outcome.token_ids is not None:
-                sched.resume(seq, outcome.token_ids)
-            else:
-                sched.finish_paused(seq, outcome.finish_reason)
 
     def generate(self, prompt_token_ids: list[list[int]], sampling_params: SamplingParams,
                  agent=None) -> list[RequestOutput]:
@@ -189,60 +165,107 @@ class LLMEngine:
         self.reset_stats()
         if self.runner.kv is None:
             self.wake_up(("kv_cache",))
-        sched = Scheduler(BlockManager(self.runner.num_blocks, self.block_size), max_num_seqs=self.max_num_seqs,
-                          max_num_batched_tokens=self.max_num_batched_tokens, max_model_len=self.max_model_len,
-                          enable_prefix_sharing=self.enable_prefix_sharing, eos_token_ids=self.eos_token_ids,
+        call = self._start(prompt_token_ids, sampling_params, agent)
+        ahead = None
+        while ahead is not None or not call.sched.is_finished():
+            ahead = self._step(call, ahead)
+        self._record_stats(call)
+        return [RequestOutput(rid, list(prompt_token_ids[rid]), [self._completion(s, agent) for s in group])
+                for rid, group in enumerate(call.groups)]
+
+    def _start(self, prompts: list[list[int]], params: SamplingParams, agent) -> _Call:
+        """A call's scheduler over the whole KV cache with every prompt's samples queued, and its seeded generator."""
+        sched = Scheduler(BlockManager(self.runner.num_blocks, self.config.block_size), self.config,
                           turn_end=agent.ends_turn if agent is not None else None)
-        ready: queue.SimpleQueue = queue.SimpleQueue()  # paused sequences whose outcome is known (tool threads put)
-        pending: dict = {}
         groups = []
-        for rid, prompt in enumerate(prompt_token_ids):
-            group = [Sequence(prompt, sampling_params, rid, j) for j in range(sampling_params.n)]
+        for rid, prompt in enumerate(prompts):
+            group = [Sequence(prompt, params, rid, j) for j in range(params.n)]
             for s in group:
                 s.group_id = group[0].seq_id
             groups.append(group)
             sched.add_group(group)
-        seed = sampling_params.seed if sampling_params.seed is not None else random.randrange(2**63)
         gen = torch.Generator(device=self.runner.device)
-        gen.manual_seed(seed)
-        host_s, inflight = 0.0, None
-        tail = _TailClock(len(prompt_token_ids) * sampling_params.n, self.runner.decode_step_floor_s)
-        while inflight is not None or not sched.is_finished():
-            t0 = time.perf_counter()
-            if inflight is None:
-                batch = sched.schedule()
-                if batch is None:  # only paused sequences can move on: wait for a turn outcome
-                    self._apply_ready(sched, ready, pending, block=True)
-                    continue
-                host_s += time.perf_counter() - t0
-                inflight = batch, self.runner.launch(batch, gen, sampling_params)
-            batch, handle = inflight
-            t1 = time.perf_counter()
-            lookahead = self.async_scheduling and ready.empty()  # a known outcome re-admits at the next schedule
-            nxt = sched.schedule_lookahead(batch) if lookahead else None
-            host_s += time.perf_counter() - t1
-            if nxt is not None:
-                nxt_handle = self.runner.launch(nxt, gen, sampling_params, TokenFeed(handle.tokens, nxt.feed_rows))
-            tokens, logprobs = self.runner.read(handle)
-            t2 = time.perf_counter()
-            sched.postprocess(batch, tokens, logprobs)
-            if agent is not None:
-                for seq in sched.take_paused():
-                    future = pending[seq] = agent.on_turn_end(seq, self._turn_budget(seq))
-                    future.add_done_callback(lambda _, seq=seq: ready.put(seq))
-                self._apply_ready(sched, ready, pending, block=False)
-            host_s += time.perf_counter() - t2
-            tail.step(batch, t0)
-            inflight = (nxt, nxt_handle) if nxt is not None else None
-        self.stats.update(tail.stats())
-        self.stats["schedule_s"] += host_s
-        self.stats["generated_tokens"] += sum(s.num_completion_tokens for group in groups for s in group)
+        gen.manual_seed(params.seed if params.seed is not None else random.randrange(2**63))
+        return _Call(sched, params, gen, groups, _TailClock(len(prompts) * params.n, self.runner.decode_step_floor_s),
+                     agent)
+
+    def _step(self, call: _Call, ahead: _Launched | None) -> _Launched | None:
+        """One step: schedule and launch it (unless the step before launched it ahead), launch the next one ahead,
+        read this one's samples and postprocess them. Returns the step launched ahead, if any."""
+        t0 = time.perf_counter()
+        step = ahead or self._schedule(call)
+        if step is None:  # only paused sequences can move on: wait for a turn outcome
+            self._resume_ready(call, block=True)
+            return None
+        batch, handle = step
+        ahead = self._launch_ahead(call, batch, handle)
+        tokens, logprobs = self.runner.read(handle)
+        t1 = time.perf_counter()
+        call.sched.postprocess(batch, tokens, logprobs)
+        if call.agent is not None:
+            self._end_turns(call)
+        call.host_s += time.perf_counter() - t1
+        call.tail.step(batch, t0)
+        return ahead
+
+    def _schedule(self, call: _Call) -> _Launched | None:
+        """The next step, scheduled and launched; None when nothing can run until a turn outcome is known."""
+        t0 = time.perf_counter()
+        batch = call.sched.schedule()
+        if batch is None:
+            return None
+        call.host_s += time.perf_counter() - t0
+        return batch, self.runner.launch(batch, call.gen, call.params)
+
+    def _launch_ahead(self, call: _Call, batch: ScheduledBatch, handle: StepHandle) -> _Launched | None:
+        """Async scheduling: the decode step after `batch`, scheduled and launched before `batch` is read (its input
+        tokens gathered on the device from `batch`'s samples); None when off or when the scheduler declines."""
+        t0 = time.perf_counter()
+        # with a turn outcome known, a regular schedule comes next: it re-admits that sequence at once
+        nxt = call.sched.schedule_lookahead(batch) if self.config.async_scheduling and call.ready.empty() else None
+        call.host_s += time.perf_counter() - t0
+        if nxt is None:
+            return None
+        return nxt, self.runner.launch(nxt, call.gen, call.params, TokenFeed(handle.tokens, nxt.feed_rows))
+
+    # ------------------------------------------------------------------ multi-turn
+    def _end_turns(self, call: _Call) -> None:
+        """Hand the sequences paused at a turn end to the agent (its tools run on its threads while decoding goes
+        on), then resume or finish those whose outcome is known."""
+        for seq in call.sched.take_paused():
+            future = call.pending[seq] = call.agent.on_turn_end(seq, self._turn_budget(seq))
+            future.add_done_callback(lambda _, seq=seq: call.ready.put(seq))
+        self._resume_ready(call, block=False)
+
+    @staticmethod
+    def _resume_ready(call: _Call, block: bool) -> None:
+        """Resume or finish the paused sequences whose turn outcome is known (waiting for one if `block`)."""
+        while call.pending:
+            try:
+                seq = call.ready.get(block=block)
+            except queue.Empty:
+                return
+            block = False
+            outcome = call.pending.pop(seq).result()  # the agent's own failures (not a tool's) propagate
+            if outcome.token_ids is not None:
+                call.sched.resume(seq, outcome.token_ids)
+            else:
+                call.sched.finish_paused(seq, outcome.finish_reason)
+
+    def _turn_budget(self, seq: Sequence) -> int:
+        """Tokens that may be appended to a paused sequence so that one more can still be sampled."""
+        return min(seq.params.max_tokens - seq.num_completion_tokens, self.config.max_model_len - len(seq)) - 1
+
+    # ------------------------------------------------------------------ results
+    def _record_stats(self, call: _Call) -> None:
+        """Fold a finished call's scheduler, runner and clock counters into `stats`."""
+        self.stats.update(call.tail.stats())
+        self.stats["schedule_s"] += call.host_s
+        self.stats["generated_tokens"] += sum(s.num_completion_tokens for group in call.groups for s in group)
         self.stats["cuda_graph_capture_s"] = self.runner.last_capture_s  # graphs are captured on first use
         self.stats.update(self.runner.timing)
-        for key, value in sched.stats.items():
+        for key, value in call.sched.stats.items():
             self.stats[key] = max(self.stats[key], value) if key in _PEAK_KEYS else self.stats[key] + value
-        return [RequestOutput(rid, list(prompt_token_ids[rid]), [self._completion(s, agent) for s in group])
-                for rid, group in enumerate(groups)]
 
     @staticmethod
     def _completion(seq: Sequence, agent) -> CompletionOutput:
@@ -250,6 +273,21 @@ class LLMEngine:
             return CompletionOutput(seq.sample_index, seq.completion_token_ids, seq.logprobs, seq.finish_reason)
         return CompletionOutput(seq.sample_index, seq.completion_token_ids, seq.logprobs, seq.finish_reason,
                                 response_mask=seq.completion_mask(), turn_stats=agent.trajectory_stats(seq))
+
+
+@dataclass
+class _Call:
+    """One generate call: its scheduler, sampling, sequences and clocks, and the turns its agent has in flight."""
+    sched: Scheduler
+    params: SamplingParams
+    gen: torch.Generator
+    groups: list[list[Sequence]]        # per prompt, its n samples
+    tail: _TailClock
+    agent: object = None
+    ready: queue.SimpleQueue = field(default_factory=queue.SimpleQueue)  # paused sequences whose outcome is known
+                                                                        # (the agent's tool threads put them)
+    pending: dict = field(default_factory=dict)     # paused sequence -> the Future of its turn outcome
+    host_s: float = 0.0                 # host time in scheduling and postprocessing (stats["schedule_s"])
 
 
 class _TailClock:

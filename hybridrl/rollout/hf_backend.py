@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import torch
 
+from hybridrl.rollout.config import token_ids
 from hybridrl.rollout.sampling_params import CompletionOutput, RequestOutput, SamplingParams
 
 
@@ -22,11 +23,10 @@ class HFRolloutEngine:
         self.model = model
         self.synced = synced
         self.pad_token_id = pad_token_id
-        eos = model.config.eos_token_id if eos_token_id is None else eos_token_id
-        self.eos_token_ids = list(eos) if isinstance(eos, (list, tuple)) else ([] if eos is None else [eos])
+        self.eos_token_ids = list(token_ids(model.config.eos_token_id if eos_token_id is None else eos_token_id))
         self.stats = {"generated_tokens": 0}
 
-    def wake_up(self, tags=("weights", "kv_cache")) -> None:
+    def wake_up(self, tags=("weights", "kv_cache"), num_kv_blocks=None) -> None:
         return None
 
     def sleep(self, level: int = 1) -> None:

@@ -42,6 +42,7 @@ from hybridrl.models.decoder import TPDecoderForCausalLM, head_dim_of
 from hybridrl.models.rope import cos_sin_cache
 from hybridrl.models.tp_layers import tp_rank_size
 from hybridrl.rollout.attention import AttentionContext
+from hybridrl.rollout.config import EngineConfig
 from hybridrl.rollout.sampler import sample
 from hybridrl.rollout.scheduler import ScheduledBatch
 
@@ -92,16 +93,14 @@ def kv_budget_bytes(utilization: float, total: int, free: int, engine_weight_byt
 
 
 class ModelRunner:
-    def __init__(self, hf_config, *, tp_group, device, dtype, block_size, max_num_seqs, max_num_batched_tokens,
-                 max_model_len, enforce_eager):
-        self.config, self.tp_group, self.device, self.dtype = hf_config, tp_group, torch.device(device), dtype
-        self.block_size, self.max_num_seqs = block_size, max_num_seqs
-        self.max_num_batched_tokens, self.max_model_len = max_num_batched_tokens, max_model_len
+    def __init__(self, hf_config, config: EngineConfig, *, tp_group, device):
+        """`config`: resolved (EngineConfig.for_model), so max_model_len is set."""
+        self.config, self.hf_config, self.tp_group, self.device = config, hf_config, tp_group, torch.device(device)
         self.is_cuda = self.device.type == "cuda"
-        self.use_graphs = self.is_cuda and not enforce_eager
+        self.use_graphs = self.is_cuda and not config.enforce_eager
         self.use_triton = _triton_available(self.device)
         with torch.device("meta"):
-            self.model = TPDecoderForCausalLM(hf_config, tp_group).to(dtype)
+            self.model = TPDecoderForCausalLM(hf_config, tp_group).to(config.dtype)
         attn = self.model.model.layers[0].self_attn
         self.num_kv_heads, self.head_dim = attn.num_kv_heads, head_dim_of(hf_config)
         self.kv = None
@@ -112,9 +111,6 @@ class ModelRunner:
         self._free_step_buffers()
         self.timing = dict.fromkeys(("prefill_launch_s", "prefill_wait_s", "decode_launch_s", "decode_wait_s"), 0.0)
         self.last_capture_s = 0.0
-        # async scheduling reads step t after launching t+1: its samples must be copied out behind an event,
-        # since a plain .tolist() would wait for t+1 too (set by the engine; off = the measured sync path)
-        self.async_copies = False
         self.activation_reserve = None
         self.weights_awake = False
         self.decode_step_floor_s = None   # set on KV wake where the GPU's peaks are known
@@ -126,23 +122,24 @@ class ModelRunner:
         self.model.to_empty(device=self.device)
         if self.model.tie_word_embeddings:
             self.model.lm_head.weight = self.model.model.embed_tokens.weight
-        self.model.rope_cache = cos_sin_cache(self.config, self.head_dim, self.max_model_len, self.device)
+        self.model.rope_cache = cos_sin_cache(self.hf_config, self.head_dim, self.config.max_model_len, self.device)
         self.weights_awake = True
 
     def block_bytes(self) -> int:
-        layers = self.config.num_hidden_layers
-        return 2 * layers * self.block_size * self.num_kv_heads * self.head_dim * self.dtype.itemsize
+        layers = self.hf_config.num_hidden_layers
+        return 2 * layers * self.config.block_size * self.num_kv_heads * self.head_dim * self.config.dtype.itemsize
 
-    def wake_kv(self, num_kv_blocks: int | None, gpu_memory_utilization: float) -> None:
+    def wake_kv(self, num_kv_blocks: int | None) -> None:
         if self.kv is not None:
             return
+        utilization = self.config.gpu_memory_utilization
         if num_kv_blocks is None:
-            num_kv_blocks = self._blocks_from_memory(gpu_memory_utilization)
+            num_kv_blocks = self._blocks_from_memory(utilization)
         elif self.is_cuda:  # the planned need, never above the utilization ceiling
-            num_kv_blocks = min(num_kv_blocks, self._blocks_from_memory(gpu_memory_utilization))
-        L = self.config.num_hidden_layers
-        self.kv = torch.zeros(L, 2, num_kv_blocks + 1, self.block_size, self.num_kv_heads, self.head_dim,
-                              dtype=self.dtype, device=self.device)
+            num_kv_blocks = min(num_kv_blocks, self._blocks_from_memory(utilization))
+        L = self.hf_config.num_hidden_layers
+        self.kv = torch.zeros(L, 2, num_kv_blocks + 1, self.config.block_size, self.num_kv_heads, self.head_dim,
+                              dtype=self.config.dtype, device=self.device)
         self.kv_caches = list(self.kv.unbind(0))
         self.num_blocks = num_kv_blocks
         self.decode_step_floor_s = self._decode_floor_fn()
@@ -159,7 +156,7 @@ class ModelRunner:
         if peaks is None:
             return None
         weights = sum(t.numel() * t.element_size() for t in (*self.model.parameters(), *self.model.buffers()))
-        kv_token = self.block_bytes() / self.block_size
+        kv_token = self.block_bytes() / self.config.block_size
         return lambda context: (weights + context * kv_token) / peaks.hbm_bytes_per_s
 
     def _blocks_from_memory(self, utilization: float) -> int:
@@ -186,16 +183,17 @@ class ModelRunner:
         torch.cuda.synchronize(self.device)
         base = torch.cuda.memory_allocated(self.device)
         torch.cuda.reset_peak_memory_stats(self.device)
-        T = min(self.max_num_batched_tokens, self.max_model_len * self.max_num_seqs)
-        lens = [min(self.max_model_len, T - i) for i in range(0, T, self.max_model_len)]
-        scratch = [torch.zeros(2, 1, self.block_size, self.num_kv_heads, self.head_dim, dtype=self.dtype,
-                               device=self.device) for _ in range(self.config.num_hidden_layers)]
+        T = min(self.config.max_num_batched_tokens, self.config.max_model_len * self.config.max_num_seqs)
+        lens = [min(self.config.max_model_len, T - i) for i in range(0, T, self.config.max_model_len)]
+        scratch = [torch.zeros(2, 1, self.config.block_size, self.num_kv_heads, self.head_dim,
+                               dtype=self.config.dtype, device=self.device)
+                   for _ in range(self.hf_config.num_hidden_layers)]
         ctx = AttentionContext(scratch, True, torch.zeros(T, dtype=torch.long, device=self.device),
                                seq_lens=lens, cached_lens=[0] * len(lens))
         ids = torch.zeros(T, dtype=torch.long, device=self.device)
         pos = torch.cat([torch.arange(n, device=self.device) for n in lens])
         h = self.model(ids, pos, ctx)
-        rows = min(self.max_num_seqs, 1024)
+        rows = min(self.config.max_num_seqs, 1024)
         logits = self.model.compute_logits(h[:1].expand(rows, -1).contiguous())
         ones = torch.ones(rows, device=self.device)
         sample(logits, ones, torch.full((rows,), 50, device=self.device), ones * 0.9)  # the sort path
@@ -232,8 +230,8 @@ class ModelRunner:
         tables: [rows, max blocks] int32, updated in place on the host only where a row changed.
         The host buffers are rewritten for step t+1 only after step t's tokens were read (a sync that
         follows the non_blocking copies in stream order), so a copy never reads a half-written buffer."""
-        rows = max(self.max_num_seqs, 1)
-        max_blocks = -(-self.max_model_len // self.block_size)
+        rows = max(self.config.max_num_seqs, 1)
+        max_blocks = -(-self.config.max_model_len // self.config.block_size)
         pin = self.is_cuda
         blk, slot = self._scratch()
         self._host_sets = []
@@ -255,16 +253,16 @@ class ModelRunner:
 
     # ------------------------------------------------------------------ CUDA graphs
     def _scratch(self):
-        return self.num_blocks, self.num_blocks * self.block_size  # scratch block id, its first slot
+        return self.num_blocks, self.num_blocks * self.config.block_size  # scratch block id, its first slot
 
     def _set_graph_buckets(self) -> None:
         """Set up the graph buckets; each is captured the first time a decode step needs it (`_capture`), so a
         wake costs only the buckets the rollout uses (a GRPO batch that decodes at full width uses a few)."""
-        max_bs = min(self.max_num_seqs, GRAPH_BATCH_SIZES[-1])
+        max_bs = min(self.config.max_num_seqs, GRAPH_BATCH_SIZES[-1])
         sizes = [s for s in GRAPH_BATCH_SIZES if s <= max_bs]
         if sizes[-1] < max_bs:
             sizes.append(max_bs)
-        self.graph_out = torch.zeros(max_bs, self.config.hidden_size, dtype=self.dtype, device=self.device)
+        self.graph_out = torch.zeros(max_bs, self.hf_config.hidden_size, dtype=self.config.dtype, device=self.device)
         self.graph_sizes = sizes
         self.last_capture_s = 0.0
 
@@ -298,7 +296,7 @@ class ModelRunner:
 
     def _prefill_inputs(self, batch: ScheduledBatch):
         ids, pos, slots, lens, cached, tables = [], [], [], [], [], []
-        bs = self.block_size
+        bs = self.config.block_size
         for seq in batch.seqs:
             c, n = seq.num_cached_tokens, len(seq)
             ids.extend(seq.token_ids[c:])
@@ -315,7 +313,7 @@ class ModelRunner:
         return t(np.asarray(ids, dtype=np.int64)), t(np.concatenate(pos)), ctx, last
 
     def _decode_hidden(self, batch: ScheduledBatch, hs: _HostStepBuffers, feed):
-        seqs, bs = batch.seqs, self.block_size
+        seqs, bs = batch.seqs, self.config.block_size
         B = len(seqs)
         graph_bs = next((g for g in self.graph_sizes if g >= B), None)
         rows = graph_bs or B
@@ -360,11 +358,11 @@ class ModelRunner:
     def _sampling_tensors(self, flat, params):
         """Per-row temperature/top-k/top-p and host-side flags (no device sync). With one SamplingParams
         for the whole batch (what generate passes) the tensors are built once per generate call."""
-        V = self.config.vocab_size
+        V = self.hf_config.vocab_size
         if params is not None:
             key = (params.greedy, params.temperature, params.top_k, params.top_p)
             if self._param_cache is None or self._param_cache[0] != key:
-                rows = max(self.max_num_seqs, 1)
+                rows = max(self.config.max_num_seqs, 1)
                 dev = self.device
                 temp = torch.full((rows,), 0.0 if params.greedy else params.temperature, device=dev)
                 flags = (params.greedy, 0 < params.top_k < V, params.top_p < 1)
@@ -409,7 +407,9 @@ class ModelRunner:
         tokens, logprobs = sample(logits, temp, top_k, top_p, generator, flags=flags)
         n = tokens.shape[0]
         event = None
-        if self.async_copies and self.is_cuda and hs is not None and n <= hs.tokens.shape[0]:
+        # async scheduling reads step t after launching t+1: its samples must be copied out behind an event,
+        # since a plain .tolist() would wait for t+1 too (off = the measured sync path)
+        if self.config.async_scheduling and self.is_cuda and hs is not None and n <= hs.tokens.shape[0]:
             hs.tokens[:n].copy_(tokens, non_blocking=True)
             hs.logprobs[:n].copy_(logprobs, non_blocking=True)
             event = torch.cuda.Event()

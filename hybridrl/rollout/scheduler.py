@@ -34,6 +34,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from hybridrl.rollout.block_manager import BlockManager
+from hybridrl.rollout.config import EngineConfig
 from hybridrl.rollout.sequence import PLACEHOLDER, SeqStatus, Sequence
 
 
@@ -47,15 +48,11 @@ class ScheduledBatch:
 
 
 class Scheduler:
-    def __init__(self, block_manager: BlockManager, *, max_num_seqs: int, max_num_batched_tokens: int,
-                 max_model_len: int, enable_prefix_sharing: bool, eos_token_ids: tuple[int, ...] = (),
-                 turn_end=None):
+    def __init__(self, block_manager: BlockManager, config: EngineConfig, turn_end=None):
+        """`config`: resolved (EngineConfig.for_model), so max_model_len and eos_token_ids are set."""
         self.bm = block_manager
-        self.max_num_seqs = max_num_seqs
-        self.max_num_batched_tokens = max_num_batched_tokens
-        self.max_model_len = max_model_len
-        self.enable_prefix_sharing = enable_prefix_sharing
-        self.eos_token_ids = set(eos_token_ids)
+        self.config = config
+        self.eos_token_ids = set(config.eos_token_ids)  # a set: postprocess tests every sampled token
         self.waiting: deque[list[Sequence]] = deque()
         self.running: deque[Sequence] = deque()
         self.turn_end = turn_end  # (seq) -> bool: its last sampled token ends an assistant turn
@@ -66,7 +63,7 @@ class Scheduler:
                       "num_lookahead_steps": 0, "num_lookahead_discarded": 0}
 
     def add_group(self, seqs: list[Sequence]) -> None:
-        if self.enable_prefix_sharing:
+        if self.config.enable_prefix_sharing:
             self.waiting.append(list(seqs))
         else:
             self.waiting.extend([s] for s in seqs)
@@ -97,7 +94,7 @@ class Scheduler:
 
     # ------------------------------------------------------------------ scheduling
     def _shared_prefix(self, seq: Sequence) -> list[int]:
-        if not self.enable_prefix_sharing or seq.num_completion_tokens == 0:
+        if not self.config.enable_prefix_sharing or seq.num_completion_tokens == 0:
             return []
         full = seq.num_prompt_tokens // self.bm.block_size
         for other in self.running:
@@ -106,7 +103,7 @@ class Scheduler:
         return []
 
     def _admit_continuation(self, seq: Sequence, tokens: int, copies: list) -> bool:
-        if tokens + len(seq) - seq.num_cached_tokens > self.max_num_batched_tokens:
+        if tokens + len(seq) - seq.num_cached_tokens > self.config.max_num_batched_tokens:
             return False
         if not self.bm.can_allocate(self.bm.blocks_to_extend(seq)):
             return False
@@ -118,7 +115,7 @@ class Scheduler:
         while self.waiting:
             group = self.waiting[0]
             leader = group[0]
-            if len(self.running) + len(group) > self.max_num_seqs:
+            if len(self.running) + len(group) > self.config.max_num_seqs:
                 break
             if leader.block_table:  # a multi-turn continuation: keeps its blocks, prefills only the new tokens
                 if not self._admit_continuation(leader, tokens, copies):
@@ -132,7 +129,7 @@ class Scheduler:
                 continue
             prefix = self._shared_prefix(leader)
             cached = len(prefix) * self.bm.block_size
-            if tokens + len(leader) - cached > self.max_num_batched_tokens:
+            if tokens + len(leader) - cached > self.config.max_num_batched_tokens:
                 break
             if not self.bm.can_allocate(self.bm.blocks_needed(leader, prefix)):
                 break
@@ -163,7 +160,7 @@ class Scheduler:
 
     def _schedule_decode(self) -> ScheduledBatch:
         scheduled, copies = [], []
-        while self.running and len(scheduled) < self.max_num_seqs:
+        while self.running and len(scheduled) < self.config.max_num_seqs:
             seq = self.running.popleft()
             while self.bm.needs_free_block(seq) and not self.bm.can_allocate(1):
                 if self.running:
@@ -208,7 +205,7 @@ class Scheduler:
         for i, seq in enumerate(prev.seqs):
             n = len(seq) + 1  # its length once prev's sample is in
             if seq.status is not SeqStatus.RUNNING or n - seq.num_prompt_tokens >= seq.params.max_tokens \
-                    or n >= self.max_model_len:
+                    or n >= self.config.max_model_len:
                 continue
             keep.append(seq)
             rows.append(i)
@@ -236,7 +233,7 @@ class Scheduler:
         """Append one sampled token per sequence (flattened over sample_groups); returns finished ones."""
         finished, paused = [], False
         flat = [s for group in batch.sample_groups for s in group]
-        eos, max_len = self.eos_token_ids, self.max_model_len
+        eos, max_len = self.eos_token_ids, self.config.max_model_len
         for seq, tok, lp in zip(flat, token_ids, logprobs, strict=True):
             if seq.status is not SeqStatus.RUNNING:  # ended or paused while this (lookahead) step was in flight
                 self.stats["num_lookahead_discarded"] += 1

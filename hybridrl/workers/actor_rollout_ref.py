@@ -167,11 +167,8 @@ class ActorRolloutRefWorker(Worker):
 
         dtype = resolve_dtype(self.plan.rollout_dtype, "plan.rollout_dtype")
         self.engine = build_rollout_engine(
-            rcfg, model_path=os.path.expanduser(cfg.model.path), device=self.compute_device, dtype=dtype,
-            tp_group=self.rollout_mesh.get_group("infer_tp") if tp > 1 else None,
-            actor_module=self.actor_module, num_kv_blocks=self.plan.kv_blocks,
-            max_num_seqs=self.plan.engine_max_num_seqs, max_num_batched_tokens=self.plan.engine_max_num_batched_tokens,
-            async_scheduling=self.plan.engine_async_scheduling)
+            rcfg, self.plan, model_path=os.path.expanduser(cfg.model.path), device=self.compute_device,
+            tp_group=self.rollout_mesh.get_group("infer_tp") if tp > 1 else None, actor_module=self.actor_module)
         self.tool_agent = build_tool_agent(self.config, getattr(self.engine, "eos_token_ids", ()))
         self.hybrid = HybridEngine(
             self.actor_module, self.optimizer, self.engine, device=self.compute_device, dtype=dtype,
@@ -187,11 +184,9 @@ class ActorRolloutRefWorker(Worker):
 
         rcfg = self.config.actor_rollout_ref.rollout
         params = sampling_params_from(rcfg, prompts.meta_info, dp_rank=self.rollout_coords.dp_rank)
-        if self.plan.hybrid and hasattr(self.engine, "num_kv_blocks"):  # KV for this call's batch (run plan)
-            self.engine.num_kv_blocks = self.plan.kv_blocks_for(len(prompts), params.n)
         metrics: dict = {}
         t0 = time.perf_counter()
-        with self.hybrid.rollout(metrics) as engine:
+        with self.hybrid.rollout(metrics, num_kv_blocks=self.plan.kv_blocks_for(len(prompts), params.n)) as engine:
             tg = time.perf_counter()
             agent = {"agent": self.tool_agent} if self.tool_agent is not None else {}
             if agent:  # interactions read each prompt's extra_info.interaction_kwargs

@@ -51,6 +51,7 @@ def _worker(rank, world, port, model_dir, q):
 
     from hybridrl.hybrid.engine import HybridEngine
     from hybridrl.hybrid.meshes import build_rollout_mesh
+    from hybridrl.rollout.config import EngineConfig
     from hybridrl.rollout.engine import LLMEngine
     from hybridrl.rollout.sampling_params import SamplingParams
     from hybridrl.training.fsdp import build_fsdp_model, build_training_mesh
@@ -62,8 +63,9 @@ def _worker(rank, world, port, model_dir, q):
         optimizer = torch.optim.SGD(module.parameters(), lr=5.0)
         rollout_mesh = build_rollout_mesh("cpu", world, world)
         hf_config = transformers.AutoConfig.from_pretrained(model_dir)
-        engine = LLMEngine(hf_config, tp_group=rollout_mesh.get_group("infer_tp"), device="cpu", dtype=torch.float32,
-                           max_model_len=32, max_num_batched_tokens=64, num_kv_blocks=32, block_size=4)
+        config = EngineConfig(dtype=torch.float32, max_model_len=32, max_num_batched_tokens=64, num_kv_blocks=32,
+                              block_size=4)
+        engine = LLMEngine(hf_config, config, tp_group=rollout_mesh.get_group("infer_tp"), device="cpu")
         hybrid = HybridEngine(module, optimizer, engine, device=torch.device("cpu"), dtype=torch.float32)
         greedy = SamplingParams(n=1, temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True)
 

@@ -47,6 +47,7 @@ def _grpo_step(model_dir, data_dir, reward, q):
     from hybridrl.data.rl_dataset import RLHFDataset, collate_fn
     from hybridrl.hybrid.engine import HybridEngine
     from hybridrl.hybrid.meshes import build_rollout_mesh
+    from hybridrl.rollout.config import EngineConfig
     from hybridrl.rollout.engine import LLMEngine
     from hybridrl.training import DataParallelPPOActor
     from hybridrl.training.fsdp import build_fsdp_model, build_training_mesh
@@ -62,10 +63,10 @@ def _grpo_step(model_dir, data_dir, reward, q):
         module = build_fsdp_model({"path": str(model_dir), "use_remove_padding": True}, {},
                                   build_training_mesh(1, -1, "cpu"), cpu)
         optimizer = torch.optim.AdamW(module.parameters(), lr=1e-5)
-        engine = LLMEngine(transformers.AutoConfig.from_pretrained(model_dir),
-                           tp_group=build_rollout_mesh("cpu", 1, 1).get_group("infer_tp"), device="cpu",
-                           dtype=torch.float32, max_model_len=128, max_num_batched_tokens=512, num_kv_blocks=64,
-                           block_size=16, eos_token_id=tokenizer.eos_token_id)
+        config = EngineConfig(dtype=torch.float32, max_model_len=128, max_num_batched_tokens=512, num_kv_blocks=64,
+                              block_size=16, eos_token_ids=(tokenizer.eos_token_id,))
+        engine = LLMEngine(transformers.AutoConfig.from_pretrained(model_dir), config,
+                           tp_group=build_rollout_mesh("cpu", 1, 1).get_group("infer_tp"), device="cpu")
         hybrid = HybridEngine(module, optimizer, engine, device=cpu, dtype=torch.float32)
         actor = DataParallelPPOActor(dict(ppo_mini_batch_size=PROMPTS * N, ppo_micro_batch_size_per_gpu=PROMPTS * N,
                                           ppo_epochs=1, clip_ratio=0.2, loss_agg_mode="token-mean", grad_clip=1.0,
@@ -129,6 +130,7 @@ def _tp3_rollout(rank, model_dir, store, prompts, q):
 
     from hybridrl.hybrid.engine import HybridEngine
     from hybridrl.hybrid.meshes import build_rollout_mesh
+    from hybridrl.rollout.config import EngineConfig
     from hybridrl.rollout.engine import LLMEngine
     from hybridrl.rollout.sampling_params import SamplingParams
     from hybridrl.training.fsdp import build_fsdp_model, build_training_mesh
@@ -137,10 +139,10 @@ def _tp3_rollout(rank, model_dir, store, prompts, q):
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=3)
     try:
         module = build_fsdp_model({"path": str(model_dir)}, {}, build_training_mesh(3, -1, "cpu"), torch.device("cpu"))
-        engine = LLMEngine(transformers.AutoConfig.from_pretrained(model_dir),
-                           tp_group=build_rollout_mesh("cpu", 3, 3).get_group("infer_tp"), device="cpu",
-                           dtype=torch.float32, max_model_len=64, max_num_batched_tokens=128, num_kv_blocks=16,
-                           block_size=16)
+        config = EngineConfig(dtype=torch.float32, max_model_len=64, max_num_batched_tokens=128, num_kv_blocks=16,
+                              block_size=16)
+        engine = LLMEngine(transformers.AutoConfig.from_pretrained(model_dir), config,
+                           tp_group=build_rollout_mesh("cpu", 3, 3).get_group("infer_tp"), device="cpu")
         hybrid = HybridEngine(module, torch.optim.SGD(module.parameters(), lr=0.0), engine, device=torch.device("cpu"),
                               dtype=torch.float32)
         metrics = {}

@@ -58,6 +58,16 @@ def test_plan_kv_blocks_follow_the_batch_not_the_gpu():
     assert resident.predicted["gen"].parts["kv cache"] > p.predicted["gen"].parts["kv cache"]
 
 
+def test_engine_config_takes_the_plans_sizes_and_the_sections_switches():
+    extra = [f"{R}.max_num_batched_tokens=100", f"{R}.enforce_eager=true", f"{R}.gpu_memory_utilization=0.7"]
+    p = plan(extra)
+    c = p.engine_config(load_config(overrides=[*STEP, *extra]).actor_rollout_ref.rollout, eos_token_ids=(7,))
+    assert (c.num_kv_blocks, c.max_num_seqs, c.async_scheduling) == (p.kv_blocks, 512, p.engine_async_scheduling)
+    assert c.max_num_batched_tokens == p.engine_max_num_batched_tokens == c.max_model_len == 512  # raised to P + R
+    assert (c.enforce_eager, c.gpu_memory_utilization, c.eos_token_ids, str(c.dtype)) == (
+        True, 0.7, (7,), "torch.bfloat16")
+
+
 def test_auto_micro_batches_stay_within_token_target_and_memory():
     p = plan(["actor_rollout_ref.model.enable_gradient_checkpointing=true"])
     assert p.actor_micro == 32 and p.layout.grad_accum_steps == 16   # 16384 tokens / 512 per row, divides 512

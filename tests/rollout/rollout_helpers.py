@@ -35,12 +35,13 @@ def tiny_hf_model(kind: str, seed: int = 0, **overrides):
 
 
 def make_engine(model, **kw):
+    from hybridrl.rollout.config import EngineConfig
     from hybridrl.rollout.engine import LLMEngine
 
-    args = dict(device="cpu", dtype=torch.float32, block_size=4, num_kv_blocks=256, max_num_seqs=64,
-                max_num_batched_tokens=256, enforce_eager=True)
+    args = dict(dtype=torch.float32, block_size=4, num_kv_blocks=256, max_num_seqs=64, max_num_batched_tokens=256,
+                enforce_eager=True)
     args.update(kw)
-    engine = LLMEngine(model.config, **args)
+    engine = LLMEngine(model.config, EngineConfig(**args), device="cpu")
     engine.wake_up(("weights",))
     engine.load_weights(model.state_dict().items())
     engine.wake_up(("kv_cache",))

@@ -9,6 +9,7 @@ from tool_model_data import TOOL_MODEL_PROMPTS, bignum_prompts, tool_conversatio
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from hybridrl.protocol import DataProto
+from hybridrl.rollout.config import EngineConfig
 from hybridrl.rollout.engine import LLMEngine
 from hybridrl.rollout.multi_turn import MultiTurnSettings, ToolAgent
 from hybridrl.rollout.sampling_params import SamplingParams
@@ -25,8 +26,9 @@ GREEDY = SamplingParams(n=2, temperature=0, max_tokens=160)
 def setup(tool_model_dir):
     tok = AutoTokenizer.from_pretrained(tool_model_dir)
     model = AutoModelForCausalLM.from_pretrained(tool_model_dir, dtype=torch.float32).eval()
-    engine = LLMEngine(model.config, device="cpu", dtype=torch.float32, block_size=16, num_kv_blocks=512,
-                       max_num_seqs=16, max_num_batched_tokens=2048, max_model_len=1024, enforce_eager=True)
+    config = EngineConfig(dtype=torch.float32, block_size=16, num_kv_blocks=512, max_num_seqs=16,
+                          max_num_batched_tokens=2048, max_model_len=1024, enforce_eager=True)
+    engine = LLMEngine(model.config, config, device="cpu")
     engine.wake_up(("weights",))
     engine.load_weights(model.state_dict().items())
     engine.wake_up(("kv_cache",))

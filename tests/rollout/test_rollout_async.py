@@ -24,8 +24,8 @@ def test_greedy_with_eos_equals_sync_and_drops_the_samples_of_ended_sequences():
                                                                        ignore_eos=True)))
     eos = free[0][4]  # ends prompt 0 early; other prompts may run to max_tokens
     params = SamplingParams(n=2, temperature=0, max_tokens=14)
-    sync, s_stats = _run(model, params, eos_token_id=eos)
-    lookahead, a_stats = _run(model, params, eos_token_id=eos, async_scheduling=True)
+    sync, s_stats = _run(model, params, eos_token_ids=(eos,))
+    lookahead, a_stats = _run(model, params, eos_token_ids=(eos,), async_scheduling=True)
     assert _tokens(lookahead) == _tokens(sync)
     assert [c.finish_reason for o in lookahead for c in o.outputs] == [c.finish_reason for o in sync for c in o.outputs]
     assert {"stop", "length"} <= {c.finish_reason for o in sync for c in o.outputs}
@@ -54,7 +54,7 @@ def test_sampled_with_eos_outputs_are_consistent_with_the_model():
     model = tiny_hf_model("qwen2")
     eos = 7
     params = SamplingParams(n=4, temperature=1.0, max_tokens=12, seed=3)
-    outs, stats = _run(model, params, eos_token_id=eos, async_scheduling=True)
+    outs, stats = _run(model, params, eos_token_ids=(eos,), async_scheduling=True)
     assert stats["num_lookahead_steps"] > 0
     for prompt, out in zip(PROMPTS, outs):
         for c in out.outputs:

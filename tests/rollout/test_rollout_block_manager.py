@@ -3,6 +3,7 @@
 import pytest
 
 from hybridrl.rollout.block_manager import BlockManager
+from hybridrl.rollout.config import EngineConfig
 from hybridrl.rollout.sampling_params import SamplingParams
 from hybridrl.rollout.scheduler import Scheduler
 from hybridrl.rollout.sequence import Sequence
@@ -65,9 +66,10 @@ def run_fake(sched, max_steps=500):
 
 
 def make_sched(num_blocks, sharing, **kw):
-    args = dict(max_num_seqs=64, max_num_batched_tokens=64, max_model_len=64, enable_prefix_sharing=sharing)
+    args = dict(block_size=4, max_num_seqs=64, max_num_batched_tokens=64, max_model_len=64,
+                enable_prefix_sharing=sharing, eos_token_ids=())
     args.update(kw)
-    return Scheduler(BlockManager(num_blocks, 4), **args)
+    return Scheduler(BlockManager(num_blocks, 4), EngineConfig(**args))
 
 
 def test_sharing_prefills_once_and_uses_fewer_blocks():
@@ -89,7 +91,7 @@ def test_sharing_prefills_once_and_uses_fewer_blocks():
 
 
 def test_limits_respected_and_preemption_counted():
-    sched = make_sched(9, True, max_num_seqs=6, max_num_batched_tokens=20)
+    sched = make_sched(9, True, max_num_seqs=6, max_num_batched_tokens=20, max_model_len=20)  # sequences end at 16
     for _p in range(4):
         sched.add_group(group(list(range(6)), 2, max_tokens=10))
     steps = run_fake(sched)

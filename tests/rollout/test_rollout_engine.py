@@ -7,6 +7,7 @@ import torch
 import transformers
 from rollout_helpers import hf_greedy, hf_logprobs, make_engine, tiny_config, tiny_hf_model
 
+from hybridrl.rollout.config import EngineConfig
 from hybridrl.rollout.engine import LLMEngine
 from hybridrl.rollout.hf_backend import HFRolloutEngine
 from hybridrl.rollout.sampling_params import SamplingParams
@@ -79,10 +80,23 @@ def test_weight_reload_changes_outputs_and_sleep_wake_cycle():
         o.outputs[0].token_ids for o in out_a]
 
 
+def test_a_wake_sizes_the_kv_cache_for_its_call():
+    model = tiny_hf_model("qwen2")
+    engine = make_engine(model)
+    assert engine.stats["num_kv_blocks"] == 256  # the config's
+    engine.sleep()
+    engine.wake_up(("weights",))
+    engine.load_weights(model.state_dict().items())
+    engine.wake_up(("kv_cache",), num_kv_blocks=20)
+    out = engine.generate(PROMPTS, GREEDY)
+    assert engine.stats["num_kv_blocks"] == 20 and engine.config.num_kv_blocks == 256
+    assert [o.outputs[0].token_ids for o in out] == [hf_greedy(model, p, 10) for p in PROMPTS]
+
+
 def test_missing_weights_and_bad_inputs_raise():
     model = tiny_hf_model("qwen3")
-    engine = LLMEngine(model.config, device="cpu", dtype=torch.float32, num_kv_blocks=64, max_model_len=64,
-                       max_num_batched_tokens=64)
+    engine = LLMEngine(model.config, EngineConfig(dtype=torch.float32, num_kv_blocks=64, max_model_len=64,
+                                                  max_num_batched_tokens=64), device="cpu")
     engine.wake_up(("weights",))
     engine.load_weights((k, v) for k, v in model.state_dict().items() if "k_proj" not in k)
     with pytest.raises(ValueError, match="never loaded.*qkv_proj.weight\\[k\\]"):
@@ -93,7 +107,7 @@ def test_missing_weights_and_bad_inputs_raise():
     with pytest.raises(ValueError, match="unknown weight name 'model.foo.weight'"):
         engine.load_weights([("model.foo.weight", torch.zeros(1))])
     with pytest.raises(ValueError, match="max_num_batched_tokens=8"):
-        LLMEngine(model.config, device="cpu", max_model_len=64, max_num_batched_tokens=8)
+        EngineConfig(max_model_len=64, max_num_batched_tokens=8)
     with pytest.raises(ValueError, match="top_p=0"):
         SamplingParams(top_p=0)
 
@@ -101,10 +115,10 @@ def test_missing_weights_and_bad_inputs_raise():
 def test_unsupported_architecture_points_to_hf_backend():
     cfg = transformers.GPT2Config(n_embd=32, n_layer=1, n_head=2, vocab_size=64)
     with pytest.raises(ValueError, match="model_type 'gpt2'.*rollout.name=hf"):
-        LLMEngine(cfg, device="cpu", num_kv_blocks=8)
+        LLMEngine(cfg, EngineConfig(num_kv_blocks=8), device="cpu")
     with pytest.raises(ValueError, match="rope type 'yarn'.*rollout.name=hf"):
         LLMEngine(tiny_config("qwen2", rope_parameters={"rope_type": "yarn", "rope_theta": 1e4, "factor": 2.0}),
-                  device="cpu", num_kv_blocks=8)
+                  EngineConfig(num_kv_blocks=8), device="cpu")
 
 
 def test_stop_tokens_and_eos_finish_with_stop():
@@ -115,7 +129,7 @@ def test_stop_tokens_and_eos_finish_with_stop():
     out = make_engine(model).generate(PROMPTS[:1], SamplingParams(temperature=0, max_tokens=10,
                                                                   stop_token_ids=[stop]))[0].outputs[0]
     assert out.token_ids == free[: first + 1] and out.finish_reason == "stop"
-    eos_out = make_engine(model, eos_token_id=stop).generate(PROMPTS[:1], SamplingParams(temperature=0,
+    eos_out = make_engine(model, eos_token_ids=(stop,)).generate(PROMPTS[:1], SamplingParams(temperature=0,
                                                                                          max_tokens=10))
     assert eos_out[0].outputs[0].token_ids == free[: first + 1]
 

@@ -5,6 +5,7 @@ import torch
 from rollout_helpers import hf_greedy, tiny_hf_model
 
 from hybridrl.rollout.attention import paged_decode_reference
+from hybridrl.rollout.config import EngineConfig
 from hybridrl.rollout.engine import LLMEngine
 from hybridrl.rollout.sampling_params import SamplingParams
 
@@ -45,8 +46,9 @@ def test_decode_splits_fill_the_gpu_and_respect_the_minimum_split():
 @pytest.mark.parametrize("enforce_eager,async_scheduling", [(True, False), (False, False), (False, True)])
 def test_engine_on_cuda_matches_hf_and_sleep_frees_memory(enforce_eager, async_scheduling):
     model = tiny_hf_model("qwen2").cuda()
-    engine = LLMEngine(model.config, device="cuda", dtype=torch.float32, block_size=16, max_num_seqs=64,
-                       max_num_batched_tokens=256, enforce_eager=enforce_eager, async_scheduling=async_scheduling)
+    config = EngineConfig(dtype=torch.float32, block_size=16, max_num_seqs=64, max_num_batched_tokens=256,
+                          enforce_eager=enforce_eager, async_scheduling=async_scheduling)
+    engine = LLMEngine(model.config, config, device="cuda")
     prompts = [[1, 2, 3, 4, 5], [7, 8, 9], [10] * 37]  # the last spans 2 full blocks: sharing must save them
     params = SamplingParams(n=3, temperature=0, max_tokens=10, ignore_eos=True)
     hf_greedy(model, prompts[0], 2)  # any matmul allocates cuBLAS workspaces; sleep() clears them, so do we
@@ -81,8 +83,9 @@ def test_multi_turn_continuation_on_cuda_graphs_equals_reprefill(async_schedulin
     from test_multi_turn_engine import PROMPTS, ScriptedAgent, check_against_reprefill, expected_mask
 
     model = tiny_hf_model("qwen2").cuda()
-    engine = LLMEngine(model.config, device="cuda", dtype=torch.float32, block_size=16, num_kv_blocks=64,
-                       max_num_seqs=64, max_num_batched_tokens=256, async_scheduling=async_scheduling)
+    config = EngineConfig(dtype=torch.float32, block_size=16, num_kv_blocks=64, max_num_seqs=64,
+                          max_num_batched_tokens=256, async_scheduling=async_scheduling)
+    engine = LLMEngine(model.config, config, device="cuda")
     engine.wake_up(("weights",))
     engine.load_weights(model.state_dict().items())
     engine.wake_up(("kv_cache",))
@@ -182,8 +185,9 @@ def test_qwen2_5_0_5b_shape_bf16_greedy_matches_hf_up_to_ties():
 
     model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="sdpa", dtype=torch.bfloat16)
     model = model.cuda().eval()
-    engine = LLMEngine(model.config, device="cuda", dtype=torch.bfloat16, max_num_seqs=64, max_model_len=256,
-                       max_num_batched_tokens=2048, gpu_memory_utilization=0.3)
+    config = EngineConfig(dtype=torch.bfloat16, max_num_seqs=64, max_model_len=256, max_num_batched_tokens=2048,
+                          gpu_memory_utilization=0.3)
+    engine = LLMEngine(model.config, config, device="cuda")
     engine.wake_up(("weights",))
     engine.load_weights(model.state_dict().items())
     engine.wake_up(("kv_cache",))

@@ -6,6 +6,7 @@ import torch
 import transformers
 
 from hybridrl.protocol import DataProto
+from hybridrl.rollout.config import EngineConfig
 from hybridrl.rollout.engine import LLMEngine
 from hybridrl.rollout.sampling_params import SamplingParams
 from hybridrl.rollout.to_dataproto import outputs_to_dataproto
@@ -52,8 +53,9 @@ def test_greedy_chat_tokens_equal_hf_generate_and_stop_at_im_end(smollm2):
     eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
     assert tokenizer.eos_token_id == eos == model.config.eos_token_id
     prompts = [chat_ids(tokenizer, q) for q in QUESTIONS]
-    engine = LLMEngine(model.config, device="cpu", dtype=torch.float32, block_size=16, num_kv_blocks=64,
-                       max_num_seqs=len(prompts), max_model_len=128, max_num_batched_tokens=512, enforce_eager=True)
+    config = EngineConfig(dtype=torch.float32, block_size=16, num_kv_blocks=64, max_num_seqs=len(prompts),
+                          max_model_len=128, max_num_batched_tokens=512, enforce_eager=True)
+    engine = LLMEngine(model.config, config, device="cpu")
     engine.wake_up(("weights",))
     engine.load_weights(model.state_dict().items())
     engine.wake_up(("kv_cache",))

@@ -11,6 +11,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from rollout_helpers import make_engine, tiny_hf_model
 
+from hybridrl.rollout.config import EngineConfig
 from hybridrl.rollout.engine import LLMEngine
 from hybridrl.rollout.sampling_params import SamplingParams
 
@@ -38,9 +39,9 @@ def _worker(rank, port, out_dir):
 
 def _run_one(rank, group, out_dir, kind):
     model = tiny_hf_model(kind, vocab_size=255)
-    engine = LLMEngine(model.config, tp_group=group, device="cpu", dtype=torch.float32, block_size=4,
-                       num_kv_blocks=64, max_model_len=64, max_num_batched_tokens=64, enforce_eager=True,
-                       async_scheduling=kind == "qwen3")
+    config = EngineConfig(dtype=torch.float32, block_size=4, num_kv_blocks=64, max_model_len=64,
+                          max_num_batched_tokens=64, enforce_eager=True, async_scheduling=kind == "qwen3")
+    engine = LLMEngine(model.config, config, tp_group=group, device="cpu")
     engine.wake_up(("weights",))
     sliced = 0
     for name, full in model.state_dict().items():  # send only this rank's slice, as a resharder would
@@ -51,7 +52,7 @@ def _run_one(rank, group, out_dir, kind):
             sliced += 1
         engine.load_weights([(name, full)])
     outs = engine.generate(PROMPTS, PARAMS)
-    assert (engine.stats["num_lookahead_steps"] > 0) == engine.async_scheduling
+    assert (engine.stats["num_lookahead_steps"] > 0) == engine.config.async_scheduling
     result = {"sliced": sliced, "tokens": [c.token_ids for o in outs for c in o.outputs],
               "logprobs": [c.logprobs for o in outs for c in o.outputs]}
     with open(os.path.join(out_dir, f"{kind}_rank{rank}.json"), "w") as f:

@@ -73,8 +73,9 @@ def test_engine_on_a_tp_group_of_2_refuses_the_model_before_allocating(monkeypat
     from hybridrl.models import decoder
 
     monkeypatch.setattr(decoder, "tp_rank_size", lambda group: (0, 2))  # a 2-rank TP group, without processes
+    from hybridrl.rollout.config import EngineConfig
     from hybridrl.rollout.engine import LLMEngine
 
     with pytest.raises(ValueError, match=r"= 2 does not fit.*allowed: \[1, 3\]"):
-        LLMEngine(smollm2_shaped_config(), tp_group=object(), device="cpu", dtype=torch.float32, num_kv_blocks=4,
-                  max_model_len=32, max_num_batched_tokens=32)
+        LLMEngine(smollm2_shaped_config(), EngineConfig(dtype=torch.float32, num_kv_blocks=4, max_model_len=32,
+                                                        max_num_batched_tokens=32), tp_group=object(), device="cpu")

@@ -54,11 +54,11 @@ def generate_seed(dp_rank: int, tp_rank: int, meta: dict) -> int:
             raise StopIteration  # stop before outputs are converted: the seed is all this test needs
 
     class Hybrid:
-        def rollout(self, metrics):
+        def rollout(self, metrics, num_kv_blocks):
             import contextlib
             return contextlib.nullcontext(Engine())
 
-    fake = SimpleNamespace(config=cfg, hybrid=Hybrid(), plan=SimpleNamespace(hybrid=False),
+    fake = SimpleNamespace(config=cfg, hybrid=Hybrid(), plan=SimpleNamespace(kv_blocks_for=lambda prompts, n: 1),
                            rollout_coords=SimpleNamespace(dp_rank=dp_rank, tp_rank=tp_rank), tool_agent=None)
     prompts = DataProto.from_dict({"input_ids": torch.ones(1, 2, dtype=torch.long),
                                    "attention_mask": torch.ones(1, 2, dtype=torch.long)}, meta_info=dict(meta))
