@@ -10,7 +10,9 @@ A tensor the engine wants whole (no slice spec: norms, biases of row-parallel la
 simply arrives whole through the same all_to_all_single.
 
 Shapes legend: FSDP2 shards every parameter on dim 0 over the FSDP group with torch.chunk semantics (rank g holds
-rows [g*ceil(N/S), min(N, (g+1)*ceil(N/S))) ); a TP slice is a box (dim d, [start, start+length)).
+rows [g*ceil(N/S), min(N, (g+1)*ceil(N/S))) ); a TP slice is a box (dim d, [start, start+length)), or, with a 4th
+entry `blocks` (d >= 1 only), that range taken from each of `blocks` equal blocks of dim d (the gate and up halves of
+HF's fused [E, 2I, H] experts tensor).
 Everything is cast to the engine dtype BEFORE communication, so bf16 rollout moves half the bytes of fp32 masters.
 With LoRA (training/lora.py) the engine gets merged weights under their HF names: each rank merges its own rows
 of a targeted weight (W + scaling·B·A) before the cast, so the exchange is the same as without adapters.
@@ -29,7 +31,7 @@ from torch.distributed.tensor import DTensor
 
 from hybridrl.training.lora import engine_parameters
 
-SliceSpec = tuple[int, int, int] | None  # (dim, start, length) or None = the whole tensor
+SliceSpec = tuple[int, int, int] | tuple[int, int, int, int] | None  # (dim, start, length[, blocks]); None = whole
 
 
 @dataclass
@@ -61,31 +63,36 @@ def _fsdp_group(param: DTensor):
     return mesh.get_group(mesh.ndim - 1), mesh.size(mesh.ndim - 1)
 
 
-def _box(shape: torch.Size, spec: SliceSpec) -> tuple[int, int, int]:
+def _box(shape: torch.Size, spec: SliceSpec) -> tuple[int, int, int, int]:
+    """The spec as (dim, start, length, blocks)."""
     if spec is None:
-        return 0, 0, shape[0]
-    return spec
+        return 0, 0, shape[0], 1
+    dim, start, length, *rest = spec
+    blocks = rest[0] if rest else 1
+    if dim == 0 and blocks != 1:
+        raise ValueError(f"weight_shard_spec {spec}: a slice in blocks must be on a dim other than 0 (FSDP's)")
+    return dim, start, length, blocks
 
 
-def _piece(local: torch.Tensor, rows: tuple[int, int], box: tuple[int, int, int]) -> torch.Tensor:
+def _piece(local: torch.Tensor, rows: tuple[int, int], box: tuple[int, int, int, int]) -> torch.Tensor:
     """The part of this rank's rows that falls inside `box`, as a flat contiguous tensor."""
-    dim, start, length = box
+    dim, start, length, blocks = box
     r0, r1 = rows
     if dim == 0:
         lo, hi = max(r0, start), min(r1, start + length)
         if hi <= lo:
             return local.new_empty(0)
         return local[lo - r0 : hi - r0].reshape(-1)
-    return local.narrow(dim, start, length).reshape(-1)
+    return local.unflatten(dim, (blocks, -1)).narrow(dim + 1, start, length).reshape(-1)
 
 
-def _piece_numel(shape: torch.Size, rows: tuple[int, int], box: tuple[int, int, int]) -> int:
-    dim, start, length = box
+def _piece_numel(shape: torch.Size, rows: tuple[int, int], box: tuple[int, int, int, int]) -> int:
+    dim, start, length, blocks = box
     r0, r1 = rows
     inner = math.prod(shape[1:]) if len(shape) > 1 else 1
     if dim == 0:
         return max(0, min(r1, start + length) - max(r0, start)) * inner
-    return (r1 - r0) * inner // shape[dim] * length
+    return (r1 - r0) * inner // shape[dim] * length * blocks
 
 
 class FSDPToTPResharder:
@@ -158,9 +165,9 @@ class FSDPToTPResharder:
         out_splits = [_piece_numel(shape, rows[g], boxes[me]) for g in range(size)]
         out = local.new_empty(sum(out_splits))
         dist.all_to_all_single(out, torch.cat(send) if send else local.new_empty(0), out_splits, in_splits, group=group)
-        dim, start, length = boxes[me]
+        dim, start, length, blocks = boxes[me]
         out_shape = list(shape)
-        out_shape[dim] = length
+        out_shape[dim] = length * blocks
         if dim == 0:
             tensor = out.view(out_shape)
         else:

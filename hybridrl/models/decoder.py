@@ -1,26 +1,35 @@
-"""One tensor-parallel decoder for the rollout engine: Qwen2/Qwen2.5, Llama 3, Qwen3.
+"""One tensor-parallel decoder for the rollout engine: Qwen2/Qwen2.5, Llama 3, Qwen3, and the mixture-of-experts
+Qwen3-MoE and Mixtral.
 
 Choices:
-- The three families differ only in small switches, read from the HF config: q/k/v bias (Qwen2
-  always, others `attention_bias`), per-head RMSNorm on q and k (Qwen3), rope type ('default' or
-  Llama 3's 'llama3'), tied or untied embeddings. One module covers them; anything else raises
+- The families differ only in small switches, read from the HF config: q/k/v bias (Qwen2
+  always, others `attention_bias`), per-head RMSNorm on q and k (Qwen3, Qwen3-MoE), rope type ('default' or
+  Llama 3's 'llama3'), tied or untied embeddings, and, per layer, the dense MLP or a mixture-of-experts block
+  (moe.py; which layers and how they route: moe_config.py). One module covers them; anything else raises
   ValueError naming the model type and pointing to `rollout.name=hf` (the HF backend).
 - The model knows nothing about paging: attention calls `ctx.attend(layer_idx, q, k, v)` on the context
   object the runner passes in (no global context), which writes K/V into the paged cache and runs
   the prefill or decode kernel. Tokens are flattened ([T, ...]) across sequences, as in nano-vllm.
 - Only the last token's hidden state of each prefill sequence reaches the LM head (`logits_index`).
-- HF names map to fused parameters in `load_hf_weight`: q/k/v_proj -> qkv_proj, gate/up_proj -> gate_up_proj.
+- HF names map to fused parameters in `load_hf_weight`: q/k/v_proj -> qkv_proj, gate/up_proj -> gate_up_proj;
+  the MoE block keeps HF's names (`mlp.gate.weight`, `mlp.experts.gate_up_proj`, `mlp.experts.down_proj`).
+- CUDA graphs: a model whose MoE blocks would take the host-synchronising fallback on the device (moe.py) says so
+  through `cuda_graph_safe(device, dtype)`, and the runner then decodes eagerly.
 
 Shape legend: T tokens, H hidden, N heads (local), K kv heads (local), D head_dim.
 """
 
 from __future__ import annotations
 
+import re
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from hybridrl.models import fused
+from hybridrl.models.moe import SparseMoeBlock
+from hybridrl.models.moe_config import moe_config
 from hybridrl.models.rope import apply_rope, inv_frequencies
 from hybridrl.models.tp_layers import (
     ColumnParallelLinear,
@@ -32,17 +41,19 @@ from hybridrl.models.tp_layers import (
 )
 from hybridrl.models.tp_rules import tp_size_error
 
-SUPPORTED_MODEL_TYPES = ("qwen2", "llama", "qwen3")
+SUPPORTED_MODEL_TYPES = ("qwen2", "llama", "qwen3", "qwen3_moe", "mixtral")
+QK_NORM_MODEL_TYPES = ("qwen3", "qwen3_moe")
 
 # HF sub-module name -> (our fused parameter's module name, shard id)
 FUSED = {"q_proj": ("qkv_proj", "q"), "k_proj": ("qkv_proj", "k"), "v_proj": ("qkv_proj", "v"),
          "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1)}
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+PER_EXPERT_NAME = re.compile(r"\.experts\.\d+\.")  # experts.<e>.gate_proj.weight: the layout before transformers 5
 
 
-def check_supported(config, tp_size: int = 1) -> None:
+def check_supported(config, tp_size: int = 1, expert_parallel: bool = False) -> None:
     """ValueError naming what the native engine cannot run: the model type, an option, or a TP degree that does not
-    split its heads (see tp_rules.py)."""
+    split its heads, MLP or experts (see tp_rules.py)."""
     mt = getattr(config, "model_type", None)
     if mt not in SUPPORTED_MODEL_TYPES:
         raise ValueError(f"model_type {mt!r} is not supported by the native rollout engine (supported: "
@@ -50,6 +61,9 @@ def check_supported(config, tp_size: int = 1) -> None:
     if getattr(config, "use_sliding_window", False):
         raise ValueError(f"{mt}: use_sliding_window=True is not supported by the native rollout engine; "
                          "set actor_rollout_ref.rollout.name=hf")
+    if mt == "mixtral" and getattr(config, "sliding_window", None) is not None:
+        raise ValueError(f"{mt}: sliding_window={config.sliding_window} is not supported by the native rollout "
+                         "engine (full attention only); set actor_rollout_ref.rollout.name=hf")
     if getattr(config, "mlp_bias", False):
         raise ValueError(f"{mt}: mlp_bias=True is not supported by the native rollout engine; "
                          "set actor_rollout_ref.rollout.name=hf")
@@ -57,7 +71,8 @@ def check_supported(config, tp_size: int = 1) -> None:
         raise ValueError(f"{mt}: hidden_act={config.hidden_act!r} is not supported (only silu); "
                          "set actor_rollout_ref.rollout.name=hf")
     inv_frequencies(config, head_dim_of(config))  # raises on unsupported rope types
-    error = tp_size_error(config, tp_size)
+    moe_config(config)  # raises on an MoE layout it cannot route
+    error = tp_size_error(config, tp_size, expert_parallel)
     if error:
         raise ValueError(error)
 
@@ -91,7 +106,7 @@ class Attention(nn.Module):
         self.num_heads, self.num_kv_heads, self.head_dim = parts["q"][1] // d, parts["k"][1] // d, d
         self.o_proj = RowParallelLinear(nh * d, config.hidden_size, getattr(config, "attention_bias", False)
                                         and config.model_type != "qwen2", tp_group)
-        self.qk_norm = config.model_type == "qwen3"
+        self.qk_norm = config.model_type in QK_NORM_MODEL_TYPES
         if self.qk_norm:
             self.q_norm = RMSNorm(d, config.rms_norm_eps)
             self.k_norm = RMSNorm(d, config.rms_norm_eps)
@@ -131,12 +146,15 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, config, layer_idx, tp_group):
+    def __init__(self, config, layer_idx, tp_group, moe=None, expert_parallel=False):
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.self_attn = Attention(config, layer_idx, tp_group)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.mlp = MLP(config, tp_group)
+        if moe is not None and moe.sparse_layers[layer_idx]:
+            self.mlp = SparseMoeBlock(config, moe, tp_group, expert_parallel)
+        else:
+            self.mlp = MLP(config, tp_group)
 
     def forward(self, h, cos, sin, ctx):
         h = h + self.self_attn(self.input_layernorm(h), cos, sin, ctx)
@@ -144,22 +162,26 @@ class DecoderLayer(nn.Module):
 
 
 class DecoderModel(nn.Module):
-    def __init__(self, config, tp_group):
+    def __init__(self, config, tp_group, expert_parallel=False):
         super().__init__()
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, tp_group)
-        self.layers = nn.ModuleList(DecoderLayer(config, i, tp_group) for i in range(config.num_hidden_layers))
+        moe = moe_config(config)
+        self.layers = nn.ModuleList(DecoderLayer(config, i, tp_group, moe, expert_parallel)
+                                    for i in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
 
 class TPDecoderForCausalLM(nn.Module):
-    """forward(input_ids_T, positions_T, ctx) -> final hidden states [T, H]; compute_logits(h) -> [S, V]."""
+    """forward(input_ids_T, positions_T, ctx) -> final hidden states [T, H]; compute_logits(h) -> [S, V].
+    `expert_parallel` splits an MoE model's experts whole across the TP ranks instead of their intermediate
+    columns (moe.py)."""
 
-    def __init__(self, config, tp_group=None):
+    def __init__(self, config, tp_group=None, expert_parallel: bool = False):
         super().__init__()
-        check_supported(config, tp_rank_size(tp_group)[1])
+        check_supported(config, tp_rank_size(tp_group)[1], expert_parallel)
         self.config = config
         self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
-        self.model = DecoderModel(config, tp_group)
+        self.model = DecoderModel(config, tp_group, expert_parallel)
         self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size, tp_group)
         if self.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
@@ -191,6 +213,13 @@ class TPDecoderForCausalLM(nn.Module):
     def compute_logits(self, h_SH):
         return self.lm_head(h_SH)
 
+    def cuda_graph_safe(self, device, dtype) -> bool:
+        """False when a layer's forward would synchronise with the host on this device and dtype (an MoE block on
+        its fallback backend), so a decode step cannot be captured in a CUDA graph."""
+        device = torch.device(device)
+        return all(layer.mlp.graph_safe(device, dtype) for layer in self.model.layers
+                   if isinstance(layer.mlp, SparseMoeBlock))
+
     # ------------------------------------------------------------------ weights
     def resolve_hf_name(self, hf_name: str):
         """HF name -> (our name, our parameter, shard id) or None for names that carry no weight (rotary buffers)."""
@@ -203,6 +232,10 @@ class TPDecoderForCausalLM(nn.Module):
             name = ".".join(parts[:-2] + [fused, parts[-1]])
         if name == "lm_head.weight" and self.tie_word_embeddings:
             name = "model.embed_tokens.weight"
+        if PER_EXPERT_NAME.search(hf_name):
+            raise ValueError(f"load_weights: {hf_name!r} is a per-expert weight name; the native engine takes the "
+                             "fused experts.gate_up_proj [E, 2I, H] and experts.down_proj [E, H, I] of transformers>=5 "
+                             "models (load the model with transformers 5, which converts older checkpoints)")
         try:
             param = self.get_parameter(name)
         except AttributeError:

@@ -3,12 +3,14 @@
 Choices:
 - Every layer takes its process group EXPLICITLY (`tp_group=None` means no TP). Nothing here touches
   the global default group, so the rollout mesh ('dp','infer_tp') can coexist with the FSDP mesh.
-- Every TP module has `shard_spec(param_name, shard_id) -> (dim, start, length) | None` and
+- Every TP module has `shard_spec(param_name, shard_id) -> (dim, start, length[, blocks]) | None` and
   `load(param_name, tensor, shard_id)` (methods on the module, not attributes on parameters, which
   `to_empty` replaces on every wake-up). The loader accepts either the full HF tensor (and narrows
   it to this rank's shard) or exactly the slice `shard_spec` named (so a resharder can send only
   what this rank needs). Fused projections (q/k/v, gate/up) take each part by `shard_id` and copy it
-  into its offset: fusion happens on arrival, no full-model staging.
+  into its offset: fusion happens on arrival, no full-model staging. A 4th entry `blocks` names a slice
+  of a tensor fused at the source (HF's [E, 2I, H] gate|up experts): `dim` seen as `blocks` equal blocks
+  and the same range taken from each (`narrow_spec`).
 - K/V heads are replicated when tp > num_kv_heads (tp must be a multiple of them), as in vLLM.
 - The vocab is split in contiguous ranges of ceil(V/tp) rows; the last rank's tail rows are zero
   padding, masked in the embedding and cut from the gathered logits.
@@ -24,7 +26,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-ShardSpec = tuple[int, int, int]
+ShardSpec = tuple[int, int, int] | tuple[int, int, int, int]  # (dim, start, length[, blocks])
 
 
 def tp_rank_size(tp_group) -> tuple[int, int]:
@@ -33,13 +35,24 @@ def tp_rank_size(tp_group) -> tuple[int, int]:
     return dist.get_rank(tp_group), dist.get_world_size(tp_group)
 
 
-def _copy_shard(param: torch.Tensor, dst: torch.Tensor, tensor: torch.Tensor, spec: ShardSpec | None,
-                name: str) -> None:
-    """Copy `tensor` (full or already-sliced per `spec`) into `dst` (a view of param)."""
+def narrow_spec(tensor: torch.Tensor, spec: ShardSpec) -> torch.Tensor:
+    """The slice `spec` names in a full tensor: [start, start+length) of `dim`, or, with a 4th entry `blocks`, that
+    range taken from each of `blocks` equal consecutive blocks of `dim` and concatenated (a fused gate|up tensor
+    whose rank slice is some gate rows and the same up rows)."""
+    dim, start, length, *rest = spec
+    blocks = rest[0] if rest else 1
+    if blocks == 1:
+        return tensor.narrow(dim, start, length)
+    return tensor.unflatten(dim, (blocks, -1)).narrow(dim + 1, start, length).flatten(dim, dim + 1)
+
+
+def copy_shard(dst: torch.Tensor, tensor: torch.Tensor, spec: ShardSpec | None, name: str) -> None:
+    """Copy `tensor` (full or already-sliced per `spec`) into `dst` (a parameter or a view of one)."""
     if spec is not None:
-        dim, start, length = spec
-        if tensor.shape[dim] != length:
-            tensor = tensor.narrow(dim, start, length)
+        dim, start, length, *rest = spec
+        sliced = length * (rest[0] if rest else 1)
+        if tensor.shape[dim] != sliced:
+            tensor = narrow_spec(tensor, spec)
         if dim == 0 and length < dst.shape[0]:  # vocab tail on the last rank
             dst[length:].zero_()
             dst = dst[:length]
@@ -68,8 +81,8 @@ class ColumnParallelLinear(nn.Module):
     def load(self, param_name: str, tensor: torch.Tensor, shard_id=None) -> None:
         param = getattr(self, param_name)
         full, local, offset, _ = self.parts[shard_id]
-        _copy_shard(param, param.data.narrow(0, offset, local), tensor, self.shard_spec(param_name, shard_id),
-                    f"column-parallel {param_name} part {shard_id!r}")
+        copy_shard(param.data.narrow(0, offset, local), tensor, self.shard_spec(param_name, shard_id),
+                   f"column-parallel {param_name} part {shard_id!r}")
 
     def forward(self, x):
         return F.linear(x, self.weight, self.bias)
@@ -120,7 +133,7 @@ class RowParallelLinear(nn.Module):
 
     def load(self, param_name, tensor, shard_id=None):
         param = getattr(self, param_name)
-        _copy_shard(param, param.data, tensor, self.shard_spec(param_name, shard_id), f"row-parallel {param_name}")
+        copy_shard(param.data, tensor, self.shard_spec(param_name, shard_id), f"row-parallel {param_name}")
 
     def forward(self, x):
         y = F.linear(x, self.weight)
@@ -144,8 +157,7 @@ class VocabParallelEmbedding(nn.Module):
         return None if self.local == self.vocab_size else (0, self.start, self.length)
 
     def load(self, param_name, tensor, shard_id=None):
-        _copy_shard(self.weight, self.weight.data, tensor, self.shard_spec(param_name, shard_id),
-                    "vocab-parallel weight")
+        copy_shard(self.weight.data, tensor, self.shard_spec(param_name, shard_id), "vocab-parallel weight")
 
     def forward(self, ids_T):
         if self.tp_group is None:

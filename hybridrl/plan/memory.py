@@ -172,8 +172,9 @@ class MemoryModel:
         parts["engine weights"] = self.engine_weights()
         parts["kv cache"] = kv
         parts["sampling"] = rows * s.vocab * self._sampling_bytes_per_logit()
-        parts["prefill activations"] = prefill_tokens * (2 * 4 * s.hidden + 2 * 3 * s.intermediate // tp)
-        parts["cuda graphs"] = rows * (2 * 6 * s.hidden + 2 * 3 * s.intermediate // tp)
+        mlp = 2 * 3 * s.token_mlp_width // tp + s.moe_dispatch_bytes_per_token
+        parts["prefill activations"] = prefill_tokens * (2 * 4 * s.hidden + mlp)
+        parts["cuda graphs"] = rows * (2 * 6 * s.hidden + mlp)
         return PhaseMemory("gen", parts)
 
     def log_prob(self, phase: str, micro_rows: int, seq_len: int, response_len: int, unshard_once: bool,

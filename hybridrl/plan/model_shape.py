@@ -1,8 +1,24 @@
-"""The few numbers of a decoder-only HF model that decide its memory: counts, widths, vocabulary."""
+"""The few numbers of a decoder-only HF model that decide its memory: counts, widths, vocabulary.
+
+Choices:
+- A mixture-of-experts model (models/moe_config.py) adds its experts: `moe_layers` of the `layers` hold
+  `experts` SwiGLU experts of width `expert_intermediate` and a router, the others the dense MLP of
+  `intermediate`. `num_params` counts every expert (what is stored, sharded and reshard-ed); `active_params` counts
+  the `experts_per_token` a token runs through (what its FLOPs scale with); `layer_params` is the largest layer
+  (what FSDP unshards at once).
+- Per-token activation widths take the wider of the two layer kinds: the dense MLP's `intermediate`, or the k
+  experts' `experts_per_token * expert_intermediate` plus the dispatch copies of the token (its k gathered rows and
+  the k weighted outputs) and the fp32 router probabilities.
+
+Shape legend: h hidden, q = heads·head_dim, kv = kv_heads·head_dim, i intermediate, E experts, k experts per token,
+Ie one expert's intermediate.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from hybridrl.models.moe_config import moe_config
 
 
 @dataclass(frozen=True)
@@ -16,22 +32,62 @@ class ModelShape:
     vocab: int
     tied: bool
     qkv_bias: bool
+    qk_norm: bool = False          # per-head RMSNorm weights on q and k (Qwen3, Qwen3-MoE)
+    moe_layers: int = 0            # layers holding an MoE block instead of the dense MLP
+    experts: int = 0               # E
+    experts_per_token: int = 0     # k
+    expert_intermediate: int = 0   # Ie
 
     @classmethod
     def from_hf_config(cls, cfg) -> ModelShape:
         heads = int(cfg.num_attention_heads)
         hidden = int(cfg.hidden_size)
+        moe = moe_config(cfg)
+        experts = {} if moe is None or not moe.num_sparse else dict(
+            moe_layers=moe.num_sparse, experts=moe.num_experts, experts_per_token=moe.top_k,
+            expert_intermediate=moe.intermediate)
         return cls(layers=int(cfg.num_hidden_layers), hidden=hidden, intermediate=int(cfg.intermediate_size),
                    heads=heads, kv_heads=int(getattr(cfg, "num_key_value_heads", None) or heads),
                    head_dim=int(getattr(cfg, "head_dim", None) or hidden // heads), vocab=int(cfg.vocab_size),
                    tied=bool(getattr(cfg, "tie_word_embeddings", False)),
-                   qkv_bias=bool(getattr(cfg, "attention_bias", False)) or cfg.model_type == "qwen2")
+                   qkv_bias=bool(getattr(cfg, "attention_bias", False)) or cfg.model_type == "qwen2",
+                   qk_norm=cfg.model_type in ("qwen3", "qwen3_moe"), **experts)
+
+    @property
+    def dense_layers(self) -> int:
+        return self.layers - self.moe_layers
+
+    @property
+    def _attention_and_norms(self) -> int:
+        q, kv, h = self.heads * self.head_dim, self.kv_heads * self.head_dim, self.hidden
+        bias = (q + 2 * kv) if self.qkv_bias else 0
+        return h * q + 2 * h * kv + q * h + bias + 2 * h + (2 * self.head_dim if self.qk_norm else 0)
+
+    @property
+    def dense_layer_params(self) -> int:
+        return self._attention_and_norms + 3 * self.hidden * self.intermediate
+
+    def _moe_layer(self, experts: int) -> int:
+        return self._attention_and_norms + self.experts * self.hidden + experts * 3 * self.hidden * self.expert_intermediate
+
+    @property
+    def moe_layer_params(self) -> int:
+        """Parameters of one MoE layer: attention, norms, the router and every expert."""
+        return self._moe_layer(self.experts)
 
     @property
     def layer_params(self) -> int:
-        q, kv, h = self.heads * self.head_dim, self.kv_heads * self.head_dim, self.hidden
-        bias = (q + 2 * kv) if self.qkv_bias else 0
-        return h * q + 2 * h * kv + q * h + bias + 3 * h * self.intermediate + 2 * h
+        """The largest decoder layer's parameters."""
+        return max(self.dense_layer_params if self.dense_layers else 0, self.moe_layer_params if self.moe_layers else 0)
+
+    @property
+    def decoder_params(self) -> int:
+        return self.dense_layers * self.dense_layer_params + self.moe_layers * self.moe_layer_params
+
+    @property
+    def decoder_active_params(self) -> int:
+        """The decoder parameters one token runs through: the k routed experts of each MoE layer, not all E."""
+        return self.dense_layers * self.dense_layer_params + self.moe_layers * self._moe_layer(self.experts_per_token)
 
     @property
     def embed_params(self) -> int:
@@ -39,8 +95,25 @@ class ModelShape:
 
     @property
     def num_params(self) -> int:
-        """Parameters of the causal LM (the head counted once when tied to the embedding)."""
-        return self.layers * self.layer_params + self.embed_params * (1 if self.tied else 2) + self.hidden
+        """Parameters of the causal LM (the head counted once when tied to the embedding), every expert included."""
+        return self.decoder_params + self.embed_params * (1 if self.tied else 2) + self.hidden
+
+    @property
+    def active_params(self) -> int:
+        """Parameters one token runs through (equal to num_params for a dense model)."""
+        return self.decoder_active_params + self.embed_params * (1 if self.tied else 2) + self.hidden
+
+    @property
+    def token_mlp_width(self) -> int:
+        """The MLP activation width of one token: the dense intermediate or the k experts' together, the wider."""
+        return max(self.intermediate if self.dense_layers else 0,
+                   self.experts_per_token * self.expert_intermediate if self.moe_layers else 0)
+
+    @property
+    def moe_dispatch_bytes_per_token(self) -> int:
+        """An MoE layer's per-token extras: the k gathered input rows and k weighted outputs (bf16), and the fp32
+        router logits' softmax."""
+        return (2 * 2 * self.experts_per_token * self.hidden + 4 * self.experts) if self.moe_layers else 0
 
     @property
     def kv_bytes_per_token(self) -> int:
@@ -53,17 +126,18 @@ class ModelShape:
         attention's q, k, v and output, the output projection's input, and the MLP's gate, up, act and product.
         With Liger's kernels (training/liger.py) the RMSNorms save their bf16 inputs and a per-row fp32 rstd, and
         SwiGLU saves gate and up only (the SiLU is recomputed in backward)."""
-        q, kv, h, i = self.heads * self.head_dim, self.kv_heads * self.head_dim, self.hidden, self.intermediate
+        q, kv, h, i = self.heads * self.head_dim, self.kv_heads * self.head_dim, self.hidden, self.token_mlp_width
+        moe = self.moe_dispatch_bytes_per_token
         if liger:
-            return 2 * 2 * h + 2 * 4 + 2 * 2 * h + 2 * (3 * q + 2 * kv) + 2 * 3 * i
-        return 2 * 4 * h + 2 * 2 * h + 2 * (3 * q + 2 * kv) + 2 * 4 * i
+            return 2 * 2 * h + 2 * 4 + 2 * 2 * h + 2 * (3 * q + 2 * kv) + 2 * 3 * i + moe
+        return 2 * 4 * h + 2 * 2 * h + 2 * (3 * q + 2 * kv) + 2 * 4 * i + moe
 
     def layer_backward_bytes_per_token(self, liger: bool = False) -> int:
         """A decoder layer's backward beyond what it saved: the MLP's gradients (down input, act, gate and up, bf16)
         alive at once; Liger's SwiGLU writes the gate and up gradients over its saved inputs."""
-        return 2 * (1 if liger else 3) * self.intermediate
+        return 2 * (1 if liger else 3) * self.token_mlp_width
 
     @property
     def infer_act_bytes_per_token(self) -> int:
         """Transient memory of one token in a no-grad forward: the widest tensors alive at once (MLP)."""
-        return 2 * (4 * self.hidden + 3 * self.intermediate)
+        return 2 * (4 * self.hidden + 3 * self.token_mlp_width) + self.moe_dispatch_bytes_per_token

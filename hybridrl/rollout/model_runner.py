@@ -101,6 +101,7 @@ class ModelRunner:
         self.use_triton = _triton_available(self.device)
         with torch.device("meta"):
             self.model = TPDecoderForCausalLM(hf_config, tp_group).to(config.dtype)
+        self.use_graphs = self.use_graphs and self.model.cuda_graph_safe(self.device, config.dtype)  # MoE fallback syncs
         attn = self.model.model.layers[0].self_attn
         self.num_kv_heads, self.head_dim = attn.num_kv_heads, head_dim_of(hf_config)
         self.kv = None

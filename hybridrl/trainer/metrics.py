@@ -201,7 +201,7 @@ def compute_floor_metrics(batch: DataProto, timing_raw: dict[str, float], metric
     tokens = mask[:, -response_len:].sum().item() + (prompt_tokens / plan.layout.n if plan.share_prompts
                                                       else prompt_tokens)
     lens = mask.sum(-1).double()
-    forward = (2 * (shape.layers * shape.layer_params + shape.embed_params) * tokens
+    forward = (2 * (shape.decoder_active_params + shape.embed_params) * tokens
                + 2 * shape.heads * shape.head_dim * shape.layers * float((lens**2).sum()))
     flops_per_s = n_gpus * peaks.bf16_flops
     floors = {"update_actor": forward * (2 if plan.lora_base_dtype else 3) / flops_per_s,

@@ -16,6 +16,13 @@ def tiny_config(kind: str, **overrides):
         cfg = transformers.LlamaConfig(**TINY, rope_scaling=rope)
     elif kind == "qwen3":
         cfg = transformers.Qwen3Config(**TINY, head_dim=32)
+    elif kind == "qwen3_moe":  # 3 layers: MoE, dense (mlp_only_layers), MoE
+        cfg = transformers.Qwen3MoeConfig(**{**TINY, "num_hidden_layers": 3}, head_dim=32, num_experts=8,
+                                          num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True,
+                                          mlp_only_layers=[1])
+    elif kind == "mixtral":
+        cfg = transformers.MixtralConfig(**{**TINY, "intermediate_size": 48}, num_local_experts=4,
+                                         num_experts_per_tok=2, rope_theta=10000.0)
     else:
         raise KeyError(kind)
     for k, v in overrides.items():
@@ -29,7 +36,7 @@ def tiny_hf_model(kind: str, seed: int = 0, **overrides):
     model = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="eager").float().eval()
     with torch.no_grad():  # larger random weights so greedy paths are not all the same token
         for p in model.parameters():
-            if p.dim() == 2:
+            if p.dim() >= 2:  # 3-D: the fused experts of MoE models
                 p.normal_(0, 0.2)
     return model
 

@@ -1,4 +1,4 @@
-"""Native engine vs HF on tiny random models (fp32, CPU)."""
+"""Native engine vs HF on tiny random models (fp32, CPU), dense and mixture-of-experts."""
 
 import time
 
@@ -17,7 +17,9 @@ GREEDY = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
 
 
 @pytest.mark.parametrize("kind,overrides", [("qwen2", {}), ("llama", {}), ("qwen3", {}),
-                                            ("qwen3", {"tie_word_embeddings": True})])
+                                            ("qwen3", {"tie_word_embeddings": True}),
+                                            ("qwen3_moe", {}), ("qwen3_moe", {"norm_topk_prob": False}),
+                                            ("mixtral", {})])
 def test_greedy_equals_hf_generate_and_logprobs_match_hf_forward(kind, overrides):
     model = tiny_hf_model(kind, **overrides)
     engine = make_engine(model)
