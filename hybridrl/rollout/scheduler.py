@@ -174,15 +174,14 @@ class Scheduler:
                     copies.append(copy)
                 scheduled.append(seq)
         self.running.extendleft(reversed(scheduled))
-        self.stats["num_decode_steps"] += 1
+        self.stats["num_decode_steps"] += bool(scheduled)
         self.stats["num_cow_copies"] += len(copies)
         return ScheduledBatch(False, scheduled, [[s] for s in scheduled], copies)
 
     def schedule(self) -> ScheduledBatch | None:
         """The next step; None when nothing can run until a paused sequence resumes or finishes."""
         batch = self._schedule_prefill() if self.waiting else None
-        if batch is None and not self.running and self.waiting and self.waiting[0][0].block_table:
-            self._preempt(self.waiting.popleft()[0])  # a continuation that does not fit: free its blocks
+        while batch is None and not self.running and self._free_waiting_blocks():
             batch = self._schedule_prefill()
         if batch is None:
             if not self.running:
@@ -194,8 +193,21 @@ class Scheduler:
                     f"sequence of {len(leader)} tokens (needs {self.bm.blocks_needed(leader)} blocks); raise "
                     "gpu_memory_utilization / num_kv_blocks or lower max_model_len")
             batch = self._schedule_decode()
+            if not batch.seqs:  # each running sequence gave its blocks up (paused ones hold the rest): try again
+                return self.schedule()
         self._update_peaks()
         return batch
+
+    def _free_waiting_blocks(self) -> bool:
+        """With nothing running and nothing admissible: free the blocks of the last queued continuation that holds
+        some (it is recomputed when admitted), so that whatever waits ahead of it can run. False if none holds any."""
+        for i in range(len(self.waiting) - 1, -1, -1):
+            group = self.waiting[i]
+            if len(group) == 1 and group[0].block_table:
+                del self.waiting[i]
+                self._preempt(group[0])
+                return True
+        return False
 
     def schedule_lookahead(self, prev: ScheduledBatch) -> ScheduledBatch | None:
         """The decode step after `prev` (launched, not read yet), or None when it must wait for prev's tokens."""

@@ -107,3 +107,22 @@ def test_cache_too_small_for_one_sequence_raises():
     sched.add_group(group(list(range(10)), 1))
     with pytest.raises(ValueError, match="num_kv_blocks=1"):
         sched.schedule()
+
+
+def test_a_queued_continuation_gives_its_blocks_up_for_the_sequence_ahead_of_it():
+    """Nothing runs, the sequence at the head of the queue does not fit, and the blocks are held by a multi-turn
+    continuation queued behind it: the continuation's blocks are freed (it is recomputed later) instead of the
+    scheduler declaring the cache too small for one sequence."""
+    sched = make_sched(4, True)
+    cont = Sequence(list(range(10)), SamplingParams(n=1, max_tokens=3), 1, 0)
+    sched.bm.allocate(cont)                      # 3 of the 4 blocks
+    cont.num_cached_tokens = 9
+    fresh = Sequence(list(range(8)), SamplingParams(n=1, max_tokens=3), 0, 0)
+    sched.waiting.extend([[fresh], [cont]])
+    assert sched.bm.num_free == 1
+    batch = sched.schedule()
+    assert batch.is_prefill and batch.seqs and sched.stats["num_preemptions"] == 1
+    sched.postprocess(batch, [7] * sum(len(g) for g in batch.sample_groups), [0.0] * len(batch.seqs))
+    run_fake(sched)
+    assert len(fresh.completion_token_ids) == 3 and len(cont.completion_token_ids) == 3
+    assert sched.bm.num_free == 4
