@@ -74,7 +74,7 @@ def attention_grid(shape, bw: float) -> list[dict]:
         floor_ms = 2 * B * C * K * D * 2 / bw * 1e3
         attend = functools.partial(td.paged_decode_triton, q, kc, vc, tables, lens, D**-0.5)
         one, auto = bench(functools.partial(attend, num_splits=1)), bench(attend)
-        splits = td.decode_splits(B, K, C, td._num_sms(0))
+        splits = td.decode_splits(B, K, C, td.num_sms(0))
         rows.append({"batch": B, "context": C, "splits": splits, "single_pass_ms": one, "split_ms": auto,
                      "kv_floor_ms": floor_ms, "split_vs_floor": auto / floor_ms, "speedup": one / auto})
         print("[attention]", json.dumps(rows[-1]), flush=True)
@@ -82,6 +82,7 @@ def attention_grid(shape, bw: float) -> list[dict]:
 
 
 def sampler_grid(vocab: int, bw: float) -> list[dict]:
+    from hybridrl.rollout.triton_decode import num_sms
     from hybridrl.rollout.triton_sample import sample_plain, vocab_splits
 
     rows = []
@@ -92,7 +93,7 @@ def sampler_grid(vocab: int, bw: float) -> list[dict]:
         draw = functools.partial(sample_plain, logits, temp, gen)
         one, auto = bench(functools.partial(draw, splits=1)), bench(draw)
         floor_ms = B * vocab * (2 + 4 + 4) / bw * 1e3  # logits read, noise written and read
-        rows.append({"rows": B, "splits": vocab_splits(B, vocab, torch.cuda.get_device_properties(0).multi_processor_count),
+        rows.append({"rows": B, "splits": vocab_splits(B, vocab, num_sms(0)),
                      "single_pass_ms": one, "split_ms": auto, "bytes_floor_ms": floor_ms})
         print("[sampler]", json.dumps(rows[-1]), flush=True)
     return rows

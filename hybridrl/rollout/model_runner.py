@@ -148,6 +148,9 @@ class ModelRunner:
         if self.use_graphs:
             self._set_graph_buckets()
 
+    def _weight_bytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (*self.model.parameters(), *self.model.buffers()))
+
     def _decode_floor_fn(self):
         """(total context of a step's sequences) -> the seconds a decode step cannot beat on this GPU: its weights read
         once plus the sequences' K/V, over the datasheet HBM bandwidth; None off the GPU or for unknown GPUs."""
@@ -156,7 +159,7 @@ class ModelRunner:
         peaks = peaks_of(torch.cuda.get_device_name(self.device)) if self.is_cuda else None
         if peaks is None:
             return None
-        weights = sum(t.numel() * t.element_size() for t in (*self.model.parameters(), *self.model.buffers()))
+        weights = self._weight_bytes()
         kv_token = self.block_bytes() / self.config.block_size
         return lambda context: (weights + context * kv_token) / peaks.hbm_bytes_per_s
 
@@ -166,7 +169,7 @@ class ModelRunner:
         if self.activation_reserve is None:
             self.activation_reserve = self._measure_activation_peak()
         free, total = torch.cuda.mem_get_info(self.device)
-        weights = sum(t.numel() * t.element_size() for t in (*self.model.parameters(), *self.model.buffers()))
+        weights = self._weight_bytes()
         blocks = kv_budget_bytes(utilization, total, free, weights, self.activation_reserve) // self.block_bytes()
         if blocks < 1:
             gib = 2**30

@@ -96,7 +96,8 @@ def _merge_splits_kernel(Part, Mx, Sm, Out, s_pb, s_ph, s_pp, s_mb, s_mh, s_ob, 
 
 
 @functools.lru_cache(maxsize=8)
-def _num_sms(device_index: int) -> int:
+def num_sms(device_index: int) -> int:
+    """The GPU's SM count, asked once per device (the split choices read it every decode step)."""
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
@@ -119,7 +120,7 @@ def paged_decode_triton(q_BND, k_cache, v_cache, block_tables_BM, context_lens_B
     group = N // K
     bt = block_tables_BM.contiguous()
     if num_splits is None:
-        num_splits = decode_splits(B, K, bt.shape[1] * page, _num_sms(q_BND.device.index or 0), block_n)
+        num_splits = decode_splits(B, K, bt.shape[1] * page, num_sms(q_BND.device.index or 0), block_n)
     out = torch.empty_like(q_BND)
     if num_splits > 1:
         part = torch.empty(B, N, num_splits, D, dtype=torch.float32, device=q_BND.device)

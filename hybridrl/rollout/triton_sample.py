@@ -110,7 +110,9 @@ def sample_plain(logits_BV, temperature_B, generator=None, all_greedy: bool = Fa
     if not B:
         return tokens, logprobs
     if splits is None:
-        splits = vocab_splits(B, V, torch.cuda.get_device_properties(logits_BV.device).multi_processor_count)
+        from hybridrl.rollout.triton_decode import num_sms
+
+        splits = vocab_splits(B, V, num_sms(logits_BV.device.index or 0))
     chunk = -(-V // splits)
     chunk = -(-chunk // block) * block
     splits = -(-V // chunk)
