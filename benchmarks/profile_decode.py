@@ -60,23 +60,22 @@ def profile_eager(cfg, state, prompts, args):
     load(engine, state)
     runner, seen = engine.runner, {"decode": 0}
     prof = profile(activities=[ProfilerActivity.CUDA])
-    inner = runner.step
+    inner = runner.launch   # every step goes through launch (async scheduling launches a step ahead of its read)
     lo, hi = args.skip_steps, args.skip_steps + args.profile_steps
 
-    def step(batch, *a, **k):
+    def launch(batch, *a, **k):
         if not batch.is_prefill:
             if seen["decode"] == lo:
                 torch.cuda.synchronize()
                 prof.start()
+            elif seen["decode"] == hi:
+                torch.cuda.synchronize()
+                prof.stop()
             seen["decode"] += 1
-        out = inner(batch, *a, **k)
-        if not batch.is_prefill and seen["decode"] == hi:
-            torch.cuda.synchronize()
-            prof.stop()
-        return out
+        return inner(batch, *a, **k)
 
-    runner.step = step
-    engine.generate(prompts, SamplingParams(temperature=1.0, max_tokens=hi + 1, ignore_eos=True, seed=0))
+    runner.launch = launch
+    engine.generate(prompts, SamplingParams(temperature=1.0, max_tokens=hi + 2, ignore_eos=True, seed=0))
     per_cat, per_kernel = defaultdict(float), defaultdict(float)
     for ev in prof.key_averages():
         t = getattr(ev, "device_time_total", None) or getattr(ev, "cuda_time_total", 0)

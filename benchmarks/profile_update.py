@@ -8,7 +8,8 @@ update's own detached log-probs are the old ones, as the plan's on-policy defaul
 adjacent rows; --use-prefix-grouper and --use-liger resolve as the run plan resolves their keys.
 
 Per configuration KIND:CKPT:MICRO[:FORWARD] (KIND = full, or loraR with alpha 2R; CKPT = ckpt | nockpt | keepN,
-checkpointing with the last N decoder layers keeping their activations; MICRO = rows per micro-batch; FORWARD,
+checkpointing with the last N decoder layers keeping their activations; MICRO = rows per micro-batch, or tokN for
+token-budgeted micro-batches of at most N tokens (the plan's `use_dynamic_bsz` default on GPUs); FORWARD,
 LoRA only: fused (default, the trainer's training/lora_linear.py) or peft (peft's own lora.Linear forward, for the
 A/B)), e.g. lora64:ckpt:32,lora64:ckpt:32:peft,full:ckpt:16:
 - a warm-up update that also carries the profiler window: --profile-micro micro-batches after the first
@@ -76,9 +77,10 @@ class UpdateConfig:
     name: str
     lora_rank: int          # 0: full fine-tuning
     checkpointing: bool
-    micro: int              # rows per micro-batch
+    micro: int              # rows per micro-batch (0: token-budgeted, see max_tokens)
     lora_forward: str = "fused"   # LoRA only: "fused" (training/lora_linear.py, what the trainer runs) or "peft"
     kept_layers: int = 0          # with checkpointing: the last decoder layers that keep their activations
+    max_tokens: int | None = None   # token-budgeted micro-batches: at most this many tokens each
 
     @classmethod
     def parse(cls, spec: str) -> UpdateConfig:
@@ -92,11 +94,15 @@ class UpdateConfig:
         if not (ckpt in ("ckpt", "nockpt") or (ckpt.startswith("keep") and kept.isdigit() and int(kept) > 0)):
             raise ValueError(f"{spec!r}: CKPT must be 'ckpt', 'nockpt' or 'keepN' (recompute all but the last N "
                              "layers)")
-        if not micro.isdigit() or int(micro) < 1:
-            raise ValueError(f"{spec!r}: MICRO must be a positive number of rows")
+        budget = micro[3:] if micro.startswith("tok") else None
+        if budget is not None and not (budget.isdigit() and int(budget) > 0):
+            raise ValueError(f"{spec!r}: MICRO tokN needs a positive token budget N")
+        if budget is None and (not micro.isdigit() or int(micro) < 1):
+            raise ValueError(f"{spec!r}: MICRO must be a positive number of rows or tokN")
         if forward not in ("fused", "peft") or (kind == "full" and len(parts) == 4):
             raise ValueError(f"{spec!r}: FORWARD (LoRA only) must be 'fused' or 'peft'")
-        return cls(spec, 0 if kind == "full" else int(kind[4:]), ckpt != "nockpt", int(micro), forward, int(kept))
+        return cls(spec, 0 if kind == "full" else int(kind[4:]), ckpt != "nockpt", 0 if budget else int(micro),
+                   forward, int(kept), int(budget) if budget else None)
 
     def forward_equivalents(self, layers: int = 1) -> float:
         recomputed = (layers - self.kept_layers) / layers if self.checkpointing else 0.0
@@ -217,19 +223,33 @@ class ProfileWindow:
             self.prof = None
 
 
-def synthetic_batch(rows: int, prompt_len: int, response_len: int, vocab: int, seed: int = 0, n: int = 1) -> DataProto:
-    """A GRPO batch without padding (prompts exactly prompt_len tokens, responses never stopped by EOS); each prompt
-    on n adjacent rows (its samples), each row its own response."""
+def response_lengths(rows: int, response_len: int, mean_len: float | None, seed: int = 0) -> list[int]:
+    """Every row response_len tokens, or (mean_len set) long-tailed lengths: exponential with that mean, capped at
+    response_len (the cap's share is what reaches the limit), at least 1."""
+    if mean_len is None:
+        return [response_len] * rows
+    g = torch.Generator().manual_seed(seed + 1)
+    draws = torch.empty(rows).exponential_(1.0 / mean_len, generator=g)
+    return [int(min(max(1.0, float(x)), response_len)) for x in draws]
+
+
+def synthetic_batch(rows: int, prompt_len: int, response_len: int, vocab: int, seed: int = 0, n: int = 1,
+                    lengths: list[int] | None = None) -> DataProto:
+    """A GRPO batch (prompts exactly prompt_len tokens); each prompt on n adjacent rows (its samples), each row its
+    own response: response_len tokens each, or `lengths[i]` tokens right-padded to response_len (masked out)."""
     g = torch.Generator().manual_seed(seed)
     seq = prompt_len + response_len
     input_ids = torch.randint(0, vocab, (rows, seq), generator=g)
     input_ids[:, :prompt_len] = input_ids[::n, :prompt_len].repeat_interleave(n, 0)[:rows]
+    lengths = lengths or [response_len] * rows
+    response_mask = (torch.arange(response_len)[None, :] < torch.tensor(lengths)[:, None]).float()
+    attention_mask = torch.cat([torch.ones(rows, prompt_len), response_mask], 1).long()
     return DataProto.from_dict({
         "prompts": input_ids[:, :prompt_len], "responses": input_ids[:, prompt_len:], "input_ids": input_ids,
-        "attention_mask": torch.ones(rows, seq, dtype=torch.long),
+        "attention_mask": attention_mask,
         "position_ids": torch.arange(seq).expand(rows, seq).clone(),
-        "response_mask": torch.ones(rows, response_len),
-        "advantages": torch.randn(rows, response_len, generator=g)}, meta_info={"temperature": 1.0})
+        "response_mask": response_mask,
+        "advantages": torch.randn(rows, response_len, generator=g) * response_mask}, meta_info={"temperature": 1.0})
 
 
 def model_dir_for(preset: str, workdir: Path) -> Path:
@@ -287,7 +307,7 @@ class ActorBench:
         set_recompute(self.module, cfg.checkpointing, cfg.kept_layers)
         if cfg.lora_rank:
             set_lora_forward(self.module, cfg.lora_forward)
-        section = per_rank_section(self.config.actor, rows, cfg.micro, None)
+        section = per_rank_section(self.config.actor, rows, cfg.micro or None, cfg.max_tokens)
         return DataParallelPPOActor(section, self.module, self.optimizer, self.scheduler,
                                     use_remove_padding=bool(self.config.model.use_remove_padding),
                                     share_prompts=self.share_prompts)
@@ -321,7 +341,12 @@ def first_layer_forward_counter(module):
 def run_config(bench: ActorBench, cfg: UpdateConfig, batch: DataProto, args) -> dict:
     device = bench.device
     actor = bench.actor_for(cfg, args.rows)
-    n_micro = math.ceil(args.rows / cfg.micro)
+    if cfg.max_tokens:
+        from hybridrl.training.micro_batches import make_micro_batches
+
+        n_micro = len(make_micro_batches(batch, True, None, cfg.max_tokens, share_prompts=bench.share_prompts)[1])
+    else:
+        n_micro = math.ceil(args.rows / cfg.micro)
     cuda = device.type == "cuda"
 
     def sync():
@@ -350,17 +375,21 @@ def run_config(bench: ActorBench, cfg: UpdateConfig, batch: DataProto, args) -> 
         window.remove()
     times = [update() for _ in range(args.repeat)]
     mean_s = sum(times) / len(times)
-    tokens = args.rows * (args.prompt_len + args.response_len)
+    response_tokens = int(batch.batch["response_mask"].sum())
+    tokens = args.rows * args.prompt_len + response_tokens
     computed = tokens   # through the decoder: each prompt once per micro-batch with shared prompts
-    if bench.share_prompts:
+    if cfg.max_tokens and bench.share_prompts:   # each micro-batch holds whole prompt groups
+        computed = response_tokens + (args.rows // args.n) * args.prompt_len
+    elif bench.share_prompts:
         full, rest = divmod(args.rows, cfg.micro)
         computed = full * shared_prompt_tokens(cfg.micro, args.n, args.prompt_len, args.response_len) + (
             shared_prompt_tokens(rest, args.n, args.prompt_len, args.response_len) if rest else 0)
     layers = len(decoder_blocks(bench.module))
     flops = cfg.forward_equivalents(layers) * 2 * (bench.facts["decoder_params"] * computed
-                                             + bench.facts["head_params"] * args.rows * args.response_len)
+                                             + bench.facts["head_params"] * response_tokens)
     return {"lora_rank": cfg.lora_rank, "lora_forward": cfg.lora_forward if cfg.lora_rank else None,
-            "checkpointing": cfg.checkpointing, "micro_batch_rows": cfg.micro,
+            "checkpointing": cfg.checkpointing, "micro_batch_rows": cfg.micro or None,
+            "micro_batch_max_tokens": cfg.max_tokens, "response_tokens": response_tokens,
             "micro_batches": n_micro, "is_gradient_checkpointing": recompute_on(bench.module),
             "recomputed_layers": recomputed_layers(bench.module), "layers": layers,
             "first_layer_forwards_per_micro_batch": calls[0] / n_micro,
@@ -398,6 +427,9 @@ def main(argv=None) -> dict:
     p.add_argument("--rows", type=int, default=512)
     p.add_argument("--prompt-len", type=int, default=256)
     p.add_argument("--response-len", type=int, default=256)
+    p.add_argument("--mean-response-len", type=float, default=None,
+                   help="long-tailed response lengths (exponential with this mean, capped at --response-len); "
+                        "unset: every response --response-len tokens")
     p.add_argument("--repeat", type=int, default=2, help="timed updates per configuration (after the warm-up)")
     p.add_argument("--profile-skip", type=int, default=1, help="micro-batches of the warm-up before the window")
     p.add_argument("--profile-micro", type=int, default=2, help="micro-batches in the profiler window")
@@ -429,7 +461,8 @@ def main(argv=None) -> dict:
     share_choice: list[str] = []
     share = resolve_prefix_grouper({"auto": "auto", "true": True, "false": False}[args.use_prefix_grouper],
                                    device.type, args.n, 1, share_choice)
-    batch = synthetic_batch(args.rows, args.prompt_len, args.response_len, vocab, n=args.n)
+    batch = synthetic_batch(args.rows, args.prompt_len, args.response_len, vocab, n=args.n,
+                            lengths=response_lengths(args.rows, args.response_len, args.mean_response_len))
     result = {"benchmark": "profile_update", "command": "python " + " ".join([sys.argv[0], *(argv or sys.argv[1:])]),
               "device": device_facts(), "preset": args.preset,
               "workload": {k: v for k, v in vars(args).items() if k not in ("out", "workdir")},

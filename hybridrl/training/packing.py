@@ -7,8 +7,10 @@ Choices:
   batch's own (they restart per sequence: cumsum(mask) - 1), and the sequence boundaries travel as
   `cu_seq_lens_q/k` (the FlashAttention kwarg names, which HF models pass down to the attention function).
 - Attention runs through our function registered with transformers' `AttentionInterface` under
-  `VARLEN_ATTN`: FlexAttention with a document mask on CUDA (compiled once; rows of 128 tokens or more), else
-  SDPA with a block-diagonal causal mask (flash-attn is not installed on our machines). Without `cu_seq_lens_q`
+  `VARLEN_ATTN`: on CUDA in bf16/fp16, FlashAttention's varlen kernel as torch ships it (training/flash_segments.py;
+  on an H200 its backward was several times faster than FlexAttention's on long documents); else FlexAttention
+  with a document mask on CUDA (compiled once; rows of 128 tokens or more), else SDPA with a block-diagonal causal
+  mask. Without `cu_seq_lens_q`
   it delegates to HF's SDPA function, so the same model also runs the padded path. A matching mask function
   returns None when no 2-D padding mask is given (packed or unpadded input: the attention function owns
   causality) and HF's SDPA mask otherwise.
@@ -35,6 +37,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from hybridrl.training.flash_segments import FlashSegments, flash_segments, flash_usable, flash_varlen_attention
 from hybridrl.training.transfer import to_device
 from hybridrl.training.ulysses import SequenceParallel, gather_rows, ulysses_out, ulysses_qkv
 
@@ -63,13 +66,15 @@ class PackedInputs:
     packed_of_flat: torch.Tensor  # [B*S] packed position of each padded position (-1: padding); the positions of
                                   # a shared prompt's rows all map to its one copy
     shared: SharedPrompts | None = None
+    flash: FlashSegments | None = None   # the same layout as FlashAttention's varlen kernel takes it
 
     def to(self, device) -> PackedInputs:
         shared = None if self.shared is None else SharedPrompts(to_device(self.shared.segment, device),
                                                                 to_device(self.shared.is_prompt, device))
         return PackedInputs(to_device(self.input_ids, device), to_device(self.position_ids, device),
                             to_device(self.cu_seqlens, device), self.max_seqlen,
-                            to_device(self.packed_of_flat, device), shared)
+                            to_device(self.packed_of_flat, device), shared,
+                            None if self.flash is None else self.flash.to(device))
 
 
 def prompt_groups(input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
@@ -118,8 +123,9 @@ def pack_inputs(input_ids: torch.Tensor, attention_mask: torch.Tensor, position_
         shared = SharedPrompts(torch.where(is_prompt, bsz + doc_of_row[row], row), is_prompt)
     lens = torch.bincount(doc_of_row[row], minlength=int(doc_of_row.max()) + 1 if bsz else 0)
     cu = F.pad(torch.cumsum(lens, 0, dtype=torch.int32), (1, 0))
+    flash = flash_segments(cu, *((shared.segment, shared.is_prompt) if shared is not None else ()))
     return PackedInputs(input_ids.reshape(-1)[flat].unsqueeze(0), position_ids.reshape(-1)[flat].unsqueeze(0),
-                        cu, int(lens.max().item()) if lens.numel() else 0, packed_of_flat, shared)
+                        cu, int(lens.max().item()) if lens.numel() else 0, packed_of_flat, shared, flash)
 
 
 # ---------------------------------------------------------------------------------------------- attention
@@ -196,7 +202,10 @@ def varlen_attention_forward(module, query, key, value, attention_mask, dropout:
     if sp is not None:  # [T_loc tokens, all heads] -> [all tokens, heads / P]
         query, key, value = ulysses_qkv(query, key, value, sp)
     shared = kwargs.get("shared_prompts")
-    if query.is_cuda and not torch.compiler.is_compiling() and query.shape[2] >= FLEX_MIN_TOKENS:
+    flash = kwargs.get("flash_segments")
+    if flash is not None and flash_usable(query):
+        out = flash_varlen_attention(query, key, value, flash, scaling)
+    elif query.is_cuda and not torch.compiler.is_compiling() and query.shape[2] >= FLEX_MIN_TOKENS:
         out = _flex_attention(query, key, value, cu, scaling, shared)
     else:
         out = _sdpa_block_diagonal(query, key, value, cu, scaling, shared)
@@ -315,6 +324,8 @@ def forward_response_logits(module, input_ids: torch.Tensor, attention_mask: tor
                   max_length_q=packed.max_seqlen, max_length_k=packed.max_seqlen, use_cache=False)
     if packed.shared is not None:
         kwargs["shared_prompts"] = packed.shared
+    if packed.flash is not None:
+        kwargs["flash_segments"] = packed.flash
     if sp is not None:
         rows = _sequence_parallel_rows(module, packed, keep, flat, kwargs, sp, keep_only_needed, row_fn, head_rows)
     elif keep_only_needed:
@@ -346,6 +357,9 @@ def _sequence_parallel_rows(module, packed: PackedInputs, keep: torch.Tensor, fl
     owner = keep // local
     sizes = torch.bincount(owner, minlength=sp.size).tolist()
     kwargs = {**kwargs, "cu_seq_lens_q": cu, "cu_seq_lens_k": cu, "sp_group": sp}
+    if pad and packed.flash is not None:
+        longest = max(packed.flash.max_q, pad)
+        kwargs["flash_segments"] = FlashSegments(cu, cu, longest, longest, None)
     mine = owner == sp.rank
     ids, pos = ids[:, lo:lo + local], pos[:, lo:lo + local]
     if keep_only_needed:
