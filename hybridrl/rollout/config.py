@@ -75,6 +75,15 @@ class EngineConfig:
                 raise ValueError(f"rollout engine: {key}={value!r} must be {rule}")
         self.speculative.check()
 
+    @property
+    def max_decode_rows(self) -> int:
+        """Rows a decode step may have: one per running sequence, and with speculation one more per draft token of
+        each of at most max_running_seqs sequences (host buffers, graph buckets and sampling are sized to it)."""
+        spec = self.speculative
+        if not spec.enable:
+            return self.max_num_seqs
+        return max(self.max_num_seqs, min(self.max_num_seqs, spec.max_running_seqs) * (spec.num_draft_tokens + 1))
+
     def for_model(self, hf_config) -> EngineConfig:
         """This config with the fields left to the model filled in from its HF config (validated again)."""
         eos = hf_config.eos_token_id if self.eos_token_ids is None else self.eos_token_ids

@@ -190,7 +190,7 @@ class ModelRunner:
 
     @torch.no_grad()
     def _measure_activation_peak(self) -> int:
-        """Peak extra memory of a worst-case prefill step plus sampling max_num_seqs rows."""
+        """Peak extra memory of a worst-case prefill step plus sampling max_decode_rows rows."""
         torch.cuda.synchronize(self.device)
         base = torch.cuda.memory_allocated(self.device)
         torch.cuda.reset_peak_memory_stats(self.device)
@@ -204,7 +204,7 @@ class ModelRunner:
         ids = torch.zeros(T, dtype=torch.long, device=self.device)
         pos = torch.cat([torch.arange(n, device=self.device) for n in lens])
         h = self.model(ids, pos, ctx)
-        rows = min(self.config.max_num_seqs, 1024)
+        rows = min(self.config.max_decode_rows, 1024)
         logits = self.model.compute_logits(h[:1].expand(rows, -1).contiguous())
         ones = torch.ones(rows, device=self.device)
         sample(logits, ones, torch.full((rows,), 50, device=self.device), ones * 0.9)  # the sort path
@@ -241,7 +241,7 @@ class ModelRunner:
         tables: [rows, max blocks] int32, updated in place on the host only where a row changed.
         The host buffers are rewritten for step t+1 only after step t's tokens were read (a sync that
         follows the non_blocking copies in stream order), so a copy never reads a half-written buffer."""
-        rows = max(self.config.max_num_seqs, 1)
+        rows = self.config.max_decode_rows
         max_blocks = -(-self.config.max_model_len // self.config.block_size)
         pin = self.is_cuda
         blk, slot = self._scratch()
@@ -269,7 +269,7 @@ class ModelRunner:
     def _set_graph_buckets(self) -> None:
         """Set up the graph buckets; each is captured the first time a decode step needs it (`_capture`), so a
         wake costs only the buckets the rollout uses (a GRPO batch that decodes at full width uses a few)."""
-        max_bs = min(self.config.max_num_seqs, GRAPH_BATCH_SIZES[-1])
+        max_bs = min(self.config.max_decode_rows, GRAPH_BATCH_SIZES[-1])
         sizes = [s for s in GRAPH_BATCH_SIZES if s <= max_bs]
         if sizes[-1] < max_bs:
             sizes.append(max_bs)
@@ -389,7 +389,7 @@ class ModelRunner:
         if params is not None:
             key = (params.greedy, params.temperature, params.top_k, params.top_p)
             if self._param_cache is None or self._param_cache[0] != key:
-                rows = max(self.config.max_num_seqs, 1)
+                rows = self.config.max_decode_rows
                 dev = self.device
                 temp = torch.full((rows,), 0.0 if params.greedy else params.temperature, device=dev)
                 flags = (params.greedy, 0 < params.top_k < V, params.top_p < 1)

@@ -27,7 +27,7 @@ Choices (after nano-vllm, minus its asserts for user errors):
 - Speculative decoding (a `drafter` given, rollout/ngram_draft.py): a decode step with at most
   `speculative.max_running_seqs` sequences asks the drafter for each one's draft, capped so that no token lands past
   max_tokens or max_model_len and the step's rows (one per sequence plus one per draft token) stay within
-  max_num_seqs, and reserves blocks for the draft positions (fewer drafts when the cache runs short: drafts never
+  `max_decode_rows` (EngineConfig), and reserves blocks for the draft positions (fewer drafts when the cache runs short: drafts never
   preempt). With no draft at all the step is a plain decode. `postprocess` appends each sequence's emitted tokens
   one by one with the stop/length rules of plain decoding (tokens after an end are dropped, counted in
   `spec_discarded_tokens`) and trims the blocks of rejected positions. The lookahead is declined in that regime,
@@ -198,12 +198,12 @@ class Scheduler:
         return self.drafter is not None and len(self.running) <= self.config.speculative.max_running_seqs
 
     def _drafts(self, seqs: list[Sequence]) -> list[list[int]] | None:
-        """Each sequence's draft (capped by its max_tokens and max_model_len, the step's rows by max_num_seqs, its
+        """Each sequence's draft (capped by its max_tokens and max_model_len, the step's rows by max_decode_rows, its
         positions by the free blocks); None when no sequence has one."""
         c, rows, drafts = self.config, len(seqs), []
         for seq in seqs:
             k = min(c.speculative.num_draft_tokens, seq.params.max_tokens - seq.num_completion_tokens - 1,
-                    c.max_model_len - len(seq) - 1, c.max_num_seqs - rows)
+                    c.max_model_len - len(seq) - 1, c.max_decode_rows - rows)
             draft = self.drafter.propose(seq, k) if k > 0 else []
             draft = draft[:self.bm.grow(seq, len(draft))] if draft else draft
             rows += len(draft)
