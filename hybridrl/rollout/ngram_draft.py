@@ -13,7 +13,9 @@ Choices:
 - An n-gram enters the index only once the token after it is known (never the sequence's own last suffix, which
   has no continuation yet) and never over a placeholder (a token of a step still in flight, scheduler.py).
 - Lookup: the longest suffix first; among equal-length matches the one indexed last (the latest occurrence in a
-  sequence; across siblings, the one whose tokens were indexed last). A draft stops at a placeholder.
+  sequence; across siblings, the one whose tokens were indexed last). A draft stops at a placeholder. A match in
+  the sequence's own tokens reads on past its end into the draft itself (an overlapping copy), so a repeating
+  pattern — the latest occurrence of its suffix is one period back — is drafted k tokens ahead, not one period.
 Drafts only choose what is verified: rollout/spec_verify.py accepts them so that the sampled distribution is the
 target's whatever they are.
 """
@@ -64,6 +66,9 @@ class NgramDrafter:
                 src, at = hit
                 draft = src.token_ids[at:at + k]
                 if PLACEHOLDER in draft:
-                    draft = draft[:draft.index(PLACEHOLDER)]
+                    return draft[:draft.index(PLACEHOLDER)]
+                if src is seq:  # a match in its own tokens runs on into the draft itself (a repeating pattern)
+                    while len(draft) < k:
+                        draft.append(draft[len(draft) - (len(toks) - at)])
                 return draft
         return []

@@ -91,8 +91,16 @@ def test_drafter_respects_min_match():
     d = NgramDrafter([[a]], SpeculativeConfig(enable=True, min_match=2, max_match=4))
     a.token_ids += [7, 2]                     # only a 1-token match (2) exists
     assert d.propose(a, 2) == []
-    a.token_ids += [6]                        # (2, 6) occurred, followed by 7, 2, 6
-    assert d.propose(a, 4) == [7, 2, 6]
+    a.token_ids += [6]                        # (2, 6) occurred, followed by 7, 2, 6 and then by the draft itself
+    assert d.propose(a, 4) == [7, 2, 6, 7]
+
+
+def test_drafter_continues_a_repeating_pattern_past_the_sequence_end():
+    d_cfg = SpeculativeConfig(enable=True, min_match=2, max_match=4)
+    run = _seq([9, 4, 4, 4], group=0)
+    assert NgramDrafter([[run]], d_cfg).propose(run, 5) == [4] * 5
+    cycle = _seq([1, 2, 3, 1, 2, 3, 1], group=1)  # period 3: the latest (2, 3, 1) ends one period back
+    assert NgramDrafter([[cycle]], d_cfg).propose(cycle, 5) == [2, 3, 1, 2, 3]
 
 
 # --------------------------------------------------------------------------------- exact acceptance, in isolation
