@@ -179,7 +179,7 @@ def test_verify_drafts_checks_its_rows():
                          ids=["sync", "async", "unshared"])
 def test_greedy_with_ngram_drafts_equals_plain_decoding(kw):
     model = tiny_hf_model("qwen2")
-    params = SamplingParams(n=3, temperature=0, max_tokens=24, ignore_eos=True)
+    params = SamplingParams(n=2, temperature=0, max_tokens=20, ignore_eos=True)
     plain, _ = _run(model, params, **kw)
     spec, stats = _run(model, params, speculative=SPEC, **kw)
     assert _tokens(spec) == _tokens(plain)
@@ -228,13 +228,13 @@ def test_stop_token_and_length_limits_cut_exactly_as_plain_decoding(oracle):
     """The oracle drafts run past an eos token, past max_tokens and past max_model_len: the emitted tokens must stop
     where plain decoding stops, the extra accepted ones dropped and counted."""
     model = tiny_hf_model("qwen2")
-    free = SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)
+    free = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
     reference, _ = _run(model, free, max_model_len=64)
     oracle.reference = {tuple(p): o.outputs[0].token_ids for p, o in zip(PROMPTS, reference)}
     eos = reference[0].outputs[0].token_ids[6]
-    cases = [(SamplingParams(n=2, temperature=0, max_tokens=30), {"eos_token_ids": (eos,), "max_model_len": 64}),
+    cases = [(SamplingParams(n=2, temperature=0, max_tokens=20), {"eos_token_ids": (eos,), "max_model_len": 64}),
              (SamplingParams(n=2, temperature=0, max_tokens=7, ignore_eos=True), {}),
-             (SamplingParams(n=2, temperature=0, max_tokens=30, ignore_eos=True),
+             (SamplingParams(n=2, temperature=0, max_tokens=20, ignore_eos=True),
               {"max_model_len": 23, "max_num_batched_tokens": 64})]
     for params, kw in cases:
         plain, _ = _run(model, params, **kw)
