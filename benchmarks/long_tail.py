@@ -33,7 +33,8 @@ import grpo_step  # noqa: E402
 CALIBRATION_ROWS = 64
 
 
-def _chat_prompts(data: Path, model_dir: Path, prompt_len: int, rows: int) -> list[list[int]]:
+def chat_prompts(data: Path, model_dir: Path, prompt_len: int, rows: int) -> list[list[int]]:
+    """The first `rows` prompts of a verl-schema parquet, chat-rendered and tokenized, the last prompt_len tokens."""
     import pyarrow.parquet as pq
     from transformers import AutoTokenizer
 
@@ -119,6 +120,32 @@ def scale_eos_row(model_dir: Path, eos: int, s: float) -> list[str]:
     return changed
 
 
+def calibrated_model(preset: str, prompt_len: int, response_len: int, mean_len: float, work: Path):
+    """(model dir, calibration record) of the long-tail model of `preset`, built and calibrated under `work` on the
+    first call (GPU), read back afterwards."""
+    from transformers import AutoTokenizer
+
+    from hybridrl.assets.tiny_model import write_size_preset
+
+    model_dir = work / "models" / f"{preset}-eos{int(mean_len)}-r{response_len}"
+    record = model_dir / "long_tail_calibration.json"
+    t0 = time.time()
+    if not record.exists():
+        write_size_preset(model_dir, preset, weights=True)
+        data = grpo_step.make_prompts(work / "data", model_dir, 256, prompt_len)
+        eos = AutoTokenizer.from_pretrained(model_dir).eos_token_id
+        prompts = chat_prompts(data, model_dir, prompt_len, CALIBRATION_ROWS)
+        stats_a, stats_c = eos_logit_stats(model_dir, prompts, response_len, eos)
+        cal = calibrate(stats_a, stats_c, mean_len)
+        cal["rows_changed"] = scale_eos_row(model_dir, eos, cal["eos_scale"])
+        cal.update(eos_token_id=eos, calibration_rows=CALIBRATION_ROWS, seconds=time.time() - t0,
+                   logit_spread={"eos_std": float(stats_a.std()), "others_lse_mean": float(stats_c.mean())})
+        record.write_text(json.dumps(cal, indent=1))
+    cal = json.loads(record.read_text())
+    print("[long_tail] calibration", json.dumps(cal), flush=True)
+    return model_dir, cal
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--preset", default="qwen2.5-1.5b")
@@ -129,27 +156,8 @@ def main(argv=None):
     p.add_argument("--calibrate-only", action="store_true")
     p.add_argument("--out", required=True)
     a, rest = p.parse_known_args(argv)
-    from transformers import AutoTokenizer
-
-    from hybridrl.assets.tiny_model import write_size_preset
-
     work = Path(a.workdir)
-    model_dir = work / "models" / f"{a.preset}-eos{int(a.mean_len)}-r{a.response_len}"
-    record = model_dir / "long_tail_calibration.json"
-    t0 = time.time()
-    if not record.exists():
-        write_size_preset(model_dir, a.preset, weights=True)
-        data = grpo_step.make_prompts(work / "data", model_dir, 256, a.prompt_len)
-        eos = AutoTokenizer.from_pretrained(model_dir).eos_token_id
-        prompts = _chat_prompts(data, model_dir, a.prompt_len, CALIBRATION_ROWS)
-        stats_a, stats_c = eos_logit_stats(model_dir, prompts, a.response_len, eos)
-        cal = calibrate(stats_a, stats_c, a.mean_len)
-        cal["rows_changed"] = scale_eos_row(model_dir, eos, cal["eos_scale"])
-        cal.update(eos_token_id=eos, calibration_rows=CALIBRATION_ROWS, seconds=time.time() - t0,
-                   logit_spread={"eos_std": float(stats_a.std()), "others_lse_mean": float(stats_c.mean())})
-        record.write_text(json.dumps(cal, indent=1))
-    cal = json.loads(record.read_text())
-    print("[long_tail] calibration", json.dumps(cal), flush=True)
+    model_dir, cal = calibrated_model(a.preset, a.prompt_len, a.response_len, a.mean_len, work)
     out = Path(a.out)
     if a.calibrate_only:
         out.parent.mkdir(parents=True, exist_ok=True)

@@ -44,6 +44,10 @@ CPU = [
              (py("benchmarks/multi_turn.py", "--model", "tiny", "--device", "cpu", "--prompts", "16", "--n", "4",
                  "--prompt-len", "256", "--turn-len", "32", "--inject", "24", "--turns", "4", "--tool-ms", "50",
                  "--repeats", "3", "--out", "{out}/multi_turn_tiny_cpu.json"),)),
+    Scenario("spec-decode-tiny-cpu", "speculative decoding on vs off on a tiny model, greedy (the smoke test)", "cpu",
+             None, (py("benchmarks/spec_decode.py", "--tiny", "--num-prompts", "4", "--n", "4", "--prompt-len", "32",
+                       "--max-tokens", "48", "--temperature", "0", "--max-running-seqs", "16", "--repeat", "2",
+                       "--workdir", "{work}", "--out", "{out}/spec_decode_tiny_cpu.json"),)),
     Scenario("demo-seeds", "`hybridrl train` (the demo) over three seeds: greedy accuracy before/after GRPO",
              "cpu", "demo_seeds.json",
              (py("benchmarks/demo_seeds.py", "--seeds", "0", "1", "2", "--out", "{out}/demo_seeds.json"),)),
@@ -88,6 +92,16 @@ SMALL = [
              "nvidia-h200", "long_tail", (
                  py("benchmarks/decode_floor.py", "--out", "{out}/decode_floor.json"),
                  py("benchmarks/decode_floor.py", "--engine-only", "--out", "{out}/decode_async.json"))),
+    Scenario("spec-decode", "speculative decoding on vs off: the long-tail 1.5B (32 x 8, <= 4,096), SmolLM2 on a + b "
+             "(64 x 8, the recipe's sampling); then its GPU tests", "nvidia-h200", None, (
+                 py("benchmarks/spec_decode.py", "--long-tail", "--preset", "qwen2.5-1.5b", "--response-len", "4096",
+                    "--mean-len", "1000", "--num-prompts", "32", "--n", "8", "--workdir", "{work}",
+                    "--out", "{out}/spec_decode_long_tail_1.5b.json"),
+                 MAKE_ADD,
+                 py("benchmarks/spec_decode.py", "--model", "{smollm2}", "--prompts", f"{ADD}/train.parquet",
+                    "--num-prompts", "64", "--n", "8", "--prompt-len", "128", "--max-tokens", "128",
+                    "--temperature", "0.8", "--out", "{out}/spec_decode_smollm2_arith.json"),
+                 gpu_tests("gpu_tests.log", "tests/rollout/test_rollout_gpu.py"))),
     Scenario("rollout-vs-hf", "the rollout engine vs HF generate, n=1 and n=8 with shared prompts, 0.5B-7B",
              "nvidia-h200", "rollout.json", (
                  py("benchmarks/rollout.py", "--models", "7B,0.5B,1.5B", "--ab-unfused", "7B,0.5B",

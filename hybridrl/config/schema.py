@@ -83,6 +83,7 @@ EXTRA_TYPES: dict[str, tuple[type, ...]] = {
                      "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu", "critic.ppo_max_token_len_per_gpu"),
                     (str, int)),
     "actor_rollout_ref.model.lora_alpha": (int, float),
+    "actor_rollout_ref.rollout.speculative.max_running_seqs": (str, int),   # 'auto' (from the device) or a count
     "actor_rollout_ref.model.target_modules": (str, list),   # 'all-linear' or module names
     "reward_model.sandbox.required_layers": (list, str),   # layer names, or 'all'
     # micro-batch sizes: 'auto' (the run plan chooses) or a number of rows

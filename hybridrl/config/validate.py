@@ -279,12 +279,35 @@ def check_semantics(cfg: DictConfig | dict) -> list[str]:
     errors += check_lora_keys(*(g(f"actor_rollout_ref.model.{k}")
                                 for k in ("lora_rank", "lora_alpha", "target_modules")))
     _check_dapo(g, world // tp, errors, warnings)
+    _check_speculative(g, errors, warnings)
     if adv in ("grpo", "rloo") and n == 1:
         warnings.append(f"'algorithm.adv_estimator' = {adv} with '{ROLLOUT}.n' = 1: every group has one sample, "
                         "so every advantage is 0 (set rollout.n > 1)")
     if errors:
         raise ConfigError(errors)
     return warnings
+
+
+def _check_speculative(g, errors: list[str], warnings: list[str]) -> None:
+    """rollout.speculative: sizes of the n-gram drafts and the tail threshold (its rules are SpeculativeConfig's)."""
+    sec = f"{ROLLOUT}.speculative"
+    for key in ("num_draft_tokens", "min_match"):
+        if g(f"{sec}.{key}") < 1:
+            errors.append(f"'{sec}.{key}' = {g(f'{sec}.{key}')} must be >= 1")
+    if g(f"{sec}.max_match") < g(f"{sec}.min_match"):
+        errors.append(f"'{sec}.max_match' = {g(f'{sec}.max_match')} must be >= '{sec}.min_match' = "
+                      f"{g(f'{sec}.min_match')}")
+    most = g(f"{sec}.max_running_seqs")
+    if most != "auto" and (isinstance(most, str) or most < 1):
+        errors.append(f"'{sec}.max_running_seqs' = {most!r} must be 'auto' or an integer >= 1")
+    if not g(f"{sec}.enable"):
+        return
+    if g(f"{ROLLOUT}.name") != "native":
+        warnings.append(f"'{sec}.enable' = true has no effect with '{ROLLOUT}.name' = {g(f'{ROLLOUT}.name')} "
+                        "(the native engine speculates)")
+    if g(f"{ROLLOUT}.multi_turn.enable"):
+        warnings.append(f"'{sec}.enable' = true with multi_turn.enable: multi-turn rollouts decode without "
+                        "speculation")
 
 
 def _check_dapo(g, rollout_dp: int, errors: list[str], warnings: list[str]) -> None:

@@ -22,7 +22,7 @@ from hybridrl.config.layout import Layout, derive_layout
 from hybridrl.config.validate import ConfigError
 from hybridrl.plan.memory import GiB, MemoryModel, PhaseMemory, Residency
 from hybridrl.plan.model_shape import ModelShape
-from hybridrl.rollout.config import EngineConfig
+from hybridrl.rollout.config import EngineConfig, SpeculativeConfig
 from hybridrl.training.fsdp import AUTO_UNSHARD_MAX_FRACTION, resolve_dtype
 from hybridrl.training.lora import adapter_param_count
 
@@ -30,6 +30,7 @@ SAFETY = 0.9                    # fraction of a GPU's memory a phase may be plan
 UPDATE_TOKENS_TARGET = 16384    # tokens per training micro-batch where an H200's GEMMs saturate
 LOGPROB_TOKENS_TARGET = 32768   # tokens per no-grad log-prob micro-batch
 MODEL = "actor_rollout_ref.model"
+SPEC_ROWS_FALLBACK = 64         # verify rows per step where the device's peaks are unknown (CPU, other GPUs)
 
 
 @dataclass(frozen=True)
@@ -108,6 +109,7 @@ class RunPlan:
     critic_remove_padding: bool = False
     engine_max_num_batched_tokens: int = 8192   # the engine's prefill budget: at least max_model_len
     engine_async_scheduling: bool = False       # rollout.async_scheduling resolved (auto: on on GPUs)
+    engine_speculative: SpeculativeConfig = SpeculativeConfig()  # rollout.speculative, max_running_seqs resolved
 
     def kv_blocks_for(self, prompts: int, n: int) -> int:
         """KV blocks one generate call of `prompts` x n needs on this engine (a hybrid engine allocates its KV per
@@ -126,7 +128,7 @@ class RunPlan:
             gpu_memory_utilization=float(rollout.gpu_memory_utilization), num_kv_blocks=self.kv_blocks,
             enforce_eager=bool(rollout.enforce_eager), enable_prefix_sharing=bool(rollout.enable_prefix_sharing),
             async_scheduling=self.engine_async_scheduling, eos_token_ids=eos_token_ids,
-            dtype=resolve_dtype(self.rollout_dtype, "plan.rollout_dtype"))
+            dtype=resolve_dtype(self.rollout_dtype, "plan.rollout_dtype"), speculative=self.engine_speculative)
 
     def predicted_peak_gb(self) -> dict[str, float]:
         return {f"plan/predicted_peak_gb/{k}": v.total / GiB for k, v in self.predicted.items()}
@@ -150,6 +152,7 @@ class RunPlan:
                  f"rollout engine  prefill budget {self.engine_max_num_batched_tokens} tokens per step, decode steps "
                  + ("launched ahead (async scheduling)" if self.engine_async_scheduling else "one at a time")
                  + "; per step it logs the tail's share of its time and its bandwidth floor",
+                 f"speculative     {_describe_speculative(self.engine_speculative)}",
                  *(f"  auto: {c}" for c in self.choices)]
         if self.predicted:
             lines.append("predicted peak per GPU (GiB), by phase:")
@@ -460,6 +463,7 @@ def make_plan(config: DictConfig | dict, hf_config, device: DeviceSpec, val_prom
     layout = replace(layout, ppo_micro_batch_per_gpu=actor_micro, log_prob_micro_batch_per_gpu=lp_micro,
                      ref_log_prob_micro_batch_per_gpu=ref_micro,
                      grad_accum_steps=None if actor_micro is None else layout.ppo_mini_batch_per_gpu // actor_micro)
+    spec = resolve_speculative(g(f"{rl}.speculative"), device, choices)
     parallel = Parallelism(actor_fsdp=res.shard, actor_sp=layout.ulysses_sp, rollout_tp=layout.rollout_tp,
                            critic_fsdp=res.critic_shard, critic_sp=g("critic.ulysses_sequence_parallel_size"),
                            reward_fsdp=res.rm_shard)
@@ -486,7 +490,40 @@ def make_plan(config: DictConfig | dict, hf_config, device: DeviceSpec, val_prom
                                                                 g("critic.ulysses_sequence_parallel_size")),
                    engine_max_num_batched_tokens=max(g(f"{rl}.max_num_batched_tokens"), S),
                    engine_async_scheduling=(not cpu) if _auto(g(f"{rl}.async_scheduling"))
-                   else bool(g(f"{rl}.async_scheduling")))
+                   else bool(g(f"{rl}.async_scheduling")), engine_speculative=spec)
+
+
+def resolve_speculative(section, device: DeviceSpec, choices: list[str],
+                        key: str = "actor_rollout_ref.rollout.speculative") -> SpeculativeConfig:
+    """`rollout.speculative` as the engine's SpeculativeConfig. max_running_seqs auto: speculate while a verify step
+    (each running sequence with num_draft_tokens + 1 rows) has at most half the device's ridge point in rows — its
+    bf16 FLOP/s over its HBM bytes/s, the batch at which a decode step's weight read stops dominating — so the step
+    stays memory-bound and checking the drafts costs about what decoding one token does; SPEC_ROWS_FALLBACK rows
+    where the peaks are unknown."""
+    from hybridrl.device_peaks import peaks_of
+
+    k = int(section["num_draft_tokens"])
+    value = section["max_running_seqs"]
+    if _auto(value):
+        peaks = peaks_of(device.name) if device.type == "cuda" else None
+        rows = peaks.bf16_flops / peaks.hbm_bytes_per_s / 2 if peaks else SPEC_ROWS_FALLBACK
+        value = max(1, int(rows // (k + 1)))
+        if section["enable"]:
+            choices.append(f"{key}.max_running_seqs = {value} (" + (
+                f"{value} x {k + 1} verify rows within half {device.name}'s ridge point, {2 * rows:.0f} FLOP/byte"
+                if peaks else f"{SPEC_ROWS_FALLBACK} verify rows: no known peaks for {device.name}") + ")")
+    return SpeculativeConfig(enable=bool(section["enable"]), num_draft_tokens=k,
+                             min_match=int(section["min_match"]), max_match=int(section["max_match"]),
+                             max_running_seqs=int(value))
+
+
+def _describe_speculative(spec: SpeculativeConfig) -> str:
+    if not spec.enable:
+        return "off (rollout.speculative.enable)"
+    return (f"while <= {spec.max_running_seqs} sequences run, each decode step also checks up to "
+            f"{spec.num_draft_tokens} draft tokens per sequence (the tokens that followed its last "
+            f"{spec.min_match}-{spec.max_match} tokens in its prompt, own and sibling responses), accepted exactly "
+            "(same distribution); multi-turn rollouts decode plainly")
 
 
 def resolve_dynamic_bsz(value, micro, device_type: str, key: str, micro_key: str, choices: list[str]) -> bool:

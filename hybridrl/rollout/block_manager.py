@@ -9,6 +9,8 @@ Choices:
 - A multi-turn continuation (`extend`) keeps the sequence's blocks and adds what its appended tokens need; the
   block holding the first recomputed position is copied first when it is still shared (a turn that ended on its
   first sampled token never decoded, so its partial prompt block may still be its siblings').
+- Speculative decoding: `grow` adds blocks for a sequence's draft positions, `trim` gives back those past what the
+  accepted tokens need; draft positions never share a block (the one holding len-1 was copied by append_slot).
 - No content-hash prefix cache across requests: the hybrid engine resets the cache every step
   (weights change), so only within-request sharing pays.
 """
@@ -119,6 +121,23 @@ class BlockManager:
         self._decref(src)
         seq.block_table[index] = dst
         return src, dst
+
+    def grow(self, seq: Sequence, extra: int) -> int:
+        """Room for `extra` positions after len-1 (which append_slot made writable): fresh blocks as needed, as many
+        as are free. Returns how many of those positions have room (speculative drafts; never preempts)."""
+        have = len(seq.block_table) * self.block_size
+        while have < len(seq) + extra and self.free_blocks:
+            seq.block_table.append(self._take())
+            have += self.block_size
+        return min(extra, have - len(seq))
+
+    def trim(self, seq: Sequence) -> None:
+        """Free the blocks past those holding positions 0..len-2 (the K/V a decode step reads; blocks taken for
+        rejected draft tokens). A new list, so that the runner re-copies the block-table row."""
+        keep = seq.num_blocks_for(len(seq) - 1, self.block_size)
+        for block in reversed(seq.block_table[keep:]):
+            self._decref(block)
+        seq.block_table = seq.block_table[:keep]
 
     def slot(self, seq: Sequence, position: int) -> int:
         return seq.block_table[position // self.block_size] * self.block_size + position % self.block_size

@@ -9,6 +9,8 @@ Choices:
   eos_token_id). `for_model` fills them in, and the engine hands that resolved copy on.
 - The KV cache size of one wake can differ from `num_kv_blocks` (a hybrid engine allocates each call's need):
   `LLMEngine.wake_up(..., num_kv_blocks=...)` takes it, so the config itself never changes.
+- `speculative` (SpeculativeConfig): lossless n-gram speculative decoding in the tail of a rollout
+  (rollout/ngram_draft.py proposes, rollout/spec_verify.py accepts); off by default.
 """
 
 from __future__ import annotations
@@ -16,6 +18,27 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 import torch
+
+
+@dataclass(frozen=True)
+class SpeculativeConfig:
+    """Speculative decoding with drafts looked up in the sequence's own and its siblings' tokens."""
+    enable: bool = False
+    num_draft_tokens: int = 4       # draft tokens proposed per sequence and verify step at most
+    min_match: int = 2              # shortest suffix of a sequence looked up in the index
+    max_match: int = 4              # longest suffix looked up (the longest match wins)
+    max_running_seqs: int = 16      # speculate only while at most this many sequences run (memory-bound steps)
+
+    def check(self) -> None:
+        rules = [
+            ("num_draft_tokens", self.num_draft_tokens, self.num_draft_tokens >= 1, ">= 1"),
+            ("min_match", self.min_match, self.min_match >= 1, ">= 1"),
+            ("max_match", self.max_match, self.max_match >= self.min_match, f">= min_match ({self.min_match})"),
+            ("max_running_seqs", self.max_running_seqs, self.max_running_seqs >= 1, ">= 1"),
+        ]
+        for key, value, ok, rule in rules:
+            if not ok:
+                raise ValueError(f"rollout engine: speculative.{key}={value!r} must be {rule}")
 
 
 @dataclass(frozen=True)
@@ -34,6 +57,7 @@ class EngineConfig:
     async_scheduling: bool = False          # decode step t+1 is scheduled and launched before step t is read
     eos_token_ids: tuple[int, ...] | None = None    # tokens that end a sequence; None: the model's eos_token_id
     dtype: torch.dtype = torch.bfloat16     # engine weights and KV cache
+    speculative: SpeculativeConfig = SpeculativeConfig()
 
     def __post_init__(self):
         n, bt, kv = self.max_model_len, self.max_num_batched_tokens, self.num_kv_blocks
@@ -49,6 +73,16 @@ class EngineConfig:
         for key, value, ok, rule in rules:
             if not ok:
                 raise ValueError(f"rollout engine: {key}={value!r} must be {rule}")
+        self.speculative.check()
+
+    @property
+    def max_decode_rows(self) -> int:
+        """Rows a decode step may have: one per running sequence, and with speculation one more per draft token of
+        each of at most max_running_seqs sequences (host buffers, graph buckets and sampling are sized to it)."""
+        spec = self.speculative
+        if not spec.enable:
+            return self.max_num_seqs
+        return max(self.max_num_seqs, min(self.max_num_seqs, spec.max_running_seqs) * (spec.num_draft_tokens + 1))
 
     def for_model(self, hf_config) -> EngineConfig:
         """This config with the fields left to the model filled in from its HF config (validated again)."""

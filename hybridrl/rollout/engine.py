@@ -40,6 +40,14 @@ Choices:
   is resumed: only its last sampled token and the appended tokens are prefilled, onto its own blocks. `budget`:
   how many tokens may be appended while leaving room for at least one more sampled token (max_tokens bounds
   model and appended tokens together, as does max_model_len).
+- Speculative decoding (`config.speculative.enable`; not for multi-turn calls, whose injected tool tokens would
+  need their own bookkeeping): each call gets an NgramDrafter over its groups; decode steps with at most
+  `speculative.max_running_seqs` sequences verify the drafts (scheduler.py, model_runner.py, spec_verify.py), so
+  a step can emit several tokens per sequence with the sampled distribution unchanged. Such steps are read before
+  the next is scheduled (async scheduling's lookahead is declined in that regime). `stats` counts
+  `spec_verify_steps`, `spec_draft_tokens`, `spec_accepted_tokens`, `spec_drafted_seqs`, `spec_emitted_tokens`,
+  `spec_discarded_tokens` (emitted past a stop or length end) and derives `spec_acceptance_rate`,
+  `spec_mean_acceptance_length` (tokens emitted per drafted sequence and step) and `spec_tokens_per_verify_step`.
 """
 
 from __future__ import annotations
@@ -56,8 +64,9 @@ from hybridrl.models.decoder import check_supported
 from hybridrl.rollout.block_manager import BlockManager
 from hybridrl.rollout.config import EngineConfig
 from hybridrl.rollout.model_runner import ModelRunner, StepHandle, TokenFeed
+from hybridrl.rollout.ngram_draft import NgramDrafter
 from hybridrl.rollout.sampling_params import CompletionOutput, RequestOutput, SamplingParams
-from hybridrl.rollout.scheduler import ScheduledBatch, Scheduler
+from hybridrl.rollout.scheduler import SPEC_COUNTERS, ScheduledBatch, Scheduler
 from hybridrl.rollout.sequence import Sequence
 
 _PEAK_KEYS = ("kv_blocks_peak", "kv_blocks_peak_unshared")
@@ -91,7 +100,7 @@ class LLMEngine:
                       "kv_blocks_peak_unshared": 0, "num_kv_blocks": self.runner.num_blocks,
                       "kv_block_bytes": self.runner.block_bytes(), "weights_ignored": 0,
                       "cuda_graph_capture_s": self.runner.last_capture_s, "schedule_s": 0.0, "decode_s": 0.0,
-                      "tail_time_frac": 0.0, "running_seqs_mean": 0.0}
+                      "tail_time_frac": 0.0, "running_seqs_mean": 0.0, **dict.fromkeys(SPEC_COUNTERS, 0)}
         self.runner.timing = dict.fromkeys(self.runner.timing, 0.0)
         self.stats.update(self.runner.timing)
 
@@ -175,14 +184,17 @@ class LLMEngine:
 
     def _start(self, prompts: list[list[int]], params: SamplingParams, agent) -> _Call:
         """A call's scheduler over the whole KV cache with every prompt's samples queued, and its seeded generator."""
-        sched = Scheduler(BlockManager(self.runner.num_blocks, self.config.block_size), self.config,
-                          turn_end=agent.ends_turn if agent is not None else None)
         groups = []
         for rid, prompt in enumerate(prompts):
             group = [Sequence(prompt, params, rid, j) for j in range(params.n)]
             for s in group:
                 s.group_id = group[0].seq_id
             groups.append(group)
+        spec = self.config.speculative
+        drafter = NgramDrafter(groups, spec) if spec.enable and agent is None else None
+        sched = Scheduler(BlockManager(self.runner.num_blocks, self.config.block_size), self.config,
+                          turn_end=agent.ends_turn if agent is not None else None, drafter=drafter)
+        for group in groups:
             sched.add_group(group)
         gen = torch.Generator(device=self.runner.device)
         gen.manual_seed(params.seed if params.seed is not None else random.randrange(2**63))
@@ -266,6 +278,12 @@ class LLMEngine:
         self.stats.update(self.runner.timing)
         for key, value in call.sched.stats.items():
             self.stats[key] = max(self.stats[key], value) if key in _PEAK_KEYS else self.stats[key] + value
+        st = self.stats
+        if self.config.speculative.enable:  # 0 where nothing was drafted
+            st["spec_acceptance_rate"] = st["spec_accepted_tokens"] / max(1, st["spec_draft_tokens"])
+            st["spec_mean_acceptance_length"] = (st["spec_accepted_tokens"] / st["spec_drafted_seqs"] + 1
+                                                 if st["spec_drafted_seqs"] else 0.0)
+            st["spec_tokens_per_verify_step"] = st["spec_emitted_tokens"] / max(1, st["spec_verify_steps"])
 
     @staticmethod
     def _completion(seq: Sequence, agent) -> CompletionOutput:

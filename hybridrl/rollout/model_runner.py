@@ -27,6 +27,12 @@ Choices:
   can launch step t+1 — its input tokens gathered on the device from step t's samples — before it reads
   step t (async scheduling, engine.py). `step` = launch + read.
 - Copy-on-write block copies from the scheduler run as one indexed copy over all layers.
+- A verify step (speculative decoding, a batch with `drafts`) is a decode step with one row per query token: a
+  sequence with k drafts takes k + 1 rows (its last token, then each draft) at consecutive positions, each with
+  the context up to itself. Every row's K/V is stored before any row attends, so row j sees the drafts before it
+  and nothing after: the plain decode path (kernels and CUDA graph buckets) computes the causal multi-token step.
+  The cost is that a sequence's K/V is read once per row. spec_verify.verify_drafts accepts on the logits; the
+  step is read synchronously (a [B, k + 1] result, never launched ahead).
 """
 
 from __future__ import annotations
@@ -45,6 +51,7 @@ from hybridrl.rollout.attention import AttentionContext
 from hybridrl.rollout.config import EngineConfig
 from hybridrl.rollout.sampler import sample
 from hybridrl.rollout.scheduler import ScheduledBatch
+from hybridrl.rollout.spec_verify import verify_drafts
 
 
 @dataclass
@@ -183,7 +190,7 @@ class ModelRunner:
 
     @torch.no_grad()
     def _measure_activation_peak(self) -> int:
-        """Peak extra memory of a worst-case prefill step plus sampling max_num_seqs rows."""
+        """Peak extra memory of a worst-case prefill step plus sampling max_decode_rows rows."""
         torch.cuda.synchronize(self.device)
         base = torch.cuda.memory_allocated(self.device)
         torch.cuda.reset_peak_memory_stats(self.device)
@@ -197,7 +204,7 @@ class ModelRunner:
         ids = torch.zeros(T, dtype=torch.long, device=self.device)
         pos = torch.cat([torch.arange(n, device=self.device) for n in lens])
         h = self.model(ids, pos, ctx)
-        rows = min(self.config.max_num_seqs, 1024)
+        rows = min(self.config.max_decode_rows, 1024)
         logits = self.model.compute_logits(h[:1].expand(rows, -1).contiguous())
         ones = torch.ones(rows, device=self.device)
         sample(logits, ones, torch.full((rows,), 50, device=self.device), ones * 0.9)  # the sort path
@@ -234,7 +241,7 @@ class ModelRunner:
         tables: [rows, max blocks] int32, updated in place on the host only where a row changed.
         The host buffers are rewritten for step t+1 only after step t's tokens were read (a sync that
         follows the non_blocking copies in stream order), so a copy never reads a half-written buffer."""
-        rows = max(self.config.max_num_seqs, 1)
+        rows = self.config.max_decode_rows
         max_blocks = -(-self.config.max_model_len // self.config.block_size)
         pin = self.is_cuda
         blk, slot = self._scratch()
@@ -262,7 +269,7 @@ class ModelRunner:
     def _set_graph_buckets(self) -> None:
         """Set up the graph buckets; each is captured the first time a decode step needs it (`_capture`), so a
         wake costs only the buckets the rollout uses (a GRPO batch that decodes at full width uses a few)."""
-        max_bs = min(self.config.max_num_seqs, GRAPH_BATCH_SIZES[-1])
+        max_bs = min(self.config.max_decode_rows, GRAPH_BATCH_SIZES[-1])
         sizes = [s for s in GRAPH_BATCH_SIZES if s <= max_bs]
         if sizes[-1] < max_bs:
             sizes.append(max_bs)
@@ -316,15 +323,31 @@ class ModelRunner:
         last = t(np.cumsum(lens) - 1)
         return t(np.asarray(ids, dtype=np.int64)), t(np.concatenate(pos)), ctx, last
 
+    @staticmethod
+    def _verify_rows(batch: ScheduledBatch):
+        """A verify step's rows: (sequence, input token, context length) for its last token and each draft."""
+        seqs, toks, lens = [], [], []
+        for s, draft in zip(batch.seqs, batch.drafts):
+            n = len(s)
+            seqs += [s] * (len(draft) + 1)
+            toks += [s.token_ids[-1], *draft]
+            lens += range(n, n + len(draft) + 1)
+        return seqs, toks, lens
+
     def _decode_hidden(self, batch: ScheduledBatch, hs: _HostStepBuffers, feed):
-        seqs, bs = batch.seqs, self.config.block_size
+        bs = self.config.block_size
+        if batch.drafts is None:
+            seqs = batch.seqs
+            lens = [len(s) for s in seqs]
+            toks = None if feed is not None else [s.token_ids[-1] for s in seqs]
+        else:
+            seqs, toks, lens = self._verify_rows(batch)
         B = len(seqs)
         graph_bs = next((g for g in self.graph_sizes if g >= B), None)
         rows = graph_bs or B
         meta, tab = hs.meta.numpy(), hs.tables.numpy()
-        lens = [len(s) for s in seqs]
         if feed is None:
-            meta[0, :B] = [s.token_ids[-1] for s in seqs]
+            meta[0, :B] = toks
         else:  # the last token is a placeholder: row i's token is sample feed.rows[i] of the step before
             meta[4, :B] = feed.rows
         meta[1, :B] = pos = [n - 1 for n in lens]
@@ -366,7 +389,7 @@ class ModelRunner:
         if params is not None:
             key = (params.greedy, params.temperature, params.top_k, params.top_p)
             if self._param_cache is None or self._param_cache[0] != key:
-                rows = max(self.config.max_num_seqs, 1)
+                rows = self.config.max_decode_rows
                 dev = self.device
                 temp = torch.full((rows,), 0.0 if params.greedy else params.temperature, device=dev)
                 flags = (params.greedy, 0 < params.top_k < V, params.top_p < 1)
@@ -406,14 +429,24 @@ class ModelRunner:
         counts = [len(g) for g in batch.sample_groups]
         if any(c != 1 for c in counts):
             logits = logits.repeat_interleave(torch.tensor(counts, device=self.device), dim=0)
-        flat = [s for g in batch.sample_groups for s in g] if params is None else range(logits.shape[0])
+        if params is not None:
+            flat = range(logits.shape[0])
+        elif batch.drafts is not None:
+            flat = [s for s, d in zip(batch.seqs, batch.drafts) for _ in range(len(d) + 1)]
+        else:
+            flat = [s for g in batch.sample_groups for s in g]
         temp, top_k, top_p, flags = self._sampling_tensors(flat, params)
-        tokens, logprobs = sample(logits, temp, top_k, top_p, generator, flags=flags)
+        if batch.drafts is not None:
+            tokens, logprobs = verify_drafts(logits, batch.drafts, temp, top_k, top_p, generator, flags=flags)
+        else:
+            tokens, logprobs = sample(logits, temp, top_k, top_p, generator, flags=flags)
         n = tokens.shape[0]
         event = None
         # async scheduling reads step t after launching t+1: its samples must be copied out behind an event,
-        # since a plain .tolist() would wait for t+1 too (off = the measured sync path)
-        if self.config.async_scheduling and self.is_cuda and hs is not None and n <= hs.tokens.shape[0]:
+        # since a plain .tolist() would wait for t+1 too (off = the measured sync path); a verify step is read
+        # before anything else is launched
+        if self.config.async_scheduling and self.is_cuda and hs is not None and n <= hs.tokens.shape[0] \
+                and batch.drafts is None:
             hs.tokens[:n].copy_(tokens, non_blocking=True)
             hs.logprobs[:n].copy_(logprobs, non_blocking=True)
             event = torch.cuda.Event()

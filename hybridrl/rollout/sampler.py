@@ -37,24 +37,34 @@ def sample(logits_BV, temperature_B, top_k_B, top_p_B, generator=None, flags=Non
 
         return sample_plain(logits_BV, temperature_B, None if all_greedy else generator, all_greedy)
     logits_BV = logits_BV.float()
-    scaled = logits_BV / torch.where(greedy_B, 1.0, temperature_B)[:, None]
+    scaled = scale(logits_BV, temperature_B)
     logp_BV = torch.log_softmax(scaled, dim=-1)
     tokens = logits_BV.argmax(dim=-1)
     if not all_greedy:
-        filtered = scaled
-        if use_k or use_p:
-            vals, idx = scaled.sort(dim=-1, descending=True)
-            drop = torch.zeros_like(vals, dtype=torch.bool)
-            if use_k:
-                k = torch.where(top_k_B > 0, top_k_B, V)
-                drop |= torch.arange(V, device=vals.device)[None, :] >= k[:, None]
-            if use_p:
-                probs = vals.softmax(-1)
-                drop |= (probs.cumsum(-1) - probs) >= top_p_B[:, None]
-            vals = vals.masked_fill(drop, float("-inf"))
-            filtered = torch.full_like(scaled, float("-inf")).scatter(1, idx, vals)
-        probs = filtered.softmax(-1)
+        probs = truncate(scaled, top_k_B, top_p_B, use_k, use_p).softmax(-1)
         race = torch.empty_like(probs).exponential_(1.0, generator=generator)
         sampled = (probs / race).argmax(dim=-1)
         tokens = torch.where(greedy_B, tokens, sampled)
     return tokens, logp_BV.gather(1, tokens[:, None]).squeeze(1)
+
+
+def scale(logits_BV, temperature_B):
+    """fp32 logits / temperature (greedy rows, temperature <= 0, unscaled): what log-probs are taken over."""
+    return logits_BV.float() / torch.where(temperature_B <= 0, 1.0, temperature_B)[:, None]
+
+
+def truncate(scaled_BV, top_k_B, top_p_B, use_k: bool, use_p: bool):
+    """Scaled logits with the tokens top-k / top-p drop set to -inf: the softmax of this is what a row samples."""
+    if not (use_k or use_p):
+        return scaled_BV
+    V = scaled_BV.shape[-1]
+    vals, idx = scaled_BV.sort(dim=-1, descending=True)
+    drop = torch.zeros_like(vals, dtype=torch.bool)
+    if use_k:
+        k = torch.where(top_k_B > 0, top_k_B, V)
+        drop |= torch.arange(V, device=vals.device)[None, :] >= k[:, None]
+    if use_p:
+        probs = vals.softmax(-1)
+        drop |= (probs.cumsum(-1) - probs) >= top_p_B[:, None]
+    vals = vals.masked_fill(drop, float("-inf"))
+    return torch.full_like(scaled_BV, float("-inf")).scatter(1, idx, vals)

@@ -24,6 +24,14 @@ Choices (after nano-vllm, minus its asserts for user errors):
   scratch); `schedule` returns None when only paused sequences could make progress (the engine then waits for
   a tool). Samples of a lookahead step for a sequence that paused meanwhile are dropped like those of a
   finished one.
+- Speculative decoding (a `drafter` given, rollout/ngram_draft.py): a decode step with at most
+  `speculative.max_running_seqs` sequences asks the drafter for each one's draft, capped so that no token lands past
+  max_tokens or max_model_len and the step's rows (one per sequence plus one per draft token) stay within
+  `max_decode_rows` (EngineConfig), and reserves blocks for the draft positions (fewer drafts when the cache runs short: drafts never
+  preempt). With no draft at all the step is a plain decode. `postprocess` appends each sequence's emitted tokens
+  one by one with the stop/length rules of plain decoding (tokens after an end are dropped, counted in
+  `spec_discarded_tokens`) and trims the blocks of rejected positions. The lookahead is declined in that regime,
+  so verify steps are scheduled on real tokens.
 - Stats: `kv_blocks_peak` (physical blocks in use) and `kv_blocks_peak_unshared` (sum of the running
   sequences' block tables = what the same schedule needs without sharing).
 """
@@ -37,6 +45,10 @@ from hybridrl.rollout.block_manager import BlockManager
 from hybridrl.rollout.config import EngineConfig
 from hybridrl.rollout.sequence import PLACEHOLDER, SeqStatus, Sequence
 
+# speculative decoding's counters (engine.stats adds the rates derived from them)
+SPEC_COUNTERS = ("spec_verify_steps", "spec_draft_tokens", "spec_drafted_seqs", "spec_accepted_tokens",
+                 "spec_emitted_tokens", "spec_discarded_tokens")
+
 
 @dataclass
 class ScheduledBatch:
@@ -45,11 +57,13 @@ class ScheduledBatch:
     sample_groups: list[list[Sequence]]  # per row: the sequences that take a sample from its logits
     block_copies: list[tuple[int, int]] = field(default_factory=list)
     feed_rows: list[int] | None = None  # lookahead: row i's input token is sample feed_rows[i] of the step before
+    drafts: list[list[int]] | None = None  # a verify step: per sequence, the draft tokens checked after its last
 
 
 class Scheduler:
-    def __init__(self, block_manager: BlockManager, config: EngineConfig, turn_end=None):
-        """`config`: resolved (EngineConfig.for_model), so max_model_len and eos_token_ids are set."""
+    def __init__(self, block_manager: BlockManager, config: EngineConfig, turn_end=None, drafter=None):
+        """`config`: resolved (EngineConfig.for_model), so max_model_len and eos_token_ids are set; `drafter`:
+        speculative decoding's draft proposer (None: off)."""
         self.bm = block_manager
         self.config = config
         self.eos_token_ids = set(config.eos_token_ids)  # a set: postprocess tests every sampled token
@@ -58,9 +72,10 @@ class Scheduler:
         self.turn_end = turn_end  # (seq) -> bool: its last sampled token ends an assistant turn
         self.paused: set[Sequence] = set()
         self._newly_paused: list[Sequence] = []
+        self.drafter = drafter
         self.stats = {"num_preemptions": 0, "num_cow_copies": 0, "num_prefill_steps": 0, "num_decode_steps": 0,
                       "prefill_tokens_computed": 0, "kv_blocks_peak": 0, "kv_blocks_peak_unshared": 0,
-                      "num_lookahead_steps": 0, "num_lookahead_discarded": 0}
+                      "num_lookahead_steps": 0, "num_lookahead_discarded": 0, **dict.fromkeys(SPEC_COUNTERS, 0)}
 
     def add_group(self, seqs: list[Sequence]) -> None:
         if self.config.enable_prefix_sharing:
@@ -176,7 +191,29 @@ class Scheduler:
         self.running.extendleft(reversed(scheduled))
         self.stats["num_decode_steps"] += bool(scheduled)
         self.stats["num_cow_copies"] += len(copies)
-        return ScheduledBatch(False, scheduled, [[s] for s in scheduled], copies)
+        drafts = self._drafts(scheduled) if self._speculating() else None
+        return ScheduledBatch(False, scheduled, [[s] for s in scheduled], copies, drafts=drafts)
+
+    def _speculating(self) -> bool:
+        return self.drafter is not None and len(self.running) <= self.config.speculative.max_running_seqs
+
+    def _drafts(self, seqs: list[Sequence]) -> list[list[int]] | None:
+        """Each sequence's draft (capped by its max_tokens and max_model_len, the step's rows by max_decode_rows, its
+        positions by the free blocks); None when no sequence has one."""
+        c, rows, drafts = self.config, len(seqs), []
+        for seq in seqs:
+            k = min(c.speculative.num_draft_tokens, seq.params.max_tokens - seq.num_completion_tokens - 1,
+                    c.max_model_len - len(seq) - 1, c.max_decode_rows - rows)
+            draft = self.drafter.propose(seq, k) if k > 0 else []
+            draft = draft[:self.bm.grow(seq, len(draft))] if draft else draft
+            rows += len(draft)
+            drafts.append(draft)
+        if rows == len(seqs):
+            return None
+        self.stats["spec_verify_steps"] += 1
+        self.stats["spec_draft_tokens"] += rows - len(seqs)
+        self.stats["spec_drafted_seqs"] += sum(1 for d in drafts if d)
+        return drafts
 
     def schedule(self) -> ScheduledBatch | None:
         """The next step; None when nothing can run until a paused sequence resumes or finishes."""
@@ -211,7 +248,7 @@ class Scheduler:
 
     def schedule_lookahead(self, prev: ScheduledBatch) -> ScheduledBatch | None:
         """The decode step after `prev` (launched, not read yet), or None when it must wait for prev's tokens."""
-        if prev.is_prefill or self.waiting:
+        if prev.is_prefill or self.waiting or self._speculating():
             return None
         keep, rows, new_blocks = [], [], 0
         for i, seq in enumerate(prev.seqs):
@@ -241,11 +278,13 @@ class Scheduler:
         self.stats["kv_blocks_peak_unshared"] = max(self.stats["kv_blocks_peak_unshared"], unshared)
 
     # ------------------------------------------------------------------ results
-    def postprocess(self, batch: ScheduledBatch, token_ids: list[int], logprobs: list[float]) -> list[Sequence]:
-        """Append one sampled token per sequence (flattened over sample_groups); returns finished ones."""
-        finished, paused = [], False
+    def postprocess(self, batch: ScheduledBatch, token_ids: list, logprobs: list) -> list[Sequence]:
+        """Append the sampled tokens: one per sequence (flattened over sample_groups), or for a verify step a list
+        per sequence (its accepted drafts and one more, padded with -1). Returns the finished sequences."""
+        if batch.drafts is not None:
+            return self._postprocess_verify(batch, token_ids, logprobs)
+        finished, ended = [], False
         flat = [s for group in batch.sample_groups for s in group]
-        eos, max_len = self.eos_token_ids, self.config.max_model_len
         for seq, tok, lp in zip(flat, token_ids, logprobs, strict=True):
             if seq.status is not SeqStatus.RUNNING:  # ended or paused while this (lookahead) step was in flight
                 self.stats["num_lookahead_discarded"] += 1
@@ -257,22 +296,48 @@ class Scheduler:
                 seq.token_ids.append(tok)
                 seq.num_cached_tokens = len(seq.token_ids) - 1
             seq.logprobs.append(lp)
-            n = len(seq.token_ids)
-            p = seq.params
-            if self.turn_end is not None and self.turn_end(seq):
-                seq.status = SeqStatus.PAUSED
-                self.paused.add(seq)
-                self._newly_paused.append(seq)
-                paused = True
-                continue
-            if (not p.ignore_eos and tok in eos) or (p.stop_token_ids and tok in p.stop_token_ids):
-                seq.finish_reason = "stop"
-            elif n - seq.num_prompt_tokens >= p.max_tokens or n >= max_len:
-                seq.finish_reason = "length"
-            if seq.finish_reason is not None:
-                seq.status = SeqStatus.FINISHED
-                self.bm.free(seq)
-                finished.append(seq)
-        if finished or paused:  # one pass instead of a deque.remove (O(running)) per sequence
+            ended |= self._end_if_done(seq, tok, finished)
+        if ended:  # one pass instead of a deque.remove (O(running)) per sequence
             self.running = deque(s for s in self.running if s.status is SeqStatus.RUNNING)
         return finished
+
+    def _postprocess_verify(self, batch: ScheduledBatch, token_ids: list[list[int]],
+                            logprobs: list[list[float]]) -> list[Sequence]:
+        finished, ended = [], False
+        for seq, toks, lps, draft in zip(batch.seqs, token_ids, logprobs, batch.drafts, strict=True):
+            emitted = toks.index(-1) if -1 in toks else len(toks)
+            self.stats["spec_accepted_tokens"] += emitted - 1
+            self.stats["spec_emitted_tokens"] += emitted
+            for i in range(emitted):
+                seq.token_ids.append(toks[i])
+                seq.logprobs.append(lps[i])
+                if self._end_if_done(seq, toks[i], finished):
+                    self.stats["spec_discarded_tokens"] += emitted - 1 - i
+                    ended = True
+                    break
+            seq.num_cached_tokens = len(seq.token_ids) - 1
+            if seq.status is SeqStatus.RUNNING and draft:
+                self.bm.trim(seq)
+        if ended:
+            self.running = deque(s for s in self.running if s.status is SeqStatus.RUNNING)
+        return finished
+
+    def _end_if_done(self, seq: Sequence, tok: int, finished: list[Sequence]) -> bool:
+        """After `tok` was appended: pause the sequence at a turn end, or finish it on eos/stop or at max_tokens /
+        max_model_len (its blocks freed, appended to `finished`). True when it left `running`."""
+        n, p = len(seq.token_ids), seq.params
+        if self.turn_end is not None and self.turn_end(seq):
+            seq.status = SeqStatus.PAUSED
+            self.paused.add(seq)
+            self._newly_paused.append(seq)
+            return True
+        if (not p.ignore_eos and tok in self.eos_token_ids) or (p.stop_token_ids and tok in p.stop_token_ids):
+            seq.finish_reason = "stop"
+        elif n - seq.num_prompt_tokens >= p.max_tokens or n >= self.config.max_model_len:
+            seq.finish_reason = "length"
+        if seq.finish_reason is None:
+            return False
+        seq.status = SeqStatus.FINISHED
+        self.bm.free(seq)
+        finished.append(seq)
+        return True

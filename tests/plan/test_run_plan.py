@@ -68,6 +68,22 @@ def test_engine_config_takes_the_plans_sizes_and_the_sections_switches():
         True, 0.7, (7,), "torch.bfloat16")
 
 
+def test_speculative_threshold_comes_from_the_device_and_reaches_the_engine():
+    S = f"{R}.speculative"
+    on = [f"{S}.enable=true", f"{S}.num_draft_tokens=3"]
+    p = plan(on, device=DeviceSpec("cuda", "NVIDIA H200", int(139.8 * GiB)))
+    # H200: 989e12 FLOP/s / 4.8e12 B/s = 206 FLOP/byte; half of it in rows, 4 rows a sequence -> 25 sequences
+    assert p.engine_speculative.max_running_seqs == 25
+    c = p.engine_config(load_config(overrides=[*STEP, *on]).actor_rollout_ref.rollout)
+    assert c.speculative == p.engine_speculative and c.speculative.enable and c.speculative.num_draft_tokens == 3
+    assert "speculative.max_running_seqs = 25" in str(p) and "checks up to 3 draft tokens" in str(p)
+    assert plan([*on, f"{S}.max_running_seqs=7"]).engine_speculative.max_running_seqs == 7
+    off = plan()
+    assert not off.engine_speculative.enable and "speculative     off" in str(off)
+    with pytest.raises(ConfigError, match=r"speculative.max_match' = 1 must be >= .*min_match' = 2"):
+        load_config(overrides=[*STEP, f"{S}.max_match=1"])
+
+
 def test_auto_micro_batches_stay_within_token_target_and_memory():
     p = plan(["actor_rollout_ref.model.enable_gradient_checkpointing=true"])
     assert p.actor_micro == 32 and p.layout.grad_accum_steps == 16   # 16384 tokens / 512 per row, divides 512
