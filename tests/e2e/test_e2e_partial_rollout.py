@@ -1,0 +1,43 @@
+"""Partial rollouts end to end on 2 Ray CPU workers: GRPO with a 4-token budget per step on 12-token responses, so
+samples are carried over steps, groups train once complete with truncated IS, and the buffer is checkpointed."""
+
+import math
+
+import pytest
+import torch
+from test_e2e_runs import arith_dir, overrides, train_metrics  # noqa: F401 (arith_dir is a fixture)
+
+from hybridrl.config.loader import load_config
+from hybridrl.trainer.launch import run_ppo
+from hybridrl.trainer.partial_rollout import STATE_FILE
+
+pytestmark = pytest.mark.slow
+PR = "actor_rollout_ref.rollout.partial_rollout"
+
+
+def test_grpo_with_partial_rollouts(ray_local, tiny_model_dir, arith_dir, tmp_path):  # noqa: F811
+    cfg = load_config(overrides=overrides(
+        tiny_model_dir, arith_dir, tmp_path / "partial", f"{PR}.enable=true", f"{PR}.max_new_tokens_per_step=4",
+        f"{PR}.max_staleness=3", "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
+        "trainer.total_training_steps=4", "trainer.save_freq=4"))
+    history = run_ppo(cfg)["history"]
+    steps = [h for h in history if "partial/trained_groups" in h]
+    assert [h["training/global_step"] for h in steps] == [1, 2, 3, 4]
+    for h in steps:
+        for key in ("partial/carried_samples", "partial/carried_groups", "partial/dropped_stale",
+                    "partial/continued_samples", "timing_s/gen"):
+            assert key in h and math.isfinite(h[key]), key
+        assert h["partial/dropped_stale"] == 0  # (3 + 1) x 4 tokens >= 12: every sample finishes in time
+    assert steps[0]["partial/continued_samples"] == 0 and steps[0]["partial/carried_samples"] > 0
+    assert any(h["partial/continued_samples"] > 0 for h in steps[1:])
+    trained = train_metrics(history)
+    assert trained and sum(h["partial/trained_groups"] for h in steps) == 4 * len(trained)
+    assert all("actor/pg_loss" not in h for h in steps if h["partial/trained_groups"] == 0)
+    for h in trained:  # token-level TIS on by default, the step's staleness reported
+        for key in ("rollout_corr/rollout_is_mean", "partial/mean_staleness", "partial/off_policy_token_frac",
+                    "actor/grad_norm", "critic/score/mean"):
+            assert math.isfinite(h[key]), key
+    assert max(h["partial/off_policy_token_frac"] for h in trained) > 0
+    assert max(h["partial/mean_staleness"] for h in trained) > 0
+    state = torch.load(tmp_path / "partial" / "global_step_4" / STATE_FILE, weights_only=False)
+    assert len(state["groups"]) == steps[-1]["partial/carried_groups"]
