@@ -16,9 +16,9 @@ pytestmark = pytest.mark.slow
 PR = "actor_rollout_ref.rollout.partial_rollout"
 
 
-def run(tiny_model_dir, arith_dir, run_dir, *extra):
+def run(model_dir, data_dir, run_dir, *extra):
     return run_ppo(load_config(overrides=overrides(
-        tiny_model_dir, arith_dir, run_dir, "data.max_response_length=8", f"{PR}.enable=true",
+        model_dir, data_dir, run_dir, "data.max_response_length=8", f"{PR}.enable=true",
         f"{PR}.max_new_tokens_per_step=4", f"{PR}.max_staleness=1",
         "actor_rollout_ref.rollout.tensor_model_parallel_size=1", *extra)))["history"]
 

@@ -164,3 +164,22 @@ def test_requests_and_completions_through_the_engine():
     # greedy and unchanged weights: the same responses as one uninterrupted call
     whole = engine.generate([[10] * 3, [11] * 3], SamplingParams(n=2, temperature=0, max_tokens=R, ignore_eos=True))
     assert batch.batch["responses"].tolist() == [c.token_ids for o in whole for c in o.outputs]
+
+
+def test_resuming_with_partial_rollouts_off_drops_the_saved_groups_and_counts_them(tmp_path, capsys):
+    from types import SimpleNamespace
+
+    from hybridrl.trainer.ppo_trainer import RayPPOTrainer
+
+    buf = PartialRolloutBuffer(plan(budget=4), n=2)
+    run_step(buf, 1, ["a", "b"], {"a": [9, 1], "b": [6, 7]})
+    torch.save(buf.state_dict(), tmp_path / "partial_rollout.pt")
+    off = SimpleNamespace(partial=None, startup_metrics={})
+    RayPPOTrainer._load_partial_rollouts(off, tmp_path / "partial_rollout.pt")
+    assert off.startup_metrics == {"partial/dropped_on_resume": 2.0}
+    assert "the checkpoint's 2 carried prompt groups are dropped" in capsys.readouterr().out
+    on = SimpleNamespace(partial=PartialRolloutBuffer(plan(budget=4), n=2), startup_metrics={})
+    RayPPOTrainer._load_partial_rollouts(on, tmp_path / "partial_rollout.pt")
+    assert len(on.partial.groups) == 2 and on.startup_metrics == {}
+    RayPPOTrainer._load_partial_rollouts(on, tmp_path / "absent.pt")  # a checkpoint saved without partial rollouts
+    assert len(on.partial.groups) == 2
