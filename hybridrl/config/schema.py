@@ -39,6 +39,7 @@ NULL_DEFAULT_TYPES: dict[str, type | tuple[type, ...]] = {
     "actor_rollout_ref.rollout.multi_turn.max_assistant_turns": int,
     "actor_rollout_ref.rollout.multi_turn.max_user_turns": int,
     "actor_rollout_ref.rollout.multi_turn.max_tokens_per_turn": int,
+    "actor_rollout_ref.rollout.partial_rollout.max_new_tokens_per_step": int,
     "actor_rollout_ref.rollout.multi_turn.tool_config_path": str,
     "actor_rollout_ref.model.custom_chat_template": str,
     "actor_rollout_ref.rollout.multi_turn.interaction_config_path": str,

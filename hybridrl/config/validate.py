@@ -280,6 +280,7 @@ def check_semantics(cfg: DictConfig | dict) -> list[str]:
                                 for k in ("lora_rank", "lora_alpha", "target_modules")))
     _check_dapo(g, world // tp, errors, warnings)
     _check_speculative(g, errors, warnings)
+    _check_partial_rollout(g, errors, warnings)
     if adv in ("grpo", "rloo") and n == 1:
         warnings.append(f"'algorithm.adv_estimator' = {adv} with '{ROLLOUT}.n' = 1: every group has one sample, "
                         "so every advantage is 0 (set rollout.n > 1)")
@@ -348,6 +349,36 @@ def _check_dapo(g, rollout_dp: int, errors: list[str], warnings: list[str]) -> N
             errors.append(str(e))
     elif g(f"{rc}.rollout_rs_threshold") is not None:
         warnings.append(f"'{rc}.rollout_rs_threshold' is set but '{rc}.rollout_rs' is null: nothing is rejected")
+
+
+def _check_partial_rollout(g, errors: list[str], warnings: list[str]) -> None:
+    """Partial rollouts: a budget that can carry something, a staleness limit, and the features they cannot join."""
+    pr = f"{ROLLOUT}.partial_rollout"
+    if not g(f"{pr}.enable"):
+        return
+    budget, stale, length = g(f"{pr}.max_new_tokens_per_step"), g(f"{pr}.max_staleness"), g("data.max_response_length")
+    if budget is None or budget <= 0:
+        errors.append(f"'{pr}.max_new_tokens_per_step' = {budget}: partial rollouts need a positive per-step token "
+                      "budget")
+    elif budget >= length:
+        warnings.append(f"'{pr}.max_new_tokens_per_step' = {budget} >= data.max_response_length = {length}: no "
+                        "sample is ever carried, so partial rollouts change nothing")
+    if stale < 1:
+        errors.append(f"'{pr}.max_staleness' = {stale} must be >= 1 (0 would drop every carried group: set "
+                      f"'{pr}.enable' = false instead)")
+    elif budget is not None and 0 < budget < length and (stale + 1) * budget < length:
+        warnings.append(f"'{pr}.max_new_tokens_per_step' = {budget} with max_staleness = {stale}: a sample longer "
+                        f"than {(stale + 1) * budget} tokens (of data.max_response_length = {length}) can never "
+                        "finish in time, so its group is always dropped (counted: partial/dropped_stale)")
+    conflicts = {f"{ROLLOUT}.name": g(f"{ROLLOUT}.name") != "native",
+                 f"{ROLLOUT}.multi_turn.enable": bool(g(f"{ROLLOUT}.multi_turn.enable")),
+                 "algorithm.filter_groups.enable": bool(g("algorithm.filter_groups.enable")),
+                 "algorithm.adv_estimator": g("algorithm.adv_estimator") == "remax"}
+    for key, bad in conflicts.items():
+        if bad:
+            errors.append(f"'{pr}.enable' = true does not go with '{key}' = {g(key)} (partial rollouts need the "
+                          "native engine, single-turn samples, one generation batch a step and no greedy baseline "
+                          "rollout)")
 
 
 def _check_sp(sec: str, model_sec: str, sp: int, g, world: int, world_s: str, errors: list[str]) -> bool:

@@ -22,6 +22,7 @@ from hybridrl.config.layout import Layout, derive_layout
 from hybridrl.config.validate import ConfigError
 from hybridrl.plan.memory import GiB, MemoryModel, PhaseMemory, Residency
 from hybridrl.plan.model_shape import ModelShape
+from hybridrl.plan.partial_rollout import PartialRolloutPlan, plan_partial_rollout
 from hybridrl.rollout.config import EngineConfig, SpeculativeConfig
 from hybridrl.training.fsdp import AUTO_UNSHARD_MAX_FRACTION, resolve_dtype
 from hybridrl.training.lora import adapter_param_count
@@ -110,12 +111,15 @@ class RunPlan:
     engine_max_num_batched_tokens: int = 8192   # the engine's prefill budget: at least max_model_len
     engine_async_scheduling: bool = False       # rollout.async_scheduling resolved (auto: on on GPUs)
     engine_speculative: SpeculativeConfig = SpeculativeConfig()  # rollout.speculative, max_running_seqs resolved
+    partial_rollout: PartialRolloutPlan | None = None   # rollout.partial_rollout resolved; None: off
 
-    def kv_blocks_for(self, prompts: int, n: int) -> int:
-        """KV blocks one generate call of `prompts` x n needs on this engine (a hybrid engine allocates its KV per
-        call, so a validation batch larger than the training one does not inflate every training step)."""
+    def kv_blocks_for(self, prompts: int, n: int, continuations: int = 0) -> int:
+        """KV blocks one generate call of `prompts` x n (and `continuations` single samples: partial rollouts) needs
+        on this engine (a hybrid engine allocates its KV per call, so a validation batch larger than the training one
+        does not inflate every training step)."""
         prompt_len, response_len, block_size, sharing = self.kv_rule
-        need, _ = kv_need(prompts, n, prompt_len, response_len, block_size, sharing, self.engine_max_num_seqs)
+        need = sum(kv_need(p, k, prompt_len, response_len, block_size, sharing, self.engine_max_num_seqs)[0]
+                   for p, k in ((prompts, n), (continuations, 1)))
         return max(1, min(need, self.kv_blocks))
 
     def engine_config(self, rollout: DictConfig, eos_token_ids: tuple[int, ...] | None = None) -> EngineConfig:
@@ -153,6 +157,7 @@ class RunPlan:
                  + ("launched ahead (async scheduling)" if self.engine_async_scheduling else "one at a time")
                  + "; per step it logs the tail's share of its time and its bandwidth floor",
                  f"speculative     {_describe_speculative(self.engine_speculative)}",
+                 *([str(self.partial_rollout)] if self.partial_rollout is not None else []),
                  *(f"  auto: {c}" for c in self.choices)]
         if self.predicted:
             lines.append("predicted peak per GPU (GiB), by phase:")
@@ -464,6 +469,9 @@ def make_plan(config: DictConfig | dict, hf_config, device: DeviceSpec, val_prom
                      ref_log_prob_micro_batch_per_gpu=ref_micro,
                      grad_accum_steps=None if actor_micro is None else layout.ppo_mini_batch_per_gpu // actor_micro)
     spec = resolve_speculative(g(f"{rl}.speculative"), device, choices)
+    partial = plan_partial_rollout(g, layout.n, layout.train_batch_size,
+                                   [layout.train_dp] + ([world // g("critic.ulysses_sequence_parallel_size")] if gae
+                                                        else []), choices)
     parallel = Parallelism(actor_fsdp=res.shard, actor_sp=layout.ulysses_sp, rollout_tp=layout.rollout_tp,
                            critic_fsdp=res.critic_shard, critic_sp=g("critic.ulysses_sequence_parallel_size"),
                            reward_fsdp=res.rm_shard)
@@ -490,7 +498,8 @@ def make_plan(config: DictConfig | dict, hf_config, device: DeviceSpec, val_prom
                                                                 g("critic.ulysses_sequence_parallel_size")),
                    engine_max_num_batched_tokens=max(g(f"{rl}.max_num_batched_tokens"), S),
                    engine_async_scheduling=(not cpu) if _auto(g(f"{rl}.async_scheduling"))
-                   else bool(g(f"{rl}.async_scheduling")), engine_speculative=spec)
+                   else bool(g(f"{rl}.async_scheduling")), engine_speculative=spec,
+                   partial_rollout=partial)
 
 
 def resolve_speculative(section, device: DeviceSpec, choices: list[str],

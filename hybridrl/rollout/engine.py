@@ -48,6 +48,11 @@ Choices:
   `spec_verify_steps`, `spec_draft_tokens`, `spec_accepted_tokens`, `spec_drafted_seqs`, `spec_emitted_tokens`,
   `spec_discarded_tokens` (emitted past a stop or length end) and derives `spec_acceptance_rate`,
   `spec_mean_acceptance_length` (tokens emitted per drafted sequence and step) and `spec_tokens_per_verify_step`.
+- Partial rollouts: `SamplingParams.token_budget` stops a sequence after that many new tokens in the call
+  (finish_reason BUDGET, reported like a finished one); `generate(..., continuations=...)` goes on from such samples:
+  each is prefilled whole (prompt + its earlier tokens; the KV of the earlier call did not survive it, and the
+  weights may have changed since) and decodes on from there, so with unchanged weights and greedy sampling the
+  tokens are those of an uninterrupted call.
 """
 
 from __future__ import annotations
@@ -65,7 +70,7 @@ from hybridrl.rollout.block_manager import BlockManager
 from hybridrl.rollout.config import EngineConfig
 from hybridrl.rollout.model_runner import ModelRunner, StepHandle, TokenFeed
 from hybridrl.rollout.ngram_draft import NgramDrafter
-from hybridrl.rollout.sampling_params import CompletionOutput, RequestOutput, SamplingParams
+from hybridrl.rollout.sampling_params import CompletionOutput, Continuation, RequestOutput, SamplingParams
 from hybridrl.rollout.scheduler import SPEC_COUNTERS, ScheduledBatch, Scheduler
 from hybridrl.rollout.sequence import Sequence
 
@@ -167,29 +172,52 @@ class LLMEngine:
                 raise ValueError(f"prompt {i} has token ids outside [0, vocab_size={V})")
 
     def generate(self, prompt_token_ids: list[list[int]], sampling_params: SamplingParams,
-                 agent=None) -> list[RequestOutput]:
-        """Generate `sampling_params.n` samples per prompt; with `agent`, multi-turn (see the module docstring)."""
+                 agent=None, continuations: list[Continuation] = ()) -> list[RequestOutput]:
+        """Generate `sampling_params.n` samples per prompt; with `agent`, multi-turn (see the module docstring).
+        `continuations` (partial rollouts): samples of earlier calls to go on from, one sample each, returned after
+        the prompts' outputs with their earlier tokens and log-probs included."""
         self._validate(prompt_token_ids, sampling_params)
+        self._validate_continuations(continuations, sampling_params, agent)
         self._check_loaded()
         self.reset_stats()
         if self.runner.kv is None:
             self.wake_up(("kv_cache",))
-        call = self._start(prompt_token_ids, sampling_params, agent)
+        call = self._start(prompt_token_ids, sampling_params, agent, continuations)
         ahead = None
         while ahead is not None or not call.sched.is_finished():
             ahead = self._step(call, ahead)
         self._record_stats(call)
-        return [RequestOutput(rid, list(prompt_token_ids[rid]), [self._completion(s, agent) for s in group])
+        prompts = [*prompt_token_ids, *(c.prompt_token_ids for c in continuations)]
+        return [RequestOutput(rid, list(prompts[rid]), [self._completion(s, agent) for s in group])
                 for rid, group in enumerate(call.groups)]
 
-    def _start(self, prompts: list[list[int]], params: SamplingParams, agent) -> _Call:
-        """A call's scheduler over the whole KV cache with every prompt's samples queued, and its seeded generator."""
+    def _validate_continuations(self, continuations: list[Continuation], params: SamplingParams, agent) -> None:
+        if continuations and agent is not None:
+            raise ValueError("generate: continuations (partial rollouts) do not go with a multi-turn agent")
+        self._validate([c.prompt_token_ids for c in continuations], params)
+        for i, c in enumerate(continuations):
+            if len(c.logprobs) != len(c.token_ids):
+                raise ValueError(f"continuation {i} has {len(c.token_ids)} tokens but {len(c.logprobs)} log-probs")
+            if len(c.token_ids) >= params.max_tokens or len(c.prompt_token_ids) + len(c.token_ids) >= \
+                    self.config.max_model_len:
+                raise ValueError(f"continuation {i} has {len(c.token_ids)} tokens after a prompt of "
+                                 f"{len(c.prompt_token_ids)}: it must leave room for one more (max_tokens="
+                                 f"{params.max_tokens}, max_model_len={self.config.max_model_len})")
+            if c.token_ids and (min(c.token_ids) < 0 or max(c.token_ids) >= self.hf_config.vocab_size):
+                raise ValueError(f"continuation {i} has token ids outside [0, vocab_size={self.hf_config.vocab_size})")
+
+    def _start(self, prompts: list[list[int]], params: SamplingParams, agent,
+               continuations: list[Continuation] = ()) -> _Call:
+        """A call's scheduler over the whole KV cache with every prompt's samples and every continuation queued, and
+        its seeded generator. A continuation is its own group: its tokens differ from its siblings'."""
         groups = []
         for rid, prompt in enumerate(prompts):
             group = [Sequence(prompt, params, rid, j) for j in range(params.n)]
             for s in group:
                 s.group_id = group[0].seq_id
             groups.append(group)
+        for rid, c in enumerate(continuations, start=len(prompts)):
+            groups.append([Sequence(c.prompt_token_ids, params, rid, 0, carried=(c.token_ids, c.logprobs))])
         spec = self.config.speculative
         drafter = NgramDrafter(groups, spec) if spec.enable and agent is None else None
         sched = Scheduler(BlockManager(self.runner.num_blocks, self.config.block_size), self.config,
@@ -198,7 +226,8 @@ class LLMEngine:
             sched.add_group(group)
         gen = torch.Generator(device=self.runner.device)
         gen.manual_seed(params.seed if params.seed is not None else random.randrange(2**63))
-        return _Call(sched, params, gen, groups, _TailClock(len(prompts) * params.n, self.runner.decode_step_floor_s),
+        return _Call(sched, params, gen, groups,
+                     _TailClock(sum(map(len, groups)), self.runner.decode_step_floor_s),
                      agent)
 
     def _step(self, call: _Call, ahead: _Launched | None) -> _Launched | None:
@@ -273,7 +302,8 @@ class LLMEngine:
         """Fold a finished call's scheduler, runner and clock counters into `stats`."""
         self.stats.update(call.tail.stats())
         self.stats["schedule_s"] += call.host_s
-        self.stats["generated_tokens"] += sum(s.num_completion_tokens for group in call.groups for s in group)
+        self.stats["generated_tokens"] += sum(s.num_completion_tokens - s.num_carried_tokens
+                                              for group in call.groups for s in group)
         self.stats["cuda_graph_capture_s"] = self.runner.last_capture_s  # graphs are captured on first use
         self.stats.update(self.runner.timing)
         for key, value in call.sched.stats.items():

@@ -3,6 +3,9 @@
 Choices: greedy is `temperature == 0` (or `do_sample=False`, verl's switch); `top_k=-1` / `top_p=1.0`
 mean off; `seed` seeds one torch.Generator per `generate` call, so the same seed with the same batch
 gives the same outputs. Invalid values raise ValueError naming the field, the value and the rule.
+Partial rollouts: `token_budget` caps the tokens a sequence samples in one `generate` call; one that reaches it
+unfinished ends the call with finish_reason BUDGET, and a later call may go on from it (a `Continuation`: the
+prompt, the tokens so far and their log-probs; `max_tokens` counts those tokens too).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ class SamplingParams:
     stop_token_ids: list[int] = field(default_factory=list)
     logprobs: int | None = 0  # log-prob of each sampled token is always returned; kept for vLLM parity
     seed: int | None = None
+    token_budget: int | None = None  # new tokens per sequence in this call at most (partial rollouts); None = off
 
     def __post_init__(self):
         rules = [
@@ -30,6 +34,8 @@ class SamplingParams:
             ("top_p", self.top_p, 0 < self.top_p <= 1, "must be in (0, 1]"),
             ("top_k", self.top_k, self.top_k == -1 or self.top_k >= 1, "must be -1 (off) or >= 1"),
             ("max_tokens", self.max_tokens, self.max_tokens >= 1, "must be >= 1"),
+            ("token_budget", self.token_budget, self.token_budget is None or self.token_budget >= 1,
+             "must be None (off) or >= 1"),
         ]
         for name, value, ok, rule in rules:
             if not ok:
@@ -41,12 +47,23 @@ class SamplingParams:
         return self.temperature == 0 or not self.do_sample
 
 
+BUDGET = "budget"  # finish_reason of a sequence stopped unfinished by SamplingParams.token_budget
+
+
+@dataclass
+class Continuation:
+    """A sample to go on from: its prompt, the tokens sampled so far and their log-probs (partial rollouts)."""
+    prompt_token_ids: list[int]
+    token_ids: list[int]
+    logprobs: list[float]
+
+
 @dataclass
 class CompletionOutput:
     index: int
     token_ids: list[int]
     logprobs: list[float]
-    finish_reason: str  # "stop" (eos / stop token) or "length" (max_tokens / max_model_len)
+    finish_reason: str  # "stop" (eos / stop token), "length" (max_tokens / max_model_len) or BUDGET (unfinished)
     response_mask: list[int] | None = None  # multi-turn: 1 = sampled by the model, 0 = appended (tool messages)
     turn_stats: dict | None = None  # multi-turn: the agent's per-trajectory counts (turns, tool calls, ...)
 

@@ -16,6 +16,8 @@ Choices (after nano-vllm, minus its asserts for user errors):
   waits for admission or a new block is not free: admission and preemption decide on real tokens. A
   sequence that ends by eos/stop token in the step still in flight gets one wasted sample in the
   lookahead step; `postprocess` drops it (`num_lookahead_discarded`).
+- A sequence that reaches its call's token budget (partial rollouts) ends like a finished one, with
+  finish_reason BUDGET; an eos or the length limit in the same token wins (the sample is then complete).
 - Multi-turn (`turn_end` given): a sampled token that ends an assistant turn (the predicate decides) pauses the
   sequence instead of finishing it: it leaves `running` with its KV blocks and is reported by `take_paused`. The
   engine later calls `resume` (tokens appended; the sequence goes to the FRONT of the queue, since it holds blocks,
@@ -43,6 +45,7 @@ from dataclasses import dataclass, field
 
 from hybridrl.rollout.block_manager import BlockManager
 from hybridrl.rollout.config import EngineConfig
+from hybridrl.rollout.sampling_params import BUDGET
 from hybridrl.rollout.sequence import PLACEHOLDER, SeqStatus, Sequence
 
 # speculative decoding's counters (engine.stats adds the rates derived from them)
@@ -254,7 +257,7 @@ class Scheduler:
         for i, seq in enumerate(prev.seqs):
             n = len(seq) + 1  # its length once prev's sample is in
             if seq.status is not SeqStatus.RUNNING or n - seq.num_prompt_tokens >= seq.params.max_tokens \
-                    or n >= self.config.max_model_len:
+                    or n >= self.config.max_model_len or seq.out_of_budget(n):
                 continue
             keep.append(seq)
             rows.append(i)
@@ -335,6 +338,8 @@ class Scheduler:
             seq.finish_reason = "stop"
         elif n - seq.num_prompt_tokens >= p.max_tokens or n >= self.config.max_model_len:
             seq.finish_reason = "length"
+        elif seq.out_of_budget(n):  # unfinished: the caller may continue it (partial rollouts)
+            seq.finish_reason = BUDGET
         if seq.finish_reason is None:
             return False
         seq.status = SeqStatus.FINISHED

@@ -8,6 +8,8 @@ PLACEHOLDER, standing for the sample of a step still in flight (async scheduling
 Multi-turn: a sequence is PAUSED (its KV blocks kept) while the tools of its ended turn run; `inject` appends the
 tokens that did not come from the model (tool messages and the template around them) with log-prob 0, recording
 their span in `injected`, and the next turn starts at `turn_start`. `agent_state` belongs to the turn agent.
+Partial rollouts: a sequence may start with tokens sampled in an earlier call (`carried`: completion tokens and
+their log-probs, prefilled with the prompt); `budget_end` is the length at which this call's `token_budget` stops it.
 """
 
 from __future__ import annotations
@@ -30,10 +32,13 @@ class SeqStatus(enum.Enum):
 
 class Sequence:
     def __init__(self, prompt_token_ids: list[int], params: SamplingParams, request_id: int = 0,
-                 sample_index: int = 0, group_id: int | None = None):
+                 sample_index: int = 0, group_id: int | None = None,
+                 carried: tuple[list[int], list[float]] = ((), ())):
         self.seq_id = next(_ids)
         self.token_ids = list(prompt_token_ids)
         self.num_prompt_tokens = len(self.token_ids)
+        self.token_ids.extend(carried[0])
+        self.num_carried_tokens = len(carried[0])  # sampled in earlier calls
         self.params = params
         self.request_id = request_id
         self.sample_index = sample_index
@@ -41,12 +46,17 @@ class Sequence:
         self.block_table: list[int] = []
         self.num_cached_tokens = 0
         self.status = SeqStatus.WAITING
-        self.logprobs: list[float] = []
+        self.logprobs: list[float] = list(carried[1])
+        self.budget_end = None if params.token_budget is None else len(self.token_ids) + params.token_budget
         self.finish_reason: str | None = None
         self.pending = False
         self.turn_start = self.num_prompt_tokens  # where the current assistant turn's tokens begin
         self.injected: list[tuple[int, int]] = []  # completion-relative [start, end) spans not sampled by the model
         self.agent_state = None
+
+    def out_of_budget(self, length: int) -> bool:
+        """Whether this call's token budget stops the sequence once it holds `length` tokens."""
+        return self.budget_end is not None and length >= self.budget_end
 
     def __len__(self) -> int:
         return len(self.token_ids)

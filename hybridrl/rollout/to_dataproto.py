@@ -8,6 +8,10 @@ Multi-turn samples (a `response_mask` on the completion): the tool messages stay
 attention mask (the trainer's forward sees the whole trajectory) but `response_mask` is 0 on them (no loss,
 advantage or KL there) and so are their `rollout_log_probs`; each sample's `turn_stats` go to the non-tensor
 batch: verl's `__num_turns__` and `tool_call_counts`, and the full counts in `multi_turn_stats`.
+Partial rollouts (trainer/partial_rollout.py) send one row per sample with the tokens it carries (`CARRIED_KEYS`,
+empty for a fresh sample): `sample_requests` makes the engine's requests of them — n adjacent fresh rows of one
+uid are one prompt's n samples (sharing its KV), every other row a continuation — and `completions_to_dataproto`
+returns each row's whole completion so far (carried and new tokens, log-probs, finish reason) in row order.
 """
 
 from __future__ import annotations
@@ -16,7 +20,9 @@ import numpy as np
 import torch
 
 from hybridrl.protocol import DataProto
-from hybridrl.rollout.sampling_params import RequestOutput
+from hybridrl.rollout.sampling_params import CompletionOutput, Continuation, RequestOutput
+
+CARRIED_KEYS = ("carried_ids", "carried_log_probs")   # a partial rollout's sample rows: tokens so far, log-probs
 
 
 def outputs_to_dataproto(prompts: DataProto, outputs: list[RequestOutput], *, response_length: int,
@@ -65,3 +71,39 @@ def outputs_to_dataproto(prompts: DataProto, outputs: list[RequestOutput], *, re
         others["tool_call_counts"] = np.array([s.get("tool_calls", 0) for s in stats], dtype=np.int64)
         others["multi_turn_stats"] = np.array(stats, dtype=object)
     return DataProto.from_dict(tensors, others, dict(data.meta_info))
+
+
+def sample_requests(prompts: list[list[int]], samples: DataProto, n: int
+                    ) -> tuple[list[list[int]], list[Continuation], list[int]]:
+    """(the fresh prompts, the continuations, each request's first row) of sample rows whose unpadded prompts are
+    `prompts`. A fresh group cut by the dispatch (fewer than n adjacent rows) becomes continuations without
+    tokens: the same samples, only without the shared prompt KV."""
+    ids, log_probs = (samples.non_tensor_batch[k] for k in CARRIED_KEYS)
+    uids = samples.non_tensor_batch["uid"]
+    fresh, conts, fresh_rows, cont_rows = [], [], [], []
+    i = 0
+    while i < len(samples):
+        group = range(i, i + n)
+        if i + n <= len(samples) and all(len(ids[j]) == 0 and uids[j] == uids[i] for j in group):
+            fresh.append(prompts[i])
+            fresh_rows.append(i)
+            i += n
+            continue
+        conts.append(Continuation(prompts[i], list(ids[i]), list(log_probs[i])))
+        cont_rows.append(i)
+        i += 1
+    return fresh, conts, fresh_rows + cont_rows
+
+
+def completions_to_dataproto(outputs: list[RequestOutput], first_rows: list[int], num_rows: int) -> DataProto:
+    """Each sample row's completion (`token_ids`, `log_probs`, `finish_reason`, non-tensor), in row order:
+    request r's samples fill the rows from first_rows[r] on."""
+    by_row: list[CompletionOutput | None] = [None] * num_rows
+    for out, row in zip(outputs, first_rows, strict=True):
+        for j, c in enumerate(out.outputs):
+            by_row[row + j] = c
+    if any(c is None for c in by_row):
+        raise ValueError(f"completions_to_dataproto: {by_row.count(None)} of {num_rows} rows got no completion")
+    return DataProto.from_dict(non_tensors={"token_ids": [c.token_ids for c in by_row],
+                                            "log_probs": [c.logprobs for c in by_row],
+                                            "finish_reason": [c.finish_reason for c in by_row]})

@@ -8,6 +8,8 @@ With `algorithm.filter_groups` (DAPO's dynamic sampling) gen → reward repeats 
 until enough prompt groups with signal are collected (with KL in the reward, old_log_prob → ref too, per batch,
 as verl). `algorithm.rollout_correction` weighs (and optionally rejects) tokens by the rollout-vs-trainer
 probability ratio in adv, from the old log-probs, or inside the update when there is no old-log-prob pass.
+With partial rollouts (trainer/partial_rollout.py) gen continues the groups in flight and the step trains the
+groups it completed — none in a step that completed none, which then only generates.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from omegaconf import DictConfig
 from hybridrl.algorithms import agg_loss, apply_kl_penalty, compute_advantage, get_kl_controller
 from hybridrl.algorithms.rollout_correction import apply_rollout_correction
 from hybridrl.data.rl_dataset import collate_fn
+from hybridrl.plan.partial_rollout import rollout_correction
 from hybridrl.protocol import DataProto
 from hybridrl.rewards.error_guard import RewardErrorGuard
 from hybridrl.seeding import derive_seed, shuffle_seed, step_sampling_seed, validation_sampling_seed
@@ -41,6 +44,8 @@ from hybridrl.trainer.metrics import (
     process_validation_metrics,
     reduce_metrics,
 )
+from hybridrl.trainer.partial_rollout import STATE_FILE as PARTIAL_STATE_FILE
+from hybridrl.trainer.partial_rollout import PartialRolloutBuffer
 from hybridrl.trainer.resume_check import check_resume_config, save_resolved_config
 from hybridrl.trainer.reward_phase import RM_COUNTS, compute_reward
 from hybridrl.trainer.timer import marked_timer
@@ -138,6 +143,10 @@ class RayPPOTrainer:
         self.history: list[dict] = []
         rm = config.reward_model
         self.reward_guard = RewardErrorGuard(rm.max_error_fraction, int(rm.error_window_steps))
+        partial = plan.partial_rollout if plan is not None else None
+        # partial rollouts (the plan's): the groups in flight across steps, and the IS level their update uses
+        self.partial = PartialRolloutBuffer(partial, int(config.actor_rollout_ref.rollout.n)) if partial else None
+        self.rollout_correction = rollout_correction(config.algorithm.rollout_correction, partial)
 
     def _total_steps(self) -> int:
         t = self.config.trainer
@@ -218,6 +227,8 @@ class RayPPOTrainer:
             state = {"global_step": step, "dataloader": self.train_loader.state_dict(),
                      "kl_coef": self.kl_ctrl.value if self.kl_ctrl else None}
             (tmp / "trainer_state.json").write_text(json.dumps(state))
+            if self.partial is not None:  # the groups in flight: a resumed run continues them
+                torch.save(self.partial.state_dict(), tmp / PARTIAL_STATE_FILE)
             save_resolved_config(tmp, self.config)  # compared with the config of a run that resumes from it
 
         self.ckpt.save(step, write)
@@ -238,14 +249,29 @@ class RayPPOTrainer:
             self.kl_ctrl.value = state["kl_coef"]
         self.global_steps = int(state["global_step"])
         print(f"[hybridrl] resumed from {path} at step {self.global_steps}")
+        self._load_partial_rollouts(path / PARTIAL_STATE_FILE)
         return self.global_steps
+
+    def _load_partial_rollouts(self, file: Path) -> None:
+        """The checkpoint's groups in flight; with partial rollouts now off they are dropped, counted in the first
+        step's partial/dropped_on_resume and said at once."""
+        if not file.is_file():
+            return
+        state = torch.load(file, map_location="cpu", weights_only=False)  # this run's own file (as the RNG states)
+        if self.partial is not None:
+            self.partial.load_state_dict(state)
+            return
+        dropped = len(state["groups"])
+        self.startup_metrics["partial/dropped_on_resume"] = float(dropped)
+        print(f"[hybridrl] partial rollouts are off: the checkpoint's {dropped} carried prompt groups are dropped")
 
     # ------------------------------------------------------------------ one step
     def _rollout_and_score(self, batch: DataProto, gen_index: int, balance: bool, metrics: dict, timing: dict,
                            absorb) -> tuple[DataProto, dict]:
         """One generation batch: rollout (and remax's greedy baseline), scores and token_level_rewards. With KL in
         the reward the old and reference log-probs come first (dynamic sampling's seq_final_reward needs the
-        penalised rewards before it filters, as in verl). Returns (batch, the reward manager's result)."""
+        penalised rewards before it filters, as in verl). Returns (batch, the reward manager's result); with partial
+        rollouts the batch is the groups completed by this step, (None, {}) when none is."""
         cfg = self.config
         n = int(cfg.actor_rollout_ref.rollout.n)
         assign_uids(batch)
@@ -254,19 +280,24 @@ class RayPPOTrainer:
         # what the original did
         seed = step_sampling_seed(int(cfg.trainer.seed), cfg.actor_rollout_ref.rollout.seed, self.global_steps)
         gen.meta_info = {**self._meta(), "seed": seed if gen_index == 0 else derive_seed(seed, gen_index)}
-        with marked_timer("gen", timing):
-            out = self.actor_rollout_wg.generate_sequences(gen)
-            absorb(out)
-        if cfg.algorithm.adv_estimator == "remax":
-            with marked_timer("gen_max", timing):
-                gen.meta_info.update({"do_sample": False, "n": 1})
-                base = self.actor_rollout_wg.generate_sequences(gen)
-                base.meta_info.pop("metrics", None)
-                base_batch = batch.select(batch_keys=[], non_tensor_batch_keys=list(batch.non_tensor_batch))
-                base_batch.union(base)
-                baseline = compute_reward(base_batch, self.reward_fn, self.reward_model)[0]["reward_tensor"].sum(-1)
-                batch.batch["reward_baselines"] = baseline
-        batch = attach_rollout(batch, out, n)
+        if self.partial is not None:
+            batch = self._partial_rollout(batch, gen.meta_info, metrics, timing, absorb)
+            if batch is None:
+                return None, {}
+        else:
+            with marked_timer("gen", timing):
+                out = self.actor_rollout_wg.generate_sequences(gen)
+                absorb(out)
+            if cfg.algorithm.adv_estimator == "remax":
+                with marked_timer("gen_max", timing):
+                    gen.meta_info.update({"do_sample": False, "n": 1})
+                    base = self.actor_rollout_wg.generate_sequences(gen)
+                    base.meta_info.pop("metrics", None)
+                    base_batch = batch.select(batch_keys=[], non_tensor_batch_keys=list(batch.non_tensor_batch))
+                    base_batch.union(base)
+                    baseline = compute_reward(base_batch, self.reward_fn, self.reward_model)[0]["reward_tensor"]
+                    batch.batch["reward_baselines"] = baseline.sum(-1)
+            batch = attach_rollout(batch, out, n)
         if balance:
             self._balance(batch, metrics)
         with marked_timer("reward", timing):
@@ -283,6 +314,21 @@ class RayPPOTrainer:
         else:
             batch.batch["token_level_rewards"] = batch.batch["token_level_scores"]
         return batch, result
+
+    def _partial_rollout(self, batch: DataProto, meta: dict, metrics: dict, timing: dict, absorb) -> DataProto | None:
+        """Partial rollouts: the new prompts join the groups in flight, every unfinished sample generates up to the
+        step's token budget, and the complete groups this step trains on come back (None: none is complete)."""
+        self.partial.add_prompts(batch, self.global_steps)
+        requests = self.partial.requests()
+        requests.meta_info = meta
+        with marked_timer("gen", timing):
+            out = self.actor_rollout_wg.continue_sequences(requests)
+            absorb(out)
+        self.partial.absorb(out, self.global_steps)
+        response_length = int(self.config.actor_rollout_ref.rollout.response_length)
+        trained, partial_metrics = self.partial.take(self.global_steps, response_length, int(meta["pad_token_id"] or 0))
+        metrics.update(partial_metrics)
+        return trained
 
     def _balance(self, batch: DataProto, metrics: dict) -> None:
         # balanced over the actor's data-parallel ranks (Ulysses SP groups share their rows)
@@ -303,10 +349,11 @@ class RayPPOTrainer:
                 batch.union(ref)
         return batch
 
-    def _collect_batch(self, batch: DataProto, more_batches, metrics: dict, timing: dict, absorb) -> DataProto:
+    def _collect_batch(self, batch: DataProto, more_batches, metrics: dict, timing: dict, absorb) -> DataProto | None:
         """The step's scored batch: one generation batch, or with algorithm.filter_groups as many as it takes to
-        collect train_batch_size prompt groups with signal (trainer/dynamic_sampling.py). Reward counts are summed
-        over every generated sample, and the reward-failure guard sees them before any update."""
+        collect train_batch_size prompt groups with signal (trainer/dynamic_sampling.py); with partial rollouts the
+        groups completed by this step (None when none is). Reward counts are summed over every scored sample, and
+        the reward-failure guard sees them before any update."""
         cfg = self.config
         fg = cfg.algorithm.filter_groups
         collector = None
@@ -319,6 +366,8 @@ class RayPPOTrainer:
             # balancing reorders rows: with filtering it waits for the trimmed batch (groups must stay adjacent)
             part, result = self._rollout_and_score(batch, gen_index, balance and collector is None, metrics,
                                                    timing, absorb)
+            if part is None:  # partial rollouts: no group is complete yet, nothing to train this step
+                return None
             reward_metrics.append(result.get("metrics", {}))
             if collector is None:
                 break
@@ -336,10 +385,50 @@ class RayPPOTrainer:
         metrics["reward/failed_fraction"] = self.reward_guard.check(self.global_steps, metrics)
         return part
 
-    def train_step(self, batch: DataProto, more_batches: Iterator[DataProto] | None = None) -> dict:
-        """One PPO/GRPO step on `batch`; dynamic sampling draws further generation batches from `more_batches`."""
+    def _train_on(self, batch: DataProto, metrics: dict, timing: dict, absorb) -> DataProto:
+        """The step's phases after the rollout and rewards: old and reference log-probs, values, advantages (with
+        the rollout correction), the critic's and the actor's updates. Returns the batch as trained on."""
         cfg = self.config
         n = int(cfg.actor_rollout_ref.rollout.n)
+        rc = self.rollout_correction
+        batch.meta_info["global_token_num"] = batch.batch["attention_mask"].sum(-1).tolist()
+        batch.meta_info["shuffle_seed"] = shuffle_seed(int(cfg.trainer.seed), self.global_steps)
+        if not cfg.algorithm.use_kl_in_reward:
+            batch = self._old_and_ref_log_probs(batch, timing, absorb)
+        entropys = batch.batch.pop("entropys", None)
+        if entropys is not None:
+            metrics["actor/entropy"] = agg_loss(entropys, batch.batch["response_mask"], "token-mean").item()
+        if self.use_critic:
+            with marked_timer("values", timing):
+                values = self.critic_wg.compute_values(batch)
+                absorb(values)
+                batch.union(values)
+        with marked_timer("adv", timing):
+            if "old_log_probs" in batch.batch and "rollout_log_probs" in batch.batch:
+                metrics.update(rollout_probs_diff(batch))
+                # IS weights and rejection (verl's decoupled mode) change the batch before the advantages
+                metrics.update(apply_rollout_correction(batch, rc))
+            elif rc.rollout_is is not None:  # no old-log-prob pass: the actor weighs with its own log-probs
+                batch.meta_info["rollout_is"] = {"level": rc.rollout_is, "threshold": float(rc.rollout_is_threshold)}
+            batch = compute_advantage(batch, cfg.algorithm.adv_estimator, gamma=float(cfg.algorithm.gamma),
+                                      lam=float(cfg.algorithm.lam), num_repeat=n,
+                                      norm_adv_by_std_in_grpo=bool(cfg.algorithm.norm_adv_by_std_in_grpo))
+        if self.use_critic:
+            with marked_timer("update_critic", timing):
+                absorb(self.critic_wg.update_critic(batch))
+        if self.global_steps >= int(cfg.trainer.critic_warmup):
+            with marked_timer("update_actor", timing):
+                out = self.actor_rollout_wg.update_actor(batch)
+                absorb(out)
+            if "old_log_probs" in out.batch and "rollout_log_probs" in batch.batch:
+                # no old-log-prob pass: the update's own log-probs give the same metrics over the whole batch
+                batch.batch["old_log_probs"] = out.batch["old_log_probs"]
+                metrics.update(rollout_probs_diff(batch))
+                metrics.update(apply_rollout_correction(batch, rc))
+        return batch
+
+    def train_step(self, batch: DataProto, more_batches: Iterator[DataProto] | None = None) -> dict:
+        """One PPO/GRPO step on `batch`; dynamic sampling draws further generation batches from `more_batches`."""
         metrics: dict = {}
         timing: dict = {}
         worker_metrics: dict[str, list] = {}
@@ -348,43 +437,10 @@ class RayPPOTrainer:
             for k, v in out.meta_info.pop("metrics", {}).items():
                 worker_metrics.setdefault(k, []).extend(v if isinstance(v, list) else [v])
 
-        rc = cfg.algorithm.rollout_correction
         with marked_timer("step", timing):
             batch = self._collect_batch(batch, more_batches or iter(()), metrics, timing, absorb)
-            batch.meta_info["global_token_num"] = batch.batch["attention_mask"].sum(-1).tolist()
-            batch.meta_info["shuffle_seed"] = shuffle_seed(int(cfg.trainer.seed), self.global_steps)
-            if not cfg.algorithm.use_kl_in_reward:
-                batch = self._old_and_ref_log_probs(batch, timing, absorb)
-            entropys = batch.batch.pop("entropys", None)
-            if entropys is not None:
-                metrics["actor/entropy"] = agg_loss(entropys, batch.batch["response_mask"], "token-mean").item()
-            if self.use_critic:
-                with marked_timer("values", timing):
-                    values = self.critic_wg.compute_values(batch)
-                    absorb(values)
-                    batch.union(values)
-            with marked_timer("adv", timing):
-                if "old_log_probs" in batch.batch and "rollout_log_probs" in batch.batch:
-                    metrics.update(rollout_probs_diff(batch))
-                    # IS weights and rejection (verl's decoupled mode) change the batch before the advantages
-                    metrics.update(apply_rollout_correction(batch, rc))
-                elif rc.rollout_is is not None:  # no old-log-prob pass: the actor weighs with its own log-probs
-                    batch.meta_info["rollout_is"] = {"level": rc.rollout_is, "threshold": float(rc.rollout_is_threshold)}
-                batch = compute_advantage(batch, cfg.algorithm.adv_estimator, gamma=float(cfg.algorithm.gamma),
-                                          lam=float(cfg.algorithm.lam), num_repeat=n,
-                                          norm_adv_by_std_in_grpo=bool(cfg.algorithm.norm_adv_by_std_in_grpo))
-            if self.use_critic:
-                with marked_timer("update_critic", timing):
-                    absorb(self.critic_wg.update_critic(batch))
-            if self.global_steps >= int(cfg.trainer.critic_warmup):
-                with marked_timer("update_actor", timing):
-                    out = self.actor_rollout_wg.update_actor(batch)
-                    absorb(out)
-                if "old_log_probs" in out.batch and "rollout_log_probs" in batch.batch:
-                    # no old-log-prob pass: the update's own log-probs give the same metrics over the whole batch
-                    batch.batch["old_log_probs"] = out.batch["old_log_probs"]
-                    metrics.update(rollout_probs_diff(batch))
-                    metrics.update(apply_rollout_correction(batch, rc))
+            if batch is not None:  # None: partial rollouts with no group complete yet
+                batch = self._train_on(batch, metrics, timing, absorb)
         for k, v in reduce_metrics(worker_metrics).items():
             if k.startswith(("perf/max_memory", "memory/")):
                 metrics[k] = max(worker_metrics[k])  # the peak over ranks, not the mean
@@ -399,6 +455,9 @@ class RayPPOTrainer:
         metrics["training/padded_rows_total"] = float(padded)
         if self.plan is not None and any(k.startswith("memory/") for k in metrics):
             metrics.update(self.plan.predicted_peak_gb())  # next to memory/{phase}/peak_allocated_gb
+        if batch is None:  # nothing trained (partial rollouts): the timings alone
+            metrics.update({f"timing_s/{name}": float(sec) for name, sec in timing.items()})
+            return metrics
         metrics.update(compute_data_metrics(batch, use_critic=self.use_critic))
         metrics.update(compute_timing_metrics(batch, timing))
         metrics.update(compute_throughout_metrics(batch, timing, self.n_gpus))

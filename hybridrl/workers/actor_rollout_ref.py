@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from dataclasses import replace
 
 import torch
 import torch.distributed as dist
@@ -184,23 +185,46 @@ class ActorRolloutRefWorker(Worker):
 
         rcfg = self.config.actor_rollout_ref.rollout
         params = sampling_params_from(rcfg, prompts.meta_info, dp_rank=self.rollout_coords.dp_rank)
+        agent = {"agent": self.tool_agent} if self.tool_agent is not None else {}
+        if agent:  # interactions read each prompt's extra_info.interaction_kwargs
+            self.tool_agent.begin(prompts.non_tensor_batch.get("interaction_kwargs"))
+        outputs, metrics = self._generate(prompt_token_lists(prompts), params,
+                                          self.plan.kv_blocks_for(len(prompts), params.n), **agent)
+        out = outputs_to_dataproto(prompts, outputs, response_length=int(rcfg.response_length),
+                                   pad_token_id=int(prompts.meta_info.get("pad_token_id", 0)))
+        out.meta_info["metrics"] = {k: [v] for k, v in metrics.items()}
+        return out
+
+    @register(dispatch_mode=make_mesh_dispatch("rollout"))
+    def continue_sequences(self, samples: DataProto) -> DataProto:
+        """Partial rollouts: one row per sample, fresh or carried (rollout/to_dataproto.py's CARRIED_KEYS), each
+        generated for at most the plan's per-step token budget; returns each row's completion so far."""
+        from hybridrl.rollout.to_dataproto import completions_to_dataproto, sample_requests
+
+        rcfg = self.config.actor_rollout_ref.rollout
+        params = replace(sampling_params_from(rcfg, samples.meta_info, dp_rank=self.rollout_coords.dp_rank),
+                         token_budget=self.plan.partial_rollout.tokens_per_step)
+        prompts, conts, first_rows = sample_requests(prompt_token_lists(samples), samples, params.n)
+        outputs, metrics = self._generate(prompts, params, self.plan.kv_blocks_for(len(prompts), params.n, len(conts)),
+                                          continuations=conts)
+        out = completions_to_dataproto(outputs, first_rows, len(samples))
+        out.meta_info["metrics"] = {k: [v] for k, v in metrics.items()}
+        return out
+
+    def _generate(self, prompts: list[list[int]], params, num_kv_blocks: int, **kwargs):
+        """(the engine's outputs, this rollout's metrics): one generate call between the hybrid engine's wake-up
+        (weights resharded in, KV allocated) and its sleep."""
         metrics: dict = {}
         t0 = time.perf_counter()
-        with self.hybrid.rollout(metrics, num_kv_blocks=self.plan.kv_blocks_for(len(prompts), params.n)) as engine:
+        with self.hybrid.rollout(metrics, num_kv_blocks=num_kv_blocks) as engine:
             tg = time.perf_counter()
-            agent = {"agent": self.tool_agent} if self.tool_agent is not None else {}
-            if agent:  # interactions read each prompt's extra_info.interaction_kwargs
-                self.tool_agent.begin(prompts.non_tensor_batch.get("interaction_kwargs"))
-            outputs = engine.generate(prompt_token_lists(prompts), params, **agent)
+            outputs = engine.generate(prompts, params, **kwargs)
             metrics["timing_s/gen_engine"] = time.perf_counter() - tg
             for k, v in getattr(engine, "stats", {}).items():
                 if isinstance(v, (int, float)):
                     metrics[f"rollout/{k}"] = float(v)
         metrics["timing_s/rollout_total"] = time.perf_counter() - t0
-        out = outputs_to_dataproto(prompts, outputs, response_length=int(rcfg.response_length),
-                                   pad_token_id=int(prompts.meta_info.get("pad_token_id", 0)))
-        out.meta_info["metrics"] = {k: [v] for k, v in metrics.items()}
-        return out
+        return outputs, metrics
 
     # ------------------------------------------------------------------ log-probs
     def _log_prob_meta(self, data: DataProto, section: str) -> DataProto:

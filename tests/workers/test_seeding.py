@@ -1,6 +1,7 @@
 """trainer.seed and rollout.seed: one global seed per process, a sampling seed per step offset by the rollout dp
 rank (the TP ranks of a group share it), a mini-batch shuffle seed per step; external_lib imported first."""
 
+import functools
 import random
 import sys
 from types import SimpleNamespace
@@ -60,6 +61,7 @@ def generate_seed(dp_rank: int, tp_rank: int, meta: dict) -> int:
 
     fake = SimpleNamespace(config=cfg, hybrid=Hybrid(), plan=SimpleNamespace(kv_blocks_for=lambda prompts, n: 1),
                            rollout_coords=SimpleNamespace(dp_rank=dp_rank, tp_rank=tp_rank), tool_agent=None)
+    fake._generate = functools.partial(ActorRolloutRefWorker._generate, fake)
     prompts = DataProto.from_dict({"input_ids": torch.ones(1, 2, dtype=torch.long),
                                    "attention_mask": torch.ones(1, 2, dtype=torch.long)}, meta_info=dict(meta))
     with pytest.raises(StopIteration):

@@ -1,0 +1,62 @@
+"""The run plan's part for partial rollouts (`actor_rollout_ref.rollout.partial_rollout`): the facts the driver's
+buffer (trainer/partial_rollout.py) and the rollout workers read.
+
+Choices:
+- A step trains on at most `data.train_batch_size` complete groups (the update keeps the shape and mini-batch count
+  it was planned for; more complete groups wait for the next step), in multiples of `group_multiple` so that the
+  trained rows split evenly over the update's data-parallel ranks (the dispatch would otherwise repeat rows, which
+  an update would train on twice).
+- Carried tokens were sampled by older policies: the update weighs them by truncated importance sampling
+  against their rollout log-probs. `algorithm.rollout_correction.rollout_is` is used as set; unset (null), it
+  becomes `token` with the configured `rollout_is_threshold`, and `hybridrl config check` says so.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from omegaconf import DictConfig, OmegaConf
+
+KEY = "actor_rollout_ref.rollout.partial_rollout"
+RC = "algorithm.rollout_correction"
+
+
+@dataclass(frozen=True)
+class PartialRolloutPlan:
+    tokens_per_step: int        # new tokens a sample may take in one step's generation
+    max_staleness: int          # steps a group may wait between its first tokens and the step that trains it
+    max_groups: int             # complete groups one step trains on at most (data.train_batch_size)
+    group_multiple: int         # trained groups come in multiples of this (rows divide over the update's dp)
+    rollout_is: str             # the IS level of the update (token when algorithm.rollout_correction leaves it unset)
+    rollout_is_threshold: float
+
+    def __str__(self) -> str:
+        return (f"partial rollouts  <= {self.tokens_per_step} new tokens a sample per step, unfinished samples "
+                f"carried (groups dropped after {self.max_staleness} steps); a step trains <= {self.max_groups} "
+                f"complete groups (multiples of {self.group_multiple}), IS {self.rollout_is} truncated at "
+                f"{self.rollout_is_threshold:g}")
+
+
+def plan_partial_rollout(g, n: int, train_batch_size: int, update_dps: list[int],
+                         choices: list[str]) -> PartialRolloutPlan | None:
+    """The plan of partial rollouts, or None when off. `g` reads a config key; `update_dps`: the data-parallel
+    sizes of the updates (actor, and critic with gae)."""
+    if not g(f"{KEY}.enable"):
+        return None
+    dp = math.lcm(*update_dps)
+    multiple = dp // math.gcd(dp, n)
+    level = g(f"{RC}.rollout_is")
+    if level is None:
+        level = "token"
+        choices.append(f"{RC}.rollout_is = token (partial rollouts: carried tokens were sampled by older policies; "
+                       f"truncated at rollout_is_threshold = {g(f'{RC}.rollout_is_threshold'):g})")
+    return PartialRolloutPlan(tokens_per_step=int(g(f"{KEY}.max_new_tokens_per_step")),
+                              max_staleness=int(g(f"{KEY}.max_staleness")), max_groups=train_batch_size,
+                              group_multiple=multiple, rollout_is=level,
+                              rollout_is_threshold=float(g(f"{RC}.rollout_is_threshold")))
+
+
+def rollout_correction(section: DictConfig, plan: PartialRolloutPlan | None) -> DictConfig:
+    """`algorithm.rollout_correction` as the trainer applies it: with partial rollouts, at the plan's IS level."""
+    return section if plan is None else OmegaConf.merge(section, {"rollout_is": plan.rollout_is})

@@ -1,0 +1,64 @@
+"""Partial rollouts' keys: what validation refuses and warns about, and what the run plan decides from them."""
+
+import pytest
+import transformers
+
+from hybridrl.config.loader import load_config
+from hybridrl.config.validate import ConfigError, check_semantics
+from hybridrl.plan import DeviceSpec, make_plan
+from hybridrl.plan.partial_rollout import rollout_correction
+
+PR, RC = "actor_rollout_ref.rollout.partial_rollout", "algorithm.rollout_correction"
+ON = [f"{PR}.enable=true", f"{PR}.max_new_tokens_per_step=256"]
+CPU = DeviceSpec("cpu", "cpu", None)
+HF = transformers.Qwen2Config(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                              num_key_value_heads=2, vocab_size=256)
+
+
+@pytest.mark.parametrize("overrides,message", [
+    ([f"{PR}.enable=true"], rf"'{PR}.max_new_tokens_per_step' = None: partial rollouts need a positive"),
+    ([f"{PR}.enable=true", f"{PR}.max_new_tokens_per_step=0"], r"max_new_tokens_per_step' = 0"),
+    ([*ON, f"{PR}.max_staleness=0"], rf"'{PR}.max_staleness' = 0 must be >= 1"),
+    ([*ON, "actor_rollout_ref.rollout.name=hf"], r"does not go with 'actor_rollout_ref.rollout.name' = hf"),
+    ([*ON, "algorithm.adv_estimator=remax"], r"does not go with 'algorithm.adv_estimator' = remax"),
+    ([*ON, "algorithm.filter_groups.enable=true", "algorithm.filter_groups.metric=acc"],
+     r"does not go with 'algorithm.filter_groups.enable' = True"),
+    ([*ON, "actor_rollout_ref.rollout.multi_turn.enable=true",
+      "actor_rollout_ref.rollout.multi_turn.tool_config_path=x.yaml"],
+     r"does not go with 'actor_rollout_ref.rollout.multi_turn.enable' = True"),
+])
+def test_bad_partial_rollout_settings_are_refused_naming_key_and_rule(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(overrides=overrides)
+
+
+def test_warnings_for_budgets_that_carry_nothing_or_can_never_finish():
+    warnings = check_semantics(load_config(overrides=[*ON, "data.max_response_length=256"]))
+    assert any("no sample is ever carried" in w for w in warnings)
+    warnings = check_semantics(load_config(overrides=[*ON, "data.max_response_length=4096", f"{PR}.max_staleness=2"]))
+    assert any("longer than 768 tokens" in w and "always dropped" in w for w in warnings)
+    assert not any("partial_rollout" in w for w in check_semantics(load_config(overrides=ON)))
+
+
+def test_the_plan_turns_token_is_on_and_sizes_the_trained_groups():
+    assert make_plan(load_config(overrides=[]), HF, CPU).partial_rollout is None
+    plan = make_plan(load_config(overrides=ON), HF, CPU)
+    p = plan.partial_rollout
+    assert (p.tokens_per_step, p.max_staleness, p.max_groups, p.rollout_is) == (256, 4, 256, "token")
+    assert p.group_multiple == 1  # 8 samples a group over 8 ranks
+    assert any(c.startswith(f"{RC}.rollout_is = token (partial rollouts") for c in plan.choices)
+    assert "partial rollouts  <= 256 new tokens a sample per step" in str(plan)
+    cfg = load_config(overrides=ON)
+    assert rollout_correction(cfg.algorithm.rollout_correction, p).rollout_is == "token"
+    assert rollout_correction(cfg.algorithm.rollout_correction, None).rollout_is is None
+    # PPO, one sample a group, a critic over 8 ranks: groups in multiples of 8; a set IS level is kept
+    ppo = make_plan(load_config(overrides=[*ON, "algorithm.adv_estimator=gae", "actor_rollout_ref.rollout.n=1",
+                                           f"{RC}.rollout_is=sequence"]), HF, CPU).partial_rollout
+    assert ppo.group_multiple == 8 and ppo.rollout_is == "sequence"
+
+
+def test_kv_of_a_call_counts_its_continuations():
+    plan = make_plan(load_config(overrides=[*ON, "data.train_batch_size=8", "actor_rollout_ref.actor.ppo_mini_batch_size=8",
+                                            "trainer.n_gpus_per_node=1"]), HF, CPU)
+    fresh = plan.kv_blocks_for(2, 8)
+    assert fresh < plan.kv_blocks_for(2, 8, continuations=3) <= plan.kv_blocks
