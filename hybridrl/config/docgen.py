@@ -200,7 +200,9 @@ interactions (`interaction_config_path`, verl's YAML: a list under `interaction`
 built in: `hybridrl.rollout.interactions.Gsm8kInteraction`, also under verl's class name) answer a turn without a
 tool call with a user message, chosen per sample by `extra_info.interaction_kwargs.name` (its other keys, e.g.
 `ground_truth`, are passed to the interaction); their scores are in each sample's `multi_turn_stats.turn_scores`.
-Not supported: MCP tools and `tensor_model_parallel_size` > 1 with multi-turn.
+With `tensor_model_parallel_size` > 1 the tools run once per engine, on rank 0 of its TP group, and their answers are
+broadcast over that group with the turn's other decisions, so every rank resumes the same sequences at the same
+step. Not supported: MCP tools.
 """
 
 

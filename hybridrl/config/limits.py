@@ -98,8 +98,4 @@ def _multi_turn_errors(rollout: dict) -> list[str]:
     if rollout["name"] != "native":
         errors.append(f"'{key}.enable' = true runs in the native engine: 'actor_rollout_ref.rollout.name' = "
                       f"{rollout['name']!r} must be 'native'")
-    if rollout["tensor_model_parallel_size"] != 1:
-        errors.append(f"'{key}.enable' = true needs 'actor_rollout_ref.rollout.tensor_model_parallel_size' = 1 "
-                      f"(got {rollout['tensor_model_parallel_size']}): the TP ranks of an engine would run each tool "
-                      "call separately and could disagree on its answer or its timing")
     return errors

@@ -39,7 +39,9 @@ Choices:
   the tokens to append (tool messages in the chat template) or a finish reason. When it resolves the sequence
   is resumed: only its last sampled token and the appended tokens are prefilled, onto its own blocks. `budget`:
   how many tokens may be appended while leaving room for at least one more sampled token (max_tokens bounds
-  model and appended tokens together, as does max_model_len).
+  model and appended tokens together, as does max_model_len). Under TP only rank 0 of the engine's group runs the
+  agent; the outcomes known at a step, and the trajectories' stats at the end, are broadcast over that group
+  (turn_sync.py), so every rank resumes the same sequences at the same step.
 """
 
 from __future__ import annotations
@@ -59,6 +61,7 @@ from hybridrl.rollout.model_runner import ModelRunner, StepHandle, TokenFeed
 from hybridrl.rollout.sampling_params import CompletionOutput, RequestOutput, SamplingParams
 from hybridrl.rollout.scheduler import ScheduledBatch, Scheduler
 from hybridrl.rollout.sequence import Sequence
+from hybridrl.rollout.turn_sync import TurnSync
 
 _PEAK_KEYS = ("kv_blocks_peak", "kv_blocks_peak_unshared")
 TAIL_FRACTION = 0.1     # a decode step with fewer than this share of the call's sequences running is in the tail
@@ -170,7 +173,8 @@ class LLMEngine:
         while ahead is not None or not call.sched.is_finished():
             ahead = self._step(call, ahead)
         self._record_stats(call)
-        return [RequestOutput(rid, list(prompt_token_ids[rid]), [self._completion(s, agent) for s in group])
+        turn_stats = self._turn_stats(call)
+        return [RequestOutput(rid, list(prompt_token_ids[rid]), [self._completion(s, turn_stats) for s in group])
                 for rid, group in enumerate(call.groups)]
 
     def _start(self, prompts: list[list[int]], params: SamplingParams, agent) -> _Call:
@@ -187,7 +191,7 @@ class LLMEngine:
         gen = torch.Generator(device=self.runner.device)
         gen.manual_seed(params.seed if params.seed is not None else random.randrange(2**63))
         return _Call(sched, params, gen, groups, _TailClock(len(prompts) * params.n, self.runner.decode_step_floor_s),
-                     agent)
+                     agent, TurnSync(self.runner.tp_group) if agent is not None else None)
 
     def _step(self, call: _Call, ahead: _Launched | None) -> _Launched | None:
         """One step: schedule and launch it (unless the step before launched it ahead), launch the next one ahead,
@@ -222,7 +226,8 @@ class LLMEngine:
         tokens gathered on the device from `batch`'s samples); None when off or when the scheduler declines."""
         t0 = time.perf_counter()
         # with a turn outcome known, a regular schedule comes next: it re-admits that sequence at once
-        nxt = call.sched.schedule_lookahead(batch) if self.config.async_scheduling and call.ready.empty() else None
+        nxt = (call.sched.schedule_lookahead(batch) if self.config.async_scheduling and not call.outcome_waiting()
+               else None)
         call.host_s += time.perf_counter() - t0
         if nxt is None:
             return None
@@ -231,22 +236,22 @@ class LLMEngine:
     # ------------------------------------------------------------------ multi-turn
     def _end_turns(self, call: _Call) -> None:
         """Hand the sequences paused at a turn end to the agent (its tools run on its threads while decoding goes
-        on), then resume or finish those whose outcome is known."""
+        on; under TP on the group's rank 0 only), then resume or finish those whose outcome is known."""
         for seq in call.sched.take_paused():
-            future = call.pending[seq] = call.agent.on_turn_end(seq, self._turn_budget(seq))
-            future.add_done_callback(lambda _, seq=seq: call.ready.put(seq))
+            call.pending[seq.call_key] = seq
+            if call.sync.leads:
+                future = call.agent.on_turn_end(seq, self._turn_budget(seq))
+                future.add_done_callback(lambda f, seq=seq: call.ready.put((seq.call_key, f)))
         self._resume_ready(call, block=False)
 
     @staticmethod
     def _resume_ready(call: _Call, block: bool) -> None:
-        """Resume or finish the paused sequences whose turn outcome is known (waiting for one if `block`)."""
-        while call.pending:
-            try:
-                seq = call.ready.get(block=block)
-            except queue.Empty:
-                return
-            block = False
-            outcome = call.pending.pop(seq).result()  # the agent's own failures (not a tool's) propagate
+        """Resume or finish the paused sequences whose turn outcome is known (waiting for one if `block`); under TP
+        the outcomes the group's rank 0 knows now, broadcast, so every rank applies the same ones at the same step."""
+        if not call.pending:
+            return
+        for key, outcome in call.sync.share(lambda: call.known_outcomes(block)):
+            seq = call.pending.pop(key)
             if outcome.token_ids is not None:
                 call.sched.resume(seq, outcome.token_ids)
             else:
@@ -268,11 +273,18 @@ class LLMEngine:
             self.stats[key] = max(self.stats[key], value) if key in _PEAK_KEYS else self.stats[key] + value
 
     @staticmethod
-    def _completion(seq: Sequence, agent) -> CompletionOutput:
-        if agent is None:
+    def _turn_stats(call: _Call) -> dict | None:
+        """Each trajectory's counts from the agent (on the TP group's rank 0, shared), by sequence key."""
+        if call.agent is None:
+            return None
+        return call.sync.share(lambda: {s.call_key: call.agent.trajectory_stats(s) for g in call.groups for s in g})
+
+    @staticmethod
+    def _completion(seq: Sequence, turn_stats: dict | None) -> CompletionOutput:
+        if turn_stats is None:
             return CompletionOutput(seq.sample_index, seq.completion_token_ids, seq.logprobs, seq.finish_reason)
         return CompletionOutput(seq.sample_index, seq.completion_token_ids, seq.logprobs, seq.finish_reason,
-                                response_mask=seq.completion_mask(), turn_stats=agent.trajectory_stats(seq))
+                                response_mask=seq.completion_mask(), turn_stats=turn_stats[seq.call_key])
 
 
 @dataclass
@@ -284,10 +296,30 @@ class _Call:
     groups: list[list[Sequence]]        # per prompt, its n samples
     tail: _TailClock
     agent: object = None
-    ready: queue.SimpleQueue = field(default_factory=queue.SimpleQueue)  # paused sequences whose outcome is known
-                                                                        # (the agent's tool threads put them)
-    pending: dict = field(default_factory=dict)     # paused sequence -> the Future of its turn outcome
+    sync: TurnSync | None = None        # multi-turn: where turn outcomes are decided (the TP group's rank 0)
+    ready: queue.SimpleQueue = field(default_factory=queue.SimpleQueue)  # (key, Future) of the paused sequences
+                                                                        # whose outcome is known (tool threads put)
+    pending: dict = field(default_factory=dict)     # key -> paused sequence waiting on its turn outcome
     host_s: float = 0.0                 # host time in scheduling and postprocessing (stats["schedule_s"])
+
+    def __post_init__(self):
+        for i, seq in enumerate(s for g in self.groups for s in g):
+            seq.call_key = i
+
+    def outcome_waiting(self) -> bool:
+        """A turn outcome known and not applied yet. Under TP the ranks learn outcomes only when they are shared,
+        so there this is False: the ranks must decide alike whether to schedule ahead."""
+        return self.sync is not None and self.sync.group is None and not self.ready.empty()
+
+    def known_outcomes(self, block: bool) -> list:
+        """(key, TurnOutcome) of each turn whose outcome is known (waiting for the first if `block`)."""
+        out = []
+        while True:
+            try:
+                key, future = self.ready.get(block=block and not out)
+            except queue.Empty:
+                return out
+            out.append((key, future.result()))  # the agent's own failures (not a tool's) propagate
 
 
 class _TailClock:

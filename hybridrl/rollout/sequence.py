@@ -47,6 +47,7 @@ class Sequence:
         self.turn_start = self.num_prompt_tokens  # where the current assistant turn's tokens begin
         self.injected: list[tuple[int, int]] = []  # completion-relative [start, end) spans not sampled by the model
         self.agent_state = None
+        self.call_key: int | None = None  # its index in its generate call, the same on every TP rank (seq_id is not)
 
     def __len__(self) -> int:
         return len(self.token_ids)
