@@ -252,6 +252,8 @@ class LLMEngine:
             return
         for key, outcome in call.sync.share(lambda: call.known_outcomes(block)):
             seq = call.pending.pop(key)
+            for token_ids, tag in outcome.forks:   # before the parent moves on: a branch starts from this turn end
+                call.branch(seq, token_ids, tag)
             if outcome.token_ids is not None:
                 call.sched.resume(seq, outcome.token_ids)
             else:
@@ -277,7 +279,14 @@ class LLMEngine:
         """Each trajectory's counts from the agent (on the TP group's rank 0, shared), by sequence key."""
         if call.agent is None:
             return None
-        return call.sync.share(lambda: {s.call_key: call.agent.trajectory_stats(s) for g in call.groups for s in g})
+        seqs = [s for g in call.groups for s in g]
+
+        def collect():
+            end_call = getattr(call.agent, "end_call", None)   # optional: agents that wait on turns (agent loops)
+            if end_call is not None:
+                end_call(seqs)
+            return {s.call_key: call.agent.trajectory_stats(s) for s in seqs}
+        return call.sync.share(collect)
 
     @staticmethod
     def _completion(seq: Sequence, turn_stats: dict | None) -> CompletionOutput:
@@ -293,7 +302,7 @@ class _Call:
     sched: Scheduler
     params: SamplingParams
     gen: torch.Generator
-    groups: list[list[Sequence]]        # per prompt, its n samples
+    groups: list[list[Sequence]]        # per prompt, its n samples (and the branches forked from them)
     tail: _TailClock
     agent: object = None
     sync: TurnSync | None = None        # multi-turn: where turn outcomes are decided (the TP group's rank 0)
@@ -303,8 +312,21 @@ class _Call:
     host_s: float = 0.0                 # host time in scheduling and postprocessing (stats["schedule_s"])
 
     def __post_init__(self):
-        for i, seq in enumerate(s for g in self.groups for s in g):
-            seq.call_key = i
+        self.num_seqs = 0
+        for seq in (s for g in self.groups for s in g):
+            self._keep(seq)
+
+    def _keep(self, seq: Sequence) -> None:
+        seq.call_key, self.num_seqs = self.num_seqs, self.num_seqs + 1
+
+    def branch(self, parent: Sequence, token_ids: list[int], tag) -> None:
+        """A new sample of parent's prompt continuing parent's history after `token_ids` (an agent loop's fork)."""
+        group = self.groups[parent.request_id]
+        child = parent.branch(sample_index=len(group))
+        child.agent_state = tag
+        self._keep(child)
+        group.append(child)
+        self.sched.branch(parent, child, token_ids)
 
     def outcome_waiting(self) -> bool:
         """A turn outcome known and not applied yet. Under TP the ranks learn outcomes only when they are shared,

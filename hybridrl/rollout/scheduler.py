@@ -23,7 +23,7 @@ Choices (after nano-vllm, minus its asserts for user errors):
   continuation that cannot get its blocks while nothing runs gives them up (preempted: recomputed later from
   scratch); `schedule` returns None when only paused sequences could make progress (the engine then waits for
   a tool). Samples of a lookahead step for a sequence that paused meanwhile are dropped like those of a
-  finished one.
+  finished one. `branch` queues a copy of a paused sequence that references its blocks (an agent loop's fork).
 - Stats: `kv_blocks_peak` (physical blocks in use) and `kv_blocks_peak_unshared` (sum of the running
   sequences' block tables = what the same schedule needs without sharing).
 """
@@ -85,6 +85,13 @@ class Scheduler:
         seq.num_cached_tokens = last
         seq.status = SeqStatus.WAITING
         self.waiting.appendleft([seq])
+
+    def branch(self, parent: Sequence, child: Sequence, token_ids: list[int]) -> None:
+        """Queue `child` (a copy of paused `parent`'s history) to continue after `token_ids` on the parent's K/V:
+        it references the parent's blocks; the first write into a shared one copies it (BlockManager.extend)."""
+        self.bm.fork(parent, child)
+        self.paused.add(child)
+        self.resume(child, token_ids)
 
     def finish_paused(self, seq: Sequence, reason: str) -> None:
         self.paused.remove(seq)
