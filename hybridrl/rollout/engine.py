@@ -39,7 +39,9 @@ Choices:
   the tokens to append (tool messages in the chat template) or a finish reason. When it resolves the sequence
   is resumed: only its last sampled token and the appended tokens are prefilled, onto its own blocks. `budget`:
   how many tokens may be appended while leaving room for at least one more sampled token (max_tokens bounds
-  model and appended tokens together, as does max_model_len). Under TP only rank 0 of the engine's group runs the
+  model and appended tokens together, as does max_model_len: the plan sizes the KV for prompt + response, and no
+  trajectory grows past it). A trajectory ended mid-turn by either is marked in its stats (`cut`: "max_tokens" or
+  "max_model_len"), beside the agent's own cuts. Under TP only rank 0 of the engine's group runs the
   agent; the outcomes known at a step, and the trajectories' stats at the end, are broadcast over that group
   (turn_sync.py), so every rank resumes the same sequences at the same step.
 """
@@ -274,9 +276,9 @@ class LLMEngine:
         for key, value in call.sched.stats.items():
             self.stats[key] = max(self.stats[key], value) if key in _PEAK_KEYS else self.stats[key] + value
 
-    @staticmethod
-    def _turn_stats(call: _Call) -> dict | None:
-        """Each trajectory's counts from the agent (on the TP group's rank 0, shared), by sequence key."""
+    def _turn_stats(self, call: _Call) -> dict | None:
+        """Each trajectory's counts from the agent (on the TP group's rank 0, shared), by sequence key; a trajectory
+        the engine ended at its response budget is marked cut by `max_tokens` or `max_model_len`."""
         if call.agent is None:
             return None
         seqs = [s for g in call.groups for s in g]
@@ -286,7 +288,11 @@ class LLMEngine:
             if end_call is not None:
                 end_call(seqs)
             return {s.call_key: call.agent.trajectory_stats(s) for s in seqs}
-        return call.sync.share(collect)
+        stats = call.sync.share(collect)
+        for s in seqs:   # ended by the engine mid-turn: which limit it met
+            if s.finish_reason == "length" and not stats[s.call_key].get("cut"):
+                stats[s.call_key]["cut"] = "max_model_len" if len(s) >= self.config.max_model_len else "max_tokens"
+        return stats
 
     @staticmethod
     def _completion(seq: Sequence, turn_stats: dict | None) -> CompletionOutput:

@@ -100,7 +100,8 @@ class TrajectoryStats:
     appended: list = field(default_factory=list)  # the messages appended after each assistant turn
     truncated_responses: int = 0
     cut: str = ""              # "" | "turns" | "length" | "turn_length": ended by a limit (assistant / tool turns,
-                               # the response budget, max_tokens_per_turn)
+                               # appended messages that do not fit the response budget, max_tokens_per_turn); the
+                               # engine adds "max_tokens" / "max_model_len" for a trajectory it ended mid-turn
     reward: float | None = None  # an agent loop's reward for the trajectory (None: the reward function scores it)
 
     def as_dict(self) -> dict:

@@ -165,3 +165,44 @@ def test_branches_share_the_history_and_group_under_their_prompt(setup):
     for g in (slice(0, 6), slice(6, 12)):
         r = scores.sum(1)[g]
         torch.testing.assert_close(per_row[g], (r - r.mean()) / (r.std() + 1e-6), atol=1e-5, rtol=0)
+
+
+class Chatty(AgentLoop):
+    """Turns of 5 tokens; after each the environment appends `size` copies of token 7, forever."""
+
+    def __init__(self, tokenizer, size):
+        super().__init__(tokenizer)
+        self.size = size
+
+    def ends_turn(self, turn_ids):
+        return len(turn_ids) >= 5
+
+    async def run(self, traj):
+        turn = await traj.generate()
+        while not turn.finished:
+            turn = await traj.generate([7] * self.size)
+
+
+@pytest.mark.parametrize("max_model_len,max_tokens,size,cut", [
+    (40, 200, 1, "max_model_len"),   # the trajectory grows to the model length the KV was sized for
+    (512, 33, 1, "max_tokens"),      # ... to the response budget (mid-turn: 5 turns of 5 + 5 tokens appended + 3)
+    (512, 30, 40, "length"),         # the environment's message does not fit what is left
+])
+def test_trajectories_never_outgrow_their_limits_and_each_cut_is_counted(setup, tiny_model_dir, max_model_len,
+                                                                         max_tokens, size, cut):
+    from hybridrl.trainer.metrics import multi_turn_stats_metrics
+
+    tok, engine, prompts, rows = setup
+    small = LLMEngine(engine.hf_config, EngineConfig(dtype=torch.float32, block_size=4, num_kv_blocks=64,
+                                                     max_num_batched_tokens=512, max_model_len=max_model_len,
+                                                     enforce_eager=True), device="cpu")
+    small.wake_up(("weights",))
+    small.load_weights(AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).state_dict().items())
+    outs = _generate((tok, small, prompts, rows), Chatty(tok, size),
+                     SamplingParams(n=2, temperature=1.0, max_tokens=max_tokens, seed=0))
+    stats = [c.turn_stats for o in outs for c in o.outputs]
+    for prompt, out in zip(prompts, outs):
+        for c in out.outputs:
+            assert len(prompt) + len(c.token_ids) <= max_model_len and len(c.token_ids) <= max_tokens
+            assert c.finish_reason == "length" and c.turn_stats["cut"] == cut
+    assert multi_turn_stats_metrics(stats)[f"multi_turn/cut_by_{cut}"] == 4
