@@ -200,7 +200,16 @@ interactions (`interaction_config_path`, verl's YAML: a list under `interaction`
 built in: `hybridrl.rollout.interactions.Gsm8kInteraction`, also under verl's class name) answer a turn without a
 tool call with a user message, chosen per sample by `extra_info.interaction_kwargs.name` (its other keys, e.g.
 `ground_truth`, are passed to the interaction); their scores are in each sample's `multi_turn_stats.turn_scores`.
-Not supported: MCP tools and `tensor_model_parallel_size` > 1 with multi-turn.
+With `tensor_model_parallel_size` > 1 the tools run once per engine, on rank 0 of its TP group, and their answers are
+broadcast over that group with the turn's other decisions, so every rank resumes the same sequences at the same
+step. **Agent loops** (`multi_turn.agent_loop.path` / `.name` / `.kwargs`; example `examples/agent_loop_guess/`):
+your `hybridrl.rollout.agent_loop.AgentLoop` subclass drives each trajectory as a coroutine, `turn = await
+traj.generate(env_token_ids)` returning the model's next turn on the cached KV (token ids in and out;
+`traj.user_message(text)` renders a user message), and `run` returning the reward, which replaces the reward
+function for that sample. `traj.row` holds the prompt's data (ground truth, extra info), and `traj.fork(ids)` adds
+a branch that becomes one more sample of the prompt, grouped under its uid for GRPO. Limits are counted by cause:
+`multi_turn/cut_by_max_tokens` and `cut_by_max_model_len` (the engine ended a trajectory mid-turn at the response
+budget or at the model length the KV was sized for), beside the turn and length cuts. Not supported: MCP tools.
 """
 
 

@@ -89,17 +89,24 @@ def _multi_turn_errors(rollout: dict) -> list[str]:
             errors.append(f"'{key}.{name}' = {mt[name]} must be >= 1")
     if not mt["enable"]:
         return errors
-    if mt["tool_config_path"] is None and mt["interaction_config_path"] is None:
-        errors.append(f"'{key}.enable' = true needs '{key}.tool_config_path' (a YAML listing the tools) or "
-                      f"'{key}.interaction_config_path' (verl's interaction YAML)")
-    for name in ("tool_config_path", "interaction_config_path"):
-        if mt[name] is not None and not Path(os.path.expanduser(mt[name])).is_file():
-            errors.append(f"'{key}.{name}' = {mt[name]!r}: no such file")
+    loop = mt["agent_loop"]
+    if mt["tool_config_path"] is None and mt["interaction_config_path"] is None and loop["path"] is None:
+        errors.append(f"'{key}.enable' = true needs '{key}.tool_config_path' (a YAML listing the tools), "
+                      f"'{key}.interaction_config_path' (verl's interaction YAML) or '{key}.agent_loop.path' "
+                      "(your AgentLoop's file)")
+    for name, path in (("tool_config_path", mt["tool_config_path"]),
+                       ("interaction_config_path", mt["interaction_config_path"]), ("agent_loop.path", loop["path"])):
+        if path is not None and not Path(os.path.expanduser(path)).is_file():
+            errors.append(f"'{key}.{name}' = {path!r}: no such file")
+    if loop["path"] is not None:
+        if not loop["name"]:
+            errors.append(f"'{key}.agent_loop.name' = {loop['name']!r}: name the AgentLoop subclass in "
+                          f"'{key}.agent_loop.path'")
+        for name in ("tool_config_path", "interaction_config_path"):
+            if mt[name] is not None:
+                errors.append(f"'{key}.{name}' = {mt[name]!r} with '{key}.agent_loop.path': the agent loop replaces "
+                              "the tool agent; set one of them to null")
     if rollout["name"] != "native":
         errors.append(f"'{key}.enable' = true runs in the native engine: 'actor_rollout_ref.rollout.name' = "
                       f"{rollout['name']!r} must be 'native'")
-    if rollout["tensor_model_parallel_size"] != 1:
-        errors.append(f"'{key}.enable' = true needs 'actor_rollout_ref.rollout.tensor_model_parallel_size' = 1 "
-                      f"(got {rollout['tensor_model_parallel_size']}): the TP ranks of an engine would run each tool "
-                      "call separately and could disagree on its answer or its timing")
     return errors

@@ -43,6 +43,8 @@ NULL_DEFAULT_TYPES: dict[str, type | tuple[type, ...]] = {
     "actor_rollout_ref.rollout.multi_turn.tool_config_path": str,
     "actor_rollout_ref.model.custom_chat_template": str,
     "actor_rollout_ref.rollout.multi_turn.interaction_config_path": str,
+    "actor_rollout_ref.rollout.multi_turn.agent_loop.path": str,
+    "actor_rollout_ref.rollout.multi_turn.agent_loop.name": str,
     "custom_reward_function.path": str,
     "reward_model.model.path": str,
     "reward_model.model.input_tokenizer": str,

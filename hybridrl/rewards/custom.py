@@ -13,26 +13,27 @@ import importlib.util
 import sys
 from pathlib import Path
 
-__all__ = ["CustomRewardFunction", "load_custom_reward_function"]
+__all__ = ["CustomRewardFunction", "import_from_file", "load_custom_reward_function"]
 
 
-def _import_function(path: Path, name: str):
-    module_name = "hybridrl_custom_reward_" + hashlib.sha1(str(path).encode()).hexdigest()[:12]
+def import_from_file(path: Path, name: str, key: str = "custom_reward_function"):
+    """`name` from the Python file at `path`; errors name `{key}.path` / `{key}.name`."""
+    module_name = f"hybridrl_{key.replace('.', '_')}_" + hashlib.sha1(str(path).encode()).hexdigest()[:12]
     spec = importlib.util.spec_from_file_location(module_name, path)
     if spec is None or spec.loader is None:
-        raise ValueError(f"custom_reward_function.path={str(path)!r}: not an importable Python file")
+        raise ValueError(f"{key}.path={str(path)!r}: not an importable Python file")
     module = importlib.util.module_from_spec(spec)
     sys.modules[module_name] = module
     try:
         spec.loader.exec_module(module)
     except Exception as e:
         sys.modules.pop(module_name, None)
-        raise ValueError(f"custom_reward_function.path={str(path)!r}: importing it failed: {e!r}") from e
+        raise ValueError(f"{key}.path={str(path)!r}: importing it failed: {e!r}") from e
     fn = getattr(module, name, None)
     if fn is None:
-        raise ValueError(f"custom_reward_function.name={name!r}: no such function in {str(path)!r}")
+        raise ValueError(f"{key}.name={name!r}: no such name in {str(path)!r}")
     if not callable(fn):
-        raise ValueError(f"custom_reward_function.name={name!r} in {str(path)!r} is not callable")
+        raise ValueError(f"{key}.name={name!r} in {str(path)!r} is not callable")
     return fn
 
 
@@ -42,7 +43,7 @@ class CustomRewardFunction:
         self.name = name
         if not self.path.is_file():
             raise FileNotFoundError(f"custom_reward_function.path={str(path)!r}: file not found")
-        self._fn = _import_function(self.path, name)
+        self._fn = import_from_file(self.path, name)
 
     def __call__(self, *args, **kwargs):
         return self._fn(*args, **kwargs)

@@ -29,6 +29,8 @@
   -penalty_factor at M. It applies to every sample, failed ones included (the length is known). Counted in
   `reward/overlong_samples` (penalised samples) and `reward/overlong_reward_mean`; with `log` also in
   `reward_extra_info` as verl's `overlong_reward` and `overlong`.
+- Agent loops (rollout/agent_loop.py): a sample whose loop returned a reward (`agent_reward`, not None) takes it as
+  its score (validated as any score) and is not sent to the scorer; when every sample has one, no scorer runs.
 - The result's `scores` list holds each sample's score as the scorer gave it (0 when it failed), before the
   overlong penalty (dynamic sampling filters on it).
 """
@@ -127,11 +129,11 @@ class RewardManager:
                 return "error", repr(e)
         return self._worker.call(args, kwargs, budget_s)
 
-    def _score_all(self, sources, texts, truths, extras, rm_scores) -> list[tuple[str, object]]:
-        """(status, value) per sample; samples without a ground truth are not sent to the scorer. `rm_scores`:
-        a float per sample for a scorer that combines them, else None."""
+    def _score_all(self, sources, texts, truths, extras, rm_scores, skip=()) -> list[tuple[str, object]]:
+        """(status, value) per sample; samples without a ground truth, or in `skip` (scored by their agent loop), are
+        not sent to the scorer. `rm_scores`: a float per sample for a scorer that combines them, else None."""
         results: list[tuple[str, object]] = [("error", MISSING_TRUTH)] * len(texts)
-        have = [i for i, gt in enumerate(truths) if not _missing(gt)]
+        have = [i for i, gt in enumerate(truths) if i not in skip and not _missing(gt)]
         if have:
             pick = lambda xs: None if xs is None else [xs[i] for i in have]  # noqa: E731
             for i, r in zip(have, self._score_present(pick(sources), pick(texts), pick(truths), pick(extras),
@@ -192,14 +194,18 @@ class RewardManager:
                  for i in range(bsz)]
         rm = data.batch.get("rm_scores")
         rm_list = None if rm is None else rm.float().sum(-1).tolist()  # one non-zero token per row
-        if rm_list is not None and not self.combines_rm:  # verl: the reward model's score is the reward
-            sources = [str(s) for s in data.non_tensor_batch.get(self.reward_fn_key, ["reward_model"] * bsz)]
-            truths, results = [None] * bsz, [("ok", x) for x in rm_list]
+        given = {i: r for i, r in enumerate(data.non_tensor_batch.get("agent_reward", [])) if r is not None}
+        if (rm_list is not None and not self.combines_rm) or len(given) == bsz:
+            # verl: the reward model's score is the reward; an agent loop's reward is too
+            sources = [str(s) for s in data.non_tensor_batch.get(self.reward_fn_key, ["agent_loop"] * bsz)]
+            truths, results = [None] * bsz, [("ok", x) for x in (rm_list or [0.0] * bsz)]
             missing = 0
         else:
             sources, truths, extras = self._rule_inputs(data)
-            results = self._score_all(sources, texts, truths, extras, rm_list)
-            missing = sum(map(_missing, truths))
+            results = self._score_all(sources, texts, truths, extras, rm_list, skip=given)
+            missing = sum(_missing(t) for i, t in enumerate(truths) if i not in given)
+        for i, r in given.items():
+            results[i] = ("ok", r)
 
         reward = torch.zeros(bsz, resp_len, dtype=torch.float32)
         errors = timeouts = empty = 0

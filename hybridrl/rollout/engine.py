@@ -39,7 +39,11 @@ Choices:
   the tokens to append (tool messages in the chat template) or a finish reason. When it resolves the sequence
   is resumed: only its last sampled token and the appended tokens are prefilled, onto its own blocks. `budget`:
   how many tokens may be appended while leaving room for at least one more sampled token (max_tokens bounds
-  model and appended tokens together, as does max_model_len).
+  model and appended tokens together, as does max_model_len: the plan sizes the KV for prompt + response, and no
+  trajectory grows past it). A trajectory ended mid-turn by either is marked in its stats (`cut`: "max_tokens" or
+  "max_model_len"), beside the agent's own cuts. Under TP only rank 0 of the engine's group runs the
+  agent; the outcomes known at a step, and the trajectories' stats at the end, are broadcast over that group
+  (turn_sync.py), so every rank resumes the same sequences at the same step.
 - Speculative decoding (`config.speculative.enable`; not for multi-turn calls, whose injected tool tokens would
   need their own bookkeeping): each call gets an NgramDrafter over its groups; decode steps with at most
   `speculative.max_running_seqs` sequences verify the drafts (scheduler.py, model_runner.py, spec_verify.py), so
@@ -73,6 +77,7 @@ from hybridrl.rollout.ngram_draft import NgramDrafter
 from hybridrl.rollout.sampling_params import CompletionOutput, Continuation, RequestOutput, SamplingParams
 from hybridrl.rollout.scheduler import SPEC_COUNTERS, ScheduledBatch, Scheduler
 from hybridrl.rollout.sequence import Sequence
+from hybridrl.rollout.turn_sync import TurnSync
 
 _PEAK_KEYS = ("kv_blocks_peak", "kv_blocks_peak_unshared")
 TAIL_FRACTION = 0.1     # a decode step with fewer than this share of the call's sequences running is in the tail
@@ -187,8 +192,9 @@ class LLMEngine:
         while ahead is not None or not call.sched.is_finished():
             ahead = self._step(call, ahead)
         self._record_stats(call)
+        turn_stats = self._turn_stats(call)
         prompts = [*prompt_token_ids, *(c.prompt_token_ids for c in continuations)]
-        return [RequestOutput(rid, list(prompts[rid]), [self._completion(s, agent) for s in group])
+        return [RequestOutput(rid, list(prompts[rid]), [self._completion(s, turn_stats) for s in group])
                 for rid, group in enumerate(call.groups)]
 
     def _validate_continuations(self, continuations: list[Continuation], params: SamplingParams, agent) -> None:
@@ -228,7 +234,7 @@ class LLMEngine:
         gen.manual_seed(params.seed if params.seed is not None else random.randrange(2**63))
         return _Call(sched, params, gen, groups,
                      _TailClock(sum(map(len, groups)), self.runner.decode_step_floor_s),
-                     agent)
+                     agent, TurnSync(self.runner.tp_group) if agent is not None else None)
 
     def _step(self, call: _Call, ahead: _Launched | None) -> _Launched | None:
         """One step: schedule and launch it (unless the step before launched it ahead), launch the next one ahead,
@@ -263,7 +269,8 @@ class LLMEngine:
         tokens gathered on the device from `batch`'s samples); None when off or when the scheduler declines."""
         t0 = time.perf_counter()
         # with a turn outcome known, a regular schedule comes next: it re-admits that sequence at once
-        nxt = call.sched.schedule_lookahead(batch) if self.config.async_scheduling and call.ready.empty() else None
+        nxt = (call.sched.schedule_lookahead(batch) if self.config.async_scheduling and not call.outcome_waiting()
+               else None)
         call.host_s += time.perf_counter() - t0
         if nxt is None:
             return None
@@ -272,22 +279,24 @@ class LLMEngine:
     # ------------------------------------------------------------------ multi-turn
     def _end_turns(self, call: _Call) -> None:
         """Hand the sequences paused at a turn end to the agent (its tools run on its threads while decoding goes
-        on), then resume or finish those whose outcome is known."""
+        on; under TP on the group's rank 0 only), then resume or finish those whose outcome is known."""
         for seq in call.sched.take_paused():
-            future = call.pending[seq] = call.agent.on_turn_end(seq, self._turn_budget(seq))
-            future.add_done_callback(lambda _, seq=seq: call.ready.put(seq))
+            call.pending[seq.call_key] = seq
+            if call.sync.leads:
+                future = call.agent.on_turn_end(seq, self._turn_budget(seq))
+                future.add_done_callback(lambda f, seq=seq: call.ready.put((seq.call_key, f)))
         self._resume_ready(call, block=False)
 
     @staticmethod
     def _resume_ready(call: _Call, block: bool) -> None:
-        """Resume or finish the paused sequences whose turn outcome is known (waiting for one if `block`)."""
-        while call.pending:
-            try:
-                seq = call.ready.get(block=block)
-            except queue.Empty:
-                return
-            block = False
-            outcome = call.pending.pop(seq).result()  # the agent's own failures (not a tool's) propagate
+        """Resume or finish the paused sequences whose turn outcome is known (waiting for one if `block`); under TP
+        the outcomes the group's rank 0 knows now, broadcast, so every rank applies the same ones at the same step."""
+        if not call.pending:
+            return
+        for key, outcome in call.sync.share(lambda: call.known_outcomes(block)):
+            seq = call.pending.pop(key)
+            for token_ids, tag in outcome.forks:   # before the parent moves on: a branch starts from this turn end
+                call.branch(seq, token_ids, tag)
             if outcome.token_ids is not None:
                 call.sched.resume(seq, outcome.token_ids)
             else:
@@ -315,12 +324,30 @@ class LLMEngine:
                                                  if st["spec_drafted_seqs"] else 0.0)
             st["spec_tokens_per_verify_step"] = st["spec_emitted_tokens"] / max(1, st["spec_verify_steps"])
 
+    def _turn_stats(self, call: _Call) -> dict | None:
+        """Each trajectory's counts from the agent (on the TP group's rank 0, shared), by sequence key; a trajectory
+        the engine ended at its response budget is marked cut by `max_tokens` or `max_model_len`."""
+        if call.agent is None:
+            return None
+        seqs = [s for g in call.groups for s in g]
+
+        def collect():
+            end_call = getattr(call.agent, "end_call", None)   # optional: agents that wait on turns (agent loops)
+            if end_call is not None:
+                end_call(seqs)
+            return {s.call_key: call.agent.trajectory_stats(s) for s in seqs}
+        stats = call.sync.share(collect)
+        for s in seqs:   # ended by the engine mid-turn: which limit it met
+            if s.finish_reason == "length" and not stats[s.call_key].get("cut"):
+                stats[s.call_key]["cut"] = "max_model_len" if len(s) >= self.config.max_model_len else "max_tokens"
+        return stats
+
     @staticmethod
-    def _completion(seq: Sequence, agent) -> CompletionOutput:
-        if agent is None:
+    def _completion(seq: Sequence, turn_stats: dict | None) -> CompletionOutput:
+        if turn_stats is None:
             return CompletionOutput(seq.sample_index, seq.completion_token_ids, seq.logprobs, seq.finish_reason)
         return CompletionOutput(seq.sample_index, seq.completion_token_ids, seq.logprobs, seq.finish_reason,
-                                response_mask=seq.completion_mask(), turn_stats=agent.trajectory_stats(seq))
+                                response_mask=seq.completion_mask(), turn_stats=turn_stats[seq.call_key])
 
 
 @dataclass
@@ -329,13 +356,46 @@ class _Call:
     sched: Scheduler
     params: SamplingParams
     gen: torch.Generator
-    groups: list[list[Sequence]]        # per prompt, its n samples
+    groups: list[list[Sequence]]        # per prompt, its n samples (and the branches forked from them)
     tail: _TailClock
     agent: object = None
-    ready: queue.SimpleQueue = field(default_factory=queue.SimpleQueue)  # paused sequences whose outcome is known
-                                                                        # (the agent's tool threads put them)
-    pending: dict = field(default_factory=dict)     # paused sequence -> the Future of its turn outcome
+    sync: TurnSync | None = None        # multi-turn: where turn outcomes are decided (the TP group's rank 0)
+    ready: queue.SimpleQueue = field(default_factory=queue.SimpleQueue)  # (key, Future) of the paused sequences
+                                                                        # whose outcome is known (tool threads put)
+    pending: dict = field(default_factory=dict)     # key -> paused sequence waiting on its turn outcome
     host_s: float = 0.0                 # host time in scheduling and postprocessing (stats["schedule_s"])
+
+    def __post_init__(self):
+        self.num_seqs = 0
+        for seq in (s for g in self.groups for s in g):
+            self._keep(seq)
+
+    def _keep(self, seq: Sequence) -> None:
+        seq.call_key, self.num_seqs = self.num_seqs, self.num_seqs + 1
+
+    def branch(self, parent: Sequence, token_ids: list[int], tag) -> None:
+        """A new sample of parent's prompt continuing parent's history after `token_ids` (an agent loop's fork)."""
+        group = self.groups[parent.request_id]
+        child = parent.branch(sample_index=len(group))
+        child.agent_state = tag
+        self._keep(child)
+        group.append(child)
+        self.sched.branch(parent, child, token_ids)
+
+    def outcome_waiting(self) -> bool:
+        """A turn outcome known and not applied yet. Under TP the ranks learn outcomes only when they are shared,
+        so there this is False: the ranks must decide alike whether to schedule ahead."""
+        return self.sync is not None and self.sync.group is None and not self.ready.empty()
+
+    def known_outcomes(self, block: bool) -> list:
+        """(key, TurnOutcome) of each turn whose outcome is known (waiting for the first if `block`)."""
+        out = []
+        while True:
+            try:
+                key, future = self.ready.get(block=block and not out)
+            except queue.Empty:
+                return out
+            out.append((key, future.result()))  # the agent's own failures (not a tool's) propagate
 
 
 class _TailClock:

@@ -42,7 +42,7 @@ from hybridrl.rollout.interactions import call as run_interaction
 from hybridrl.rollout.tool_parser import FORMATS, ParsedCall, get_format, strip_reasoning
 from hybridrl.tools.registry import Tool
 
-__all__ = ["MultiTurnSettings", "ToolAgent", "TrajectoryStats", "TurnOutcome", "truncate_tool_response"]
+__all__ = ["MultiTurnSettings", "ToolAgent", "TrajectoryStats", "TurnOutcome", "message_ids", "truncate_tool_response"]
 
 KEY = "actor_rollout_ref.rollout.multi_turn"
 TRUNCATE_SIDES = ("left", "middle", "right")
@@ -100,7 +100,9 @@ class TrajectoryStats:
     appended: list = field(default_factory=list)  # the messages appended after each assistant turn
     truncated_responses: int = 0
     cut: str = ""              # "" | "turns" | "length" | "turn_length": ended by a limit (assistant / tool turns,
-                               # the response budget, max_tokens_per_turn)
+                               # appended messages that do not fit the response budget, max_tokens_per_turn); the
+                               # engine adds "max_tokens" / "max_model_len" for a trajectory it ended mid-turn
+    reward: float | None = None  # an agent loop's reward for the trajectory (None: the reward function scores it)
 
     def as_dict(self) -> dict:
         out = asdict(self)
@@ -112,6 +114,21 @@ class TrajectoryStats:
 class TurnOutcome:
     token_ids: list[int] | None  # tokens to append before the next assistant turn; None = the trajectory ends
     finish_reason: str | None = None
+    forks: tuple = ()   # (token_ids, tag) per branch: a new trajectory sharing the history up to this turn's end,
+                        # continued after token_ids; it starts with agent_state = tag (agent_loop.py)
+
+
+def message_ids(tokenizer, messages: list[dict], ended_on_text: str | None = None, tools=None) -> list[int]:
+    """The token ids the chat template writes from the end of an assistant turn's content to the next assistant
+    generation prompt, with `messages` (tool or user messages) in between: the template is rendered with an
+    assistant message holding a sentinel, and what follows the sentinel is tokenized. `ended_on_text`: the eos text
+    the turn already ended with (sampled), left out."""
+    convo = [{"role": "user", "content": "?"}, {"role": "assistant", "content": SENTINEL}, *messages]
+    text = tokenizer.apply_chat_template(convo, tools=tools, add_generation_prompt=True, tokenize=False)
+    text = text[text.index(SENTINEL) + len(SENTINEL):]
+    if ended_on_text is not None and text.startswith(ended_on_text):
+        text = text[len(ended_on_text):]
+    return list(tokenizer.encode(text, add_special_tokens=False))
 
 
 def truncate_tool_response(text: str, limit: int, side: str) -> str:
@@ -175,7 +192,8 @@ class ToolAgent:
                              f"tools= (tool {name!r} is not in the prompt); multi-turn needs a Hermes/Qwen-style "
                              "tool template")
         probe = "PROBE-7f3a"
-        if probe not in self._delta_text([probe]):
+        if probe not in self.tokenizer.decode(message_ids(self.tokenizer, [{"role": "tool", "content": probe}],
+                                                          tools=self.schemas)):
             raise ValueError(f"{KEY}.enable: the tokenizer's chat template does not render 'tool' messages")
 
     # ------------------------------------------------------------------ engine interface
@@ -232,6 +250,10 @@ class ToolAgent:
         """The per-prompt interaction kwargs of the next generate call (index = the engine's request id); None or
         empty entries: no interaction for that prompt."""
         self.requests = list(interaction_kwargs) if interaction_kwargs is not None else []
+
+    def begin_batch(self, non_tensor: dict) -> None:
+        """The engine-agent protocol's per-call start: the prompt batch's non-tensor entries (interaction kwargs)."""
+        self.begin(non_tensor.get("interaction_kwargs"))
 
     def trajectory_stats(self, seq) -> dict:
         """The trajectory's counts, once it has ended; an interaction it started is finalized here."""
@@ -312,10 +334,8 @@ class ToolAgent:
     def _append(self, st: TrajectoryStats, contents: list[str], role: str, ended_on: int | None,
                 budget: int) -> TurnOutcome:
         """The tokens of `role` messages after the turn, or the end of the trajectory when they do not fit."""
-        text = self._delta_text(contents, role)
-        if ended_on is not None and text.startswith(self.eos_text[ended_on]):
-            text = text[len(self.eos_text[ended_on]):]
-        ids = list(self.tokenizer.encode(text, add_special_tokens=False))
+        ids = message_ids(self.tokenizer, [{"role": role, "content": c} for c in contents],
+                          self.eos_text[ended_on] if ended_on is not None else None, self.schemas)
         if len(ids) > budget:
             st.cut = "length"
             return TurnOutcome(None, "length")
@@ -323,11 +343,3 @@ class ToolAgent:
         st.interaction_turns += role == "user"
         st.appended.append([{"role": role, "content": c} for c in contents])
         return TurnOutcome(ids)
-
-    def _delta_text(self, contents: list[str], role: str = "tool") -> str:
-        """The template's text from the end of an assistant turn's content to the next generation prompt."""
-        messages = [{"role": "user", "content": "?"}, {"role": "assistant", "content": SENTINEL},
-                    *({"role": role, "content": c} for c in contents)]
-        text = self.tokenizer.apply_chat_template(messages, tools=self.schemas, add_generation_prompt=True,
-                                                  tokenize=False)
-        return text[text.index(SENTINEL) + len(SENTINEL):]

@@ -25,7 +25,7 @@ Choices (after nano-vllm, minus its asserts for user errors):
   continuation that cannot get its blocks while nothing runs gives them up (preempted: recomputed later from
   scratch); `schedule` returns None when only paused sequences could make progress (the engine then waits for
   a tool). Samples of a lookahead step for a sequence that paused meanwhile are dropped like those of a
-  finished one.
+  finished one. `branch` queues a copy of a paused sequence that references its blocks (an agent loop's fork).
 - Speculative decoding (a `drafter` given, rollout/ngram_draft.py): a decode step with at most
   `speculative.max_running_seqs` sequences asks the drafter for each one's draft, capped so that no token lands past
   max_tokens or max_model_len and the step's rows (one per sequence plus one per draft token) stay within
@@ -103,6 +103,13 @@ class Scheduler:
         seq.num_cached_tokens = last
         seq.status = SeqStatus.WAITING
         self.waiting.appendleft([seq])
+
+    def branch(self, parent: Sequence, child: Sequence, token_ids: list[int]) -> None:
+        """Queue `child` (a copy of paused `parent`'s history) to continue after `token_ids` on the parent's K/V:
+        it references the parent's blocks; the first write into a shared one copies it (BlockManager.extend)."""
+        self.bm.fork(parent, child)
+        self.paused.add(child)
+        self.resume(child, token_ids)
 
     def finish_paused(self, seq: Sequence, reason: str) -> None:
         self.paused.remove(seq)

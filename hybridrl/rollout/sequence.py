@@ -7,7 +7,8 @@ fresh prefill, the shared full prompt blocks for a re-admitted fork, len-1 while
 PLACEHOLDER, standing for the sample of a step still in flight (async scheduling, scheduler.py).
 Multi-turn: a sequence is PAUSED (its KV blocks kept) while the tools of its ended turn run; `inject` appends the
 tokens that did not come from the model (tool messages and the template around them) with log-prob 0, recording
-their span in `injected`, and the next turn starts at `turn_start`. `agent_state` belongs to the turn agent.
+their span in `injected`, and the next turn starts at `turn_start`. `agent_state` belongs to the turn agent. `branch`
+copies a paused sequence's history into a new sample of the same prompt (an agent loop's fork).
 Partial rollouts: a sequence may start with tokens sampled in an earlier call (`carried`: completion tokens and
 their log-probs, prefilled with the prompt); `budget_end` is the length at which this call's `token_budget` stops it.
 """
@@ -53,6 +54,7 @@ class Sequence:
         self.turn_start = self.num_prompt_tokens  # where the current assistant turn's tokens begin
         self.injected: list[tuple[int, int]] = []  # completion-relative [start, end) spans not sampled by the model
         self.agent_state = None
+        self.call_key: int | None = None  # its index in its generate call, the same on every TP rank (seq_id is not)
 
     def out_of_budget(self, length: int) -> bool:
         """Whether this call's token budget stops the sequence once it holds `length` tokens."""
@@ -83,6 +85,16 @@ class Sequence:
         self.logprobs.extend([0.0] * len(token_ids))
         self.injected.append((start, start + len(token_ids)))
         self.turn_start = len(self.token_ids)
+
+    def branch(self, sample_index: int) -> Sequence:
+        """A copy of this (paused) sequence's history as a new sample of its prompt; blocks are the scheduler's."""
+        child = Sequence(self.token_ids[:self.num_prompt_tokens], self.params, self.request_id, sample_index,
+                         self.group_id)
+        child.token_ids = list(self.token_ids)
+        child.logprobs = list(self.logprobs)
+        child.injected = list(self.injected)
+        child.turn_start = self.turn_start
+        return child
 
     def completion_mask(self) -> list[int]:
         """1 for each completion token the model sampled, 0 for injected ones."""

@@ -1,13 +1,14 @@
 """Turn generate() outputs + the prompt batch into the rollout DataProto keys of docs/CONTRACTS.md.
 
-Choices: one row per sample with the n samples of a prompt adjacent (the prompt batch is repeated
-with interleave, non-tensor entries too); responses are right-padded with pad_token_id to
+Choices: one row per sample with the samples of a prompt adjacent (each prompt row repeated once per sample, non-tensor
+entries too: n, or more where an agent loop forked branches — they carry the prompt's uid, so GRPO groups them); responses are right-padded with pad_token_id to
 `response_length`; response position ids continue from the prompt's last position. A response longer
 than `response_length` raises ValueError (max_tokens must not exceed it) — nothing is cut silently.
 Multi-turn samples (a `response_mask` on the completion): the tool messages stay in `responses` and in the
 attention mask (the trainer's forward sees the whole trajectory) but `response_mask` is 0 on them (no loss,
 advantage or KL there) and so are their `rollout_log_probs`; each sample's `turn_stats` go to the non-tensor
-batch: verl's `__num_turns__` and `tool_call_counts`, and the full counts in `multi_turn_stats`.
+batch: verl's `__num_turns__` and `tool_call_counts`, and the full counts in `multi_turn_stats`; an agent loop's
+rewards (a number or None per sample) in `agent_reward`, which the reward manager uses instead of scoring.
 Partial rollouts (trainer/partial_rollout.py) send one row per sample with the tokens it carries (`CARRIED_KEYS`,
 empty for a fresh sample): `sample_requests` makes the engine's requests of them — n adjacent fresh rows of one
 uid are one prompt's n samples (sharing its KV), every other row a continuation — and `completions_to_dataproto`
@@ -29,10 +30,7 @@ def outputs_to_dataproto(prompts: DataProto, outputs: list[RequestOutput], *, re
                          pad_token_id: int) -> DataProto:
     if len(outputs) != len(prompts):
         raise ValueError(f"outputs_to_dataproto: {len(outputs)} request outputs for {len(prompts)} prompts")
-    ns = {len(o.outputs) for o in outputs}
-    if len(ns) != 1:
-        raise ValueError(f"outputs_to_dataproto: every prompt needs the same number of samples, got {sorted(ns)}")
-    n = ns.pop()
+    counts = [len(o.outputs) for o in outputs]
     samples = [c for o in outputs for c in o.outputs]
     B = len(samples)
     responses = torch.full((B, response_length), pad_token_id, dtype=torch.long)
@@ -49,7 +47,7 @@ def outputs_to_dataproto(prompts: DataProto, outputs: list[RequestOutput], *, re
         model = torch.tensor(c.response_mask, dtype=torch.long) if c.response_mask is not None else 1
         response_mask[i, :L] = model
         log_probs[i, :L] = torch.tensor(c.logprobs, dtype=torch.float32) * response_mask[i, :L]
-    data = prompts.repeat(n, interleave=True) if n > 1 else prompts
+    data = prompts.select_idxs(torch.arange(len(prompts)).repeat_interleave(torch.tensor(counts)))
     prompt_ids = data.batch["input_ids"]
     prompt_mask = data.batch["attention_mask"]
     prompt_pos = data.batch["position_ids"]
@@ -70,6 +68,8 @@ def outputs_to_dataproto(prompts: DataProto, outputs: list[RequestOutput], *, re
         others["__num_turns__"] = np.array([s.get("num_turns", 1) for s in stats], dtype=np.int64)
         others["tool_call_counts"] = np.array([s.get("tool_calls", 0) for s in stats], dtype=np.int64)
         others["multi_turn_stats"] = np.array(stats, dtype=object)
+        if any(s.get("reward") is not None for s in stats):
+            others["agent_reward"] = np.array([s.get("reward") for s in stats], dtype=object)
     return DataProto.from_dict(tensors, others, dict(data.meta_info))
 
 

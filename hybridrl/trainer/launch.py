@@ -39,8 +39,8 @@ def check_model_dir(path: str, key: str) -> str:
 
 
 def prompt_tools(multi_turn: DictConfig) -> list[dict] | None:
-    """The tool schemas prompts are rendered with (the chat template's tools=): multi-turn runs only."""
-    if not multi_turn.enable:
+    """The tool schemas prompts are rendered with (the chat template's tools=): multi-turn runs with tools only."""
+    if not multi_turn.enable or not multi_turn.tool_config_path:
         return None
     from hybridrl.tools.registry import load_tool_config
 

@@ -15,8 +15,10 @@ Choices, following verl's trainer/ppo/metric_utils.py unless stated:
   falls back to `attention_mask.sum()`; tokens / second / GPU;
 - multi-turn rollouts (`multi_turn_stats` in the batch): verl's `num_turns/{min,max,mean}` and
   `tool_call_counts/{min,max,mean}`, and batch sums under `multi_turn/` (tool errors, timeouts, crashes, malformed
-  calls, dropped calls, calls inside reasoning blocks (not run), truncated tool answers, trajectories cut by the
-  turn, response-length or per-turn token limits, seconds in tools);
+  calls, dropped calls, calls inside reasoning blocks (not run), truncated tool answers, trajectories cut by each
+  limit: `cut_by_turns` (turn counts), `cut_by_length` (an appended message did not fit the response budget),
+  `cut_by_turn_length` (max_tokens_per_turn), `cut_by_max_tokens` / `cut_by_max_model_len` (the engine ended the
+  trajectory mid-turn at the response budget or at the model length the KV was sized for); seconds in tools);
   `multi_turn/tool_use_rate` is the fraction of trajectories with at least one tool call;
   `multi_turn/masked_tokens` counts the tool tokens kept out of the loss; validation reports the same (without
   masked_tokens) over all its samples under `val-aux/` (verl's `val-aux/num_turns/{min,max,mean}` among them);
@@ -131,6 +133,8 @@ def multi_turn_stats_metrics(stats: Sequence[dict]) -> dict[str, float]:
     out["multi_turn/cut_by_turns"] = float(sum(s.get("cut") == "turns" for s in stats))
     out["multi_turn/cut_by_length"] = float(sum(s.get("cut") == "length" for s in stats))
     out["multi_turn/cut_by_turn_length"] = float(sum(s.get("cut") == "turn_length" for s in stats))
+    out["multi_turn/cut_by_max_tokens"] = float(sum(s.get("cut") == "max_tokens" for s in stats))
+    out["multi_turn/cut_by_max_model_len"] = float(sum(s.get("cut") == "max_model_len" for s in stats))
     return {k: float(v) for k, v in out.items()}
 
 

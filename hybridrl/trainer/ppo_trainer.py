@@ -54,7 +54,10 @@ from hybridrl.trainer.tracking import make_progress_bar
 logger = logging.getLogger("hybridrl.trainer")
 
 GEN_KEYS = ["input_ids", "attention_mask", "position_ids"]
-GEN_NON_TENSOR_KEYS = ["raw_prompt_ids", "interaction_kwargs"]   # what the rollout reads of a prompt
+# what the rollout reads of a prompt (an agent loop sees the row: messages, data source, ground truth, extra info;
+# the uid goes out with each sample, branches included, so attach_rollout finds its prompt)
+GEN_NON_TENSOR_KEYS = ["raw_prompt_ids", "interaction_kwargs", "raw_prompt", "data_source", "reward_model",
+                       "extra_info", "uid"]
 
 
 def generation_inputs(batch: DataProto) -> DataProto:
@@ -98,8 +101,13 @@ def assign_uids(batch: DataProto) -> None:
 
 
 def attach_rollout(batch: DataProto, out: DataProto, n: int) -> DataProto:
-    """Prompt rows × n samples (adjacent), with the prompt-only tensors replaced by the full sequences of `out`."""
-    batch = batch.repeat(n, interleave=True)
+    """Prompt rows × their samples (adjacent), with the prompt-only tensors replaced by the full sequences of `out`.
+    n per prompt, or, where an agent loop forked branches, as many as `out` holds under the prompt's uid."""
+    if len(out) == n * len(batch) or "uid" not in out.non_tensor_batch:
+        batch = batch.repeat(n, interleave=True)
+    else:
+        row = {uid: i for i, uid in enumerate(batch.non_tensor_batch["uid"])}
+        batch = batch.select_idxs(np.array([row[uid] for uid in out.non_tensor_batch["uid"]]))
     for k in GEN_KEYS:
         batch.batch.pop(k)
     return batch.union(out)

@@ -57,12 +57,18 @@ def prompt_token_lists(prompts: DataProto) -> list[list[int]]:
 
 
 def build_tool_agent(config: DictConfig, eos_token_ids):
-    """The multi-turn ToolAgent of `rollout.multi_turn` (None when disabled): its tools from tool_config_path, the
-    tool messages rendered with the policy's tokenizer and chat template (models/tokenizer.py)."""
+    """The multi-turn agent of `rollout.multi_turn` (None when disabled): the user's agent loop
+    (`agent_loop.path`), else the ToolAgent with its tools from tool_config_path and interactions; messages are
+    rendered with the policy's tokenizer and chat template (models/tokenizer.py)."""
     mt = config.actor_rollout_ref.rollout.multi_turn
     if not mt.enable:
         return None
     from hybridrl.models.tokenizer import policy_tokenizer
+
+    if mt.agent_loop.path:
+        from hybridrl.rollout.agent_loop import load_agent_loop
+
+        return load_agent_loop(mt, policy_tokenizer(config), eos_token_ids)
     from hybridrl.rollout.interactions import load_interactions
     from hybridrl.rollout.multi_turn import MultiTurnSettings, ToolAgent
     from hybridrl.tools.registry import load_tool_config
@@ -186,8 +192,8 @@ class ActorRolloutRefWorker(Worker):
         rcfg = self.config.actor_rollout_ref.rollout
         params = sampling_params_from(rcfg, prompts.meta_info, dp_rank=self.rollout_coords.dp_rank)
         agent = {"agent": self.tool_agent} if self.tool_agent is not None else {}
-        if agent:  # interactions read each prompt's extra_info.interaction_kwargs
-            self.tool_agent.begin(prompts.non_tensor_batch.get("interaction_kwargs"))
+        if agent:  # each prompt's row: interaction kwargs, or what an agent loop reads (messages, ground truth)
+            self.tool_agent.begin_batch(prompts.non_tensor_batch)
         outputs, metrics = self._generate(prompt_token_lists(prompts), params,
                                           self.plan.kv_blocks_for(len(prompts), params.n), **agent)
         out = outputs_to_dataproto(prompts, outputs, response_length=int(rcfg.response_length),

@@ -40,7 +40,10 @@ def test_the_tool_agent_renders_tool_turns_with_the_custom_template(tiny_model_d
     cfg.actor_rollout_ref.model.custom_chat_template = TEMPLATE
     agent = build_tool_agent(cfg, eos_token_ids=(1,))
     assert agent.tokenizer.chat_template == TEMPLATE   # the tiny model's own template renders tools differently
-    assert agent._delta_text(["42"]).startswith("[tool]42")
+    from hybridrl.rollout.multi_turn import message_ids
+
+    ids = message_ids(agent.tokenizer, [{"role": "tool", "content": "42"}], tools=agent.schemas)
+    assert agent.tokenizer.decode(ids).startswith("[tool]42")
 
 
 @pytest.mark.parametrize("value,rule", [("no_such_template.jinja", "no such file"),

@@ -59,3 +59,15 @@ class CountdownInteraction:
 
     async def finalize_interaction(self, instance_id, **kwargs):
         del self.open[instance_id]
+
+
+calls = {"count": 0}
+
+
+def counted_calculator(expression: str) -> str:
+    """The calculator, counting its calls in this process (the TP test checks that only the group's rank 0 runs
+    tools)."""
+    from hybridrl.tools.builtin import calculator
+
+    calls["count"] += 1
+    return calculator(expression)
