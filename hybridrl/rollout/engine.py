@@ -26,6 +26,9 @@ Choices:
   still running), `running_seqs_mean` (sequences per decode step, the mean over steps) and, on GPUs
   with known peaks (device_peaks.py), `decode_floor_s`: each decode step's unavoidable bytes (this rank's engine
   weights once, plus every running sequence's K/V) over the HBM bandwidth, summed.
+- Routing record (`record_routed_experts`, MoE models): each finished sequence's experts are gathered on the
+  device as it finishes (the scheduler's `on_finish`, before its blocks are freed), moved to the host together
+  once the call ends, and returned in its CompletionOutput's `routed_experts`.
 - One SamplingParams per generate call is handed to the runner, which builds the sampling tensors
   and host-side path flags once per call instead of per step.
 - `async_scheduling`: while decode step t runs on the GPU, step t+1 is scheduled and launched (its input
@@ -51,8 +54,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import torch
+import torch.nn.functional as F
 
 from hybridrl.models.decoder import check_supported
+from hybridrl.models.moe import not_routed
 from hybridrl.rollout.block_manager import BlockManager
 from hybridrl.rollout.config import EngineConfig
 from hybridrl.rollout.model_runner import ModelRunner, StepHandle, TokenFeed
@@ -170,13 +175,20 @@ class LLMEngine:
         while ahead is not None or not call.sched.is_finished():
             ahead = self._step(call, ahead)
         self._record_stats(call)
-        return [RequestOutput(rid, list(prompt_token_ids[rid]), [self._completion(s, agent) for s in group])
+        experts = self._routed_experts(call)
+        return [RequestOutput(rid, list(prompt_token_ids[rid]),
+                              [self._completion(s, agent, experts.get(s.seq_id)) for s in group])
                 for rid, group in enumerate(call.groups)]
 
     def _start(self, prompts: list[list[int]], params: SamplingParams, agent) -> _Call:
         """A call's scheduler over the whole KV cache with every prompt's samples queued, and its seeded generator."""
+        experts: dict = {}
+        record = None
+        if self.config.record_routed_experts:
+            def record(seq):
+                experts[seq.seq_id] = self.runner.experts_of(seq)
         sched = Scheduler(BlockManager(self.runner.num_blocks, self.config.block_size), self.config,
-                          turn_end=agent.ends_turn if agent is not None else None)
+                          turn_end=agent.ends_turn if agent is not None else None, on_finish=record)
         groups = []
         for rid, prompt in enumerate(prompts):
             group = [Sequence(prompt, params, rid, j) for j in range(params.n)]
@@ -187,7 +199,7 @@ class LLMEngine:
         gen = torch.Generator(device=self.runner.device)
         gen.manual_seed(params.seed if params.seed is not None else random.randrange(2**63))
         return _Call(sched, params, gen, groups, _TailClock(len(prompts) * params.n, self.runner.decode_step_floor_s),
-                     agent)
+                     agent, experts=experts)
 
     def _step(self, call: _Call, ahead: _Launched | None) -> _Launched | None:
         """One step: schedule and launch it (unless the step before launched it ahead), launch the next one ahead,
@@ -267,12 +279,25 @@ class LLMEngine:
         for key, value in call.sched.stats.items():
             self.stats[key] = max(self.stats[key], value) if key in _PEAK_KEYS else self.stats[key] + value
 
+    def _routed_experts(self, call: _Call) -> dict:
+        """seq_id -> [len(seq), MoE layers, k] on the host (one copy for the whole call); the last row, a token
+        never run through the model, holds the 'not recorded' id."""
+        if not call.experts:
+            return {}
+        ids = list(call.experts)
+        parts = [call.experts[i] for i in ids]
+        host = torch.cat([F.pad(p, (0, 0, 0, 0, 0, 1), value=not_routed(self.runner.moe.num_experts))
+                          for p in parts]).cpu()
+        return dict(zip(ids, host.split([p.shape[0] + 1 for p in parts])))
+
     @staticmethod
-    def _completion(seq: Sequence, agent) -> CompletionOutput:
+    def _completion(seq: Sequence, agent, routed_experts=None) -> CompletionOutput:
         if agent is None:
-            return CompletionOutput(seq.sample_index, seq.completion_token_ids, seq.logprobs, seq.finish_reason)
+            return CompletionOutput(seq.sample_index, seq.completion_token_ids, seq.logprobs, seq.finish_reason,
+                                    routed_experts=routed_experts)
         return CompletionOutput(seq.sample_index, seq.completion_token_ids, seq.logprobs, seq.finish_reason,
-                                response_mask=seq.completion_mask(), turn_stats=agent.trajectory_stats(seq))
+                                response_mask=seq.completion_mask(), turn_stats=agent.trajectory_stats(seq),
+                                routed_experts=routed_experts)
 
 
 @dataclass
@@ -288,6 +313,7 @@ class _Call:
                                                                         # (the agent's tool threads put them)
     pending: dict = field(default_factory=dict)     # paused sequence -> the Future of its turn outcome
     host_s: float = 0.0                 # host time in scheduling and postprocessing (stats["schedule_s"])
+    experts: dict = field(default_factory=dict)     # seq_id -> its routing record on the device, as it finished
 
 
 class _TailClock:

@@ -48,9 +48,11 @@ class ScheduledBatch:
 
 
 class Scheduler:
-    def __init__(self, block_manager: BlockManager, config: EngineConfig, turn_end=None):
-        """`config`: resolved (EngineConfig.for_model), so max_model_len and eos_token_ids are set."""
+    def __init__(self, block_manager: BlockManager, config: EngineConfig, turn_end=None, on_finish=None):
+        """`config`: resolved (EngineConfig.for_model), so max_model_len and eos_token_ids are set.
+        `on_finish(seq)`: called for each finished sequence while it still holds its KV blocks."""
         self.bm = block_manager
+        self.on_finish = on_finish or (lambda seq: None)
         self.config = config
         self.eos_token_ids = set(config.eos_token_ids)  # a set: postprocess tests every sampled token
         self.waiting: deque[list[Sequence]] = deque()
@@ -90,6 +92,7 @@ class Scheduler:
         self.paused.remove(seq)
         seq.finish_reason = reason
         seq.status = SeqStatus.FINISHED
+        self.on_finish(seq)
         self.bm.free(seq)
 
     # ------------------------------------------------------------------ scheduling
@@ -271,6 +274,7 @@ class Scheduler:
                 seq.finish_reason = "length"
             if seq.finish_reason is not None:
                 seq.status = SeqStatus.FINISHED
+                self.on_finish(seq)
                 self.bm.free(seq)
                 finished.append(seq)
         if finished or paused:  # one pass instead of a deque.remove (O(running)) per sequence

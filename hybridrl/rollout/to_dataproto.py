@@ -8,6 +8,9 @@ Multi-turn samples (a `response_mask` on the completion): the tool messages stay
 attention mask (the trainer's forward sees the whole trajectory) but `response_mask` is 0 on them (no loss,
 advantage or KL there) and so are their `rollout_log_probs`; each sample's `turn_stats` go to the non-tensor
 batch: verl's `__num_turns__` and `tool_call_counts`, and the full counts in `multi_turn_stats`.
+Recorded experts (MoE models, `record_routed_experts`) become verl's `routed_experts` [B, prompt + response
+columns, MoE layers, k], aligned with `input_ids`: each token's experts at its column, the 'not recorded' id
+(moe.not_routed) at padding and at each sample's last token.
 """
 
 from __future__ import annotations
@@ -58,6 +61,8 @@ def outputs_to_dataproto(prompts: DataProto, outputs: list[RequestOutput], *, re
         "response_mask": response_mask,
         "rollout_log_probs": log_probs,
     }
+    if samples[0].routed_experts is not None:
+        tensors["routed_experts"] = _aligned_experts(samples, prompt_mask, response_length)
     others = {k: v for k, v in data.non_tensor_batch.items()}
     if any(c.turn_stats is not None for c in samples):
         stats = [c.turn_stats or {} for c in samples]
@@ -65,3 +70,19 @@ def outputs_to_dataproto(prompts: DataProto, outputs: list[RequestOutput], *, re
         others["tool_call_counts"] = np.array([s.get("tool_calls", 0) for s in stats], dtype=np.int64)
         others["multi_turn_stats"] = np.array(stats, dtype=object)
     return DataProto.from_dict(tensors, others, dict(data.meta_info))
+
+
+def _aligned_experts(samples, prompt_mask: torch.Tensor, response_length: int) -> torch.Tensor:
+    """The samples' recorded experts at their tokens' columns of input_ids (the prompt's unpadded columns, then the
+    response's); everything else holds the record's 'not recorded' id (its dtype's largest value)."""
+    first = samples[0].routed_experts
+    out = torch.full((len(samples), prompt_mask.shape[1] + response_length, *first.shape[1:]),
+                     torch.iinfo(first.dtype).max, dtype=first.dtype)
+    for i, c in enumerate(samples):
+        cols = torch.cat([prompt_mask[i].nonzero(as_tuple=True)[0],
+                          prompt_mask.shape[1] + torch.arange(len(c.token_ids))])
+        if c.routed_experts.shape[0] != cols.numel():
+            raise ValueError(f"outputs_to_dataproto: sample {i} has experts for {c.routed_experts.shape[0]} tokens, "
+                             f"its prompt and response have {cols.numel()}")
+        out[i, cols] = c.routed_experts
+    return out
