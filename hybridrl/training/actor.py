@@ -85,8 +85,14 @@ class DataParallelPPOActor(FSDPUpdater):
             self.routing = RouterTaps(module, replay=self.replay,
                                       collect_logits=bool(self.router_aux_coef or self.router_z_coef))
 
-    def _forward_inputs(self) -> list[str]:
-        return [*FORWARD_INPUTS, "routed_experts"] if self.routing is not None and self.replay else [*FORWARD_INPUTS]
+    def _forward_inputs(self, data: DataProto | None = None) -> list[str]:
+        """What the forward reads of `data`: the tokens and, replaying routing, the rollout's experts."""
+        if self.routing is None or not self.replay:
+            return [*FORWARD_INPUTS]
+        if data is not None and "routed_experts" not in data.batch:
+            raise ValueError("actor.router_replay.mode=R3 needs the rollout's 'routed_experts' in the batch (the "
+                             "native engine records them when the mode is R3)")
+        return [*FORWARD_INPUTS, "routed_experts"]
 
     # ------------------------------------------------------------------ forward
     def _forward_micro_batch(self, micro: DataProto, temperature: float, calculate_entropy: bool,
@@ -128,7 +134,7 @@ class DataParallelPPOActor(FSDPUpdater):
         if "temperature" not in meta:
             raise ValueError("compute_log_prob: meta_info['temperature'] is required (the rollout temperature)")
         self.module.eval()
-        data = data.select(self._forward_inputs())
+        data = data.select(self._forward_inputs(data))
         micros, bins = make_micro_batches(data, bool(meta.get("use_dynamic_bsz", False)),
                                           meta.get("micro_batch_size"), meta.get("max_token_len"),
                                           size_key="log_prob_micro_batch_size_per_gpu",
@@ -155,7 +161,7 @@ class DataParallelPPOActor(FSDPUpdater):
         use_kl_loss = bool(cfg.get("use_kl_loss", False))
         # without 'old_log_probs' (no old-log-prob pass: one on-policy mini-batch) the update's own log-probs,
         # detached, are the old ones: ratio 1, the same gradient, one forward pass less per step
-        keys = [*self._forward_inputs(), "response_mask", "advantages"]
+        keys = [*self._forward_inputs(data), "response_mask", "advantages"]
         own_old = "old_log_probs" not in data.batch
         if not own_old:
             keys.append("old_log_probs")

@@ -125,3 +125,53 @@ def test_router_settings_and_a_dense_model_are_refused():
     dense = transformers.AutoModelForCausalLM.from_config(tiny_qwen2_config())
     with pytest.raises(ValueError, match="has no MoE routers"):
         RouterTaps(dense, replay=True)
+
+
+# ---------------------------------------------------------------------- FSDP over 2 gloo ranks == one rank
+def _fsdp_step(rank, world, model_dir, out_file):
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    from hybridrl.training import build_fsdp_model, build_optimizer, build_training_mesh
+
+    mesh = build_training_mesh(world, -1, "cpu")
+    model = build_fsdp_model({"path": str(model_dir), "use_remove_padding": True}, {"model_dtype": "fp32"}, mesh,
+                             torch.device("cpu"), gradient_checkpointing=True)
+    optim = dict(lr=1e-2, weight_decay=0.0, lr_warmup_steps=0, warmup_style="constant", total_training_steps=1)
+    actor = DataParallelPPOActor(actor_cfg(router_aux_loss_coef=0.1, router_z_loss_coef=0.01,
+                                           router_replay={"mode": "R3"}),
+                                 model, build_optimizer(model.parameters(), optim), use_remove_padding=True)
+    data = _replay_batch(model.config)   # every rank the same rows: the mean gradient is one rank's
+    metrics = actor.update_policy(data)
+    state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    if rank == 0:
+        torch.save({"state": state, "metrics": metrics}, out_file)
+
+
+def _replay_batch(config):
+    """A PPO batch with given experts to replay: k distinct random experts per token and MoE layer, none recorded
+    for the padding."""
+    data = make_ppo_batch(batch=4, prompt_len=7, resp_len=6, seed=5)
+    E = getattr(config, "num_experts", None) or config.num_local_experts
+    layers = sum(1 for i in range(config.num_hidden_layers) if i not in (getattr(config, "mlp_only_layers", None) or []))
+    B, S = data.batch["input_ids"].shape
+    g = torch.Generator().manual_seed(1)
+    routed = torch.rand(B, S, layers, E, generator=g).topk(config.num_experts_per_tok, -1).indices.to(torch.uint8)
+    routed[~data.batch["attention_mask"].bool()] = 255
+    data.batch["routed_experts"] = routed
+    return data
+
+
+def test_fsdp_on_two_ranks_equals_one_rank(moe_dir, tmp_path):
+    from _training_tiny import run_ranks
+
+    for world in (1, 2):
+        run_ranks(_fsdp_step, world, moe_dir, tmp_path / f"world{world}.pt")
+    one, two = torch.load(tmp_path / "world1.pt"), torch.load(tmp_path / "world2.pt")
+    assert one["metrics"]["actor/routing_mismatch_frac"] > 0.5   # the random experts are not the model's own
+    for key in ("actor/pg_loss", "actor/router_aux_loss", "actor/router_z_loss", "actor/routing_mismatch_frac"):
+        assert two["metrics"][key] == pytest.approx(one["metrics"][key], rel=1e-5, abs=1e-7), key
+    start = _grouped(moe_dir).state_dict()
+    moved = [n for n in one["state"] if not torch.equal(one["state"][n], start[n])]
+    assert any(n.endswith("mlp.gate.weight") for n in moved) and any("experts" in n for n in moved)
+    for name, value in one["state"].items():
+        torch.testing.assert_close(two["state"][name], value, atol=1e-6, rtol=1e-5, msg=name)
