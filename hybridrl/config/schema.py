@@ -119,6 +119,7 @@ ENUMS: dict[str, tuple[str, ...]] = {
     "actor_rollout_ref.actor.checkpoint.contents": CHECKPOINT_CONTENTS,  # checked per entry
     "critic.loss_agg_mode": _LOSS_AGG,
     "actor_rollout_ref.actor.kl_loss_type": _KL_TYPES,
+    "actor_rollout_ref.actor.router_replay.mode": ("disabled", "R3"),   # training/moe.py REPLAY_MODES
     "algorithm.kl_penalty": _KL_TYPES,
     "actor_rollout_ref.actor.optim.warmup_style": ("constant", "cosine"),
     "critic.optim.warmup_style": ("constant", "cosine"),

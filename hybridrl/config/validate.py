@@ -202,6 +202,12 @@ def check_semantics(cfg: DictConfig | dict) -> list[str]:
         if g(f"{model_sec}.enable_activation_offload") and not g(f"{model_sec}.enable_gradient_checkpointing"):
             errors.append(f"'{model_sec}.enable_activation_offload' = true needs '{model_sec}."
                           "enable_gradient_checkpointing' = true or auto (it offloads the inputs checkpointing keeps)")
+    for key in ("router_aux_loss_coef", "router_z_loss_coef"):
+        if g(f"actor_rollout_ref.actor.{key}") < 0:
+            errors.append(f"'actor_rollout_ref.actor.{key}' must be >= 0 (0 = off), got {g(f'actor_rollout_ref.actor.{key}')}")
+    if g("actor_rollout_ref.actor.router_replay.mode") == "R3" and g(f"{ROLLOUT}.name") != "native":
+        errors.append(f"'actor_rollout_ref.actor.router_replay.mode' = R3 needs '{ROLLOUT}.name' = native (the engine "
+                      f"that records each token's experts), got {g(f'{ROLLOUT}.name')!r}")
     gmu = g(f"{ROLLOUT}.gpu_memory_utilization")
     if not 0 < gmu <= 1:
         errors.append(f"'{ROLLOUT}.gpu_memory_utilization' must be in (0, 1], got {gmu}")

@@ -13,6 +13,7 @@ Choices:
 - Only the last token's hidden state of each prefill sequence reaches the LM head (`logits_index`).
 - HF names map to fused parameters in `load_hf_weight`: q/k/v_proj -> qkv_proj, gate/up_proj -> gate_up_proj;
   the MoE block keeps HF's names (`mlp.gate.weight`, `mlp.experts.gate_up_proj`, `mlp.experts.down_proj`).
+- MoE blocks record each token's experts in the step's context when it holds a routing record (moe.py).
 - CUDA graphs: a model whose MoE blocks would take the host-synchronising fallback on the device (moe.py) says so
   through `cuda_graph_safe(device, dtype)`, and the runner then decodes eagerly.
 
@@ -138,7 +139,7 @@ class MLP(nn.Module):
                                                  False, tp_group)
         self.down_proj = RowParallelLinear(inter, config.hidden_size, False, tp_group)
 
-    def forward(self, x, use_fused=False):
+    def forward(self, x, use_fused=False, ctx=None):  # ctx: read by MoE blocks only (their routing record)
         if use_fused:
             return self.down_proj(fused.silu_mul(self.gate_up_proj(x)))
         gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
@@ -152,13 +153,13 @@ class DecoderLayer(nn.Module):
         self.self_attn = Attention(config, layer_idx, tp_group)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         if moe is not None and moe.sparse_layers[layer_idx]:
-            self.mlp = SparseMoeBlock(config, moe, tp_group, expert_parallel)
+            self.mlp = SparseMoeBlock(config, moe, tp_group, expert_parallel, sum(moe.sparse_layers[:layer_idx]))
         else:
             self.mlp = MLP(config, tp_group)
 
     def forward(self, h, cos, sin, ctx):
         h = h + self.self_attn(self.input_layernorm(h), cos, sin, ctx)
-        return h + self.mlp(self.post_attention_layernorm(h))
+        return h + self.mlp(self.post_attention_layernorm(h), ctx=ctx)
 
 
 class DecoderModel(nn.Module):
@@ -206,7 +207,7 @@ class TPDecoderForCausalLM(nn.Module):
             h = layer.self_attn(x, cos, sin, ctx, use_fused=True)
             ln = layer.post_attention_layernorm
             x, residual = fused.add_rmsnorm(h, residual, ln.weight, ln.eps)
-            h = layer.mlp(x, use_fused=True)
+            h = layer.mlp(x, use_fused=True, ctx=ctx)
         norm = self.model.norm
         return fused.add_rmsnorm(h, residual, norm.weight, norm.eps)[0]
 

@@ -33,6 +33,11 @@ Choices:
   The per-expert names of older checkpoints (`experts.<e>.gate_proj.weight`) are refused with that explanation:
   weights reach the engine from the actor's transformers-5 state dict, which has the fused layout.
 
+- Routing record (rollout routing replay): given the step's context, a block writes each token's k expert ids into
+  the context's per-slot record (rollout/attention.py `record_experts`), at the token's KV-cache slot, so the record
+  follows the KV cache: shared prompt blocks, copy-on-write, preemption and multi-turn continuations need nothing
+  more. Ids are stored in `routing_dtype(E)` (uint8 up to 255 experts); an id >= E marks a token with no record.
+
 Shape legend: T tokens, H hidden, E experts (local El), k experts per token, S = T·k assignments, I one expert's
 intermediate size (local Il).
 """
@@ -49,6 +54,15 @@ from hybridrl.models.tp_layers import ShardSpec, copy_shard, tp_rank_size
 
 BACKENDS = ("auto", "grouped_mm", "sorted")
 _grouped_mm = getattr(F, "grouped_mm", None) or getattr(torch, "_grouped_mm", None)
+
+
+def routing_dtype(num_experts: int) -> torch.dtype:
+    """The compact integer type of recorded expert ids: its largest value (>= E) marks 'not recorded'."""
+    return torch.uint8 if num_experts < 255 else torch.int16
+
+
+def not_routed(num_experts: int) -> int:
+    return torch.iinfo(routing_dtype(num_experts)).max
 
 
 def grouped_mm_available(device: torch.device, dtype: torch.dtype) -> bool:
@@ -178,15 +192,18 @@ class SparseMoeBlock(nn.Module):
     """Router + experts + the TP all-reduce: x [T, H] -> [T, H]. Module names follow HF (`gate`, `experts`), so HF
     weight names resolve to these parameters unchanged."""
 
-    def __init__(self, config, moe, tp_group=None, expert_parallel=False):
+    def __init__(self, config, moe, tp_group=None, expert_parallel=False, moe_index: int = 0):
         super().__init__()
         self.tp_group = tp_group
+        self.moe_index = moe_index  # this block's place among the model's MoE layers (the routing record's row)
         self.top_k, self.norm_topk_prob, self.weights_fp32 = moe.top_k, moe.norm_topk_prob, moe.weights_fp32
         self.gate = Router(config.hidden_size, moe.num_experts)
         self.experts = Experts(moe.num_experts, config.hidden_size, moe.intermediate, tp_group, expert_parallel)
 
-    def forward(self, x_TH, use_fused=False):
+    def forward(self, x_TH, use_fused=False, ctx=None):
         weights_Tk, ids_Tk = route(self.gate(x_TH), self.top_k, self.norm_topk_prob, self.weights_fp32)
+        if ctx is not None:
+            ctx.record_experts(self.moe_index, ids_Tk)
         y_TH = self.experts(x_TH, ids_Tk, weights_Tk, use_fused=use_fused)
         if self.tp_group is not None:
             dist.all_reduce(y_TH, group=self.tp_group)

@@ -51,6 +51,9 @@ class Residency:
     kept_layers: int = 0            # with the actor's checkpointing: its last decoder layers that keep their
                                     # activations instead of recomputing them (0: every layer recomputes)
     critic_kept_layers: int = 0     # the same for the critic's
+    router_aux_loss: bool = False   # MoE: the actor's load-balancing loss is on (its router logits kept to backward)
+    router_z_loss: bool = False     # MoE: the router z-loss is on
+    routing_record: bool = False    # MoE routing replay: the engine records each token's experts beside its K/V
 
 
 @dataclass(frozen=True)
@@ -102,7 +105,8 @@ class MemoryModel:
     def kv_block_bytes(self, block_size: int) -> int:
         """One KV block on one TP rank (the heads split over TP; replicated when TP exceeds the KV heads)."""
         kv_heads = max(1, self.s.kv_heads // self.r.rollout_tp)
-        return 2 * self.s.layers * block_size * kv_heads * self.s.head_dim * 2
+        record = block_size * self.s.routing_record_bytes_per_token if self.r.routing_record else 0
+        return 2 * self.s.layers * block_size * kv_heads * self.s.head_dim * 2 + record
 
     def _scheme_a_engine(self, kv_bytes: int) -> dict:
         return {} if self.r.hybrid else {"engine weights": self.engine_weights(), "kv cache": kv_bytes}
@@ -198,8 +202,9 @@ class MemoryModel:
         parts.update(self._others(ref_on_gpu=not r.ref_offload))
         parts.update(self._scheme_a_engine(kv_bytes))
         lora, tokens = bool(r.lora_params), micro_rows * seq_len if tokens is None else tokens
+        router = tokens * s.router_loss_bytes_per_token(r.router_aux_loss, r.router_z_loss)  # kept whatever recomputes
         kept = self._kept_activations(s, tokens, r.gradient_checkpointing, r.activation_offload, r.liger,
-                                      r.kept_layers)
+                                      r.kept_layers) + router
         # The transient memory peaks at one of two moments that never overlap: the head's backward (everything the
         # forward kept, the final norm's input (fp32; bf16 with Liger) and output, the chunked head's buffers; no
         # block unsharded for backward yet) or a decoder layer's backward (the kept activations, one layer's rebuilt graph, a block's
@@ -209,7 +214,7 @@ class MemoryModel:
                        "log-prob head": self._logprob_head(micro_rows * response_len, grad=True, head_frozen=lora),
                        "unsharded params": self._fsdp_working(s, False, backward=False)}
         layer_moment = {"activations": self._train_activations(s, tokens, r.gradient_checkpointing,
-                                                               r.activation_offload, r.liger, r.kept_layers),
+                                                               r.activation_offload, r.liger, r.kept_layers) + router,
                         "log-prob head": 0 if lora else s.vocab * s.hidden * 2,
                         "unsharded params": self._fsdp_working(s, False, backward=True, frozen=lora)}
         parts.update(max(head_moment, layer_moment, key=lambda m: sum(m.values())))

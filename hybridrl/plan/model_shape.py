@@ -7,8 +7,12 @@ Choices:
   the `experts_per_token` a token runs through (what its FLOPs scale with); `layer_params` is the largest layer
   (what FSDP unshards at once).
 - Per-token activation widths take the wider of the two layer kinds: the dense MLP's `intermediate`, or the k
-  experts' `experts_per_token * expert_intermediate` plus the dispatch copies of the token (its k gathered rows and
-  the k weighted outputs) and the fp32 router probabilities.
+  experts' `experts_per_token * expert_intermediate` plus what dispatching the token to them saves for backward
+  (`moe_dispatch_bytes_per_token`: its k gathered rows and k expert outputs, the fp32 router probabilities, the
+  top-k weights and the int64 index vectors of HF's grouped-GEMM forward; checked against autograd's saved
+  tensors in tests/plan/test_moe_memory.py). The router losses keep every MoE layer's router logits (and their
+  loss graphs) until backward, checkpointing or not (`router_loss_bytes_per_token`); routing replay's record
+  takes `routing_record_bytes_per_token` beside each token's K/V in the engine.
 
 Shape legend: h hidden, q = heads·head_dim, kv = kv_heads·head_dim, i intermediate, E experts, k experts per token,
 Ie one expert's intermediate.
@@ -111,9 +115,28 @@ class ModelShape:
 
     @property
     def moe_dispatch_bytes_per_token(self) -> int:
-        """An MoE layer's per-token extras: the k gathered input rows and k weighted outputs (bf16), and the fp32
-        router logits' softmax."""
-        return (2 * 2 * self.experts_per_token * self.hidden + 4 * self.experts) if self.moe_layers else 0
+        """An MoE layer's per-token extras saved for backward: the k gathered input rows and k expert outputs (bf16),
+        the fp32 router softmax, the fp32 top-k weights with their sum and the k gates (fp32 at most), and four int64
+        vectors over the k assignments (top-k ids, the gathers of rows and of gates, the inverse permutation)."""
+        if not self.moe_layers:
+            return 0
+        k = self.experts_per_token
+        return 2 * 2 * k * self.hidden + 4 * self.experts + 4 * (k + 1) + 4 * k + 4 * 8 * k
+
+    def router_loss_bytes_per_token(self, aux: bool, z: bool) -> int:
+        """What the router losses keep per token from the forward to the backward: per MoE layer its router logits
+        (bf16), for the load-balancing loss their softmax (bf16), for the z-loss their fp32 copy and an fp32
+        per-token value; and each loss's fp32 token mask."""
+        if not self.moe_layers or not (aux or z):
+            return 0
+        e = self.experts
+        return self.moe_layers * (2 * e + (2 * e if aux else 0) + (4 * e + 4 if z else 0)) + 4 * (aux + z)
+
+    @property
+    def routing_record_bytes_per_token(self) -> int:
+        """The rollout engine's record of a token's experts (routing replay): k ids per MoE layer, uint8 up to 254
+        experts, else int16 (models/moe.py routing_dtype)."""
+        return self.moe_layers * self.experts_per_token * (1 if self.experts < 255 else 2)
 
     @property
     def kv_bytes_per_token(self) -> int:

@@ -112,6 +112,7 @@ class RunPlan:
     engine_async_scheduling: bool = False       # rollout.async_scheduling resolved (auto: on on GPUs)
     engine_speculative: SpeculativeConfig = SpeculativeConfig()  # rollout.speculative, max_running_seqs resolved
     partial_rollout: PartialRolloutPlan | None = None   # rollout.partial_rollout resolved; None: off
+    record_routed_experts: bool = False         # actor.router_replay.mode=R3: the engine records each token's experts
 
     def kv_blocks_for(self, prompts: int, n: int, continuations: int = 0) -> int:
         """KV blocks one generate call of `prompts` x n (and `continuations` single samples: partial rollouts) needs
@@ -132,6 +133,7 @@ class RunPlan:
             gpu_memory_utilization=float(rollout.gpu_memory_utilization), num_kv_blocks=self.kv_blocks,
             enforce_eager=bool(rollout.enforce_eager), enable_prefix_sharing=bool(rollout.enable_prefix_sharing),
             async_scheduling=self.engine_async_scheduling, eos_token_ids=eos_token_ids,
+            record_routed_experts=self.record_routed_experts,
             dtype=resolve_dtype(self.rollout_dtype, "plan.rollout_dtype"), speculative=self.engine_speculative)
 
     def predicted_peak_gb(self) -> dict[str, float]:
@@ -222,6 +224,11 @@ def make_plan(config: DictConfig | dict, hf_config, device: DeviceSpec, val_prom
     g = lambda p: _get(c, p)  # noqa: E731
     shape = ModelShape.from_hf_config(hf_config)
     a, rl, ref = "actor_rollout_ref.actor", "actor_rollout_ref.rollout", "actor_rollout_ref.ref"
+    router_keys = [k for k in ("router_replay.mode", "router_aux_loss_coef", "router_z_loss_coef")
+                   if g(f"{a}.{k}") not in ("disabled", 0, 0.0)]
+    if router_keys and not shape.moe_layers:
+        raise ConfigError([f"'{a}.{k}' = {g(f'{a}.{k}')!r} applies to mixture-of-experts models only; model_type "
+                           f"{getattr(hf_config, 'model_type', None)!r} has no MoE layers" for k in router_keys])
     gae = layout.critic_mini_batch_per_gpu is not None
     world = layout.world_size
     fsdp = g(f"{a}.fsdp_config.fsdp_size")
@@ -258,7 +265,9 @@ def make_plan(config: DictConfig | dict, hf_config, device: DeviceSpec, val_prom
         fused_optimizer=fused_optimizer, liger=use_liger,
         reward_model=rm_shape, rm_shard=world if rm_fsdp == -1 else rm_fsdp,
         rm_param_offload=bool(g("reward_model.model.fsdp_config.param_offload")),
-        rm_param_bytes=2 if device.type == "cuda" else 4)
+        rm_param_bytes=2 if device.type == "cuda" else 4,
+        router_aux_loss=g(f"{a}.router_aux_loss_coef") > 0, router_z_loss=g(f"{a}.router_z_loss_coef") > 0,
+        routing_record=g(f"{a}.router_replay.mode") == "R3")
     mm = MemoryModel(shape, res)
     P, R = g("data.max_prompt_length"), g("data.max_response_length")
     S, bs = P + R, g(f"{rl}.block_size")
@@ -499,7 +508,7 @@ def make_plan(config: DictConfig | dict, hf_config, device: DeviceSpec, val_prom
                    engine_max_num_batched_tokens=max(g(f"{rl}.max_num_batched_tokens"), S),
                    engine_async_scheduling=(not cpu) if _auto(g(f"{rl}.async_scheduling"))
                    else bool(g(f"{rl}.async_scheduling")), engine_speculative=spec,
-                   partial_rollout=partial)
+                   partial_rollout=partial, record_routed_experts=res.routing_record)
 
 
 def resolve_speculative(section, device: DeviceSpec, choices: list[str],

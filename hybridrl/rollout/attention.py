@@ -9,6 +9,9 @@ Choices:
   call when all sequences have the same length, else one call per sequence. Prefill of a sequence
   with cached tokens (a re-admitted sample): the simple way — gather its K/V from the cache and run
   SDPA with an explicit offset-causal mask.
+- The context also carries the optional routing record of MoE models ([MoE layers, slots, k] expert ids): MoE
+  blocks write their tokens' experts at the same `slot_mapping` as the K/V (`record_experts`), inside CUDA graphs
+  too.
 - Decode: on CUDA the Triton paged kernel (reads each K/V block once per kv head, GQA in one
   program); elsewhere `paged_decode_reference`, a plain torch gather + softmax in fp32, which is
   also the oracle the kernel is tested against.
@@ -64,6 +67,12 @@ class AttentionContext:
     block_tables: torch.Tensor | None = None  # [B, M] int32
     context_lens: torch.Tensor | None = None  # [B] int32
     use_triton: bool = False
+    routed_experts: torch.Tensor | None = None  # [MoE layers, slots, k]: the routing record, or None (not recorded)
+
+    def record_experts(self, moe_layer: int, ids_Tk) -> None:
+        if self.routed_experts is not None:
+            record = self.routed_experts[moe_layer]
+            record.index_copy_(0, self.slot_mapping, ids_Tk.to(record.dtype))
 
     def attend(self, layer: int, q_TND, k_TKD, v_TKD, scale, rope=None):
         """rope=(cos_TD, sin_TD): q/k are not rotated yet; one fused kernel rotates them in place and

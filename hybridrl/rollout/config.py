@@ -58,6 +58,8 @@ class EngineConfig:
     eos_token_ids: tuple[int, ...] | None = None    # tokens that end a sequence; None: the model's eos_token_id
     dtype: torch.dtype = torch.bfloat16     # engine weights and KV cache
     speculative: SpeculativeConfig = SpeculativeConfig()
+    record_routed_experts: bool = False     # MoE models: record each token's experts per MoE layer and return them
+                                            # with the completions (routing replay, actor.router_replay.mode=R3)
 
     def __post_init__(self):
         n, bt, kv = self.max_model_len, self.max_num_batched_tokens, self.num_kv_blocks

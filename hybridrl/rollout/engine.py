@@ -26,6 +26,9 @@ Choices:
   still running), `running_seqs_mean` (sequences per decode step, the mean over steps) and, on GPUs
   with known peaks (device_peaks.py), `decode_floor_s`: each decode step's unavoidable bytes (this rank's engine
   weights once, plus every running sequence's K/V) over the HBM bandwidth, summed.
+- Routing record (`record_routed_experts`, MoE models): each finished sequence's experts are gathered on the
+  device as it finishes (the scheduler's `on_finish`, before its blocks are freed), moved to the host together
+  once the call ends, and returned in its CompletionOutput's `routed_experts`.
 - One SamplingParams per generate call is handed to the runner, which builds the sampling tensors
   and host-side path flags once per call instead of per step.
 - `async_scheduling`: while decode step t runs on the GPU, step t+1 is scheduled and launched (its input
@@ -68,8 +71,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import torch
+import torch.nn.functional as F
 
 from hybridrl.models.decoder import check_supported
+from hybridrl.models.moe import not_routed
 from hybridrl.rollout.block_manager import BlockManager
 from hybridrl.rollout.config import EngineConfig
 from hybridrl.rollout.model_runner import ModelRunner, StepHandle, TokenFeed
@@ -192,9 +197,11 @@ class LLMEngine:
         while ahead is not None or not call.sched.is_finished():
             ahead = self._step(call, ahead)
         self._record_stats(call)
+        experts = self._routed_experts(call)
         turn_stats = self._turn_stats(call)
         prompts = [*prompt_token_ids, *(c.prompt_token_ids for c in continuations)]
-        return [RequestOutput(rid, list(prompts[rid]), [self._completion(s, turn_stats) for s in group])
+        return [RequestOutput(rid, list(prompts[rid]),
+                              [self._completion(s, turn_stats, experts.get(s.seq_id)) for s in group])
                 for rid, group in enumerate(call.groups)]
 
     def _validate_continuations(self, continuations: list[Continuation], params: SamplingParams, agent) -> None:
@@ -226,15 +233,20 @@ class LLMEngine:
             groups.append([Sequence(c.prompt_token_ids, params, rid, 0, carried=(c.token_ids, c.logprobs))])
         spec = self.config.speculative
         drafter = NgramDrafter(groups, spec) if spec.enable and agent is None else None
+        experts: dict = {}
+        record = None
+        if self.config.record_routed_experts:
+            def record(seq):
+                experts[seq.seq_id] = self.runner.experts_of(seq)
         sched = Scheduler(BlockManager(self.runner.num_blocks, self.config.block_size), self.config,
-                          turn_end=agent.ends_turn if agent is not None else None, drafter=drafter)
+                          turn_end=agent.ends_turn if agent is not None else None, drafter=drafter, on_finish=record)
         for group in groups:
             sched.add_group(group)
         gen = torch.Generator(device=self.runner.device)
         gen.manual_seed(params.seed if params.seed is not None else random.randrange(2**63))
         return _Call(sched, params, gen, groups,
                      _TailClock(sum(map(len, groups)), self.runner.decode_step_floor_s),
-                     agent, TurnSync(self.runner.tp_group) if agent is not None else None)
+                     agent, TurnSync(self.runner.tp_group) if agent is not None else None, experts=experts)
 
     def _step(self, call: _Call, ahead: _Launched | None) -> _Launched | None:
         """One step: schedule and launch it (unless the step before launched it ahead), launch the next one ahead,
@@ -342,12 +354,25 @@ class LLMEngine:
                 stats[s.call_key]["cut"] = "max_model_len" if len(s) >= self.config.max_model_len else "max_tokens"
         return stats
 
+    def _routed_experts(self, call: _Call) -> dict:
+        """seq_id -> [len(seq), MoE layers, k] on the host (one copy for the whole call); the last row, a token
+        never run through the model, holds the 'not recorded' id."""
+        if not call.experts:
+            return {}
+        ids = list(call.experts)
+        parts = [call.experts[i] for i in ids]
+        host = torch.cat([F.pad(p, (0, 0, 0, 0, 0, 1), value=not_routed(self.runner.moe.num_experts))
+                          for p in parts]).cpu()
+        return dict(zip(ids, host.split([p.shape[0] + 1 for p in parts])))
+
     @staticmethod
-    def _completion(seq: Sequence, turn_stats: dict | None) -> CompletionOutput:
+    def _completion(seq: Sequence, turn_stats: dict | None, routed_experts=None) -> CompletionOutput:
         if turn_stats is None:
-            return CompletionOutput(seq.sample_index, seq.completion_token_ids, seq.logprobs, seq.finish_reason)
+            return CompletionOutput(seq.sample_index, seq.completion_token_ids, seq.logprobs, seq.finish_reason,
+                                    routed_experts=routed_experts)
         return CompletionOutput(seq.sample_index, seq.completion_token_ids, seq.logprobs, seq.finish_reason,
-                                response_mask=seq.completion_mask(), turn_stats=turn_stats[seq.call_key])
+                                response_mask=seq.completion_mask(), turn_stats=turn_stats[seq.call_key],
+                                routed_experts=routed_experts)
 
 
 @dataclass
@@ -364,6 +389,7 @@ class _Call:
                                                                         # whose outcome is known (tool threads put)
     pending: dict = field(default_factory=dict)     # key -> paused sequence waiting on its turn outcome
     host_s: float = 0.0                 # host time in scheduling and postprocessing (stats["schedule_s"])
+    experts: dict = field(default_factory=dict)     # seq_id -> its routing record on the device, as it finished
 
     def __post_init__(self):
         self.num_seqs = 0

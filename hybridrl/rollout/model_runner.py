@@ -33,6 +33,10 @@ Choices:
   and nothing after: the plain decode path (kernels and CUDA graph buckets) computes the causal multi-token step.
   The cost is that a sequence's K/V is read once per row. spec_verify.verify_drafts accepts on the logits; the
   step is read synchronously (a [B, k + 1] result, never launched ahead).
+- Routing record (`record_routed_experts`, MoE models): one [MoE layers, slots, k] tensor of expert ids beside the
+  KV cache (the same slots, and the same scratch block; copied with the KV blocks on copy-on-write), written by the
+  MoE blocks in every forward (models/moe.py). `experts_of(seq)` gathers a sequence's record on the device (no
+  host sync) before its blocks are freed; `block_bytes` counts the record, so the KV budget does too.
 """
 
 from __future__ import annotations
@@ -45,6 +49,8 @@ import torch
 
 from hybridrl.models import fused
 from hybridrl.models.decoder import TPDecoderForCausalLM, head_dim_of
+from hybridrl.models.moe import routing_dtype
+from hybridrl.models.moe_config import moe_config
 from hybridrl.models.rope import cos_sin_cache
 from hybridrl.models.tp_layers import tp_rank_size
 from hybridrl.rollout.attention import AttentionContext
@@ -111,6 +117,11 @@ class ModelRunner:
         self.use_graphs = self.use_graphs and self.model.cuda_graph_safe(self.device, config.dtype)  # MoE fallback syncs
         attn = self.model.model.layers[0].self_attn
         self.num_kv_heads, self.head_dim = attn.num_kv_heads, head_dim_of(hf_config)
+        self.moe = moe_config(hf_config)
+        if config.record_routed_experts and (self.moe is None or not self.moe.num_sparse):
+            raise ValueError(f"rollout engine: record_routed_experts=True (actor.router_replay.mode=R3) needs an MoE "
+                             f"model; model_type {hf_config.model_type!r} has no MoE layers")
+        self.routing = None   # [MoE layers, slots, k] while the KV cache is awake and experts are recorded
         self.kv = None
         self.kv_caches = None
         self.num_blocks = 0
@@ -134,8 +145,11 @@ class ModelRunner:
         self.weights_awake = True
 
     def block_bytes(self) -> int:
-        layers = self.hf_config.num_hidden_layers
-        return 2 * layers * self.config.block_size * self.num_kv_heads * self.head_dim * self.config.dtype.itemsize
+        layers, bs = self.hf_config.num_hidden_layers, self.config.block_size
+        kv = 2 * layers * bs * self.num_kv_heads * self.head_dim * self.config.dtype.itemsize
+        if not self.config.record_routed_experts:
+            return kv
+        return kv + self.moe.num_sparse * bs * self.moe.top_k * routing_dtype(self.moe.num_experts).itemsize
 
     def wake_kv(self, num_kv_blocks: int | None) -> None:
         if self.kv is not None:
@@ -149,6 +163,10 @@ class ModelRunner:
         self.kv = torch.zeros(L, 2, num_kv_blocks + 1, self.config.block_size, self.num_kv_heads, self.head_dim,
                               dtype=self.config.dtype, device=self.device)
         self.kv_caches = list(self.kv.unbind(0))
+        if self.config.record_routed_experts:
+            m = self.moe
+            self.routing = torch.zeros(m.num_sparse, (num_kv_blocks + 1) * self.config.block_size, m.top_k,
+                                       dtype=routing_dtype(m.num_experts), device=self.device)
         self.num_blocks = num_kv_blocks
         self.decode_step_floor_s = self._decode_floor_fn()
         self._alloc_step_buffers()
@@ -218,7 +236,7 @@ class ModelRunner:
         self.graphs, self.graph_pool, self.graph_out, self.graph_sizes = {}, None, None, []
         self._param_cache = None
         self._free_step_buffers()
-        self.kv, self.kv_caches, self.num_blocks = None, None, 0
+        self.kv, self.kv_caches, self.num_blocks, self.routing = None, None, 0, None
         self.decode_step_floor_s = None
         if self.weights_awake:
             self.model.to_empty(device="meta")
@@ -296,7 +314,7 @@ class ModelRunner:
     def _decode_args(self, rows: int):
         m = self.d_meta
         ctx = AttentionContext(self.kv_caches, False, m[2, :rows], block_tables=self.d_tables[:rows],
-                               context_lens=m[3, :rows], use_triton=self.use_triton)
+                               context_lens=m[3, :rows], use_triton=self.use_triton, routed_experts=self.routing)
         return m[0, :rows], m[1, :rows], ctx
 
     # ------------------------------------------------------------------ one step
@@ -304,6 +322,17 @@ class ModelRunner:
         src = torch.tensor([s for s, _ in copies], device=self.device)
         dst = torch.tensor([d for _, d in copies], device=self.device)
         self.kv[:, :, dst] = self.kv[:, :, src]
+        if self.routing is not None:
+            record = self.routing.view(self.routing.shape[0], -1, self.config.block_size, self.routing.shape[-1])
+            record[:, dst] = record[:, src]
+
+    def experts_of(self, seq) -> torch.Tensor:
+        """[len(seq) - 1, MoE layers, k] on the device: the experts each position but the last (never run through
+        the model) was routed to, gathered from the routing record before the sequence's blocks are freed."""
+        bs = self.config.block_size
+        p = np.arange(len(seq) - 1)
+        slots = torch.from_numpy(np.asarray(seq.block_table, dtype=np.int64)[p // bs] * bs + p % bs)
+        return self.routing[:, slots.to(self.device, non_blocking=True)].transpose(0, 1)
 
     def _prefill_inputs(self, batch: ScheduledBatch):
         ids, pos, slots, lens, cached, tables = [], [], [], [], [], []
@@ -319,7 +348,7 @@ class ModelRunner:
             tables.append(torch.tensor(seq.block_table, dtype=torch.int32, device=self.device) if c else None)
         t = lambda x: torch.from_numpy(x).to(self.device, non_blocking=True)  # noqa: E731
         ctx = AttentionContext(self.kv_caches, True, t(np.concatenate(slots)), seq_lens=lens, cached_lens=cached,
-                               prefill_block_tables=tables)
+                               prefill_block_tables=tables, routed_experts=self.routing)
         last = t(np.cumsum(lens) - 1)
         return t(np.asarray(ids, dtype=np.int64)), t(np.concatenate(pos)), ctx, last
 

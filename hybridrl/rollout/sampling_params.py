@@ -66,6 +66,8 @@ class CompletionOutput:
     finish_reason: str  # "stop" (eos / stop token), "length" (max_tokens / max_model_len) or BUDGET (unfinished)
     response_mask: list[int] | None = None  # multi-turn: 1 = sampled by the model, 0 = appended (tool messages)
     turn_stats: dict | None = None  # multi-turn: the agent's per-trajectory counts (turns, tool calls, ...)
+    routed_experts: object = None   # record_routed_experts: [prompt + completion tokens, MoE layers, k] expert ids
+                                    # (torch, on CPU); the last token's row (never run) holds moe.not_routed(E)
 
 
 @dataclass

@@ -64,10 +64,13 @@ class ScheduledBatch:
 
 
 class Scheduler:
-    def __init__(self, block_manager: BlockManager, config: EngineConfig, turn_end=None, drafter=None):
+    def __init__(self, block_manager: BlockManager, config: EngineConfig, turn_end=None, drafter=None,
+                 on_finish=None):
         """`config`: resolved (EngineConfig.for_model), so max_model_len and eos_token_ids are set; `drafter`:
-        speculative decoding's draft proposer (None: off)."""
+        speculative decoding's draft proposer (None: off); `on_finish(seq)`: called for each finished sequence
+        while it still holds its KV blocks."""
         self.bm = block_manager
+        self.on_finish = on_finish or (lambda seq: None)
         self.config = config
         self.eos_token_ids = set(config.eos_token_ids)  # a set: postprocess tests every sampled token
         self.waiting: deque[list[Sequence]] = deque()
@@ -115,6 +118,7 @@ class Scheduler:
         self.paused.remove(seq)
         seq.finish_reason = reason
         seq.status = SeqStatus.FINISHED
+        self.on_finish(seq)
         self.bm.free(seq)
 
     # ------------------------------------------------------------------ scheduling
@@ -350,6 +354,7 @@ class Scheduler:
         if seq.finish_reason is None:
             return False
         seq.status = SeqStatus.FINISHED
+        self.on_finish(seq)
         self.bm.free(seq)
         finished.append(seq)
         return True

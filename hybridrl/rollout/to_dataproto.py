@@ -13,6 +13,9 @@ Partial rollouts (trainer/partial_rollout.py) send one row per sample with the t
 empty for a fresh sample): `sample_requests` makes the engine's requests of them — n adjacent fresh rows of one
 uid are one prompt's n samples (sharing its KV), every other row a continuation — and `completions_to_dataproto`
 returns each row's whole completion so far (carried and new tokens, log-probs, finish reason) in row order.
+Recorded experts (MoE models, `record_routed_experts`) become verl's `routed_experts` [B, prompt + response
+columns, MoE layers, k], aligned with `input_ids`: each token's experts at its column, the 'not recorded' id
+(moe.not_routed) at padding and at each sample's last token.
 """
 
 from __future__ import annotations
@@ -62,6 +65,8 @@ def outputs_to_dataproto(prompts: DataProto, outputs: list[RequestOutput], *, re
         "response_mask": response_mask,
         "rollout_log_probs": log_probs,
     }
+    if samples[0].routed_experts is not None:
+        tensors["routed_experts"] = _aligned_experts(samples, prompt_mask, response_length)
     others = {k: v for k, v in data.non_tensor_batch.items()}
     if any(c.turn_stats is not None for c in samples):
         stats = [c.turn_stats or {} for c in samples]
@@ -107,3 +112,19 @@ def completions_to_dataproto(outputs: list[RequestOutput], first_rows: list[int]
     return DataProto.from_dict(non_tensors={"token_ids": [c.token_ids for c in by_row],
                                             "log_probs": [c.logprobs for c in by_row],
                                             "finish_reason": [c.finish_reason for c in by_row]})
+
+
+def _aligned_experts(samples, prompt_mask: torch.Tensor, response_length: int) -> torch.Tensor:
+    """The samples' recorded experts at their tokens' columns of input_ids (the prompt's unpadded columns, then the
+    response's); everything else holds the record's 'not recorded' id (its dtype's largest value)."""
+    first = samples[0].routed_experts
+    out = torch.full((len(samples), prompt_mask.shape[1] + response_length, *first.shape[1:]),
+                     torch.iinfo(first.dtype).max, dtype=first.dtype)
+    for i, c in enumerate(samples):
+        cols = torch.cat([prompt_mask[i].nonzero(as_tuple=True)[0],
+                          prompt_mask.shape[1] + torch.arange(len(c.token_ids))])
+        if c.routed_experts.shape[0] != cols.numel():
+            raise ValueError(f"outputs_to_dataproto: sample {i} has experts for {c.routed_experts.shape[0]} tokens, "
+                             f"its prompt and response have {cols.numel()}")
+        out[i, cols] = c.routed_experts
+    return out

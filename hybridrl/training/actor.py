@@ -27,6 +27,11 @@ Choices:
 - Metrics are verl's names, each the mean over micro-batches (grad_norm: over mini-batches with a finite norm).
   `actor/entropy` is logged here only when entropy_coeff != 0 (it is then part of the loss); otherwise the
   trainer gets it from `compute_log_prob(calculate_entropy=True)` as newer verl does.
+- MoE models (training/moe.py): with `router_replay.mode=R3` the old-log-prob pass and the update route every
+  token the rollout recorded (`routed_experts`) to the rollout's experts, and `actor/routing_mismatch_frac` says how
+  often the update's own top-k would have differed; `router_aux_loss_coef` / `router_z_loss_coef` add the router's
+  load-balancing / z-loss (logged as `actor/router_aux_loss`, `actor/router_z_loss`), aggregated across
+  micro-batches like the KL term. All off by default. The reference (built without an optimizer) routes on its own.
 - Rollout correction (algorithms/rollout_correction.py): `rollout_is_weights` in the batch (computed by the driver
   from the old log-probs) multiply the per-token policy losses. Without `old_log_probs` (no old-log-prob pass)
   the weights come from the update's own detached log-probs vs `rollout_log_probs`, per micro-batch, with the
@@ -35,6 +40,8 @@ Choices:
 """
 
 from __future__ import annotations
+
+from contextlib import contextmanager, nullcontext
 
 import torch
 
@@ -50,6 +57,7 @@ from hybridrl.protocol import DataProto
 from hybridrl.training.fsdp import keep_unsharded, should_keep_unsharded
 from hybridrl.training.fused_logprob import fused_logprob_entropy, plain_linear_head
 from hybridrl.training.micro_batches import loss_scales, make_micro_batches
+from hybridrl.training.moe import RouterTaps, load_balancing_loss, router_settings, router_z_loss
 from hybridrl.training.packing import forward_response_logits, restore_order
 from hybridrl.training.transfer import to_device
 from hybridrl.training.updater import FSDPUpdater
@@ -71,6 +79,20 @@ class DataParallelPPOActor(FSDPUpdater):
         self.share_prompts = share_prompts  # the plan's use_prefix_grouper: a micro-batch's rows run each prompt once
         self.fused_head = plain_linear_head(module)
         self.own_old_log_probs: torch.Tensor | None = None  # [B, R] on CPU after an update without old_log_probs
+        self.replay, self.router_aux_coef, self.router_z_coef = router_settings(config)
+        self.routing = None   # the MoE router hooks of the trained policy (training/moe.py)
+        if optimizer is not None and (self.replay or self.router_aux_coef or self.router_z_coef):
+            self.routing = RouterTaps(module, replay=self.replay,
+                                      collect_logits=bool(self.router_aux_coef or self.router_z_coef))
+
+    def _forward_inputs(self, data: DataProto | None = None) -> list[str]:
+        """What the forward reads of `data`: the tokens and, replaying routing, the rollout's experts."""
+        if self.routing is None or not self.replay:
+            return [*FORWARD_INPUTS]
+        if data is not None and "routed_experts" not in data.batch:
+            raise ValueError("actor.router_replay.mode=R3 needs the rollout's 'routed_experts' in the batch (the "
+                             "native engine records them when the mode is R3)")
+        return [*FORWARD_INPUTS, "routed_experts"]
 
     # ------------------------------------------------------------------ forward
     def _forward_micro_batch(self, micro: DataProto, temperature: float, calculate_entropy: bool,
@@ -92,11 +114,18 @@ class DataParallelPPOActor(FSDPUpdater):
             return fused_logprob_entropy(hidden, weight, targets[flat], temperature, calculate_entropy,
                                          entropy_grad)
 
+        token_data = on_tokens = None
+        if self.routing is not None:  # the router hooks see which tokens are real and, replaying, their experts
+            token_data = {"valid": b["attention_mask"].bool()}
+            if "routed_experts" in b:
+                token_data["routed"] = b["routed_experts"]
+            on_tokens = lambda t: self.routing.set_tokens(t["valid"], t.get("routed"))  # noqa: E731
         out = forward_response_logits(self.module, b["input_ids"], b["attention_mask"], b["position_ids"],
                                       responses.shape[1], self.use_remove_padding, keep_only_needed=True,
                                       sp_group=self.sp_group, row_fn=None if self.fused_head else per_token,
                                       head_rows=fused if self.fused_head else None,
-                                      share_prompts=self.share_prompts, device=self.device)
+                                      share_prompts=self.share_prompts, device=self.device,
+                                      token_data=token_data, on_tokens=on_tokens)
         return out[..., 0], (out[..., 1] if calculate_entropy else None)
 
     def compute_log_prob(self, data: DataProto, calculate_entropy: bool = False):
@@ -105,7 +134,7 @@ class DataParallelPPOActor(FSDPUpdater):
         if "temperature" not in meta:
             raise ValueError("compute_log_prob: meta_info['temperature'] is required (the rollout temperature)")
         self.module.eval()
-        data = data.select(list(FORWARD_INPUTS))
+        data = data.select(self._forward_inputs(data))
         micros, bins = make_micro_batches(data, bool(meta.get("use_dynamic_bsz", False)),
                                           meta.get("micro_batch_size"), meta.get("max_token_len"),
                                           size_key="log_prob_micro_batch_size_per_gpu",
@@ -114,7 +143,8 @@ class DataParallelPPOActor(FSDPUpdater):
         once = should_keep_unsharded(self.module, meta.get("unshard_once", False), len(micros), self.device)
         with torch.no_grad(), keep_unsharded(self.module, once):
             for micro in micros:  # results stay on the device until the pass ends: no host sync per micro-batch
-                lp, ent = self._forward_micro_batch(micro, float(meta["temperature"]), calculate_entropy)
+                with self._routed():
+                    lp, ent = self._forward_micro_batch(micro, float(meta["temperature"]), calculate_entropy)
                 log_probs.append(lp.float())
                 if ent is not None:
                     entropies.append(ent.float())
@@ -131,7 +161,7 @@ class DataParallelPPOActor(FSDPUpdater):
         use_kl_loss = bool(cfg.get("use_kl_loss", False))
         # without 'old_log_probs' (no old-log-prob pass: one on-policy mini-batch) the update's own log-probs,
         # detached, are the old ones: ratio 1, the same gradient, one forward pass less per step
-        keys = [*FORWARD_INPUTS, "response_mask", "advantages"]
+        keys = [*self._forward_inputs(data), "response_mask", "advantages"]
         own_old = "old_log_probs" not in data.batch
         if not own_old:
             keys.append("old_log_probs")
@@ -161,6 +191,38 @@ class DataParallelPPOActor(FSDPUpdater):
             self.own_old_log_probs = self.own_old_log_probs.cpu()
         return out
 
+    def _collecting(self):
+        """Around the forward whose router logits the router losses read (not the recomputation in backward)."""
+        return self.routing.collecting() if self.routing is not None else nullcontext()
+
+    @contextmanager
+    def _routed(self):
+        """Around one micro-batch's forward (and backward): the router hooks act on it only."""
+        try:
+            yield
+        finally:
+            if self.routing is not None:
+                self.routing.clear()
+
+    def _router_losses(self, metrics) -> torch.Tensor:
+        """The router terms of the loss (0 for a dense model or with both coefficients 0), their metrics and, when
+        replaying, the share of tokens whose own routing differed."""
+        taps = self.routing
+        loss = torch.zeros((), device=self.device)
+        if taps is None:
+            return loss
+        if self.replay:
+            metrics["routing_mismatch_frac"].append(taps.mismatch_frac())
+        if self.router_aux_coef:
+            aux = load_balancing_loss(self.module, taps.logits, taps.valid)
+            loss = loss + self.router_aux_coef * aux
+            metrics["router_aux_loss"].append(aux.detach())
+        if self.router_z_coef:
+            z = router_z_loss(taps.logits, taps.valid)
+            loss = loss + self.router_z_coef * z
+            metrics["router_z_loss"].append(z.detach())
+        return loss
+
     def _policy_loss_fn(self):
         policy_loss = self.config.get("policy_loss") or {}
         return get_policy_loss_fn(policy_loss.get("loss_mode", "vanilla"))
@@ -176,35 +238,38 @@ class DataParallelPPOActor(FSDPUpdater):
         scales = zip(loss_scales(micros, pg_mode), loss_scales(micros, mode))
         # metrics stay 0-d device tensors until the update ends: no host sync between micro-batches
         for i, (micro, (pg_scale, scale)) in enumerate(zip(micros, scales)):
-            b = {k: to_device(v, self.device) for k, v in micro.batch.items() if k not in FORWARD_INPUTS}
+            b = {k: to_device(v, self.device) for k, v in micro.batch.items() if k not in self._forward_inputs()}
             mask = b["response_mask"]
-            # entropy is part of the loss with entropy_coeff, and the step's metric when no old-log-prob pass made it
-            with self.training_forward():
-                log_prob, entropy = self._forward_micro_batch(micro, temperature,
-                                                              calculate_entropy=entropy_coeff != 0 or own_old,
-                                                              entropy_grad=entropy_coeff != 0)
-            old_log_prob = log_prob.detach() if own_old else b["old_log_probs"]
-            is_weights = b.get("rollout_is_weights")
-            if own_old:
-                self.own_old_log_probs[b["row_index"]] = old_log_prob.float()
-                if rollout_is is not None:  # per token or per row: the same weights a whole-batch pass gives
-                    is_weights = truncated_is_weights(old_log_prob - b["rollout_log_probs"], mask,
-                                                      rollout_is["level"], float(rollout_is["threshold"]))
-            pg_loss, pg_metrics = policy_loss_fn(old_log_prob, log_prob, b["advantages"], mask,
-                                                 loss_agg_mode=mode, config=cfg, rollout_is_weights=is_weights)
-            regularisers = torch.zeros((), device=log_prob.device)  # entropy and KL terms, aggregated with `mode`
-            if entropy is not None:
-                entropy_loss = agg_loss(entropy, mask, mode)
-                if entropy_coeff != 0:
-                    regularisers = regularisers - entropy_coeff * entropy_loss
-                metrics["entropy"].append(entropy_loss.detach())
-            if use_kl_loss:
-                kld = kl_penalty(log_prob, b["ref_log_prob"], cfg.get("kl_loss_type", "low_var_kl"))
-                kl_loss = agg_loss(kld, mask, mode)
-                regularisers = regularisers + float(cfg.get("kl_loss_coef", 0.001)) * kl_loss
-                metrics["kl_loss"].append(kl_loss.detach())
-            loss = pg_loss * pg_scale + regularisers * scale
-            self.backward(loss, last=i == len(micros) - 1)
+            with self._routed():  # the router hooks act on this micro-batch's forward and its recomputation
+                # entropy is part of the loss with entropy_coeff, and the step's metric when no old-log-prob pass
+                # made it
+                with self.training_forward(), self._collecting():
+                    log_prob, entropy = self._forward_micro_batch(micro, temperature,
+                                                                  calculate_entropy=entropy_coeff != 0 or own_old,
+                                                                  entropy_grad=entropy_coeff != 0)
+                old_log_prob = log_prob.detach() if own_old else b["old_log_probs"]
+                is_weights = b.get("rollout_is_weights")
+                if own_old:
+                    self.own_old_log_probs[b["row_index"]] = old_log_prob.float()
+                    if rollout_is is not None:  # per token or per row: the same weights a whole-batch pass gives
+                        is_weights = truncated_is_weights(old_log_prob - b["rollout_log_probs"], mask,
+                                                          rollout_is["level"], float(rollout_is["threshold"]))
+                pg_loss, pg_metrics = policy_loss_fn(old_log_prob, log_prob, b["advantages"], mask,
+                                                     loss_agg_mode=mode, config=cfg, rollout_is_weights=is_weights)
+                # entropy, KL and router terms, aggregated with `mode`
+                regularisers = self._router_losses(metrics)
+                if entropy is not None:
+                    entropy_loss = agg_loss(entropy, mask, mode)
+                    if entropy_coeff != 0:
+                        regularisers = regularisers - entropy_coeff * entropy_loss
+                    metrics["entropy"].append(entropy_loss.detach())
+                if use_kl_loss:
+                    kld = kl_penalty(log_prob, b["ref_log_prob"], cfg.get("kl_loss_type", "low_var_kl"))
+                    kl_loss = agg_loss(kld, mask, mode)
+                    regularisers = regularisers + float(cfg.get("kl_loss_coef", 0.001)) * kl_loss
+                    metrics["kl_loss"].append(kl_loss.detach())
+                loss = pg_loss * pg_scale + regularisers * scale
+                self.backward(loss, last=i == len(micros) - 1)
             metrics["pg_loss"].append(pg_loss.detach())
             for key, value in pg_metrics.items():  # verl's actor/pg_clipfrac, actor/ppo_kl, ...: prefixed by the updater
                 metrics[key.removeprefix("actor/")].append(value)

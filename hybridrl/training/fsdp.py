@@ -32,6 +32,8 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
+from hybridrl.training.moe import load_kwargs
+
 __all__ = ["set_recompute", "recompute_on", "recomputed_layers", "build_training_mesh", "apply_fsdp", "decoder_blocks",
            "load_hf_model", "build_fsdp_model", "resolve_dtype", "keep_unsharded", "should_keep_unsharded", "unsharded_param_bytes",
            "grads_unsplit"]
@@ -194,14 +196,16 @@ def load_hf_config(path: str, role: str = "actor", override_config: Mapping | No
 
 def load_hf_model(path: str, role: str = "actor", dtype=torch.float32, override_config: Mapping | None = None,
                   trust_remote_code: bool = False, on_meta: bool = False) -> torch.nn.Module:
-    """The plain HF model, on CPU with weights (on_meta=False) or as an empty meta-device skeleton."""
+    """The plain HF model, on CPU with weights (on_meta=False) or as an empty meta-device skeleton; an MoE model's
+    experts run as grouped GEMMs (training/moe.py)."""
     cls = _model_class(role)
     cfg = load_hf_config(path, role, override_config, trust_remote_code)
     dtype = resolve_dtype(dtype, "fsdp_config.model_dtype")
+    kwargs = dict(dtype=dtype, trust_remote_code=trust_remote_code, **load_kwargs(cfg))  # MoE: grouped-GEMM experts
     if on_meta:
         with torch.device("meta"):
-            return cls.from_config(cfg, dtype=dtype, trust_remote_code=trust_remote_code)
-    return cls.from_pretrained(path, config=cfg, dtype=dtype, trust_remote_code=trust_remote_code)
+            return cls.from_config(cfg, **kwargs)
+    return cls.from_pretrained(path, config=cfg, **kwargs)
 
 
 def set_recompute(model, on: bool, kept_layers: int = 0) -> None:

@@ -23,6 +23,10 @@ Choices:
   tensor for causal LMs), so the [T, V] logits of the prompt are never materialised.
 - Ulysses sequence parallelism (`sp_group`, training/ulysses.py): the packed row is split over the SP ranks,
   the attention function all-to-alls q/k/v to whole sequences and back, and the kept head rows are gathered.
+- Per-token data of the forward (`token_data`, [B, S, ...] tensors: the MoE routing taps' valid-token mask and
+  replayed experts, training/moe.py) is laid out like the model's input tokens (`tokens_as_input`: the padded rows
+  flattened, or the packed row, a shared prompt's values from its group's first row, and under Ulysses this
+  rank's slice, zero-padded like the tokens) and handed to `on_tokens` just before the model runs.
 - Dynamic batching: greedy longest-first assignment into the fewest bins whose token sums fit
   `max_token_len` (more bins while any overflows); the bin count is all-reduced (MAX) over the group so every
   FSDP rank runs the same number of forwards (unequal counts would hang the collectives).
@@ -43,7 +47,7 @@ from hybridrl.training.ulysses import SequenceParallel, gather_rows, ulysses_out
 
 VARLEN_ATTN = "hybridrl_varlen"
 
-__all__ = ["VARLEN_ATTN", "PackedInputs", "SharedPrompts", "pack_inputs", "prompt_groups",
+__all__ = ["VARLEN_ATTN", "PackedInputs", "SharedPrompts", "pack_inputs", "prompt_groups", "tokens_as_input",
            "register_varlen_attention", "forward_response_logits", "rearrange_micro_batches",
            "rearrange_prompt_groups", "restore_order"]
 
@@ -126,6 +130,26 @@ def pack_inputs(input_ids: torch.Tensor, attention_mask: torch.Tensor, position_
     flash = flash_segments(cu, *((shared.segment, shared.is_prompt) if shared is not None else ()))
     return PackedInputs(input_ids.reshape(-1)[flat].unsqueeze(0), position_ids.reshape(-1)[flat].unsqueeze(0),
                         cu, int(lens.max().item()) if lens.numel() else 0, packed_of_flat, shared, flash)
+
+
+def tokens_as_input(values: torch.Tensor, packed: PackedInputs | None) -> torch.Tensor:
+    """[B, S, ...] per-token values in the order the model sees the tokens: [B*S, ...] (padded rows) or [T, ...]
+    (the packed row; a shared prompt's position takes its group's first row's value)."""
+    flat_values = values.reshape(-1, *values.shape[2:])
+    if packed is None:
+        return flat_values
+    where = packed.packed_of_flat.to(values.device)
+    kept = where >= 0
+    flat = torch.arange(where.numel(), device=values.device)[kept]
+    first = torch.full((packed.input_ids.shape[1],), where.numel(), dtype=torch.long, device=values.device)
+    first = first.scatter_reduce(0, where[kept], flat, "amin")
+    return flat_values[first]
+
+
+def _lay_out(token_data: dict | None, packed: PackedInputs | None, device) -> dict | None:
+    if not token_data:
+        return None
+    return {k: to_device(tokens_as_input(v, packed), device) for k, v in token_data.items()}
 
 
 # ---------------------------------------------------------------------------------------------- attention
@@ -267,7 +291,8 @@ def _response_predictor_positions(batch: int, seq_len: int, response_length: int
 def forward_response_logits(module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                             position_ids: torch.Tensor, response_length: int, use_remove_padding: bool,
                             keep_only_needed: bool = True, sp_group=None, row_fn=None,
-                            head_rows=None, share_prompts: bool = False, device=None) -> torch.Tensor:
+                            head_rows=None, share_prompts: bool = False, device=None, token_data=None,
+                            on_tokens=None) -> torch.Tensor:
     """Run the model and return the head outputs at the positions predicting the last R tokens: [B, R, C].
 
     Positions whose predicting token is padding hold zeros (finite; callers mask them with response_mask).
@@ -285,6 +310,8 @@ def forward_response_logits(module, input_ids: torch.Tensor, attention_mask: tor
     device: where the model runs (None: the inputs' device). The packed layout is index arithmetic with
       data-dependent sizes: made where the inputs are — the host, for rows from the controller, so the host never
       waits for the GPU's queue to drain — then moved there.
+    token_data ({name: [B, S, ...]}) / on_tokens(dict): the per-token data laid out like the model's input tokens
+      ([N, ...] on `device`; see the module docstring), handed over just before the model runs.
     """
     bsz, seq_len = input_ids.shape
     if sp_group is not None and share_prompts:
@@ -297,9 +324,11 @@ def forward_response_logits(module, input_ids: torch.Tensor, attention_mask: tor
         raise ValueError("head_rows replaces the head's logits: it needs keep_only_needed=True and no row_fn")
     row_fn = row_fn or (lambda rows, flat: rows)
     device = input_ids.device if device is None else torch.device(device)
+    on_tokens = on_tokens or (lambda laid_out: None)
     if not use_remove_padding:
         input_ids, attention_mask, position_ids = (to_device(t, device) for t in (input_ids, attention_mask,
                                                                                   position_ids))
+        on_tokens(_lay_out(token_data, None, device))
     if not use_remove_padding and head_rows is not None:
         flat = torch.arange(bsz * response_length, device=input_ids.device)
         with _replaced_head(module, head_rows, flat, drop_last=True):
@@ -319,6 +348,7 @@ def forward_response_logits(module, input_ids: torch.Tensor, attention_mask: tor
     valid = wanted >= 0
     flat = to_device(valid.reshape(-1).nonzero(as_tuple=True)[0], device)  # kept rows as indices into [B*R]
     keep = to_device(wanted[valid], device)                                # their packed positions
+    laid_out = _lay_out(token_data, packed, device)
     packed = packed.to(device)
     kwargs = dict(cu_seq_lens_q=packed.cu_seqlens, cu_seq_lens_k=packed.cu_seqlens,
                   max_length_q=packed.max_seqlen, max_length_k=packed.max_seqlen, use_cache=False)
@@ -327,13 +357,16 @@ def forward_response_logits(module, input_ids: torch.Tensor, attention_mask: tor
     if packed.flash is not None:
         kwargs["flash_segments"] = packed.flash
     if sp is not None:
-        rows = _sequence_parallel_rows(module, packed, keep, flat, kwargs, sp, keep_only_needed, row_fn, head_rows)
+        rows = _sequence_parallel_rows(module, packed, keep, flat, kwargs, sp, keep_only_needed, row_fn, head_rows,
+                                       laid_out, on_tokens)
     elif keep_only_needed:
+        on_tokens(laid_out)
         with _replaced_head(module, head_rows, flat):
             logits = module(input_ids=packed.input_ids, position_ids=packed.position_ids, logits_to_keep=keep,
                             **kwargs).logits
         rows = row_fn(logits if head_rows is not None else logits[0], flat)          # [K, M]
     else:
+        on_tokens(laid_out)
         logits = module(input_ids=packed.input_ids, position_ids=packed.position_ids, **kwargs).logits[0]
         rows = row_fn(logits[keep], flat)
     out = rows.new_zeros(bsz * response_length, rows.shape[-1])
@@ -342,7 +375,8 @@ def forward_response_logits(module, input_ids: torch.Tensor, attention_mask: tor
 
 
 def _sequence_parallel_rows(module, packed: PackedInputs, keep: torch.Tensor, flat: torch.Tensor, kwargs: dict,
-                            sp: SequenceParallel, keep_only_needed: bool, row_fn, head_rows=None) -> torch.Tensor:
+                            sp: SequenceParallel, keep_only_needed: bool, row_fn, head_rows, laid_out,
+                            on_tokens) -> torch.Tensor:
     """This rank's slice of the packed row through the model; returns every rank's reduced kept rows [K, M].
     `keep` (packed indices) is increasing — packing keeps row order — so rank order is row order."""
     total = packed.input_ids.shape[1]
@@ -362,6 +396,9 @@ def _sequence_parallel_rows(module, packed: PackedInputs, keep: torch.Tensor, fl
         kwargs["flash_segments"] = FlashSegments(cu, cu, longest, longest, None)
     mine = owner == sp.rank
     ids, pos = ids[:, lo:lo + local], pos[:, lo:lo + local]
+    # the per-token data of this rank's slice, zero-padded like the tokens
+    on_tokens(None if laid_out is None else
+              {k: torch.cat([v, v.new_zeros(pad, *v.shape[1:])])[lo:lo + local] for k, v in laid_out.items()})
     if keep_only_needed:
         with _replaced_head(module, head_rows, flat[mine]):
             rows = module(input_ids=ids, position_ids=pos, logits_to_keep=keep[mine] - lo, **kwargs).logits

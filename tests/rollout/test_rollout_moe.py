@@ -253,3 +253,36 @@ def test_tp2_and_expert_parallel_equal_tp1(tmp_path):
             assert got["tokens"] == [c.token_ids for o in ref for c in o.outputs]
             torch.testing.assert_close(torch.tensor(got["logprobs"]),
                                        torch.tensor([c.logprobs for o in ref for c in o.outputs]), atol=1e-4, rtol=0)
+
+
+# ---------------------------------------------------------------------- routing record
+def hf_routing(model, tokens):
+    """[T, MoE layers, k] sorted: the experts HF's routers pick for each token of `tokens`."""
+    with torch.no_grad():
+        logits = model(torch.tensor([tokens]), output_router_logits=True).router_logits
+    k = model.config.num_experts_per_tok
+    return torch.stack([torch.topk(x.float().softmax(-1), k).indices for x in logits], 1).sort(-1).values
+
+
+@pytest.mark.parametrize("kind", ["qwen3_moe", "mixtral"])
+@pytest.mark.parametrize("kv_blocks", [256, 9])   # 9 blocks of 4: sequences are preempted and recomputed
+def test_recorded_experts_are_the_routing_of_every_prompt_and_completion_token(kind, kv_blocks):
+    model = tiny_hf_model(kind)
+    engine = make_engine(model, record_routed_experts=True, num_kv_blocks=kv_blocks, max_num_batched_tokens=64,
+                         max_model_len=64)
+    params = SamplingParams(n=3, temperature=1.0, max_tokens=12, ignore_eos=True, seed=2)
+    outs = engine.generate(PROMPTS, params)
+    assert (engine.stats["num_preemptions"] > 0) == (kv_blocks == 9) and engine.stats["num_cow_copies"] > 0
+    moe = moe_config(model.config)
+    for prompt, out in zip(PROMPTS, outs):
+        for c in out.outputs:
+            tokens = prompt + c.token_ids
+            rec = c.routed_experts
+            assert rec.shape == (len(tokens), moe.num_sparse, moe.top_k) and rec.dtype == torch.uint8
+            assert (rec[-1] == 255).all()  # the last token never ran through the model
+            assert torch.equal(rec[:-1].long().sort(-1).values, hf_routing(model, tokens)[:-1])
+
+
+def test_recording_experts_of_a_dense_model_is_refused():
+    with pytest.raises(ValueError, match="record_routed_experts=True .* needs an MoE model"):
+        make_engine(tiny_hf_model("qwen3"), record_routed_experts=True)

@@ -31,6 +31,37 @@ def tiny_qwen2_config(vocab_size: int = 300):
                                     max_position_embeddings=256, tie_word_embeddings=False)
 
 
+def tiny_moe_config(kind: str, vocab_size: int = 300):
+    """Tiny Qwen3-MoE (3 layers: MoE, dense, MoE; 8 experts, top 2, renormalised) or Mixtral (2 MoE layers, 4
+    experts, top 2)."""
+    import transformers
+
+    common = dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, vocab_size=vocab_size,
+                  max_position_embeddings=256, tie_word_embeddings=False, num_experts_per_tok=2)
+    if kind == "qwen3_moe":
+        return transformers.Qwen3MoeConfig(**common, num_hidden_layers=3, intermediate_size=128, head_dim=16,
+                                           num_experts=8, moe_intermediate_size=32, norm_topk_prob=True,
+                                           mlp_only_layers=[1])
+    if kind == "mixtral":
+        return transformers.MixtralConfig(**common, num_hidden_layers=2, intermediate_size=48, num_local_experts=4)
+    raise KeyError(kind)
+
+
+def make_tiny_moe_dir(path: Path, kind: str, seed: int = 0) -> Path:
+    """Random-weight tiny MoE model saved as a HF directory (fp32; larger router weights, so tokens spread over
+    the experts)."""
+    import transformers
+
+    torch.manual_seed(seed)
+    model = transformers.AutoModelForCausalLM.from_config(tiny_moe_config(kind), dtype=torch.float32)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("mlp.gate.weight"):
+                p.normal_(0, 0.5)
+    model.save_pretrained(path)
+    return Path(path)
+
+
 def make_tiny_model_dir(path: Path, seed: int = 0, with_tokenizer: bool = True) -> Path:
     """Random-weight tiny Qwen2 saved as a HF directory (fp32); tokenizer trained on a few sentences."""
     import transformers
