@@ -88,6 +88,23 @@ SMALL = [
                  py("benchmarks/long_tail.py", "--preset", "qwen2.5-1.5b", "--response-len", "4096", "--mean-len",
                     "1000", "--workdir", "{work}/long_tail", "--defaults", "--gpus", "1", "--prompts", "32", "--n",
                     "8", "--steps", "3", "--variants", "hybrid", "--repeat", "3", "--out", "{out}/defaults.json"),)),
+    Scenario("long-tail-1.5b-levers", "the long-tail 1.5B with speculative decoding on (2 runs) and with partial "
+             "rollouts of 1,024 new tokens per sample and step (2 runs of 5 steps)", "nvidia-h200", "long_tail", (
+                 py("benchmarks/long_tail.py", "--preset", "qwen2.5-1.5b", "--response-len", "4096", "--mean-len",
+                    "1000", "--workdir", "{work}/long_tail", "--defaults", "--gpus", "1", "--prompts", "32", "--n",
+                    "8", "--steps", "3", "--repeat", "2", "--variants",
+                    "hybrid_spec:actor_rollout_ref.rollout.speculative.enable=true",
+                    "--out", "{out}/defaults_spec_probe.json"),
+                 py("benchmarks/long_tail.py", "--preset", "qwen2.5-1.5b", "--response-len", "4096", "--mean-len",
+                    "1000", "--workdir", "{work}/long_tail", "--defaults", "--gpus", "1", "--prompts", "32", "--n",
+                    "8", "--steps", "5", "--repeat", "2", "--variants",
+                    "hybrid_partial:actor_rollout_ref.rollout.partial_rollout.enable=true;"
+                    "actor_rollout_ref.rollout.partial_rollout.max_new_tokens_per_step=1024",
+                    "--out", "{out}/partial_rollout.json"))),
+    Scenario("fixed-256-1.5b", "the fixed-length 256 + 256 row of §0 (1.5B, 64 x 8) at this tree's defaults, three "
+             "runs (hybridrl's side only)", "nvidia-h200", "long_tail", (
+                 grpo("fixed_256_256_1.5b.json", "--preset", "qwen2.5-1.5b", *ONE_GPU, "--grad-ckpt", "--steps",
+                      "3", "--repeat", "3", "--variants", "hybrid"),)),
     Scenario("decode-floor-1.5b", "decode steps against the bandwidth floor: single-pass vs split kernels vs async",
              "nvidia-h200", "long_tail", (
                  py("benchmarks/decode_floor.py", "--out", "{out}/decode_floor.json"),

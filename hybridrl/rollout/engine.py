@@ -51,9 +51,10 @@ Choices:
   need their own bookkeeping): each call gets an NgramDrafter over its groups; decode steps with at most
   `speculative.max_running_seqs` sequences verify the drafts (scheduler.py, model_runner.py, spec_verify.py), so
   a step can emit several tokens per sequence with the sampled distribution unchanged. Such steps are read before
-  the next is scheduled (async scheduling's lookahead is declined in that regime). `stats` counts
-  `spec_verify_steps`, `spec_draft_tokens`, `spec_accepted_tokens`, `spec_drafted_seqs`, `spec_emitted_tokens`,
-  `spec_discarded_tokens` (emitted past a stop or length end) and derives `spec_acceptance_rate`,
+  the next is scheduled (async scheduling's lookahead is declined in that regime while drafts keep coming; see
+  scheduler.py). `stats` counts `spec_verify_steps`, `spec_draft_tokens`, `spec_accepted_tokens`,
+  `spec_drafted_seqs`, `spec_emitted_tokens`, `spec_discarded_tokens` (emitted past a stop or length end),
+  `spec_probe_steps` (steps read before the next only to ask the drafter again) and derives `spec_acceptance_rate`,
   `spec_mean_acceptance_length` (tokens emitted per drafted sequence and step) and `spec_tokens_per_verify_step`.
 - Partial rollouts: `SamplingParams.token_budget` stops a sequence after that many new tokens in the call
   (finish_reason BUDGET, reported like a finished one); `generate(..., continuations=...)` goes on from such samples:

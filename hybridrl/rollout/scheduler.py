@@ -33,7 +33,10 @@ Choices (after nano-vllm, minus its asserts for user errors):
   preempt). With no draft at all the step is a plain decode. `postprocess` appends each sequence's emitted tokens
   one by one with the stop/length rules of plain decoding (tokens after an end are dropped, counted in
   `spec_discarded_tokens`) and trims the blocks of rejected positions. The lookahead is declined in that regime,
-  so verify steps are scheduled on real tokens.
+  so verify steps are scheduled on real tokens — except after DRAFTLESS_STEPS consecutive steps in which the drafter
+  found nothing (text that repeats nothing, e.g. a random-weight model): then the lookahead's overlap is kept and
+  only one step in PROBE_EVERY is scheduled on real tokens to ask the drafter again (`spec_probe_steps`). Both
+  kinds of step are exact, so this changes the speed only, never the tokens.
 - Stats: `kv_blocks_peak` (physical blocks in use) and `kv_blocks_peak_unshared` (sum of the running
   sequences' block tables = what the same schedule needs without sharing).
 """
@@ -48,9 +51,14 @@ from hybridrl.rollout.config import EngineConfig
 from hybridrl.rollout.sampling_params import BUDGET
 from hybridrl.rollout.sequence import PLACEHOLDER, SeqStatus, Sequence
 
+# Speculation with nothing to draft costs the lookahead's overlap on every step; after this many draftless steps in a
+# row the lookahead runs again, and one step in PROBE_EVERY asks the drafter whether drafts have appeared.
+DRAFTLESS_STEPS = 8
+PROBE_EVERY = 16
+
 # speculative decoding's counters (engine.stats adds the rates derived from them)
 SPEC_COUNTERS = ("spec_verify_steps", "spec_draft_tokens", "spec_drafted_seqs", "spec_accepted_tokens",
-                 "spec_emitted_tokens", "spec_discarded_tokens")
+                 "spec_emitted_tokens", "spec_discarded_tokens", "spec_probe_steps")
 
 
 @dataclass
@@ -79,6 +87,8 @@ class Scheduler:
         self.paused: set[Sequence] = set()
         self._newly_paused: list[Sequence] = []
         self.drafter = drafter
+        self._draftless_steps = 0       # consecutive speculating steps in which the drafter found nothing
+        self._lookahead_since_probe = 0
         self.stats = {"num_preemptions": 0, "num_cow_copies": 0, "num_prefill_steps": 0, "num_decode_steps": 0,
                       "prefill_tokens_computed": 0, "kv_blocks_peak": 0, "kv_blocks_peak_unshared": 0,
                       "num_lookahead_steps": 0, "num_lookahead_discarded": 0, **dict.fromkeys(SPEC_COUNTERS, 0)}
@@ -211,6 +221,19 @@ class Scheduler:
     def _speculating(self) -> bool:
         return self.drafter is not None and len(self.running) <= self.config.speculative.max_running_seqs
 
+    def _wants_drafts(self) -> bool:
+        """Whether the next decode step must be scheduled on real tokens so the drafter can propose for it."""
+        if not self._speculating():
+            return False
+        if self._draftless_steps < DRAFTLESS_STEPS:
+            return True
+        self._lookahead_since_probe += 1
+        if self._lookahead_since_probe < PROBE_EVERY:
+            return False
+        self._lookahead_since_probe = 0
+        self.stats["spec_probe_steps"] += 1
+        return True
+
     def _drafts(self, seqs: list[Sequence]) -> list[list[int]] | None:
         """Each sequence's draft (capped by its max_tokens and max_model_len, the step's rows by max_decode_rows, its
         positions by the free blocks); None when no sequence has one."""
@@ -223,7 +246,9 @@ class Scheduler:
             rows += len(draft)
             drafts.append(draft)
         if rows == len(seqs):
+            self._draftless_steps += 1
             return None
+        self._draftless_steps = 0
         self.stats["spec_verify_steps"] += 1
         self.stats["spec_draft_tokens"] += rows - len(seqs)
         self.stats["spec_drafted_seqs"] += sum(1 for d in drafts if d)
@@ -262,7 +287,7 @@ class Scheduler:
 
     def schedule_lookahead(self, prev: ScheduledBatch) -> ScheduledBatch | None:
         """The decode step after `prev` (launched, not read yet), or None when it must wait for prev's tokens."""
-        if prev.is_prefill or self.waiting or self._speculating():
+        if prev.is_prefill or self.waiting or self._wants_drafts():
             return None
         keep, rows, new_blocks = [], [], 0
         for i, seq in enumerate(prev.seqs):

@@ -41,7 +41,12 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from hybridrl.training.flash_segments import FlashSegments, flash_segments, flash_usable, flash_varlen_attention
+from hybridrl.training.flash_segments import (
+    FlashSegments,
+    flash_segments,
+    flash_usable,
+    flash_varlen_attention,
+)
 from hybridrl.training.transfer import to_device
 from hybridrl.training.ulysses import SequenceParallel, gather_rows, ulysses_out, ulysses_qkv
 

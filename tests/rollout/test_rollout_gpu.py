@@ -232,8 +232,9 @@ def test_speculative_decoding_on_cuda_graphs_equals_plain_decoding(enforce_eager
         engine.load_weights(model.state_dict().items())
         engine.wake_up(("kv_cache",))
         greedy = engine.generate(prompts, SamplingParams(n=3, temperature=0, max_tokens=40, ignore_eos=True))
+        greedy_stats = dict(engine.stats)       # the engine's counters are per generate call
         sampled = engine.generate(prompts, SamplingParams(n=3, temperature=0.7, max_tokens=40, seed=1))
-        results[on] = greedy, sampled, dict(engine.stats)
+        results[on] = greedy, sampled, greedy_stats
         engine.sleep()
     (g_off, _, _), (g_on, s_on, stats) = results[False], results[True]
     assert [c.token_ids for o in g_on for c in o.outputs] == [c.token_ids for o in g_off for c in o.outputs]

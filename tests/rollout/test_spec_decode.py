@@ -324,3 +324,35 @@ def test_sampled_distribution_of_the_first_tokens_equals_the_models(drafter, ora
                 assert abs(got.get(cell, 0) - N * p) <= 5 * math.sqrt(N * p * (1 - p)) + 3, (cut, cell)
             assert sum(got.values()) == N and set(got) <= {c for c, p in want.items() if p > 0}
     assert len(set(itertools.islice(samples, 256))) > 20   # not a degenerate distribution
+
+
+# ------------------------------------------------------------------- speculation that finds nothing to draft
+class _LateOracle(_Oracle):
+    """The oracle's drafts, but only from completion token `start` on (text that starts repeating late)."""
+    start = 10**9
+
+    def propose(self, seq, k):
+        return super().propose(seq, k) if seq.num_completion_tokens >= self.start else []
+
+
+def test_draftless_speculation_keeps_the_lookahead_and_probes_until_drafts_come(monkeypatch):
+    from hybridrl.rollout.scheduler import DRAFTLESS_STEPS, PROBE_EVERY
+
+    model = tiny_hf_model("qwen2")
+    params = SamplingParams(n=2, temperature=0, max_tokens=70, ignore_eos=True)
+    plain, plain_stats = _run(model, params, async_scheduling=True)
+    monkeypatch.setattr(engine_mod, "NgramDrafter", _LateOracle)
+    monkeypatch.setattr(_LateOracle, "reference", {tuple(p): o.outputs[0].token_ids for p, o in zip(PROMPTS, plain)})
+    silent, stats = _run(model, params, async_scheduling=True, speculative=SPEC)     # never a draft
+    assert _tokens(silent) == _tokens(plain)
+    assert stats["spec_verify_steps"] == 0
+    # all but the first DRAFTLESS_STEPS steps and one probe in PROBE_EVERY overlap as without speculation
+    assert stats["spec_probe_steps"] >= (plain_stats["num_lookahead_steps"] - DRAFTLESS_STEPS) // PROBE_EVERY - 1 >= 2
+    assert stats["num_lookahead_steps"] >= plain_stats["num_lookahead_steps"] - DRAFTLESS_STEPS \
+        - 2 * stats["spec_probe_steps"]
+    monkeypatch.setattr(_LateOracle, "start", 40)                                   # drafts appear mid-way
+    late, stats = _run(model, params, async_scheduling=True, speculative=SPEC)
+    assert _tokens(late) == _tokens(plain)
+    assert stats["spec_probe_steps"] >= 1 and stats["spec_verify_steps"] > 0
+    assert stats["spec_accepted_tokens"] == stats["spec_draft_tokens"]               # the oracle is always right
+    assert stats["num_decode_steps"] < plain_stats["num_decode_steps"]
