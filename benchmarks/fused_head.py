@@ -28,6 +28,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 from grpo_step import device_facts  # noqa: E402
 
+from hybridrl.algorithms import chunked_logprob as C  # noqa: E402
 from hybridrl.training import fused_logprob as F  # noqa: E402
 
 # name -> (weight-gradient path, chunk bytes or None for the default, entropy carries a gradient)
@@ -35,7 +36,7 @@ VARIANTS = {"in_gemm": (F._add_in_gemm, None, True), "product": (F._add_product,
             "entropy_detached": (F._add_in_gemm, None, False),
             "entropy_detached_chunk_512": (F._add_in_gemm, 512 << 20, False),
             "entropy_detached_chunk_1024": (F._add_in_gemm, 1024 << 20, False)}
-ORIGINAL = (F.add_weight_grad, F.CHUNK_BYTES)
+ORIGINAL = (F.add_weight_grad, C.CHUNK_BYTES)
 
 
 def inputs(rows: int, hidden: int, vocab: int, seed: int = 0):
@@ -63,7 +64,7 @@ def timed(fn):
 def run(rows: int, hidden: int, vocab: int, variant: str, seed: int = 0):
     h, w, t, g = inputs(rows, hidden, vocab, seed)
     add, chunk_bytes, entropy_grad = VARIANTS[variant]
-    F.add_weight_grad, F.CHUNK_BYTES = add, chunk_bytes or ORIGINAL[1]
+    F.add_weight_grad, C.CHUNK_BYTES = add, chunk_bytes or ORIGINAL[1]
 
     def step():
         out = F.fused_logprob_entropy(h, w, t, 0.8, True, entropy_grad)
@@ -73,14 +74,14 @@ def run(rows: int, hidden: int, vocab: int, variant: str, seed: int = 0):
         out, seconds, peak = timed(step)
         return out, h.grad, w.grad, seconds, peak
     finally:
-        F.add_weight_grad, F.CHUNK_BYTES = ORIGINAL
+        F.add_weight_grad, C.CHUNK_BYTES = ORIGINAL
 
 
 def gemm_only(rows: int, hidden: int, vocab: int) -> float:
     """Seconds of the default chunks' four GEMMs: logits (forward and again in backward), grad_h, grad_w."""
     h, w, _, _ = inputs(rows, hidden, vocab)
     h, w = h.detach(), w.detach()
-    step = F.chunk_rows(vocab)
+    step = C.chunk_rows(vocab)
     grad_w = torch.zeros(w.shape, dtype=torch.float32, device="cuda")
     grad_h = torch.empty_like(h)
 
@@ -123,7 +124,7 @@ def main() -> None:
     a = ap.parse_args()
     result = {"benchmark": "fused_head", "command": " ".join(["python"] + sys.argv), "device": device_facts(),
               "workload": {"rows": a.rows, "hidden": a.hidden, "vocab": a.vocab, "dtype": "bf16", "entropy": True,
-                           "temperature": 0.8, "default_chunk_rows": F.chunk_rows(a.vocab)}, "variants": {}}
+                           "temperature": 0.8, "default_chunk_rows": C.chunk_rows(a.vocab)}, "variants": {}}
     for name in VARIANTS:
         entry = {"check": check(a.check_rows, a.hidden, a.vocab, name)}
         run(a.rows, a.hidden, a.vocab, name)  # warm-up

@@ -8,16 +8,18 @@ Choices:
   is a wrong ratio, not a rounding detail. The upcast (`.float()`) keeps the autograd graph.
 - masked_mean adds 1e-8 to the denominator and masked_var / masked_whiten follow verl exactly
   (Bessel correction over the masked count, whitening with rsqrt(var + 1e-8)), so numbers match verl.
-- logprobs_from_logits and entropy_from_logits are custom autograd functions that walk the rows in
-  chunks: forward keeps only the logits (already alive) and one fp32 value per row; backward
-  recomputes the softmax chunk by chunk. Peak extra memory is one fp32 chunk (about 256 MB by default)
-  instead of a full fp32 log_softmax of [N, V] (with V = 152k, 8k tokens → 5 GB). The gradient tensor
-  itself has the logits' dtype.
+- logprobs_from_logits and entropy_from_logits walk the rows in chunks (algorithms/chunked_logprob.py, the
+  routine the fused log-prob head runs too): forward keeps only the logits (already alive) and a few fp32
+  values per row; backward recomputes the softmax chunk by chunk. Peak extra memory is a couple of fp32
+  chunks (about 256 MB each by default) instead of a full fp32 log_softmax of [N, V] (with V = 152k,
+  8k tokens → 5 GB). The gradient tensor itself has the logits' dtype.
 """
 
 from __future__ import annotations
 
 import torch
+
+from hybridrl.algorithms.chunked_logprob import GivenLogits, chunked_logprob_entropy
 
 __all__ = [
     "masked_sum",
@@ -28,10 +30,6 @@ __all__ = [
     "entropy_from_logits",
     "clip_by_value",
 ]
-
-# rows per chunk are chosen so one fp32 chunk holds about this many elements (64 Mi → 256 MB)
-_CHUNK_ELEMENTS = 1 << 26
-
 
 def _to_fp32(x: torch.Tensor) -> torch.Tensor:
     return x.float() if x.is_floating_point() and x.dtype != torch.float64 else x
@@ -86,80 +84,6 @@ def clip_by_value(x: torch.Tensor, tensor_min: torch.Tensor, tensor_max: torch.T
     return torch.max(torch.min(x, tensor_max), tensor_min)
 
 
-def _rows_per_chunk(vocab: int, chunk_size: int | None) -> int:
-    if chunk_size is not None:
-        if chunk_size <= 0:
-            raise ValueError(f"chunk_size must be a positive number of rows, got {chunk_size}")
-        return chunk_size
-    return max(1, _CHUNK_ELEMENTS // max(vocab, 1))
-
-
-def _shifted(z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(z - rowmax, logsumexp(z - rowmax), rowmax): log-probs are then (z - rowmax) - lse, the same for z + c
-    as for z (no cancellation between two large numbers)."""
-    rowmax = z.amax(dim=-1, keepdim=True)
-    shifted = z - rowmax
-    return shifted, torch.logsumexp(shifted, dim=-1), rowmax.squeeze(-1)
-
-
-def _log_softmax_rows(logits_chunk: torch.Tensor, rowmax: torch.Tensor, lse: torch.Tensor) -> torch.Tensor:
-    return (logits_chunk.float() - rowmax[:, None]) - lse[:, None]
-
-
-class _LogProbFromLogits(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, logits_nv, labels_n, rows):
-        out_n = torch.empty(logits_nv.shape[0], dtype=torch.float32, device=logits_nv.device)
-        lse_n, max_n = torch.empty_like(out_n), torch.empty_like(out_n)
-        for s in range(0, logits_nv.shape[0], rows):
-            shifted, lse_n[s:s + rows], max_n[s:s + rows] = _shifted(logits_nv[s:s + rows].float())
-            out_n[s:s + rows] = shifted.gather(-1, labels_n[s:s + rows, None]).squeeze(-1) - lse_n[s:s + rows]
-        ctx.save_for_backward(logits_nv, labels_n, lse_n, max_n)
-        ctx.rows = rows
-        return out_n
-
-    @staticmethod
-    def backward(ctx, grad_n):
-        logits_nv, labels_n, lse_n, max_n = ctx.saved_tensors
-        grad_nv = torch.empty_like(logits_nv)
-        for s in range(0, logits_nv.shape[0], ctx.rows):
-            g = grad_n[s:s + ctx.rows, None].float()
-            p = torch.exp(_log_softmax_rows(logits_nv[s:s + ctx.rows], max_n[s:s + ctx.rows], lse_n[s:s + ctx.rows]))
-            chunk = -p * g  # d logp / dz = onehot(label) - softmax
-            chunk.scatter_add_(-1, labels_n[s:s + ctx.rows, None], g)
-            grad_nv[s:s + ctx.rows] = chunk.to(grad_nv.dtype)
-        return grad_nv, None, None
-
-
-class _EntropyFromLogits(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, logits_nv, rows):
-        ent_n = torch.empty(logits_nv.shape[0], dtype=torch.float32, device=logits_nv.device)
-        lse_n, max_n = torch.empty_like(ent_n), torch.empty_like(ent_n)
-        for s in range(0, logits_nv.shape[0], rows):
-            shifted, lse, max_n[s:s + rows] = _shifted(logits_nv[s:s + rows].float())
-            lse_n[s:s + rows] = lse
-            p = torch.exp(shifted - lse[:, None])
-            # both terms are >= 0 (shifted <= 0, lse >= 0), so the entropy cannot come out negative;
-            # a -inf logit has p = 0 and contributes 0 (not 0 * -inf = nan)
-            ent_n[s:s + rows] = lse - torch.where(p > 0, p * shifted, 0.0).sum(-1)
-        ctx.save_for_backward(logits_nv, lse_n, max_n, ent_n)
-        ctx.rows = rows
-        return ent_n
-
-    @staticmethod
-    def backward(ctx, grad_n):
-        logits_nv, lse_n, max_n, ent_n = ctx.saved_tensors
-        grad_nv = torch.empty_like(logits_nv)
-        for s in range(0, logits_nv.shape[0], ctx.rows):
-            logp = _log_softmax_rows(logits_nv[s:s + ctx.rows], max_n[s:s + ctx.rows], lse_n[s:s + ctx.rows])
-            # dH/dz_k = -p_k * (log p_k + H)
-            p = torch.exp(logp)
-            chunk = torch.where(p > 0, -p * (logp + ent_n[s:s + ctx.rows, None]), 0.0)
-            grad_nv[s:s + ctx.rows] = (chunk * grad_n[s:s + ctx.rows, None].float()).to(grad_nv.dtype)
-        return grad_nv, None
-
-
 def logprobs_from_logits(logits: torch.Tensor, labels: torch.Tensor, chunk_size: int | None = None) -> torch.Tensor:
     """log softmax(logits)[labels] in fp32: logits [..., V], labels [...] (int) → [...] fp32.
 
@@ -167,11 +91,9 @@ def logprobs_from_logits(logits: torch.Tensor, labels: torch.Tensor, chunk_size:
     (default: ~64Mi elements a chunk)."""
     if logits.shape[:-1] != labels.shape:
         raise ValueError(f"logprobs_from_logits: logits {tuple(logits.shape)} must be labels {tuple(labels.shape)} + [V]")
-    lead = labels.shape
-    logits_nv = logits.reshape(-1, logits.shape[-1])
-    labels_n = labels.reshape(-1).long()
-    rows = _rows_per_chunk(logits.shape[-1], chunk_size)
-    return _LogProbFromLogits.apply(logits_nv, labels_n, rows).reshape(lead)
+    log_p, _ = chunked_logprob_entropy(GivenLogits(), (logits.reshape(-1, logits.shape[-1]),), labels,
+                                       with_entropy=False, chunk_size=chunk_size)
+    return log_p.reshape(labels.shape)
 
 
 def entropy_from_logits(logits: torch.Tensor, chunk_size: int | None = None) -> torch.Tensor:
@@ -179,7 +101,6 @@ def entropy_from_logits(logits: torch.Tensor, chunk_size: int | None = None) -> 
 
     Computed on max-subtracted logits z' = z - max(z): logsumexp(z') - sum softmax(z') * z', the same value
     for z + c as for z (no cancellation between two large numbers) and never negative."""
-    lead = logits.shape[:-1]
-    logits_nv = logits.reshape(-1, logits.shape[-1])
-    rows = _rows_per_chunk(logits.shape[-1], chunk_size)
-    return _EntropyFromLogits.apply(logits_nv, rows).reshape(lead)
+    _, entropy = chunked_logprob_entropy(GivenLogits(), (logits.reshape(-1, logits.shape[-1]),), None,
+                                         with_entropy=True, chunk_size=chunk_size)
+    return entropy.reshape(logits.shape[:-1])

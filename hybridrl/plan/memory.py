@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from hybridrl.algorithms.chunked_logprob import chunk_rows
 from hybridrl.plan.model_shape import ModelShape
-from hybridrl.training.fused_logprob import chunk_rows
 
 GiB = 1024**3
 

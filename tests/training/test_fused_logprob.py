@@ -4,6 +4,7 @@ of hidden states and head weight, with entropy, several chunks, by dtype; and in
 import pytest
 import torch
 
+from hybridrl.algorithms import chunked_logprob as C
 from hybridrl.training import fused_logprob as F
 
 
@@ -18,7 +19,7 @@ def reference(h, w, t, temperature):
 def test_fused_matches_plain_log_softmax(monkeypatch, dtype, tol, with_entropy):
     torch.manual_seed(0)
     K, H, V = 37, 16, 50
-    monkeypatch.setattr(F, "CHUNK_BYTES", 4 * V * 8)  # 8 rows a chunk: 5 chunks, the last one partial
+    monkeypatch.setattr(C, "CHUNK_BYTES", 4 * V * 8)  # 8 rows a chunk: 5 chunks, the last one partial
     h = (torch.randn(K, H) * 2).to(dtype).requires_grad_()
     w = torch.randn(V, H).to(dtype).requires_grad_()
     t = torch.randint(0, V, (K,))
@@ -44,7 +45,7 @@ def test_entropy_without_gradient_is_a_detached_measurement(monkeypatch, dtype, 
     (what plain PyTorch gives with the entropy detached) — though the loss is handed the entropy too."""
     torch.manual_seed(2)
     K, H, V = 29, 16, 50
-    monkeypatch.setattr(F, "CHUNK_BYTES", 4 * V * 8)
+    monkeypatch.setattr(C, "CHUNK_BYTES", 4 * V * 8)
     h = (torch.randn(K, H) * 2).to(dtype).requires_grad_()
     w = torch.randn(V, H).to(dtype).requires_grad_()
     t = torch.randint(0, V, (K,))

@@ -1,0 +1,148 @@
+"""Log-probabilities of target tokens and softmax entropies, one chunk of rows at a time: the one routine behind
+`logprobs_from_logits` / `entropy_from_logits` (algorithms/utils.py) and the fused log-prob head
+(training/fused_logprob.py).
+
+Shapes: N rows, V vocabulary.
+
+For a row's fp32 logits z, with z' = z - max(z) (the same numbers for z + c as for z):
+  log p_t = z'_t - lse(z'),   H = lse(z') - sum_j p_j z'_j,
+  d log p_t / dz = onehot(t) - p,   dH / dz = -p * (log p + H).
+
+Choices:
+- One autograd function walks the rows in chunks of `chunk_rows(V)` rows (about CHUNK_BYTES of fp32 logits a
+  chunk): forward keeps one fp32 row max, log-sum-exp and entropy a row; backward recomputes each chunk's logits.
+  Peak extra memory is about two fp32 chunks, whatever N, instead of a full fp32 log_softmax of [N, V]
+  (V = 152k, 8k rows: 5 GB).
+- Where a chunk's logits come from, and where their gradient goes, is the caller's `source`: `GivenLogits` slices
+  an existing [N, V] tensor of any dtype (its gradient comes back in that dtype); the fused head makes them from
+  hidden states and the head weight, so [N, V] never exists. A source's logits are divided by its `temperature`,
+  and the gradient it is handed is the one of its undivided logits.
+- Max-subtracted logits: no cancellation between two large numbers, and both terms of H are >= 0, so the entropy
+  cannot come out negative. A p = 0 entry (a -inf logit) contributes 0 to H and to its gradient, not 0 * -inf.
+- An entropy that is only measured (`entropy_grad=False`) comes back non-differentiable, and backward skips its
+  term (three passes over each chunk).
+- Each chunk's fp32 logits are a buffer of the routine's own, overwritten in place (shifted, then turned into
+  probabilities or gradients), which keeps the two-chunk bound.
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["CHUNK_BYTES", "chunk_rows", "GivenLogits", "chunked_logprob_entropy"]
+
+CHUNK_BYTES = 256 << 20   # fp32 logits of one chunk
+
+
+def chunk_rows(vocab: int, chunk_size: int | None = None) -> int:
+    """Rows a chunk: chunk_size when given, else as many as CHUNK_BYTES of fp32 logits hold (at least one)."""
+    if chunk_size is not None:
+        if chunk_size <= 0:
+            raise ValueError(f"chunk_size must be a positive number of rows, got {chunk_size}")
+        return chunk_size
+    return max(1, CHUNK_BYTES // (4 * max(vocab, 1)))
+
+
+class GivenLogits:
+    """Chunks of logits that already exist: inputs = (logits [N, V],) of any dtype; the gradient comes back in it."""
+    temperature = 1.0
+
+    @staticmethod
+    def vocab(inputs: tuple[torch.Tensor, ...]) -> int:
+        return inputs[0].shape[-1]
+
+    @staticmethod
+    def logits(inputs: tuple[torch.Tensor, ...], s: int, e: int) -> torch.Tensor:
+        return inputs[0][s:e].to(torch.float32, copy=True)   # a copy even for fp32: it is overwritten in place
+
+    @staticmethod
+    def grad_dtype(inputs: tuple[torch.Tensor, ...]) -> torch.dtype:
+        return inputs[0].dtype
+
+    @staticmethod
+    def new_grads(inputs: tuple[torch.Tensor, ...], needs: tuple[bool, ...]) -> list:
+        return [torch.empty_like(inputs[0]) if needs[0] else None]
+
+    @staticmethod
+    def add_grads(inputs: tuple[torch.Tensor, ...], grads: list, s: int, e: int, dz: torch.Tensor) -> None:
+        if grads[0] is not None:
+            grads[0][s:e] = dz
+
+    @staticmethod
+    def finish_grads(inputs: tuple[torch.Tensor, ...], grads: list) -> tuple:
+        return tuple(grads)
+
+
+class _ChunkedLogProbEntropy(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, source, targets, rows: int, with_entropy: bool, entropy_grad: bool, *inputs):
+        n = inputs[0].shape[0]
+        log_p = torch.zeros(n, dtype=torch.float32, device=inputs[0].device)
+        ent, lse, row_max = torch.zeros_like(log_p), torch.empty_like(log_p), torch.empty_like(log_p)
+        for s in range(0, n, rows):
+            e = min(s + rows, n)
+            z = source.logits(inputs, s, e)
+            row_max[s:e] = z.amax(dim=-1)
+            shifted = z.sub_(row_max[s:e, None])
+            lse[s:e] = torch.logsumexp(shifted, dim=-1)
+            if targets is not None:
+                log_p[s:e] = shifted.gather(-1, targets[s:e, None]).squeeze(-1) - lse[s:e]
+            if with_entropy:
+                p = (shifted - lse[s:e, None]).exp_()
+                live = p > 0
+                ent[s:e] = lse[s:e] - p.mul_(shifted).masked_fill_(~live, 0.0).sum(-1)
+                del p, live
+            del z, shifted
+        if targets is None:
+            ctx.mark_non_differentiable(log_p)
+        if not (with_entropy and entropy_grad):
+            ctx.mark_non_differentiable(ent)
+        ctx.save_for_backward(*inputs, *(() if targets is None else (targets,)), lse, row_max, ent)
+        ctx.source, ctx.rows, ctx.n_inputs = source, rows, len(inputs)
+        ctx.with_log_p, ctx.entropy_grad = targets is not None, with_entropy and entropy_grad
+        return log_p, ent
+
+    @staticmethod
+    def backward(ctx, grad_log_p, grad_ent):
+        saved = ctx.saved_tensors
+        inputs = saved[:ctx.n_inputs]
+        targets = saved[ctx.n_inputs] if ctx.with_log_p else None
+        lse, row_max, ent = saved[-3:]
+        source, rows, n = ctx.source, ctx.rows, inputs[0].shape[0]
+        grads = source.new_grads(inputs, ctx.needs_input_grad[5:])
+        dtype = source.grad_dtype(inputs)
+        for s in range(0, n, rows):
+            e = min(s + rows, n)
+            log_p = source.logits(inputs, s, e).sub_(row_max[s:e, None]).sub_(lse[s:e, None])
+            p = log_p.exp()
+            # in place over the chunk's two fp32 buffers: dz = g_lp * (onehot - p) - g_H * p * (log p + H)
+            if ctx.entropy_grad:
+                g_h = grad_ent[s:e, None].float() / source.temperature
+                live = p > 0
+                dz = log_p.add_(ent[s:e, None]).mul_(p).neg_().masked_fill_(~live, 0.0).mul_(g_h)
+                del live
+                if ctx.with_log_p:
+                    g_lp = grad_log_p[s:e, None].float() / source.temperature
+                    dz.sub_(p.mul_(g_lp))
+            else:
+                g_lp = grad_log_p[s:e, None].float() / source.temperature
+                dz = p.mul_(-g_lp)
+            if ctx.with_log_p:
+                dz.scatter_add_(-1, targets[s:e, None], g_lp)
+            del log_p, p
+            dz = dz.to(dtype)   # the fp32 chunk is freed here when the inputs are narrower
+            source.add_grads(inputs, grads, s, e, dz)
+            del dz
+        return (None, None, None, None, None, *source.finish_grads(inputs, grads))
+
+
+def chunked_logprob_entropy(source, inputs: tuple[torch.Tensor, ...], targets: torch.Tensor | None,
+                            with_entropy: bool, entropy_grad: bool = True,
+                            chunk_size: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(log p of targets [N] fp32, or zeros without targets; entropy [N] fp32, or zeros without with_entropy)
+    of the logits that `source` makes from `inputs` (their first dimension is N), chunk_size rows at a time
+    (default `chunk_rows(V)`). The log-probs are differentiable when targets are given, the entropy when
+    with_entropy and entropy_grad."""
+    rows = chunk_rows(source.vocab(inputs), chunk_size)
+    targets = None if targets is None else targets.reshape(-1).long()
+    return _ChunkedLogProbEntropy.apply(source, targets, rows, bool(with_entropy), bool(entropy_grad), *inputs)
