@@ -40,7 +40,7 @@ from hybridrl.training.checkpoint import save_hf_model
 from hybridrl.training.fsdp import build_fsdp_model, build_training_mesh, load_hf_config
 from hybridrl.training.micro_batches import loss_scale, make_micro_batches
 from hybridrl.training.optim import build_lr_scheduler, build_optimizer
-from hybridrl.training.packing import forward_response_logits
+from hybridrl.training.response_forward import forward_response_logits
 from hybridrl.training.updater import clip_grad_norm
 
 __all__ = ["collate", "load_sft_config", "main", "read_rows", "register", "run_sft", "tokenize_examples"]

@@ -1,6 +1,7 @@
 """The FSDP2 training engine that runs inside each worker process on its GPU (not to be confused with
 `hybridrl.trainer`, the driver's fit loop that calls the workers): mesh + per-block wrapping (fsdp), AdamW +
-schedule (optim), phase offload (offload), sequence packing and dynamic micro-batches (packing, micro_batches),
+schedule (optim), phase offload (offload), sequence packing and its attention (packing, packed_attention), the
+forward to the response positions (response_forward), dynamic micro-batches (token_bins, micro_batches),
 the PPO actor and critic updates (actor, critic), sharded checkpoints of one model (checkpoint), HF export
 (hf_export) and the offline merge of a checkpoint into a HF directory (merge). It knows nothing of Ray or of
 the run's steps: a worker hands it a batch and gets losses and log-probs back."""

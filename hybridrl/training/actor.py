@@ -58,7 +58,8 @@ from hybridrl.training.fsdp import keep_unsharded, should_keep_unsharded
 from hybridrl.training.fused_logprob import fused_logprob_entropy, plain_linear_head
 from hybridrl.training.micro_batches import loss_scales, make_micro_batches
 from hybridrl.training.moe import RouterTaps, load_balancing_loss, router_settings, router_z_loss
-from hybridrl.training.packing import forward_response_logits, restore_order
+from hybridrl.training.response_forward import forward_response_logits
+from hybridrl.training.token_bins import restore_order
 from hybridrl.training.transfer import to_device
 from hybridrl.training.updater import FSDPUpdater
 

@@ -15,7 +15,8 @@ from hybridrl.algorithms import compute_value_loss, masked_mean
 from hybridrl.protocol import DataProto
 from hybridrl.training.fsdp import keep_unsharded, should_keep_unsharded
 from hybridrl.training.micro_batches import loss_scales, make_micro_batches
-from hybridrl.training.packing import forward_response_logits, restore_order
+from hybridrl.training.response_forward import forward_response_logits
+from hybridrl.training.token_bins import restore_order
 from hybridrl.training.transfer import to_device
 from hybridrl.training.updater import FSDPUpdater
 

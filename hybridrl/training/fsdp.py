@@ -254,7 +254,7 @@ def build_fsdp_model(model_cfg: Mapping, fsdp_cfg: Mapping, mesh: DeviceMesh, de
     the adapters kept in `model_dtype`; FSDP2 all-gathers both in its `param_dtype`."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
-    from hybridrl.training.packing import register_varlen_attention
+    from hybridrl.training.packed_attention import register_varlen_attention
 
     device = torch.device(device)
     rank = dist.get_rank() if dist.is_initialized() else 0

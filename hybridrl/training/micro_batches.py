@@ -13,7 +13,8 @@ import torch
 
 from hybridrl.protocol import DataProto
 from hybridrl.seeding import derive_seed
-from hybridrl.training.packing import prompt_groups, rearrange_micro_batches, rearrange_prompt_groups
+from hybridrl.training.packing import prompt_groups
+from hybridrl.training.token_bins import rearrange_micro_batches, rearrange_prompt_groups
 
 __all__ = ["make_micro_batches", "loss_scale", "loss_scales", "normaliser"]
 

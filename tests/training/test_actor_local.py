@@ -9,7 +9,7 @@ from _training_tiny import make_ppo_batch, tiny_qwen2_config
 
 from hybridrl.algorithms import compute_policy_loss
 from hybridrl.training import DataParallelPPOActor, DataParallelPPOCritic
-from hybridrl.training.packing import register_varlen_attention
+from hybridrl.training.packed_attention import register_varlen_attention
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,7 @@ import transformers
 from hybridrl.data.rl_dataset import RLHFDataset, collate_fn
 from hybridrl.protocol import DataProto
 from hybridrl.training import DataParallelPPOActor
-from hybridrl.training.packing import register_varlen_attention
+from hybridrl.training.packed_attention import register_varlen_attention
 
 pytestmark = pytest.mark.slow
 

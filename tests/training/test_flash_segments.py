@@ -8,7 +8,8 @@ import torch
 from test_shared_prompts import grouped_batch
 
 from hybridrl.training.flash_segments import flash_segments, flash_usable, flash_varlen_attention
-from hybridrl.training.packing import _sdpa_block_diagonal, pack_inputs
+from hybridrl.training.packed_attention import _sdpa_block_diagonal
+from hybridrl.training.packing import pack_inputs
 
 
 def segmentwise_attention(q, k, v, seg, scale):

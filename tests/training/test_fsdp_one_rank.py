@@ -13,7 +13,7 @@ from _training_tiny import tiny_qwen2_config
 
 from hybridrl.training.fsdp import apply_fsdp, build_training_mesh, grads_unsplit
 from hybridrl.training.fused_logprob import fused_logprob_entropy
-from hybridrl.training.packing import forward_response_logits
+from hybridrl.training.response_forward import forward_response_logits
 
 
 @pytest.fixture

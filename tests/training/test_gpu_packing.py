@@ -6,7 +6,7 @@ import transformers
 from _training_tiny import make_ppo_batch, tiny_qwen2_config
 
 from hybridrl.training import DataParallelPPOActor
-from hybridrl.training.packing import register_varlen_attention
+from hybridrl.training.packed_attention import register_varlen_attention
 
 
 @pytest.mark.gpu
@@ -47,7 +47,7 @@ def test_flex_shared_prompts_equal_padded_on_cuda(dtype):
     def grads(share):
         model.zero_grad()
         b = {k: v.cuda() for k, v in data.batch.items()}
-        from hybridrl.training.packing import forward_response_logits
+        from hybridrl.training.response_forward import forward_response_logits
 
         out = forward_response_logits(model, b["input_ids"], b["attention_mask"], b["position_ids"], 90, False,
                                       share_prompts=share)

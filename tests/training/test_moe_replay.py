@@ -17,7 +17,7 @@ from hybridrl.rollout.sampling_params import SamplingParams
 from hybridrl.rollout.to_dataproto import outputs_to_dataproto
 from hybridrl.training import DataParallelPPOActor
 from hybridrl.training.fsdp import load_hf_model
-from hybridrl.training.packing import register_varlen_attention
+from hybridrl.training.packed_attention import register_varlen_attention
 
 PROMPTS = [[5, 6, 7, 8, 9, 10, 11], [12, 13, 14], [20, 21, 22, 23, 24]]
 P, R = 8, 7

@@ -14,7 +14,8 @@ from hybridrl.algorithms import logprobs_from_logits
 from hybridrl.training import DataParallelPPOActor
 from hybridrl.training.fsdp import load_hf_model
 from hybridrl.training.moe import RouterTaps, router_settings
-from hybridrl.training.packing import forward_response_logits, register_varlen_attention
+from hybridrl.training.packed_attention import register_varlen_attention
+from hybridrl.training.response_forward import forward_response_logits
 
 KINDS = ["qwen3_moe", "mixtral"]
 

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from hybridrl.training.optim import build_lr_scheduler, build_optimizer
-from hybridrl.training.packing import pack_inputs, rearrange_micro_batches, restore_order
+from hybridrl.training.packing import pack_inputs
+from hybridrl.training.token_bins import rearrange_micro_batches, restore_order
 
 
 def test_rearrange_micro_batches_respects_budget_and_restores_order():

@@ -10,7 +10,7 @@ from omegaconf import OmegaConf
 
 from hybridrl.plan.partial_rollout import PartialRolloutPlan, rollout_correction
 from hybridrl.training import DataParallelPPOActor
-from hybridrl.training.packing import register_varlen_attention
+from hybridrl.training.packed_attention import register_varlen_attention
 
 CFG = dict(ppo_mini_batch_size=4, ppo_micro_batch_size_per_gpu=2, ppo_epochs=1, clip_ratio=0.2,
            loss_agg_mode="token-mean", entropy_coeff=0.0, use_kl_loss=False, grad_clip=1e9, use_dynamic_bsz=False,

@@ -10,7 +10,8 @@ from _training_tiny import tiny_qwen2_config
 
 from hybridrl.protocol import DataProto
 from hybridrl.training import DataParallelPPOActor
-from hybridrl.training.packing import pack_inputs, register_varlen_attention
+from hybridrl.training.packed_attention import register_varlen_attention
+from hybridrl.training.packing import pack_inputs
 
 
 @pytest.fixture(scope="module")
@@ -112,7 +113,7 @@ def test_update_with_shared_prompts_has_the_unshared_gradient(model, micro):
 
 
 def test_shared_prompts_refuse_ulysses(model):
-    from hybridrl.training.packing import forward_response_logits
+    from hybridrl.training.response_forward import forward_response_logits
 
     data = grouped_batch()
     b = data.batch
@@ -122,7 +123,7 @@ def test_shared_prompts_refuse_ulysses(model):
 
 
 def test_dynamic_micro_batches_keep_a_prompts_rows_together_and_count_it_once():
-    from hybridrl.training.packing import rearrange_prompt_groups
+    from hybridrl.training.token_bins import rearrange_prompt_groups
 
     groups = [[0, 1, 2, 3], [4, 5], [6]]
     prompt_lens, resp = [10, 30, 5], [4, 4, 4, 4, 6, 6, 20]

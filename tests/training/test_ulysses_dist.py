@@ -25,7 +25,7 @@ from hybridrl.training import (
     build_optimizer,
 )
 from hybridrl.training.fsdp import build_training_mesh, load_hf_model
-from hybridrl.training.packing import varlen_attention_forward
+from hybridrl.training.packed_attention import varlen_attention_forward
 from hybridrl.training.ulysses import SequenceParallel
 
 ACTOR = TINY_ACTOR_CFG

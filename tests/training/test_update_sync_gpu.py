@@ -15,7 +15,7 @@ from _training_tiny import TINY_ACTOR_CFG, make_ppo_batch, tiny_qwen2_config
 
 import hybridrl
 from hybridrl.training import DataParallelPPOActor, build_optimizer
-from hybridrl.training.packing import register_varlen_attention
+from hybridrl.training.packed_attention import register_varlen_attention
 
 PACKAGE = os.path.dirname(hybridrl.__file__) + os.sep
 TORCH = os.path.dirname(torch.__file__) + os.sep
