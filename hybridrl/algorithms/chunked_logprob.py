@@ -142,7 +142,12 @@ def chunked_logprob_entropy(source, inputs: tuple[torch.Tensor, ...], targets: t
     """(log p of targets [N] fp32, or zeros without targets; entropy [N] fp32, or zeros without with_entropy)
     of the logits that `source` makes from `inputs` (their first dimension is N), chunk_size rows at a time
     (default `chunk_rows(V)`). The log-probs are differentiable when targets are given, the entropy when
-    with_entropy and entropy_grad."""
+    with_entropy and entropy_grad.
+
+    A source (see `GivenLogits`) has `temperature`, `vocab(inputs)`, `logits(inputs, s, e)` (rows s:e as a fresh
+    fp32 [e-s, V] buffer, already divided by the temperature), `grad_dtype(inputs)`, `new_grads(inputs, needs)`,
+    `add_grads(inputs, grads, s, e, dz)` (dz: the rows' gradient of the undivided logits, in grad_dtype) and
+    `finish_grads(inputs, grads)` (one gradient or None per input)."""
     rows = chunk_rows(source.vocab(inputs), chunk_size)
     targets = None if targets is None else targets.reshape(-1).long()
     return _ChunkedLogProbEntropy.apply(source, targets, rows, bool(with_entropy), bool(entropy_grad), *inputs)
