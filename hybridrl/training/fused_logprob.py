@@ -44,6 +44,8 @@ class _HeadLogits:
     """A chunk's logits made from inputs = (hidden [K, H], head weight [V, H]): (h @ W.T) / T in fp32; the gradient
     goes to both (the weight's summed in fp32 across chunks)."""
 
+    finite = True    # h @ W.T: no -inf entries, so the routine's cheaper formulas apply
+
     def __init__(self, temperature: float):
         self.temperature = temperature
 

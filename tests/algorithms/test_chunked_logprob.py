@@ -66,3 +66,25 @@ def test_chunk_rows():
     assert chunk_rows(50, chunk_size=7) == 7
     with pytest.raises(ValueError, match="chunk_size"):
         chunk_rows(50, chunk_size=0)
+
+
+class _FiniteLogits(GivenLogits):
+    finite = True
+
+
+@pytest.mark.parametrize("entropy_grad", [True, False])
+def test_the_finite_formulas_equal_the_max_subtracted_ones(entropy_grad):
+    """The fused head's path (no max, no p = 0 masks) gives the masked path's values and gradients on finite logits,
+    across chunk boundaries and at a temperature."""
+    torch.manual_seed(3)
+    logits = (torch.randn(29, 70, dtype=torch.float64) * 4).float()
+    targets = torch.randint(0, 70, (29,))
+    results = []
+    for source in (GivenLogits(), _FiniteLogits()):
+        source.temperature = 0.7
+        x = logits.clone().requires_grad_()
+        log_p, ent = chunked_logprob_entropy(source, (x,), targets, True, entropy_grad, chunk_size=8)
+        (log_p.sum() * 1.3 + (ent.sum() * 0.4 if entropy_grad else 0)).backward()
+        results.append((log_p.detach(), ent.detach(), x.grad))
+    for a, b in zip(*results):
+        torch.testing.assert_close(a, b, atol=2e-5, rtol=1e-5)
