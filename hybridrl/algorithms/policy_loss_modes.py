@@ -29,18 +29,10 @@ from hybridrl.algorithms.policy_loss import (
 )
 from hybridrl.algorithms.registry import register_policy_loss
 from hybridrl.algorithms.utils import masked_mean
+from hybridrl.dotted import dotted_get
 
 __all__ = ["compute_policy_loss_cispo", "compute_policy_loss_clip_cov", "compute_policy_loss_gpg",
            "compute_policy_loss_gspo", "compute_policy_loss_kl_cov", "compute_policy_loss_vanilla"]
-
-
-def _get(config, dotted: str, default=None):
-    value = config
-    for key in dotted.split("."):
-        if value is None:
-            return default
-        value = value.get(key, None) if hasattr(value, "get") else getattr(value, key, None)
-    return default if value is None else value
 
 
 def _need_config(config, mode: str):
@@ -49,14 +41,16 @@ def _need_config(config, mode: str):
 
 
 def _clip_range(config) -> tuple[float, float]:
-    return _check_clip_range(_get(config, "clip_ratio"), _get(config, "clip_ratio_low"),
-                             _get(config, "clip_ratio_high"))
+    return _check_clip_range(dotted_get(config, "clip_ratio", None),
+                             dotted_get(config, "clip_ratio_low", None),
+                             dotted_get(config, "clip_ratio_high", None))
 
 
 def _aggregate(pg_losses, response_mask, loss_agg_mode, config, rollout_is_weights):
     if rollout_is_weights is not None:
         pg_losses = pg_losses * rollout_is_weights
-    return agg_loss(pg_losses, response_mask, loss_agg_mode, **(_get(config, "global_batch_info") or {}))
+    batch_info = dotted_get(config, "global_batch_info", None) or {}
+    return agg_loss(pg_losses, response_mask, loss_agg_mode, **batch_info)
 
 
 def _metrics(**metrics) -> dict:
@@ -69,9 +63,10 @@ def _metrics(**metrics) -> dict:
 def compute_policy_loss_vanilla(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean",
                                 config=None, rollout_is_weights=None):
     _need_config(config, "vanilla")
-    clip_ratio_c = float(_get(config, "clip_ratio_c", 3.0))
-    low, high = _check_clip_range(_get(config, "clip_ratio"), _get(config, "clip_ratio_low"),
-                                  _get(config, "clip_ratio_high"), clip_ratio_c)
+    clip_ratio_c = float(dotted_get(config, "clip_ratio_c", 3.0))
+    low, high = _check_clip_range(dotted_get(config, "clip_ratio", None),
+                                  dotted_get(config, "clip_ratio_low", None),
+                                  dotted_get(config, "clip_ratio_high", None), clip_ratio_c)
     pg_losses, (clipfrac, ppo_kl, clipfrac_lower) = vanilla_token_losses(
         old_log_prob, log_prob, advantages, response_mask, low, high, clip_ratio_c)
     pg_loss = _aggregate(pg_losses, response_mask, loss_agg_mode, config, rollout_is_weights)
@@ -122,8 +117,9 @@ def compute_policy_loss_clip_cov(old_log_prob, log_prob, advantages, response_ma
                                  config=None, rollout_is_weights=None):
     _need_config(config, "clip_cov")
     low, high = _clip_range(config)
-    clip_cov_ratio = float(_get(config, "policy_loss.clip_cov_ratio", 0.0002))
-    lb, ub = float(_get(config, "policy_loss.clip_cov_lb", 1.0)), float(_get(config, "policy_loss.clip_cov_ub", 5.0))
+    clip_cov_ratio = float(dotted_get(config, "policy_loss.clip_cov_ratio", 0.0002))
+    lb = float(dotted_get(config, "policy_loss.clip_cov_lb", 1.0))
+    ub = float(dotted_get(config, "policy_loss.clip_cov_ub", 5.0))
     if not clip_cov_ratio > 0:
         raise ValueError(f"actor.policy_loss.clip_cov_ratio={clip_cov_ratio} must be > 0")
     log_ratio, advantages = masked_log_ratio(old_log_prob, log_prob, advantages, response_mask)
@@ -150,8 +146,8 @@ def compute_policy_loss_clip_cov(old_log_prob, log_prob, advantages, response_ma
 def compute_policy_loss_kl_cov(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean",
                                config=None, rollout_is_weights=None):
     _need_config(config, "kl_cov")
-    kl_cov_ratio = float(_get(config, "policy_loss.kl_cov_ratio", 0.0002))
-    ppo_kl_coef = float(_get(config, "policy_loss.ppo_kl_coef", 1.0))
+    kl_cov_ratio = float(dotted_get(config, "policy_loss.kl_cov_ratio", 0.0002))
+    ppo_kl_coef = float(dotted_get(config, "policy_loss.ppo_kl_coef", 1.0))
     if not kl_cov_ratio > 0:
         raise ValueError(f"actor.policy_loss.kl_cov_ratio={kl_cov_ratio} must be > 0")
     log_ratio, advantages = masked_log_ratio(old_log_prob, log_prob, advantages, response_mask)

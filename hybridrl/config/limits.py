@@ -7,8 +7,10 @@ Called by `validate.check_semantics` on the resolved config (a plain dict).
 from __future__ import annotations
 
 import os
+from functools import partial
 from pathlib import Path
-from typing import Any
+
+from hybridrl.dotted import dotted_get
 
 __all__ = ["TOKENIZER_FILES", "check_limits", "same_tokenizer"]
 
@@ -16,12 +18,6 @@ ACTOR = "actor_rollout_ref.actor"
 # the files a HF tokenizer is loaded from; two directories with equal copies hold the same tokenizer
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt", "tokenizer.model",
                    "special_tokens_map.json")
-
-
-def _get(tree: dict, path: str) -> Any:
-    for part in path.split("."):
-        tree = tree[part]
-    return tree
 
 
 def _real(path: str) -> str:
@@ -41,7 +37,7 @@ def same_tokenizer(a: str, b: str) -> bool:
 
 
 def check_limits(c: dict) -> list[str]:
-    g = lambda p: _get(c, p)  # noqa: E731
+    g = partial(dotted_get, c)
     errors = []
     workers = g("data.dataloader_num_workers")
     if workers != 0:

@@ -7,24 +7,19 @@ from __future__ import annotations
 
 import json
 import os
+from functools import partial
 from pathlib import Path
-from typing import Any
 
 from hybridrl.config.limits import same_tokenizer
+from hybridrl.dotted import dotted_get
 
 __all__ = ["reward_model_errors"]
 
 RM = "reward_model"
 
 
-def _get(tree: dict, path: str) -> Any:
-    for part in path.split("."):
-        tree = tree[part]
-    return tree
-
-
 def reward_model_errors(c: dict) -> list[str]:
-    g = lambda p: _get(c, p)  # noqa: E731
+    g = partial(dotted_get, c)
     if not g(f"{RM}.enable"):
         return []
     if g(f"{RM}.style") == "judge":

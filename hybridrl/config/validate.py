@@ -14,6 +14,7 @@ are returned as warnings, not errors. Ints are accepted where a float is expecte
 from __future__ import annotations
 
 import difflib
+from functools import partial
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
@@ -21,6 +22,7 @@ from omegaconf import DictConfig, OmegaConf
 from hybridrl.config.limits import check_limits
 from hybridrl.config.reward_rules import reward_model_errors
 from hybridrl.config.schema import ENUMS, EXTRA_TYPES, NULL_DEFAULT_TYPES, NULLABLE, load_defaults, type_name
+from hybridrl.dotted import dotted_get
 from hybridrl.models.tp_rules import model_tp_error
 from hybridrl.tools.sandbox import parse_required_layers
 
@@ -149,16 +151,10 @@ def _registered(path: str) -> tuple[str, ...]:
     return tuple(sorted(set(reg) - set(ENUMS[path])))
 
 
-def _get(tree: dict, path: str) -> Any:
-    for part in path.split("."):
-        tree = tree[part]
-    return tree
-
-
 def check_semantics(cfg: DictConfig | dict) -> list[str]:
     """PPO/GRPO rules between keys. Raises ConfigError; returns warnings (strings)."""
     c = _plain(cfg)
-    g = lambda p: _get(c, p)  # noqa: E731
+    g = partial(dotted_get, c)
     errors: list[str] = []
     warnings: list[str] = []
 
@@ -426,8 +422,9 @@ def _may_be_dynamic(use_dynamic_bsz, micro) -> bool:
 
 def _check_token_len(key: str, c: dict, errors: list[str]) -> None:
     need = c["data"]["max_prompt_length"] + c["data"]["max_response_length"]
-    if isinstance(_get(c, key), int) and _get(c, key) < need:
-        errors.append(f"'{key}' = {_get(c, key)} must be >= max_prompt_length + max_response_length = {need} "
+    value = dotted_get(c, key)
+    if isinstance(value, int) and value < need:
+        errors.append(f"'{key}' = {value} must be >= max_prompt_length + max_response_length = {need} "
                       "with dynamic batch size (a single sequence must fit)")
 
 

@@ -20,6 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from hybridrl.config.layout import Layout, derive_layout
 from hybridrl.config.validate import ConfigError
+from hybridrl.dotted import dotted_get
 from hybridrl.plan.memory import GiB, MemoryModel, PhaseMemory, Residency
 from hybridrl.plan.model_shape import ModelShape
 from hybridrl.plan.partial_rollout import PartialRolloutPlan, plan_partial_rollout
@@ -178,20 +179,13 @@ def local_device(config: DictConfig | dict) -> DeviceSpec:
     """The GPU this process sees (or the CPU): what `config check` and a single-machine run plan against."""
     import torch
 
-    device = _get(config, "trainer.device")
+    device = dotted_get(config, "trainer.device")
     if device != "cpu" and torch.cuda.is_available():
         p = torch.cuda.get_device_properties(0)
         return DeviceSpec("cuda", p.name, int(p.total_memory))
     if device == "cuda":
         raise ValueError("trainer.device=cuda but this process sees no CUDA device")
     return DeviceSpec("cpu", "cpu", None)
-
-
-def _get(c, path: str):
-    node = c
-    for k in path.split("."):
-        node = node[k]
-    return node
 
 
 def _auto(value) -> bool:
@@ -221,7 +215,7 @@ def make_plan(config: DictConfig | dict, hf_config, device: DeviceSpec, val_prom
     reward model's HF config, needed with reward_model.enable and style=model."""
     layout = derive_layout(config, device.type)
     c = OmegaConf.to_container(config, resolve=True) if isinstance(config, DictConfig) else config
-    g = lambda p: _get(c, p)  # noqa: E731
+    g = lambda p: dotted_get(c, p)  # noqa: E731
     shape = ModelShape.from_hf_config(hf_config)
     a, rl, ref = "actor_rollout_ref.actor", "actor_rollout_ref.rollout", "actor_rollout_ref.ref"
     router_keys = [k for k in ("router_replay.mode", "router_aux_loss_coef", "router_z_loss_coef")

@@ -3,10 +3,13 @@
 Choices:
 - One EngineConfig (rollout/config.py), with the model's defaults filled in, is what the runner and each call's
   scheduler read their sizes from; the run plan makes it (`RunPlan.engine_config`).
-- `generate` is a loop over `_step`: schedule and launch a step (unless the step before launched it ahead),
-  launch the next one ahead (`_launch_ahead`, async scheduling), read the step's samples, postprocess them;
-  the multi-turn hooks (`_end_turns`, `_resume_ready`) run beside it. A call's state (`_Call`: its scheduler,
-  generator, sequences, clocks, turns in flight) is passed to each of them.
+- `generate` starts the call (`_start`), runs `_step` until the call is done, and collects the outputs
+  (`_outputs`). `_step` is nano-vllm's step: schedule a batch, run it on the model runner, postprocess its
+  tokens. Beside it, in named methods: async scheduling's lookahead (`_launch_ahead`: the next decode launched
+  before this one is read; the next step takes it from `call.ahead` instead of scheduling) and the multi-turn
+  hooks (`_end_turns` after postprocessing: turn ends to the agent, known outcomes resumed; `_resume_ready`,
+  waiting, when only paused sequences could move on). A call's state (`_Call`: its scheduler, generator,
+  sequences, clocks, the step launched ahead, turns in flight) is passed to each of them.
 - Lifecycle per RL step: wake_up(("weights",)) -> load_weights(...) -> wake_up(("kv_cache",), num_kv_blocks) ->
   generate(...) -> sleep(). `num_kv_blocks` sizes this wake's cache (None: the config's); `generate` wakes the
   KV cache itself if the caller did not. Weights can be loaded any number of times (every step is a weight
@@ -187,23 +190,10 @@ class LLMEngine:
         """Generate `sampling_params.n` samples per prompt; with `agent`, multi-turn (see the module docstring).
         `continuations` (partial rollouts): samples of earlier calls to go on from, one sample each, returned after
         the prompts' outputs with their earlier tokens and log-probs included."""
-        self._validate(prompt_token_ids, sampling_params)
-        self._validate_continuations(continuations, sampling_params, agent)
-        self._check_loaded()
-        self.reset_stats()
-        if self.runner.kv is None:
-            self.wake_up(("kv_cache",))
         call = self._start(prompt_token_ids, sampling_params, agent, continuations)
-        ahead = None
-        while ahead is not None or not call.sched.is_finished():
-            ahead = self._step(call, ahead)
-        self._record_stats(call)
-        experts = self._routed_experts(call)
-        turn_stats = self._turn_stats(call)
-        prompts = [*prompt_token_ids, *(c.prompt_token_ids for c in continuations)]
-        return [RequestOutput(rid, list(prompts[rid]),
-                              [self._completion(s, turn_stats, experts.get(s.seq_id)) for s in group])
-                for rid, group in enumerate(call.groups)]
+        while not call.done():
+            self._step(call)
+        return self._outputs(call)
 
     def _validate_continuations(self, continuations: list[Continuation], params: SamplingParams, agent) -> None:
         if continuations and agent is not None:
@@ -222,6 +212,18 @@ class LLMEngine:
 
     def _start(self, prompts: list[list[int]], params: SamplingParams, agent,
                continuations: list[Continuation] = ()) -> _Call:
+        """A generate call begun: its inputs and the loaded weights checked, the counters restarted, the KV
+        cache woken if the caller did not, and the call's state made (`_new_call`)."""
+        self._validate(prompts, params)
+        self._validate_continuations(continuations, params, agent)
+        self._check_loaded()
+        self.reset_stats()
+        if self.runner.kv is None:
+            self.wake_up(("kv_cache",))
+        return self._new_call(prompts, params, agent, continuations)
+
+    def _new_call(self, prompts: list[list[int]], params: SamplingParams, agent,
+                  continuations: list[Continuation]) -> _Call:
         """A call's scheduler over the whole KV cache with every prompt's samples and every continuation queued, and
         its seeded generator. A continuation is its own group: its tokens differ from its siblings'."""
         groups = []
@@ -247,26 +249,25 @@ class LLMEngine:
         gen.manual_seed(params.seed if params.seed is not None else random.randrange(2**63))
         return _Call(sched, params, gen, groups,
                      _TailClock(sum(map(len, groups)), self.runner.decode_step_floor_s),
-                     agent, TurnSync(self.runner.tp_group) if agent is not None else None, experts=experts)
+                     agent, TurnSync(self.runner.tp_group) if agent is not None else None, experts=experts,
+                     prompts=[*prompts, *(c.prompt_token_ids for c in continuations)])
 
-    def _step(self, call: _Call, ahead: _Launched | None) -> _Launched | None:
-        """One step: schedule and launch it (unless the step before launched it ahead), launch the next one ahead,
-        read this one's samples and postprocess them. Returns the step launched ahead, if any."""
+    def _step(self, call: _Call) -> None:
+        """One step, as nano-vllm's: schedule a batch, run it on the model runner, postprocess its tokens.
+        Async scheduling changes who launches it, not its shape: the step before may have launched this one
+        already (`call.ahead`), and this one launches the next decode before reading its own samples
+        (`_launch_ahead`). The turns it ends go to the agent in `_postprocess`; with nothing to run, it waits
+        for a turn outcome (`_resume_ready`)."""
         t0 = time.perf_counter()
-        step = ahead or self._schedule(call)
-        if step is None:  # only paused sequences can move on: wait for a turn outcome
+        launched = call.take_ahead() or self._schedule(call)
+        if launched is None:  # only paused sequences can move on: wait for a turn outcome
             self._resume_ready(call, block=True)
-            return None
-        batch, handle = step
-        ahead = self._launch_ahead(call, batch, handle)
+            return
+        batch, handle = launched
+        call.ahead = self._launch_ahead(call, batch, handle)
         tokens, logprobs = self.runner.read(handle)
-        t1 = time.perf_counter()
-        call.sched.postprocess(batch, tokens, logprobs)
-        if call.agent is not None:
-            self._end_turns(call)
-        call.host_s += time.perf_counter() - t1
+        self._postprocess(call, batch, tokens, logprobs)
         call.tail.step(batch, t0)
-        return ahead
 
     def _schedule(self, call: _Call) -> _Launched | None:
         """The next step, scheduled and launched; None when nothing can run until a turn outcome is known."""
@@ -288,6 +289,15 @@ class LLMEngine:
         if nxt is None:
             return None
         return nxt, self.runner.launch(nxt, call.gen, call.params, TokenFeed(handle.tokens, nxt.feed_rows))
+
+    def _postprocess(self, call: _Call, batch: ScheduledBatch, tokens: list, logprobs: list) -> None:
+        """The step's samples appended (sequences finish, or pause at a turn end, in the scheduler), then the
+        paused ones handed to the agent (`_end_turns`)."""
+        t0 = time.perf_counter()
+        call.sched.postprocess(batch, tokens, logprobs)
+        if call.agent is not None:
+            self._end_turns(call)
+        call.host_s += time.perf_counter() - t0
 
     # ------------------------------------------------------------------ multi-turn
     def _end_turns(self, call: _Call) -> None:
@@ -320,6 +330,15 @@ class LLMEngine:
         return min(seq.params.max_tokens - seq.num_completion_tokens, self.config.max_model_len - len(seq)) - 1
 
     # ------------------------------------------------------------------ results
+    def _outputs(self, call: _Call) -> list[RequestOutput]:
+        """A finished call's counters folded into `stats`; each prompt's, then each continuation's, output."""
+        self._record_stats(call)
+        experts = self._routed_experts(call)
+        turn_stats = self._turn_stats(call)
+        return [RequestOutput(rid, list(call.prompts[rid]),
+                              [self._completion(s, turn_stats, experts.get(s.seq_id)) for s in group])
+                for rid, group in enumerate(call.groups)]
+
     def _record_stats(self, call: _Call) -> None:
         """Fold a finished call's scheduler, runner and clock counters into `stats`."""
         self.stats.update(call.tail.stats())
@@ -391,11 +410,22 @@ class _Call:
     pending: dict = field(default_factory=dict)     # key -> paused sequence waiting on its turn outcome
     host_s: float = 0.0                 # host time in scheduling and postprocessing (stats["schedule_s"])
     experts: dict = field(default_factory=dict)     # seq_id -> its routing record on the device, as it finished
+    prompts: list = field(default_factory=list)     # per group, its prompt's token ids
+    ahead: _Launched | None = None      # async scheduling: a step launched by the step before, not read yet
 
     def __post_init__(self):
         self.num_seqs = 0
         for seq in (s for g in self.groups for s in g):
             self._keep(seq)
+
+    def done(self) -> bool:
+        """Every sequence finished, and no step launched ahead left to read."""
+        return self.ahead is None and self.sched.is_finished()
+
+    def take_ahead(self) -> _Launched | None:
+        """The step launched ahead, if any, taken to be read now."""
+        ahead, self.ahead = self.ahead, None
+        return ahead
 
     def _keep(self, seq: Sequence) -> None:
         seq.call_key, self.num_seqs = self.num_seqs, self.num_seqs + 1
