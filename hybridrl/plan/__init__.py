@@ -13,8 +13,8 @@ from hybridrl.plan.run_plan import (
     reward_model_hf_config,
     visible_gpus,
 )
-from hybridrl.plan.shape import Parallelism, parallelism
+from hybridrl.plan.shape import Meshes, Parallelism, parallelism
 
-__all__ = ["DeviceSpec", "Layout", "ModelShape", "Parallelism", "RunPlan", "derive_layout", "kv_need",
+__all__ = ["DeviceSpec", "Layout", "Meshes", "ModelShape", "Parallelism", "RunPlan", "derive_layout", "kv_need",
            "local_device", "make_plan", "parallelism", "reward_model_hf_config",
            "visible_gpus"]
