@@ -34,14 +34,15 @@ def device_facts() -> dict:
     facts: dict = {"platform": platform.platform(), "cpus": os.cpu_count()}
     try:
         import torch
+
+        from hybridrl.plan import visible_gpus  # the GPUs as the run plan sees them (it needs torch)
     except ImportError:
         return facts
     facts["cuda_available"] = torch.cuda.is_available()
     if facts["cuda_available"]:
         facts["cuda"] = torch.version.cuda
-        facts["gpus"] = [{"name": torch.cuda.get_device_name(i),
-                          "memory_gib": round(torch.cuda.get_device_properties(i).total_memory / 1024**3, 2)}
-                         for i in range(torch.cuda.device_count())]
+        facts["gpus"] = [{"name": gpu.name, "memory_gib": round(gpu.total_bytes / 1024**3, 2)}
+                         for gpu in visible_gpus()]
     return facts
 
 

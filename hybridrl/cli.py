@@ -55,9 +55,8 @@ def _config_check(args) -> int:
     import os
     from dataclasses import replace
 
-    from hybridrl.config.layout import derive_layout
     from hybridrl.config.paths import path_problems
-    from hybridrl.plan import DeviceSpec, local_device, make_plan, reward_model_hf_config
+    from hybridrl.plan import DeviceSpec, derive_layout, local_device, make_plan, reward_model_hf_config
 
     if args.config is None and args.overrides and "=" not in args.overrides[0]:
         args.config = args.overrides.pop(0)  # `config check FILE key=value ...`, the older form

@@ -1,6 +1,7 @@
 """Shared fixtures. One local Ray per test session (started lazily by the first test that needs it)."""
 
 import os
+from pathlib import Path
 
 import pytest
 from tool_model_data import TOOL_MODEL_PROMPTS, bignum_prompts, tool_conversation
@@ -16,6 +17,12 @@ def _compile_cache_in_tmp(tmp_path_factory):
     if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(tmp_path_factory.mktemp("torchinductor"))
     yield
+
+
+@pytest.fixture
+def seed_yaml() -> Path:
+    """The seed's 6-GPU example config."""
+    return Path(__file__).resolve().parents[1] / "examples" / "seed_6gpu.yaml"
 
 
 @pytest.fixture(scope="session")

@@ -1,8 +1,10 @@
-"""The two device meshes of the 3D-HybridEngine.
+"""The device meshes of the 3D-HybridEngine beside the training mesh (training/fsdp.py: build_training_mesh), built
+from degrees the run plan owns (plan/shape.py: Parallelism.build_meshes makes the calls).
 
-The same W ranks are viewed two ways:
+The same W ranks are viewed several ways:
   training : 1-D ('fsdp',) over all ranks (or 2-D HSDP ('ddp','fsdp') when fsdp_size < W) — FSDP2 shards live here;
-  rollout  : 2-D ('dp','infer_tp') with dp = W / tp — each row is one TP group running one generation engine.
+  rollout  : 2-D ('dp','infer_tp') with dp = W / tp — each row is one TP group running one generation engine;
+  ulysses  : 2-D ('dp','sp') with dp = W / sp when sp > 1 — each row is one data-parallel rank of a training role.
 Rank r sits at rollout coordinates (r // tp, r % tp): TP groups are consecutive ranks, so on one node they share
 NVLink-close GPUs (what the seed prints as [[0, 1], [2, 3], [4, 5]] for W=6, tp=2).
 
@@ -44,6 +46,11 @@ def rollout_mesh_ranks(world_size: int, tp: int) -> list[list[int]]:
 def build_rollout_mesh(device_type: str, world_size: int, tp: int) -> DeviceMesh:
     rollout_coords(0, world_size, tp)
     return init_device_mesh(device_type, (world_size // tp, tp), mesh_dim_names=("dp", "infer_tp"))
+
+
+def build_sp_mesh(device_type: str, world_size: int, sp: int) -> DeviceMesh:
+    """Ulysses groups: ranks [d*sp, (d+1)*sp) are data-parallel rank d of the role."""
+    return init_device_mesh(device_type, (world_size // sp, sp), mesh_dim_names=("dp", "sp"))
 
 
 def format_mesh(mesh: DeviceMesh, with_names: bool = True) -> str:

@@ -18,12 +18,13 @@ from dataclasses import dataclass, field, replace
 
 from omegaconf import DictConfig, OmegaConf
 
-from hybridrl.config.layout import Layout, derive_layout
 from hybridrl.config.validate import ConfigError
 from hybridrl.dotted import dotted_get
+from hybridrl.plan.layout import Layout, derive_layout
 from hybridrl.plan.memory import GiB, MemoryModel, PhaseMemory, Residency
 from hybridrl.plan.model_shape import ModelShape
 from hybridrl.plan.partial_rollout import PartialRolloutPlan, plan_partial_rollout
+from hybridrl.plan.shape import Parallelism
 from hybridrl.rollout.config import EngineConfig, SpeculativeConfig
 from hybridrl.training.fsdp import AUTO_UNSHARD_MAX_FRACTION, resolve_dtype
 from hybridrl.training.lora import adapter_param_count
@@ -48,23 +49,10 @@ class DeviceSpec:
 
 
 @dataclass(frozen=True)
-class Parallelism:
-    """Process-group sizes each role builds its meshes from (the training mesh is 1-D FSDP when the shard group
-    is the world, else HSDP of world / shard replicas)."""
-    actor_fsdp: int             # ranks per FSDP shard group of the actor and reference
-    actor_sp: int               # Ulysses SP degree of the actor and reference
-    rollout_tp: int
-    critic_fsdp: int
-    critic_sp: int
-    reward_fsdp: int            # the reward model's (style=model)
-
-
-@dataclass(frozen=True)
 class RunPlan:
-    layout: Layout
+    layout: Layout                      # the run's shape (layout.parallel) and the batch sizes it implies
     device: DeviceSpec
     model: ModelShape
-    parallel: Parallelism
     rollout_dtype: str                  # bf16 | fp16 | fp32: engine weights and KV (fp32 on CPU)
     frozen_dtype: str                   # models that never train (reference, reward model): the compute dtype, no
                                         # fp32 master copy (fp32 on CPU)
@@ -114,6 +102,11 @@ class RunPlan:
     engine_speculative: SpeculativeConfig = SpeculativeConfig()  # rollout.speculative, max_running_seqs resolved
     partial_rollout: PartialRolloutPlan | None = None   # rollout.partial_rollout resolved; None: off
     record_routed_experts: bool = False         # actor.router_replay.mode=R3: the engine records each token's experts
+
+    @property
+    def parallel(self) -> Parallelism:
+        """The world size and every role's degrees: what the workers build their meshes from."""
+        return self.layout.parallel
 
     def kv_blocks_for(self, prompts: int, n: int, continuations: int = 0) -> int:
         """KV blocks one generate call of `prompts` x n (and `continuations` single samples: partial rollouts) needs
@@ -188,6 +181,16 @@ def local_device(config: DictConfig | dict) -> DeviceSpec:
     return DeviceSpec("cpu", "cpu", None)
 
 
+def visible_gpus() -> list[DeviceSpec]:
+    """Each CUDA device this process sees (none without CUDA)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return []
+    return [DeviceSpec("cuda", p.name, int(p.total_memory))
+            for p in map(torch.cuda.get_device_properties, range(torch.cuda.device_count()))]
+
+
 def _auto(value) -> bool:
     return isinstance(value, str) and value == "auto"
 
@@ -224,11 +227,9 @@ def make_plan(config: DictConfig | dict, hf_config, device: DeviceSpec, val_prom
         raise ConfigError([f"'{a}.{k}' = {g(f'{a}.{k}')!r} applies to mixture-of-experts models only; model_type "
                            f"{getattr(hf_config, 'model_type', None)!r} has no MoE layers" for k in router_keys])
     gae = layout.critic_mini_batch_per_gpu is not None
-    world = layout.world_size
-    fsdp = g(f"{a}.fsdp_config.fsdp_size")
-    critic_fsdp = g("critic.model.fsdp_config.fsdp_size") if gae else -1
+    par = layout.parallel
+    world = par.world_size
     rm_shape = _reward_model_shape(c, rm_hf_config)
-    rm_fsdp = g("reward_model.model.fsdp_config.fsdp_size")
     judge = bool(g("reward_model.enable")) and g("reward_model.style") == "judge"
     cpu = device.type == "cpu"
     master_dtype = _dtype_name(g(f"{a}.fsdp_config.model_dtype"))
@@ -238,16 +239,16 @@ def make_plan(config: DictConfig | dict, hf_config, device: DeviceSpec, val_prom
     use_liger = resolve_liger(g(f"{MODEL}.use_liger"), device.type, getattr(hf_config, "model_type", None), choices)
     share = resolve_prefix_grouper(g(f"{a}.use_prefix_grouper"), device.type, layout.n, layout.ulysses_sp, choices)
     res = Residency(
-        shard=world if fsdp == -1 else fsdp,
+        shard=par.actor_fsdp,
         master_bytes=_dtype_bytes(master_dtype),
         param_offload=g(f"{a}.fsdp_config.param_offload"), optimizer_offload=g(f"{a}.fsdp_config.optimizer_offload"),
         has_ref=bool(g(f"{a}.use_kl_loss") or g("algorithm.use_kl_in_reward")),
         ref_offload=g(f"{ref}.fsdp_config.param_offload"),
-        critic=shape if gae else None, critic_shard=world if critic_fsdp == -1 else critic_fsdp,
+        critic=shape if gae else None, critic_shard=par.critic_fsdp if gae else world,
         critic_param_offload=g("critic.model.fsdp_config.param_offload"),
         critic_optimizer_offload=g("critic.model.fsdp_config.optimizer_offload"),
         hybrid=bool(g("actor_rollout_ref.hybrid_engine") and g(f"{rl}.free_cache_engine")),
-        rollout_tp=layout.rollout_tp,
+        rollout_tp=par.rollout_tp,
         sort_sampling=any(g(f"{sec}.top_k") > 0 or g(f"{sec}.top_p") < 1 for sec in (rl, f"{rl}.val_kwargs")),
         # 'auto' is planned with checkpointing first; _resolve_checkpointing may then turn it off
         gradient_checkpointing=g(f"{MODEL}.enable_gradient_checkpointing") is not False,
@@ -257,7 +258,7 @@ def make_plan(config: DictConfig | dict, hf_config, device: DeviceSpec, val_prom
         lora_params=adapter_param_count(shape, lora_rank, g(f"{MODEL}.target_modules")),
         lora_base_bytes=_dtype_bytes(lora_base_dtype) if lora_base_dtype else 0,
         fused_optimizer=fused_optimizer, liger=use_liger,
-        reward_model=rm_shape, rm_shard=world if rm_fsdp == -1 else rm_fsdp,
+        reward_model=rm_shape, rm_shard=par.reward_fsdp,
         rm_param_offload=bool(g("reward_model.model.fsdp_config.param_offload")),
         rm_param_bytes=2 if device.type == "cuda" else 4,
         router_aux_loss=g(f"{a}.router_aux_loss_coef") > 0, router_z_loss=g(f"{a}.router_z_loss_coef") > 0,
@@ -412,7 +413,7 @@ def make_plan(config: DictConfig | dict, hf_config, device: DeviceSpec, val_prom
     critic_micro = critic_fwd = critic_tok = critic_fwd_tok = None
     critic_once = unshard("critic.forward_unshard_once", shape)
     # the critic shares prompts with the actor's choice, unless its own Ulysses SP splits the packed row
-    critic_share = gae and share and g("critic.ulysses_sequence_parallel_size") == 1
+    critic_share = gae and share and par.critic_sp == 1
     critic_tokens = micro_tokens(critic_share)
 
     critic_dyn = gae and dynamic("critic.use_dynamic_bsz", "critic.ppo_micro_batch_size_per_gpu")
@@ -473,12 +474,8 @@ def make_plan(config: DictConfig | dict, hf_config, device: DeviceSpec, val_prom
                      grad_accum_steps=None if actor_micro is None else layout.ppo_mini_batch_per_gpu // actor_micro)
     spec = resolve_speculative(g(f"{rl}.speculative"), device, choices)
     partial = plan_partial_rollout(g, layout.n, layout.train_batch_size,
-                                   [layout.train_dp] + ([world // g("critic.ulysses_sequence_parallel_size")] if gae
-                                                        else []), choices)
-    parallel = Parallelism(actor_fsdp=res.shard, actor_sp=layout.ulysses_sp, rollout_tp=layout.rollout_tp,
-                           critic_fsdp=res.critic_shard, critic_sp=g("critic.ulysses_sequence_parallel_size"),
-                           reward_fsdp=res.rm_shard)
-    return RunPlan(layout=layout, device=device, model=shape, parallel=parallel,
+                                   [layout.train_dp] + ([world // par.critic_sp] if gae else []), choices)
+    return RunPlan(layout=layout, device=device, model=shape,
                    rollout_dtype="fp32" if cpu else _dtype_name(g(f"{rl}.dtype")),
                    frozen_dtype=frozen_dtype, actor_micro=actor_micro, log_prob_micro=lp_micro,
                    ref_log_prob_micro=ref_micro, critic_micro=critic_micro, critic_forward_micro=critic_fwd,
@@ -498,7 +495,7 @@ def make_plan(config: DictConfig | dict, hf_config, device: DeviceSpec, val_prom
                    remove_padding=resolve_remove_padding(g(f"{MODEL}.use_remove_padding"), actor_dyn or (
                        lp_tokens is not None) or (ref_tokens is not None), layout.ulysses_sp),
                    critic_remove_padding=resolve_remove_padding(g("critic.model.use_remove_padding"), critic_dyn,
-                                                                g("critic.ulysses_sequence_parallel_size")),
+                                                                par.critic_sp),
                    engine_max_num_batched_tokens=max(g(f"{rl}.max_num_batched_tokens"), S),
                    engine_async_scheduling=(not cpu) if _auto(g(f"{rl}.async_scheduling"))
                    else bool(g(f"{rl}.async_scheduling")), engine_speculative=spec,

@@ -202,7 +202,10 @@ def _run_ppo_claimed(config: DictConfig, cleanup: contextlib.ExitStack) -> dict:
         config.actor_rollout_ref.actor.optim.total_training_steps = total_steps
         config.critic.optim.total_training_steps = total_steps
 
-    world = int(t.nnodes) * int(t.n_gpus_per_node)
+    from hybridrl.plan.shape import parallelism
+
+    shape = parallelism(config)  # the plan's shape; the plan itself needs Ray up (it asks the cluster for its GPU)
+    world = shape.world_size
     local = not (t.ray_address or os.environ.get("RAY_ADDRESS"))
     # a local Ray on a CPU machine needs a slot per worker even when there are fewer cores than workers
     init_ray(t.ray_address, num_cpus=max(os.cpu_count() or 1, world) if local else None)
@@ -213,7 +216,7 @@ def _run_ppo_claimed(config: DictConfig, cleanup: contextlib.ExitStack) -> dict:
     print(plan, flush=True)
     with_rm = use_reward_model_worker(config)
     # roles in their own processes share each GPU's bundle (the actor, rollout and reference are one process)
-    pool = RayResourcePool([int(t.n_gpus_per_node)] * int(t.nnodes), use_gpu=use_gpu,
+    pool = RayResourcePool([shape.gpus_per_node] * shape.nodes, use_gpu=use_gpu,
                            max_colocate_count=1 + with_critic + with_rm)
     cleanup.callback(pool.release)  # callbacks run last-in first-out: the groups first, then their pool
     timeout = float(t.worker_timeout_s)

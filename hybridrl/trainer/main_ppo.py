@@ -21,13 +21,14 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from hybridrl.config.layout import derive_layout
 from hybridrl.config.loader import load_config
 from hybridrl.config.validate import ConfigError, validate_config
 
 
 def run(config: DictConfig):
     """Validate (errors only; load_config already logged warnings), print the layout, train."""
+    from hybridrl.plan.layout import derive_layout
+
     validate_config(config)
     derive_layout(config)  # batch arithmetic fails here, in a second; the run plan is printed once Ray is up
     from hybridrl.trainer.launch import run_ppo

@@ -339,10 +339,9 @@ class RayPPOTrainer:
         return trained
 
     def _balance(self, batch: DataProto, metrics: dict) -> None:
-        # balanced over the actor's data-parallel ranks (Ulysses SP groups share their rows)
-        sp = int(self.config.actor_rollout_ref.actor.ulysses_sequence_parallel_size)
-        group = int(self.config.actor_rollout_ref.rollout.n) if self.plan is not None and self.plan.share_prompts else 1
-        metrics.update(balance_batch(batch, self.n_gpus // sp, group))
+        # balanced over the actor's data-parallel ranks (Ulysses SP groups share their rows): the plan's train_dp
+        group = int(self.config.actor_rollout_ref.rollout.n) if self.plan.share_prompts else 1
+        metrics.update(balance_batch(batch, self.plan.layout.train_dp, group))
 
     def _old_and_ref_log_probs(self, batch: DataProto, timing: dict, absorb) -> DataProto:
         if self.plan is None or self.plan.old_log_prob_pass:  # else the update's own log-probs (plan)

@@ -35,9 +35,10 @@ from hybridrl.algorithms import logprobs_from_logits
 from hybridrl.data.sft_conversation import normalize_messages, tokenize_conversation
 from hybridrl.models.tokenizer import resolve_chat_template
 from hybridrl.plan.run_plan import resolve_liger
+from hybridrl.plan.shape import sft_training_mesh
 from hybridrl.protocol import DataProto
 from hybridrl.training.checkpoint import save_hf_model
-from hybridrl.training.fsdp import build_fsdp_model, build_training_mesh, load_hf_config
+from hybridrl.training.fsdp import build_fsdp_model, load_hf_config
 from hybridrl.training.micro_batches import loss_scale, make_micro_batches
 from hybridrl.training.optim import build_lr_scheduler, build_optimizer
 from hybridrl.training.response_forward import forward_response_logits
@@ -222,7 +223,7 @@ def _train(cfg, device, world, rank, AutoTokenizer) -> dict:
     steps_per_epoch = len(examples) // bsz
     total_steps = int(t.total_training_steps or steps_per_epoch * int(t.total_epochs))
 
-    mesh = build_training_mesh(world, int(m.fsdp_config.fsdp_size), device.type)
+    mesh = sft_training_mesh(cfg, world, device.type)
     model_cfg = {"path": model_path, "trust_remote_code": m.trust_remote_code, "override_config": m.override_config,
                  "enable_gradient_checkpointing": m.enable_gradient_checkpointing,
                  "use_remove_padding": m.use_remove_padding}

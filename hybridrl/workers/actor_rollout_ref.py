@@ -21,18 +21,17 @@ import torch
 import torch.distributed as dist
 from omegaconf import DictConfig, OmegaConf
 
-from hybridrl.controller import Dispatch, Worker, make_mesh_dispatch, register
+from hybridrl.controller import Dispatch, make_mesh_dispatch, register
 from hybridrl.hybrid.engine import HybridEngine
 from hybridrl.hybrid.memory import track_phase
-from hybridrl.hybrid.meshes import build_rollout_mesh, format_mesh, rollout_coords
+from hybridrl.hybrid.meshes import format_mesh, rollout_coords
 from hybridrl.protocol import DataProto
 from hybridrl.training.lora import adapters_disabled, has_lora
 from hybridrl.workers.common import (
+    RoleWorker,
     build_fsdp_model,
-    build_sp_group,
+    metric_lists,
     per_rank_section,
-    pick_device,
-    prepare_process,
     sampling_params_from,
 )
 
@@ -79,14 +78,12 @@ def build_tool_agent(config: DictConfig, eos_token_ids):
                      interactions=interactions)
 
 
-class ActorRolloutRefWorker(Worker):
+class ActorRolloutRefWorker(RoleWorker):
     def __init__(self, config: DictConfig, plan, role: str = "actor_rollout_ref"):
-        super().__init__()
+        super().__init__(config, plan)  # plan: shape, micro-batches, KV blocks, unshard and reshard choices
         setup_worker_logging()
         if role not in ("actor_rollout", "actor_rollout_ref", "ref"):
             raise ValueError(f"ActorRolloutRefWorker role must be actor_rollout, actor_rollout_ref or ref, got {role!r}")
-        self.config = config
-        self.plan = plan  # hybridrl.plan.RunPlan: micro-batches, KV blocks, unshard and reshard choices
         self.role = role
         self._has_actor = role in ("actor_rollout", "actor_rollout_ref")
         self._has_ref = role in ("actor_rollout_ref", "ref")
@@ -95,21 +92,11 @@ class ActorRolloutRefWorker(Worker):
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self):
         cfg = self.config.actor_rollout_ref
-        prepare_process(self.config)
-        timeout = float(self.config.trainer.worker_timeout_s)
-        self.init_distributed(timeout_s=timeout)
-        self.compute_device = pick_device(self.config.trainer.device)
-        world = dist.get_world_size()
-        rank = dist.get_rank()
-
-        from hybridrl.training.fsdp import build_training_mesh
-
-        par = self.plan.parallel
-        self.device_mesh = build_training_mesh(world, par.actor_fsdp, self.compute_device.type)
-        logger.debug("self.device_mesh: %s", format_mesh(self.device_mesh, with_names=False))
         # Ulysses SP: the ranks of an SP group are one data-parallel rank of the actor, all fed the same rows
-        *dispatch, self.sp_group = build_sp_group(self.compute_device.type, world, par.actor_sp, "actor")
-        self.set_dispatch_info("actor", *dispatch)
+        meshes = self.setup_process("actor", dispatch="actor", rollout=self._has_actor)
+        rank = dist.get_rank()
+        self.device_mesh, self.sp_group = meshes.training, meshes.sp_group
+        logger.debug("self.device_mesh: %s", format_mesh(self.device_mesh, with_names=False))
         packed = self.plan.remove_padding
         share = self.plan.share_prompts   # shared-prompt forwards are packed ones: the varlen attention runs them
 
@@ -128,7 +115,7 @@ class ActorRolloutRefWorker(Worker):
                                               use_remove_padding=packed, sp_group=self.sp_group,
                                               activation_offload=bool(cfg.model.enable_activation_offload),
                                               share_prompts=share)
-            self._build_rollout()
+            self._build_rollout(meshes.rollout)
         if self._has_ref and self._has_actor and has_lora(self.actor_module):
             # LoRA: the reference is the actor's own module with its adapters switched off (no second copy)
             from hybridrl.training.actor import DataParallelPPOActor
@@ -158,12 +145,12 @@ class ActorRolloutRefWorker(Worker):
             info["init_allocated_gb"] = torch.cuda.memory_allocated() / 1024**3
         return info
 
-    def _build_rollout(self):
+    def _build_rollout(self, rollout_mesh):
         cfg = self.config.actor_rollout_ref
-        world, rank = dist.get_world_size(), dist.get_rank()
-        tp = self.plan.parallel.rollout_tp
-        coords = rollout_coords(rank, world, tp)
-        self.rollout_mesh = build_rollout_mesh(self.compute_device.type, world, tp)
+        par = self.plan.parallel
+        tp = par.rollout_tp
+        coords = rollout_coords(dist.get_rank(), par.world_size, tp)
+        self.rollout_mesh = rollout_mesh
         logger.debug("rollout_device_mesh in ActorRolloutRefWorker._build_rollout: %s", format_mesh(self.rollout_mesh))
         self.set_dispatch_info("rollout", coords.dp_rank, coords.dp_size, coords.is_collect)
         self.rollout_coords = coords
@@ -198,7 +185,7 @@ class ActorRolloutRefWorker(Worker):
                                           self.plan.kv_blocks_for(len(prompts), params.n), **agent)
         out = outputs_to_dataproto(prompts, outputs, response_length=int(rcfg.response_length),
                                    pad_token_id=int(prompts.meta_info.get("pad_token_id", 0)))
-        out.meta_info["metrics"] = {k: [v] for k, v in metrics.items()}
+        out.meta_info["metrics"] = metric_lists(metrics)
         return out
 
     @register(dispatch_mode=make_mesh_dispatch("rollout"))
@@ -214,7 +201,7 @@ class ActorRolloutRefWorker(Worker):
         outputs, metrics = self._generate(prompts, params, self.plan.kv_blocks_for(len(prompts), params.n, len(conts)),
                                           continuations=conts)
         out = completions_to_dataproto(outputs, first_rows, len(samples))
-        out.meta_info["metrics"] = {k: [v] for k, v in metrics.items()}
+        out.meta_info["metrics"] = metric_lists(metrics)
         return out
 
     def _generate(self, prompts: list[list[int]], params, num_kv_blocks: int, **kwargs):
@@ -255,7 +242,7 @@ class ActorRolloutRefWorker(Worker):
         tensors = {"old_log_probs": log_probs.cpu()}
         if entropy is not None:
             tensors["entropys"] = entropy.cpu()
-        return DataProto(tensors, meta_info={"metrics": {k: [v] for k, v in metrics.items()}})
+        return DataProto(tensors, meta_info={"metrics": metric_lists(metrics)})
 
     @register(dispatch_mode=make_mesh_dispatch("actor"))
     def compute_ref_log_prob(self, data: DataProto) -> DataProto:
@@ -270,7 +257,7 @@ class ActorRolloutRefWorker(Worker):
                 log_probs, _ = self.ref.compute_log_prob(data, calculate_entropy=False)
             if self._ref_offload:
                 offload_fsdp_params(self.ref_module)
-        return DataProto({"ref_log_prob": log_probs.cpu()}, meta_info={"metrics": {k: [v] for k, v in metrics.items()}})
+        return DataProto({"ref_log_prob": log_probs.cpu()}, meta_info={"metrics": metric_lists(metrics)})
 
     # ------------------------------------------------------------------ update
     @register(dispatch_mode=make_mesh_dispatch("actor"))
@@ -285,7 +272,7 @@ class ActorRolloutRefWorker(Worker):
         # without an old-log-prob pass the update's own log-probs were the old ones: they go back to the driver
         own = self.actor.own_old_log_probs
         return DataProto({} if own is None else {"old_log_probs": own},
-                         meta_info={"metrics": {k: (v if isinstance(v, list) else [v]) for k, v in metrics.items()}})
+                         meta_info={"metrics": metric_lists(metrics)})
 
     # ------------------------------------------------------------------ checkpoints
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)

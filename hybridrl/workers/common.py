@@ -1,5 +1,5 @@
-"""Small pieces the workers share: device choice, per-rank batch sizes, Ulysses groups, sampling parameters,
-model building."""
+"""What the workers share: the setup every role does first (`RoleWorker`), device choice, per-rank batch sizes,
+metrics for the driver, sampling parameters, model building."""
 
 from __future__ import annotations
 
@@ -10,9 +10,39 @@ import torch
 import torch.distributed as dist
 from omegaconf import DictConfig, open_dict
 
+from hybridrl.controller import Worker
 from hybridrl.hybrid.meshes import format_mesh
 
 logger = logging.getLogger(__name__)
+
+
+class RoleWorker(Worker):
+    """A role's process (one per GPU): the config, the run plan — its shape (`plan.parallel`) and sizes, read here
+    and never re-derived from the config — and the setup every role does before building its model."""
+
+    def __init__(self, config: DictConfig, plan):
+        super().__init__()
+        self.config = config
+        self.plan = plan  # hybridrl.plan.RunPlan
+
+    def setup_process(self, role: str, dispatch: str, rollout: bool = False):
+        """Seed, import external_lib, join the process group, pick the device, build `role`'s meshes from the plan
+        (plan/shape.py; `rollout`: the rollout mesh too) and declare this rank's place in mesh `dispatch` (the
+        ranks of a Ulysses group are one data-parallel rank). Returns the Meshes."""
+        prepare_process(self.config)
+        self.init_distributed(timeout_s=float(self.config.trainer.worker_timeout_s))
+        self.compute_device = pick_device(self.config.trainer.device)
+        meshes = self.plan.parallel.build_meshes(self.compute_device.type, role, rollout=rollout)
+        if meshes.sp is not None:
+            logger.debug("%s ulysses_device_mesh: %s", role, format_mesh(meshes.sp))
+        self.set_dispatch_info(dispatch, *meshes.data_parallel(dist.get_rank()))
+        return meshes
+
+
+def metric_lists(metrics: dict) -> dict:
+    """A worker's metrics as the driver collects them: each value a list (a scalar becomes [value]; lists, e.g. one
+    entry per micro-batch, stay)."""
+    return {k: (v if isinstance(v, list) else [v]) for k, v in metrics.items()}
 
 
 def pick_device(device: str) -> torch.device:
@@ -23,19 +53,6 @@ def pick_device(device: str) -> torch.device:
             raise ValueError("trainer.device=cuda but no CUDA device is visible to this worker")
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device(device)
-
-
-def build_sp_group(device_type: str, world: int, sp: int, name: str):
-    """Ulysses groups for a role with `sp` > 1: ranks [d*sp, (d+1)*sp) are its data-parallel rank d. Returns
-    (dp_rank, dp_size, is_collect, sp process group or None) for `set_dispatch_info` and the trainer."""
-    rank = dist.get_rank()
-    if sp == 1:
-        return rank, world, True, None
-    from torch.distributed.device_mesh import init_device_mesh
-
-    mesh = init_device_mesh(device_type, (world // sp, sp), mesh_dim_names=("dp", "sp"))
-    logger.debug("%s ulysses_device_mesh: %s", name, format_mesh(mesh))
-    return rank // sp, world // sp, rank % sp == 0, mesh.get_group("sp")
 
 
 def per_rank_section(section: DictConfig, mini_batch_rows: int, micro_batch: int | None,

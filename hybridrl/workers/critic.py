@@ -3,39 +3,22 @@
 from __future__ import annotations
 
 import torch.distributed as dist
-from omegaconf import DictConfig
 
-from hybridrl.controller import Dispatch, Worker, make_mesh_dispatch, register
+from hybridrl.controller import Dispatch, make_mesh_dispatch, register
 from hybridrl.hybrid.memory import track_phase
 from hybridrl.protocol import DataProto
-from hybridrl.workers.common import (
-    build_fsdp_model,
-    build_sp_group,
-    per_rank_section,
-    pick_device,
-    prepare_process,
-)
+from hybridrl.workers.common import RoleWorker, build_fsdp_model, metric_lists, per_rank_section
 
 
-class CriticWorker(Worker):
-    def __init__(self, config: DictConfig, plan):
-        super().__init__()
-        self.config = config
-        self.plan = plan  # hybridrl.plan.RunPlan: micro-batch sizes and the unshard choice
+class CriticWorker(RoleWorker):
+    """Built from the config and the run plan (its shape, micro-batch sizes and the unshard choice)."""
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self):
-        prepare_process(self.config)
-        self.init_distributed(timeout_s=float(self.config.trainer.worker_timeout_s))
-        self.compute_device = pick_device(self.config.trainer.device)
-        world, rank = dist.get_world_size(), dist.get_rank()
+        meshes = self.setup_process("critic", dispatch="critic")
+        rank, sp_group = dist.get_rank(), meshes.sp_group
         c = self.config.critic
-        from hybridrl.training.fsdp import build_training_mesh
-
-        par = self.plan.parallel
-        self.mesh = build_training_mesh(world, par.critic_fsdp, self.compute_device.type)
-        *dispatch, sp_group = build_sp_group(self.compute_device.type, world, par.critic_sp, "critic")
-        self.set_dispatch_info("critic", *dispatch)
+        self.mesh = meshes.training
         self.module, self.optimizer, self.scheduler = build_fsdp_model(
             c.model, c.model.fsdp_config, c.optim, self.mesh, self.compute_device, trainable=True, critic=True,
             fused_optimizer=self.plan.fused_optimizer, gradient_checkpointing=self.plan.critic_gradient_checkpointing,
@@ -81,7 +64,7 @@ class CriticWorker(Worker):
             self._load(params=self._param_offload, optimizer=False)
             values = self.critic.compute_values(data)
             self._offload(params=self._param_offload, optimizer=False)
-        return DataProto({"values": values.cpu()}, meta_info={"metrics": {k: [v] for k, v in metrics.items()}})
+        return DataProto({"values": values.cpu()}, meta_info={"metrics": metric_lists(metrics)})
 
     @register(dispatch_mode=make_mesh_dispatch("critic"))
     def update_critic(self, data: DataProto) -> DataProto:
@@ -93,7 +76,7 @@ class CriticWorker(Worker):
             self._offload(params=self._param_offload, optimizer=self._optimizer_offload)
             self._optimizer_on_cpu = self._optimizer_offload
         metrics.update(train_metrics)
-        return DataProto(meta_info={"metrics": {k: (v if isinstance(v, list) else [v]) for k, v in metrics.items()}})
+        return DataProto(meta_info={"metrics": metric_lists(metrics)})
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def save_checkpoint(self, path: str):

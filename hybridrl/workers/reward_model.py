@@ -13,12 +13,11 @@ from __future__ import annotations
 import os
 
 import torch.distributed as dist
-from omegaconf import DictConfig
 
-from hybridrl.controller import Dispatch, Worker, make_mesh_dispatch, register
+from hybridrl.controller import Dispatch, make_mesh_dispatch, register
 from hybridrl.hybrid.memory import track_phase
 from hybridrl.protocol import DataProto
-from hybridrl.workers.common import pick_device, prepare_process
+from hybridrl.workers.common import RoleWorker, metric_lists
 
 
 def _tokenizer(path: str, trust_remote_code: bool):
@@ -27,22 +26,14 @@ def _tokenizer(path: str, trust_remote_code: bool):
     return AutoTokenizer.from_pretrained(os.path.expanduser(path), trust_remote_code=trust_remote_code)
 
 
-class RewardModelWorker(Worker):
-    def __init__(self, config: DictConfig, plan):
-        super().__init__()
-        self.config = config
-        self.plan = plan  # hybridrl.plan.RunPlan: micro-batch size, unshard choice, input length
+class RewardModelWorker(RoleWorker):
+    """Built from the config and the run plan (its shape, micro-batch size, unshard choice, input length)."""
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self):
-        prepare_process(self.config)
-        self.init_distributed(timeout_s=float(self.config.trainer.worker_timeout_s))
-        self.compute_device = pick_device(self.config.trainer.device)
+        mesh = self.setup_process("reward", dispatch="reward").training
         rm = self.config.reward_model
-        from hybridrl.training.fsdp import build_fsdp_model, build_training_mesh
-
-        mesh = build_training_mesh(dist.get_world_size(), self.plan.parallel.reward_fsdp, self.compute_device.type)
-        self.set_dispatch_info("reward", dist.get_rank(), dist.get_world_size(), True)
+        from hybridrl.training.fsdp import build_fsdp_model
         fsdp_cfg = {"model_dtype": self.plan.frozen_dtype,   # no master copy: it never trains
                     "mixed_precision": {"param_dtype": "bf16", "reduce_dtype": "fp32"}}
         self.module = build_fsdp_model(rm.model, fsdp_cfg, mesh, self.compute_device, role="reward_model")
@@ -79,4 +70,4 @@ class RewardModelWorker(Worker):
                 offload_fsdp_params(self.module)
         rm_scores, _ = place_at_last_token(scores, data.batch["response_mask"])
         metrics["reward_model/truncated"] = float(truncated)  # per rank: the driver sums it
-        return DataProto({"rm_scores": rm_scores}, meta_info={"metrics": {k: [v] for k, v in metrics.items()}})
+        return DataProto({"rm_scores": rm_scores}, meta_info={"metrics": metric_lists(metrics)})

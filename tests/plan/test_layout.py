@@ -2,7 +2,8 @@
 
 import pytest
 
-from hybridrl.config import ConfigError, derive_layout, load_config
+from hybridrl.config import ConfigError, load_config
+from hybridrl.plan import derive_layout
 
 A, R = "actor_rollout_ref.actor", "actor_rollout_ref.rollout"
 

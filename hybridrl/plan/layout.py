@@ -5,7 +5,8 @@ Mirrors verl's 3D-HybridEngine: the training mesh is FSDP over all ranks (`('fsd
 with consecutive ranks in a TP group (they share a machine, and NVLink); Ulysses SP, when on, groups
 consecutive ranks as `('dp','sp')`. Batch sizes are given per GPU the way the workers will see them
 (verl normalises `ppo_mini_batch_size` by `× n / dp`). `derive_layout` runs `check_semantics` first, so
-a bad config raises ConfigError rather than dividing by zero.
+a bad config raises ConfigError rather than dividing by zero. The world size and degrees are the run's shape
+(plan/shape.py: `parallelism`); the layout holds them and adds the rank lists and batch sizes they imply.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 from omegaconf import DictConfig, OmegaConf
 
 from hybridrl.config.validate import check_semantics
+from hybridrl.plan.shape import Parallelism, parallelism
 
 __all__ = ["Layout", "derive_layout"]
 
@@ -26,15 +28,11 @@ def _grid(rows: int, cols: int) -> list[list[int]]:
 @dataclass
 class Layout:
     device: str
-    nnodes: int
-    n_gpus_per_node: int
-    world_size: int
+    parallel: Parallelism  # the world size and every role's degrees
     training_mesh: list[int] | list[list[int]]  # 1-D FSDP, or 2-D HSDP [ddp][fsdp]
     training_mesh_dims: tuple[str, ...]
-    ulysses_sp: int
     sp_mesh: list[list[int]] | None  # [dp][sp] when ulysses_sp > 1
     train_dp: int  # data-parallel size of training = world / ulysses_sp
-    rollout_tp: int
     rollout_dp: int
     rollout_mesh: list[list[int]]  # [dp][infer_tp]
     train_batch_size: int  # prompts per step
@@ -50,6 +48,18 @@ class Layout:
     rollout_samples_per_dp: int
     critic_mini_batch_per_gpu: int | None  # only with adv_estimator=gae
 
+    @property
+    def world_size(self) -> int:
+        return self.parallel.world_size
+
+    @property
+    def ulysses_sp(self) -> int:  # the actor's and reference's
+        return self.parallel.actor_sp
+
+    @property
+    def rollout_tp(self) -> int:
+        return self.parallel.rollout_tp
+
     @staticmethod
     def _mesh(device: str, mesh, dims) -> str:
         return f"DeviceMesh('{device}', {mesh}, mesh_dim_names={dims})"
@@ -60,11 +70,13 @@ class Layout:
                  f"{self.grad_accum_steps} micro-batches of {self.ppo_micro_batch_per_gpu}"
                  if self.grad_accum_steps is not None else f"micro-batch {self.ppo_micro_batch_per_gpu}")
         if self.device == "cpu":  # trainer.n_gpus_per_node counts worker processes there, not GPUs
-            nodes = f" ({self.nnodes} nodes x {self.n_gpus_per_node})" if self.nnodes > 1 else ""
+            par = self.parallel
+            nodes = f" ({par.nodes} nodes x {par.gpus_per_node})" if par.nodes > 1 else ""
             workers = "worker" if self.world_size == 1 else "workers"
             world = f"world size      {self.world_size} {workers} on CPU{nodes}"
         else:
-            world = f"world size      {self.world_size} ({self.nnodes} node(s) x {self.n_gpus_per_node} GPUs)"
+            world = (f"world size      {self.world_size} ({self.parallel.nodes} node(s) x "
+                     f"{self.parallel.gpus_per_node} GPUs)")
         lines = [
             world,
             f"training mesh   {self._mesh(self.device, self.training_mesh, self.training_mesh_dims)}"
@@ -97,14 +109,12 @@ def derive_layout(config: DictConfig | dict, device_type: str | None = None) -> 
     c = OmegaConf.to_container(config, resolve=True) if isinstance(config, DictConfig) else config
     t, actor, rollout, ref = c["trainer"], c["actor_rollout_ref"]["actor"], c["actor_rollout_ref"]["rollout"], \
         c["actor_rollout_ref"]["ref"]
-    world = t["nnodes"] * t["n_gpus_per_node"]
-    fsdp = actor["fsdp_config"]["fsdp_size"]
-    if fsdp == -1 or fsdp == world:
+    par = parallelism(c)
+    world, fsdp, sp, tp = par.world_size, par.actor_fsdp, par.actor_sp, par.rollout_tp
+    if fsdp == world:
         training_mesh, dims = list(range(world)), ("fsdp",)
     else:
         training_mesh, dims = _grid(world // fsdp, fsdp), ("ddp", "fsdp")
-    sp = actor["ulysses_sequence_parallel_size"]
-    tp = rollout["tensor_model_parallel_size"]
     n, tbs, mini = rollout["n"], c["data"]["train_batch_size"], actor["ppo_mini_batch_size"]
     gen = c["data"]["gen_batch_size"] or tbs
     train_dp, rollout_dp = world // sp, world // tp
@@ -112,13 +122,12 @@ def derive_layout(config: DictConfig | dict, device_type: str | None = None) -> 
     micro = None if actor["use_dynamic_bsz"] is True else actor["ppo_micro_batch_size_per_gpu"]
     critic_mini = None
     if c["algorithm"]["adv_estimator"] == "gae":
-        critic_mini = c["critic"]["ppo_mini_batch_size"] * n // (world // c["critic"]["ulysses_sequence_parallel_size"])
+        critic_mini = c["critic"]["ppo_mini_batch_size"] * n // (world // par.critic_sp)
     return Layout(
         device=device_type or ("cpu" if t["device"] == "cpu" else "cuda"),
-        nnodes=t["nnodes"], n_gpus_per_node=t["n_gpus_per_node"], world_size=world,
-        training_mesh=training_mesh, training_mesh_dims=dims,
-        ulysses_sp=sp, sp_mesh=_grid(train_dp, sp) if sp > 1 else None, train_dp=train_dp,
-        rollout_tp=tp, rollout_dp=rollout_dp, rollout_mesh=_grid(rollout_dp, tp),
+        parallel=par, training_mesh=training_mesh, training_mesh_dims=dims,
+        sp_mesh=_grid(train_dp, sp) if sp > 1 else None, train_dp=train_dp, rollout_dp=rollout_dp,
+        rollout_mesh=_grid(rollout_dp, tp),
         train_batch_size=tbs, gen_batch_size=gen, n=n, num_mini_batches=tbs // mini,
         ppo_mini_batch_per_gpu=mini_per_gpu, ppo_micro_batch_per_gpu=micro,
         grad_accum_steps=mini_per_gpu // micro if isinstance(micro, int) else None,
