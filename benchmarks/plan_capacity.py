@@ -68,7 +68,7 @@ def main() -> None:
             row[f"{scheme}_longest_response"] = longest_response(hf, a.prompts, a.n, a.prompt_len, hybrid, device)
             for r in (int(x) for x in a.response_lens.split(",")):
                 plan = plan_or_none(hf, a.prompts, a.n, a.prompt_len, r, hybrid, device)
-                row[f"{scheme}_seqs_at_once_r{r}"] = plan.engine_max_num_seqs if plan else 0
+                row[f"{scheme}_seqs_at_once_r{r}"] = plan.rollout.kv_cache.max_num_seqs if plan else 0
         rows.append(row)
         print(json.dumps(row), flush=True)
     result = {"what": "predicted by the run plan's memory model (not measured)", "device": str(device),

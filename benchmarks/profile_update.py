@@ -53,12 +53,9 @@ from torch.profiler import ProfilerActivity, profile
 sys.path.insert(0, str(Path(__file__).parent))
 from grpo_step import device_facts  # noqa: E402
 
-from hybridrl.plan.run_plan import (  # noqa: E402
-    resolve_liger,
-    resolve_prefix_grouper,
-    shared_prompt_tokens,
-    training_dtypes,
-)
+from hybridrl.plan.actor_plan import resolve_liger, resolve_prefix_grouper  # noqa: E402
+from hybridrl.plan.run_plan import training_dtypes  # noqa: E402
+from hybridrl.plan.sizing import shared_prompt_tokens  # noqa: E402
 from hybridrl.protocol import DataProto  # noqa: E402
 from hybridrl.training.fsdp import decoder_blocks, recompute_on, recomputed_layers, set_recompute  # noqa: E402
 

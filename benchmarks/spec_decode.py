@@ -135,7 +135,8 @@ def main(argv=None):
     a.max_tokens = a.max_tokens or a.response_len
     from transformers import AutoModelForCausalLM
 
-    from hybridrl.plan.run_plan import DeviceSpec, local_device, resolve_speculative
+    from hybridrl.plan.rollout_plan import resolve_speculative
+    from hybridrl.plan.run_plan import DeviceSpec, local_device
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     spec_device = local_device({"trainer": {"device": device}}) if device == "cuda" else DeviceSpec("cpu", "cpu", None)

@@ -3,7 +3,7 @@ the reference, the critic, the engine) plus what the phase itself allocates (act
 
 Every number estimates what `torch.cuda.max_memory_allocated` sees in that phase (the CUDA context and allocator
 slack are not in it): on one H200 from 0.5B to 7B, full fine-tuning and LoRA, with and without recompute, within
--4.4% .. +3.2% of the measured peak (docs/benchmarks.md §0); the plan keeps a margin (run_plan.SAFETY). The plan
+-4.4% .. +3.2% of the measured peak (docs/benchmarks.md §0); the plan keeps a margin (sizing.SAFETY). The plan
 (run_plan.py) uses it to choose micro-batch sizes and to refuse a config that cannot fit; workers log the measured
 peak of the same phases next to these predictions.
 """

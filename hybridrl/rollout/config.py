@@ -3,7 +3,7 @@
 Choices:
 - One config handed whole to the engine, its model runner and each call's scheduler, so a size is read where it
   is used and checked once, here, with a message naming the key, its value and the rule.
-- Made by the run plan in a run (`RunPlan.engine_config`: sizes from the plan, switches from the rollout
+- Made by the run plan in a run (`RolloutPlan.engine_config`: sizes from the plan, switches from the rollout
   section); tests and benchmarks build one directly.
 - Two fields default to the model: `max_model_len` (its max_position_embeddings) and `eos_token_ids` (its
   eos_token_id). `for_model` fills them in, and the engine hands that resolved copy on.

@@ -2,7 +2,7 @@
 
 Choices:
 - One EngineConfig (rollout/config.py), with the model's defaults filled in, is what the runner and each call's
-  scheduler read their sizes from; the run plan makes it (`RunPlan.engine_config`).
+  scheduler read their sizes from; the run plan makes it (`RolloutPlan.engine_config`).
 - `generate` starts the call (`_start`), runs `_step` until the call is done, and collects the outputs
   (`_outputs`). `_step` is nano-vllm's step: schedule a batch, run it on the model runner, postprocess its
   tokens. Beside it, in named methods: async scheduling's lookahead (`_launch_ahead`: the next decode launched

@@ -16,7 +16,7 @@ from transformers import AutoConfig, AutoTokenizer
 
 def build_rollout_engine(rcfg: DictConfig, plan, *, model_path: str, device: torch.device, tp_group,
                          actor_module=None):
-    """The engine `rcfg.name` names; the native one is configured by `plan.engine_config` (the run plan's sizes,
+    """The engine `rcfg.name` names; the native one is configured by `plan.rollout.engine_config` (the run plan's sizes,
     dtype and scheduling with the section's switches), ending sequences at the tokenizer's eos."""
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     eos = tokenizer.eos_token_id
@@ -34,5 +34,5 @@ def build_rollout_engine(rcfg: DictConfig, plan, *, model_path: str, device: tor
         raise ValueError(f"actor_rollout_ref.rollout.name={rcfg.name!r}: use 'native' (paged-KV engine) or 'hf'")
     from hybridrl.rollout.engine import LLMEngine
 
-    config = plan.engine_config(rcfg, eos_token_ids=None if eos is None else (eos,))
+    config = plan.rollout.engine_config(rcfg, eos_token_ids=None if eos is None else (eos,))
     return LLMEngine(AutoConfig.from_pretrained(model_path), config, tp_group=tp_group, device=device)

@@ -202,13 +202,13 @@ def compute_floor_metrics(batch: DataProto, timing_raw: dict[str, float], metric
     mask = batch.batch["attention_mask"]
     response_len = batch.batch["responses"].shape[-1]
     prompt_tokens = mask[:, :-response_len].sum().item()
-    tokens = mask[:, -response_len:].sum().item() + (prompt_tokens / plan.layout.n if plan.share_prompts
+    tokens = mask[:, -response_len:].sum().item() + (prompt_tokens / plan.layout.n if plan.actor.share_prompts
                                                       else prompt_tokens)
     lens = mask.sum(-1).double()
     forward = (2 * (shape.decoder_active_params + shape.embed_params) * tokens
                + 2 * shape.heads * shape.head_dim * shape.layers * float((lens**2).sum()))
     flops_per_s = n_gpus * peaks.bf16_flops
-    floors = {"update_actor": forward * (2 if plan.lora_base_dtype else 3) / flops_per_s,
+    floors = {"update_actor": forward * (2 if plan.actor.lora_base_dtype else 3) / flops_per_s,
               "old_log_prob": forward / flops_per_s, "ref": forward / flops_per_s}
     out = {}
     for phase, floor in floors.items():

@@ -151,7 +151,7 @@ class RayPPOTrainer:
         self.history: list[dict] = []
         rm = config.reward_model
         self.reward_guard = RewardErrorGuard(rm.max_error_fraction, int(rm.error_window_steps))
-        partial = plan.partial_rollout if plan is not None else None
+        partial = plan.rollout.partial if plan is not None else None
         # partial rollouts (the plan's): the groups in flight across steps, and the IS level their update uses
         self.partial = PartialRolloutBuffer(partial, int(config.actor_rollout_ref.rollout.n)) if partial else None
         self.rollout_correction = rollout_correction(config.algorithm.rollout_correction, partial)
@@ -340,11 +340,11 @@ class RayPPOTrainer:
 
     def _balance(self, batch: DataProto, metrics: dict) -> None:
         # balanced over the actor's data-parallel ranks (Ulysses SP groups share their rows): the plan's train_dp
-        group = int(self.config.actor_rollout_ref.rollout.n) if self.plan.share_prompts else 1
+        group = int(self.config.actor_rollout_ref.rollout.n) if self.plan.actor.share_prompts else 1
         metrics.update(balance_batch(batch, self.plan.layout.train_dp, group))
 
     def _old_and_ref_log_probs(self, batch: DataProto, timing: dict, absorb) -> DataProto:
-        if self.plan is None or self.plan.old_log_prob_pass:  # else the update's own log-probs (plan)
+        if self.plan is None or self.plan.actor.old_log_prob_pass:  # else the update's own log-probs (plan)
             with marked_timer("old_log_prob", timing):
                 old = self.actor_rollout_wg.compute_log_prob(batch)
                 absorb(old)

@@ -34,7 +34,7 @@ from omegaconf import DictConfig, OmegaConf
 from hybridrl.algorithms import logprobs_from_logits
 from hybridrl.data.sft_conversation import normalize_messages, tokenize_conversation
 from hybridrl.models.tokenizer import resolve_chat_template
-from hybridrl.plan.run_plan import resolve_liger
+from hybridrl.plan.actor_plan import resolve_liger
 from hybridrl.plan.shape import sft_training_mesh
 from hybridrl.protocol import DataProto
 from hybridrl.training.checkpoint import save_hf_model

@@ -97,17 +97,18 @@ class ActorRolloutRefWorker(RoleWorker):
         rank = dist.get_rank()
         self.device_mesh, self.sp_group = meshes.training, meshes.sp_group
         logger.debug("self.device_mesh: %s", format_mesh(self.device_mesh, with_names=False))
-        packed = self.plan.remove_padding
-        share = self.plan.share_prompts   # shared-prompt forwards are packed ones: the varlen attention runs them
+        actor_plan = self.plan.actor
+        packed = actor_plan.remove_padding
+        share = actor_plan.share_prompts   # shared-prompt forwards are packed ones: the varlen attention runs them
 
         if self._has_actor:
-            actor_cfg = per_rank_section(cfg.actor, self.plan.layout.ppo_mini_batch_per_gpu, self.plan.actor_micro,
-                                         self.plan.actor_max_tokens)
+            actor_cfg = per_rank_section(cfg.actor, self.plan.layout.ppo_mini_batch_per_gpu, actor_plan.update.rows,
+                                         actor_plan.update.max_tokens)
             self.actor_module, self.optimizer, self.scheduler = build_fsdp_model(
                 cfg.model, cfg.actor.fsdp_config, cfg.actor.optim, self.device_mesh, self.compute_device, trainable=True,
-                lora_base_dtype=self.plan.lora_base_dtype, fused_optimizer=self.plan.fused_optimizer,
-                gradient_checkpointing=self.plan.gradient_checkpointing,
-                recompute_kept_layers=self.plan.recompute_kept_layers, liger=self.plan.use_liger,
+                lora_base_dtype=actor_plan.lora_base_dtype, fused_optimizer=self.plan.fused_optimizer,
+                gradient_checkpointing=actor_plan.gradient_checkpointing,
+                recompute_kept_layers=actor_plan.recompute_kept_layers, liger=actor_plan.use_liger,
                 use_varlen_attention=packed or share)
             from hybridrl.training.actor import DataParallelPPOActor
 
@@ -127,7 +128,7 @@ class ActorRolloutRefWorker(RoleWorker):
             # the reference never trains: keep it in the compute dtype (the plan's), no fp32 master copy
             ref_fsdp = OmegaConf.merge(cfg.actor.fsdp_config, cfg.ref.fsdp_config, {"model_dtype": self.plan.frozen_dtype})
             self.ref_module, _, _ = build_fsdp_model(cfg.model, ref_fsdp, None, self.device_mesh,
-                                                     self.compute_device, trainable=False, liger=self.plan.use_liger,
+                                                     self.compute_device, trainable=False, liger=actor_plan.use_liger,
                                                      use_varlen_attention=packed or share)
             from hybridrl.training.actor import DataParallelPPOActor
 
@@ -159,17 +160,17 @@ class ActorRolloutRefWorker(RoleWorker):
         from hybridrl.rollout.factory import build_rollout_engine
         from hybridrl.training.fsdp import resolve_dtype
 
-        dtype = resolve_dtype(self.plan.rollout_dtype, "plan.rollout_dtype")
+        dtype = resolve_dtype(self.plan.rollout.dtype, "plan.rollout.dtype")
         self.engine = build_rollout_engine(
             rcfg, self.plan, model_path=os.path.expanduser(cfg.model.path), device=self.compute_device,
             tp_group=self.rollout_mesh.get_group("infer_tp") if tp > 1 else None, actor_module=self.actor_module)
         self.tool_agent = build_tool_agent(self.config, getattr(self.engine, "eos_token_ids", ()))
         self.hybrid = HybridEngine(
             self.actor_module, self.optimizer, self.engine, device=self.compute_device, dtype=dtype,
-            hybrid=self.plan.hybrid,
+            hybrid=self.plan.rollout.hybrid,
             param_offload=bool(cfg.actor.fsdp_config.param_offload),
             optimizer_offload=bool(cfg.actor.fsdp_config.optimizer_offload),
-            reshard_strategy=self.plan.reshard_strategy)
+            reshard_strategy=self.plan.rollout.reshard_strategy)
 
     # ------------------------------------------------------------------ rollout
     @register(dispatch_mode=make_mesh_dispatch("rollout"))
@@ -182,7 +183,7 @@ class ActorRolloutRefWorker(RoleWorker):
         if agent:  # each prompt's row: interaction kwargs, or what an agent loop reads (messages, ground truth)
             self.tool_agent.begin_batch(prompts.non_tensor_batch)
         outputs, metrics = self._generate(prompt_token_lists(prompts), params,
-                                          self.plan.kv_blocks_for(len(prompts), params.n), **agent)
+                                          self.plan.rollout.kv_cache.blocks_for(len(prompts), params.n), **agent)
         out = outputs_to_dataproto(prompts, outputs, response_length=int(rcfg.response_length),
                                    pad_token_id=int(prompts.meta_info.get("pad_token_id", 0)))
         out.meta_info["metrics"] = metric_lists(metrics)
@@ -196,10 +197,10 @@ class ActorRolloutRefWorker(RoleWorker):
 
         rcfg = self.config.actor_rollout_ref.rollout
         params = replace(sampling_params_from(rcfg, samples.meta_info, dp_rank=self.rollout_coords.dp_rank),
-                         token_budget=self.plan.partial_rollout.tokens_per_step)
+                         token_budget=self.plan.rollout.partial.tokens_per_step)
         prompts, conts, first_rows = sample_requests(prompt_token_lists(samples), samples, params.n)
-        outputs, metrics = self._generate(prompts, params, self.plan.kv_blocks_for(len(prompts), params.n, len(conts)),
-                                          continuations=conts)
+        kv_blocks = self.plan.rollout.kv_cache.blocks_for(len(prompts), params.n, len(conts))
+        outputs, metrics = self._generate(prompts, params, kv_blocks, continuations=conts)
         out = completions_to_dataproto(outputs, first_rows, len(samples))
         out.meta_info["metrics"] = metric_lists(metrics)
         return out
@@ -225,12 +226,11 @@ class ActorRolloutRefWorker(RoleWorker):
         budget from the plan."""
         old = section == "rollout"
         data.meta_info.setdefault("temperature", float(self.config.actor_rollout_ref.rollout.temperature))
-        micro = self.plan.log_prob_micro if old else self.plan.ref_log_prob_micro
-        data.meta_info["micro_batch_size"] = micro
-        data.meta_info["use_dynamic_bsz"] = micro is None
-        data.meta_info["max_token_len"] = self.plan.log_prob_max_tokens if old else self.plan.ref_log_prob_max_tokens
-        data.meta_info["unshard_once"] = (self.plan.log_prob_unshard_once if old
-                                          else self.plan.ref_log_prob_unshard_once)
+        micro = self.plan.actor.old_log_prob if old else self.plan.actor.ref_log_prob
+        data.meta_info["micro_batch_size"] = micro.rows
+        data.meta_info["use_dynamic_bsz"] = micro.rows is None
+        data.meta_info["max_token_len"] = micro.max_tokens
+        data.meta_info["unshard_once"] = micro.unshard_once
         return data
 
     @register(dispatch_mode=make_mesh_dispatch("actor"))

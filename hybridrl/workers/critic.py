@@ -17,20 +17,20 @@ class CriticWorker(RoleWorker):
     def init_model(self):
         meshes = self.setup_process("critic", dispatch="critic")
         rank, sp_group = dist.get_rank(), meshes.sp_group
-        c = self.config.critic
+        c, critic_plan = self.config.critic, self.plan.critic
         self.mesh = meshes.training
         self.module, self.optimizer, self.scheduler = build_fsdp_model(
             c.model, c.model.fsdp_config, c.optim, self.mesh, self.compute_device, trainable=True, critic=True,
-            fused_optimizer=self.plan.fused_optimizer, gradient_checkpointing=self.plan.critic_gradient_checkpointing,
-            recompute_kept_layers=self.plan.critic_recompute_kept_layers,
-            use_varlen_attention=self.plan.critic_remove_padding or self.plan.critic_share_prompts)
-        cfg = per_rank_section(c, self.plan.layout.critic_mini_batch_per_gpu, self.plan.critic_micro,
-                               self.plan.critic_max_tokens)
+            fused_optimizer=self.plan.fused_optimizer, gradient_checkpointing=critic_plan.gradient_checkpointing,
+            recompute_kept_layers=critic_plan.recompute_kept_layers,
+            use_varlen_attention=critic_plan.remove_padding or critic_plan.share_prompts)
+        cfg = per_rank_section(c, self.plan.layout.critic_mini_batch_per_gpu, critic_plan.update.rows,
+                               critic_plan.update.max_tokens)
         from hybridrl.training.critic import DataParallelPPOCritic
 
         self.critic = DataParallelPPOCritic(cfg, self.module, self.optimizer, self.scheduler, sp_group=sp_group,
-                                            use_remove_padding=self.plan.critic_remove_padding,
-                                            share_prompts=self.plan.critic_share_prompts)
+                                            use_remove_padding=critic_plan.remove_padding,
+                                            share_prompts=critic_plan.share_prompts)
         self._param_offload = bool(c.model.fsdp_config.param_offload)
         self._optimizer_offload = bool(c.model.fsdp_config.optimizer_offload)
         self._optimizer_on_cpu = False  # AdamW state is created lazily at the first step, on the GPU
@@ -56,10 +56,11 @@ class CriticWorker(RoleWorker):
     @register(dispatch_mode=make_mesh_dispatch("critic"))
     def compute_values(self, data: DataProto) -> DataProto:
         metrics: dict = {}
-        data.meta_info["micro_batch_size"] = self.plan.critic_forward_micro
-        data.meta_info["use_dynamic_bsz"] = self.plan.critic_forward_micro is None
-        data.meta_info["max_token_len"] = self.plan.critic_forward_max_tokens
-        data.meta_info["unshard_once"] = self.plan.critic_forward_unshard_once
+        values = self.plan.critic.values
+        data.meta_info["micro_batch_size"] = values.rows
+        data.meta_info["use_dynamic_bsz"] = values.rows is None
+        data.meta_info["max_token_len"] = values.max_tokens
+        data.meta_info["unshard_once"] = values.unshard_once
         with track_phase("values", metrics, self.compute_device):
             self._load(params=self._param_offload, optimizer=False)
             values = self.critic.compute_values(data)

@@ -59,13 +59,13 @@ class RewardModelWorker(RoleWorker):
 
         rm = self.config.reward_model
         sequences, truncated = rm_token_lists(data, self.tokenizer, self.input_tokenizer,
-                                              self.plan.reward_model_max_length, str(rm.truncation))
+                                              self.plan.reward_model.max_length, str(rm.truncation))
         metrics: dict = {}
         with track_phase("reward_model", metrics, self.compute_device):
             if self._param_offload:
                 load_fsdp_params(self.module, self.compute_device)
-            scores = score_sequences(self.module, sequences, self.plan.reward_model_micro, self.pad_token_id,
-                                     self.compute_device, unshard_once=self.plan.reward_model_unshard_once)
+            scores = score_sequences(self.module, sequences, self.plan.reward_model.micro_batch, self.pad_token_id,
+                                     self.compute_device, unshard_once=self.plan.reward_model.unshard_once)
             if self._param_offload:
                 offload_fsdp_params(self.module)
         rm_scores, _ = place_at_last_token(scores, data.batch["response_mask"])

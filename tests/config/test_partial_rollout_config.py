@@ -41,9 +41,9 @@ def test_warnings_for_budgets_that_carry_nothing_or_can_never_finish():
 
 
 def test_the_plan_turns_token_is_on_and_sizes_the_trained_groups():
-    assert make_plan(load_config(overrides=[]), HF, CPU).partial_rollout is None
+    assert make_plan(load_config(overrides=[]), HF, CPU).rollout.partial is None
     plan = make_plan(load_config(overrides=ON), HF, CPU)
-    p = plan.partial_rollout
+    p = plan.rollout.partial
     assert (p.tokens_per_step, p.max_staleness, p.max_groups, p.rollout_is) == (256, 4, 256, "token")
     assert p.group_multiple == 1  # 8 samples a group over 8 ranks
     assert any(c.startswith(f"{RC}.rollout_is = token (partial rollouts") for c in plan.choices)
@@ -53,12 +53,12 @@ def test_the_plan_turns_token_is_on_and_sizes_the_trained_groups():
     assert rollout_correction(cfg.algorithm.rollout_correction, None).rollout_is is None
     # PPO, one sample a group, a critic over 8 ranks: groups in multiples of 8; a set IS level is kept
     ppo = make_plan(load_config(overrides=[*ON, "algorithm.adv_estimator=gae", "actor_rollout_ref.rollout.n=1",
-                                           f"{RC}.rollout_is=sequence"]), HF, CPU).partial_rollout
+                                           f"{RC}.rollout_is=sequence"]), HF, CPU).rollout.partial
     assert ppo.group_multiple == 8 and ppo.rollout_is == "sequence"
 
 
 def test_kv_of_a_call_counts_its_continuations():
     plan = make_plan(load_config(overrides=[*ON, "data.train_batch_size=8", "actor_rollout_ref.actor.ppo_mini_batch_size=8",
                                             "trainer.n_gpus_per_node=1"]), HF, CPU)
-    fresh = plan.kv_blocks_for(2, 8)
-    assert fresh < plan.kv_blocks_for(2, 8, continuations=3) <= plan.kv_blocks
+    fresh = plan.rollout.kv_cache.blocks_for(2, 8)
+    assert fresh < plan.rollout.kv_cache.blocks_for(2, 8, continuations=3) <= plan.rollout.kv_cache.blocks

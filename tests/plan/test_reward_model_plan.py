@@ -36,13 +36,13 @@ def test_reward_model_weights_per_phase(plan):
     for phase in ("gen", "update_actor", "reward_model"):
         assert resident.predicted[phase].parts["reward model params"] == rm_params * 2
     # 512 samples on the GPU, 512 tokens each: the token target (32768) gives 64 rows a forward
-    assert offloaded.reward_model_micro == 64 and offloaded.reward_model_max_length == 512
+    assert offloaded.reward_model.micro_batch == 64 and offloaded.reward_model.max_length == 512
     assert offloaded.predicted["reward_model"].parts["activations"] == 64 * 512 * 2 * (4 * 3584 + 3 * 18944)
     assert "reward model    micro-batch per GPU 64, inputs up to 512 tokens" in str(offloaded)
 
 
 def test_reward_model_micro_batch_kept_or_refused_naming_the_key(plan):
-    assert plan(["reward_model.micro_batch_size_per_gpu=3"]).reward_model_micro == 3
+    assert plan(["reward_model.micro_batch_size_per_gpu=3"]).reward_model.micro_batch == 3
     with pytest.raises(ConfigError) as e:
         plan(["reward_model.micro_batch_size_per_gpu=512", "reward_model.max_length=8192"])
     assert "'reward_model.micro_batch_size_per_gpu' = 512" in str(e.value) and "reward_model" in str(e.value)
@@ -50,8 +50,8 @@ def test_reward_model_micro_batch_kept_or_refused_naming_the_key(plan):
 
 def test_judge_needs_one_unshared_sequence_per_sample_in_the_rollout(plan):
     judge = plan(["reward_model.style=judge"], rm=None)
-    assert "reward_model" not in judge.predicted and judge.reward_model_micro is None
+    assert "reward_model" not in judge.predicted and judge.reward_model is None
     # 512 samples x 32 blocks (512 tokens / 16) each, against 64 shared prompts x 16 + 512 x 16 for the rollout
-    assert judge.kv_blocks == 512 * 32 and judge.kv_blocks_for(512, 1) == 512 * 32
+    assert judge.rollout.kv_cache.blocks == 512 * 32 and judge.rollout.kv_cache.blocks_for(512, 1) == 512 * 32
     block = 2 * 24 * 16 * 2 * 64 * 2
     assert judge.predicted["gen"].parts["kv cache"] == 512 * 32 * block

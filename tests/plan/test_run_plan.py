@@ -44,15 +44,15 @@ def test_kv_need_counts_shared_prompt_blocks_once():
 
 def test_plan_kv_blocks_follow_the_batch_not_the_gpu():
     p = plan()
-    assert (p.kv_blocks, p.kv_blocks_unshared) == (64 * 16 + 512 * 16, 512 * 32)
-    assert p.engine_max_num_seqs == 512
+    assert (p.rollout.kv_cache.blocks, p.rollout.kv_cache.blocks_unshared) == (64 * 16 + 512 * 16, 512 * 32)
+    assert p.rollout.kv_cache.max_num_seqs == 512
     bigger = plan(device=DeviceSpec("cuda", "x", int(2 * 139.8 * GiB)))
-    assert bigger.kv_blocks == p.kv_blocks
+    assert bigger.rollout.kv_cache.blocks == p.rollout.kv_cache.blocks
     # validation batches count too: 1000 prompts greedy over one dp group need more than the training batch
     val = plan(val_prompts=1000)
-    assert val.kv_blocks == 1000 * 32 and val.engine_max_num_seqs == 1000
+    assert val.rollout.kv_cache.blocks == 1000 * 32 and val.rollout.kv_cache.max_num_seqs == 1000
     # ... but a hybrid engine allocates per call: the training step still gets (and is predicted at) its own need
-    assert val.kv_blocks_for(64, 8) == p.kv_blocks and val.kv_blocks_for(1000, 1) == 1000 * 32
+    assert val.rollout.kv_cache.blocks_for(64, 8) == p.rollout.kv_cache.blocks and val.rollout.kv_cache.blocks_for(1000, 1) == 1000 * 32
     assert val.predicted["gen"].parts["kv cache"] == p.predicted["gen"].parts["kv cache"]
     resident = plan(["actor_rollout_ref.hybrid_engine=false"], val_prompts=1000)
     assert resident.predicted["gen"].parts["kv cache"] > p.predicted["gen"].parts["kv cache"]
@@ -61,9 +61,9 @@ def test_plan_kv_blocks_follow_the_batch_not_the_gpu():
 def test_engine_config_takes_the_plans_sizes_and_the_sections_switches():
     extra = [f"{R}.max_num_batched_tokens=100", f"{R}.enforce_eager=true", f"{R}.gpu_memory_utilization=0.7"]
     p = plan(extra)
-    c = p.engine_config(load_config(overrides=[*STEP, *extra]).actor_rollout_ref.rollout, eos_token_ids=(7,))
-    assert (c.num_kv_blocks, c.max_num_seqs, c.async_scheduling) == (p.kv_blocks, 512, p.engine_async_scheduling)
-    assert c.max_num_batched_tokens == p.engine_max_num_batched_tokens == c.max_model_len == 512  # raised to P + R
+    c = p.rollout.engine_config(load_config(overrides=[*STEP, *extra]).actor_rollout_ref.rollout, eos_token_ids=(7,))
+    assert (c.num_kv_blocks, c.max_num_seqs, c.async_scheduling) == (p.rollout.kv_cache.blocks, 512, p.rollout.async_scheduling)
+    assert c.max_num_batched_tokens == p.rollout.max_num_batched_tokens == c.max_model_len == 512  # raised to P + R
     assert (c.enforce_eager, c.gpu_memory_utilization, c.eos_token_ids, str(c.dtype)) == (
         True, 0.7, (7,), "torch.bfloat16")
 
@@ -73,30 +73,30 @@ def test_speculative_threshold_comes_from_the_device_and_reaches_the_engine():
     on = [f"{S}.enable=true", f"{S}.num_draft_tokens=3"]
     p = plan(on, device=DeviceSpec("cuda", "NVIDIA H200", int(139.8 * GiB)))
     # H200: 989e12 FLOP/s / 4.8e12 B/s = 206 FLOP/byte; half of it in rows, 4 rows a sequence -> 25 sequences
-    assert p.engine_speculative.max_running_seqs == 25
-    c = p.engine_config(load_config(overrides=[*STEP, *on]).actor_rollout_ref.rollout)
-    assert c.speculative == p.engine_speculative and c.speculative.enable and c.speculative.num_draft_tokens == 3
+    assert p.rollout.speculative.max_running_seqs == 25
+    c = p.rollout.engine_config(load_config(overrides=[*STEP, *on]).actor_rollout_ref.rollout)
+    assert c.speculative == p.rollout.speculative and c.speculative.enable and c.speculative.num_draft_tokens == 3
     assert "speculative.max_running_seqs = 25" in str(p) and "checks up to 3 draft tokens" in str(p)
-    assert plan([*on, f"{S}.max_running_seqs=7"]).engine_speculative.max_running_seqs == 7
+    assert plan([*on, f"{S}.max_running_seqs=7"]).rollout.speculative.max_running_seqs == 7
     off = plan()
-    assert not off.engine_speculative.enable and "speculative     off" in str(off)
+    assert not off.rollout.speculative.enable and "speculative     off" in str(off)
     with pytest.raises(ConfigError, match=r"speculative.max_match' = 1 must be >= .*min_match' = 2"):
         load_config(overrides=[*STEP, f"{S}.max_match=1"])
 
 
 def test_auto_micro_batches_stay_within_token_target_and_memory():
     p = plan(["actor_rollout_ref.model.enable_gradient_checkpointing=true"])
-    assert p.actor_micro == 32 and p.layout.grad_accum_steps == 16   # 16384 tokens / 512 per row, divides 512
+    assert p.actor.update.rows == 32 and p.layout.grad_accum_steps == 16   # 16384 tokens / 512 per row, divides 512
     # one on-policy mini-batch: no old-log-prob pass (the update's own log-probs are the old ones)
-    assert p.old_log_prob_pass is False and p.log_prob_micro is None and "old_log_prob" not in p.predicted
+    assert p.actor.old_log_prob_pass is False and p.actor.old_log_prob.rows is None and "old_log_prob" not in p.predicted
     two = plan(["actor_rollout_ref.model.enable_gradient_checkpointing=true", f"{A}.ppo_mini_batch_size=32"])
-    assert two.old_log_prob_pass and two.log_prob_micro == 64 and two.actor_micro == 32  # 256 rows: 32 divides
+    assert two.actor.old_log_prob_pass and two.actor.old_log_prob.rows == 64 and two.actor.update.rows == 32  # 256 rows: 32 divides
     assert all(pm.total < 0.9 * H200.total_bytes for pm in p.predicted.values())
     # a smaller GPU: the same config gets smaller micro-batches, chosen by the memory model
     small = plan(["actor_rollout_ref.model.enable_gradient_checkpointing=true"],
                  device=DeviceSpec("cuda", "small", 11 * GiB))
-    assert small.actor_micro < 32 and small.predicted["update_actor"].total <= 0.9 * 11 * GiB
-    assert small.layout.ppo_mini_batch_per_gpu % small.actor_micro == 0
+    assert small.actor.update.rows < 32 and small.predicted["update_actor"].total <= 0.9 * 11 * GiB
+    assert small.layout.ppo_mini_batch_per_gpu % small.actor.update.rows == 0
 
 
 def test_checkpointing_changes_activation_memory():
@@ -106,7 +106,7 @@ def test_checkpointing_changes_activation_memory():
 
 
 def test_explicit_micro_batch_is_kept_or_refused_naming_the_key():
-    assert plan([f"{A}.ppo_micro_batch_size_per_gpu=4"]).actor_micro == 4
+    assert plan([f"{A}.ppo_micro_batch_size_per_gpu=4"]).actor.update.rows == 4
     with pytest.raises(ConfigError) as e:
         plan([f"{A}.ppo_micro_batch_size_per_gpu=512"], device=DeviceSpec("cuda", "small", 24 * GiB))
     msg = str(e.value)
@@ -128,12 +128,12 @@ def test_a_model_that_cannot_fit_is_refused_with_a_hint():
 
 def test_cpu_plan_has_no_memory_refusal_and_uses_token_targets():
     p = plan(["algorithm.use_kl_in_reward=true"], device=DeviceSpec("cpu", "cpu", None))
-    assert p.actor_micro == 32 and p.log_prob_micro == 64 and p.log_prob_unshard_once is False
-    assert p.old_log_prob_pass and p.ref_log_prob_micro == 64   # KL in the reward needs the old log-probs first
+    assert p.actor.update.rows == 32 and p.actor.old_log_prob.rows == 64 and p.actor.old_log_prob.unshard_once is False
+    assert p.actor.old_log_prob_pass and p.actor.ref_log_prob.rows == 64   # KL in the reward needs the old log-probs first
 
 
 def test_old_log_prob_pass_false_needs_an_on_policy_update():
-    assert plan([f"{A}.old_log_prob_pass=true"]).old_log_prob_pass
+    assert plan([f"{A}.old_log_prob_pass=true"]).actor.old_log_prob_pass
     with pytest.raises(ConfigError, match="old_log_prob_pass"):
         plan([f"{A}.old_log_prob_pass=false", f"{A}.ppo_epochs=2"])
 
@@ -145,10 +145,10 @@ CKPT = "actor_rollout_ref.model.enable_gradient_checkpointing"
 def test_checkpointing_auto_stays_on_where_turning_it_off_would_raise_the_peak():
     # 0.5B: the update with checkpointing is the run's largest phase; without it, no 8192-token micro-batch fits it
     p = plan()
-    assert p.gradient_checkpointing and p.actor_micro == 32
+    assert p.actor.gradient_checkpointing and p.actor.update.rows == 32
     assert any(c.startswith(f"{CKPT} = true") for c in p.choices)
     off = plan([f"{CKPT}=false"])
-    assert not off.gradient_checkpointing
+    assert not off.actor.gradient_checkpointing
     assert off.predicted["update_actor"].total > max(pm.total for pm in p.predicted.values())
 
 
@@ -158,36 +158,36 @@ def test_checkpointing_auto_turns_off_within_the_rollouts_peak():
     long = ["data.max_response_length=4096", f"{R}.n=16"]
     on = plan([*long, f"{CKPT}=true"])
     p = plan(long)
-    assert on.gradient_checkpointing and not p.gradient_checkpointing
-    assert p.actor_micro == on.actor_micro and p.layout.grad_accum_steps == on.layout.grad_accum_steps
+    assert on.actor.gradient_checkpointing and not p.actor.gradient_checkpointing
+    assert p.actor.update.rows == on.actor.update.rows and p.layout.grad_accum_steps == on.layout.grad_accum_steps
     assert on.predicted["update_actor"].total < p.predicted["update_actor"].total <= on.predicted["gen"].total
     assert max(pm.total for pm in p.predicted.values()) == max(pm.total for pm in on.predicted.values())
     assert any(c.startswith(f"{CKPT} = false (no recompute") for c in p.choices)
     # an explicit micro-batch too large to fit without recompute keeps it on
     big = plan([*long, f"{A}.ppo_micro_batch_size_per_gpu=16"])
-    assert big.gradient_checkpointing and big.actor_micro == 16
+    assert big.actor.gradient_checkpointing and big.actor.update.rows == 16
     # with a token budget (dynamic batch size) the budget itself must fit without recompute
-    assert not plan([*long, f"{A}.use_dynamic_bsz=true", f"{A}.ppo_max_token_len_per_gpu=8192"]).gradient_checkpointing
-    assert plan([*long, f"{A}.use_dynamic_bsz=true", f"{A}.ppo_max_token_len_per_gpu=131072"]).gradient_checkpointing
+    assert not plan([*long, f"{A}.use_dynamic_bsz=true", f"{A}.ppo_max_token_len_per_gpu=8192"]).actor.gradient_checkpointing
+    assert plan([*long, f"{A}.use_dynamic_bsz=true", f"{A}.ppo_max_token_len_per_gpu=131072"]).actor.gradient_checkpointing
     # 7B LoRA at 512 tokens: its rollout peaks above the update, but not above an update of the same micro-batch
     # without recompute, so it stays on (a smaller micro-batch without recompute measured 1.54x slower)
     lora = plan(LORA7, hf=Q7)
-    assert lora.gradient_checkpointing and lora.actor_micro == 32
+    assert lora.actor.gradient_checkpointing and lora.actor.update.rows == 32
     assert lora.predicted["gen"].total > lora.predicted["update_actor"].total
 
 
 def test_checkpointing_auto_keeps_the_last_layers_that_fit_under_the_runs_peak():
     # 7B LoRA at 512 tokens: recompute stays on, but the rollout's peak leaves room for some layers' activations
     lora, every = plan(LORA7, hf=Q7), plan([*LORA7, f"{CKPT}=true"], hf=Q7)
-    k, layers = lora.recompute_kept_layers, lora.model.layers
-    assert lora.gradient_checkpointing and 0 < k < layers and every.recompute_kept_layers == 0
-    assert lora.actor_micro == every.actor_micro                      # the micro-batch is not shrunk
+    k, layers = lora.actor.recompute_kept_layers, lora.model.layers
+    assert lora.actor.gradient_checkpointing and 0 < k < layers and every.actor.recompute_kept_layers == 0
+    assert lora.actor.update.rows == every.actor.update.rows                      # the micro-batch is not shrunk
     ceiling = max(pm.total for pm in every.predicted.values())
     assert every.predicted["update_actor"].total < lora.predicted["update_actor"].total <= ceiling
     assert max(pm.total for pm in lora.predicted.values()) == ceiling  # the run's peak is not raised
     assert any(f"true for the first {layers - k} of {layers} decoder layers" in c for c in lora.choices)
     # the largest such count: each more kept layer adds its saved activations less its input
-    shape, tokens = lora.model, lora.actor_micro * 512
+    shape, tokens = lora.model, lora.actor.update.rows * 512
     per_layer = tokens * (shape.train_act_bytes_per_token_layer() - 2 * shape.hidden)
     assert lora.predicted["update_actor"].total + per_layer > ceiling
     # kept activations: the recomputed layers' inputs and the kept layers' saved activations; no layer is rebuilt
@@ -199,33 +199,33 @@ def test_checkpointing_auto_keeps_the_last_layers_that_fit_under_the_runs_peak()
     assert MemoryModel(shape, None)._train_activations(shape, tokens, True, False, False, k) == \
         kept + tokens * shape.layer_backward_bytes_per_token()
     # an explicit true keeps verl's meaning (every layer), and so does activation offload
-    assert plan([*LORA7, "actor_rollout_ref.model.enable_activation_offload=true"], hf=Q7).recompute_kept_layers == 0
+    assert plan([*LORA7, "actor_rollout_ref.model.enable_activation_offload=true"], hf=Q7).actor.recompute_kept_layers == 0
 
 
 def test_checkpointing_auto_on_cpu_offload_and_explicit_values():
-    assert not plan(device=DeviceSpec("cpu", "cpu", None)).gradient_checkpointing   # no memory model: no recompute
-    assert plan([*LORA7, "actor_rollout_ref.model.enable_activation_offload=true"], hf=Q7).gradient_checkpointing
-    assert plan([*LORA7, f"{CKPT}=true"], hf=Q7).gradient_checkpointing
-    assert not plan([f"{CKPT}=false"]).gradient_checkpointing
+    assert not plan(device=DeviceSpec("cpu", "cpu", None)).actor.gradient_checkpointing   # no memory model: no recompute
+    assert plan([*LORA7, "actor_rollout_ref.model.enable_activation_offload=true"], hf=Q7).actor.gradient_checkpointing
+    assert plan([*LORA7, f"{CKPT}=true"], hf=Q7).actor.gradient_checkpointing
+    assert not plan([f"{CKPT}=false"]).actor.gradient_checkpointing
     with pytest.raises(ConfigError, match="enable_gradient_checkpointing"):
         plan([f"{CKPT}=sometimes"])
 
 
 def test_critic_checkpointing_auto_is_resolved_on_its_own():
     p = plan(["algorithm.adv_estimator=gae"], device=DeviceSpec("cpu", "cpu", None))
-    assert not p.critic_gradient_checkpointing
+    assert not p.critic.gradient_checkpointing
     on = plan(["algorithm.adv_estimator=gae", "critic.model.enable_gradient_checkpointing=true"],
               device=DeviceSpec("cpu", "cpu", None))
-    assert on.critic_gradient_checkpointing and not on.gradient_checkpointing
+    assert on.critic.gradient_checkpointing and not on.actor.gradient_checkpointing
     gpu = plan(["algorithm.adv_estimator=gae"])
-    assert gpu.critic_gradient_checkpointing and any(c.startswith("critic.model.enable_gradient_checkpointing = true")
+    assert gpu.critic.gradient_checkpointing and any(c.startswith("critic.model.enable_gradient_checkpointing = true")
                                                     for c in gpu.choices)
 
 
 def test_gae_plans_the_critic():
     p = plan(["algorithm.adv_estimator=gae", "actor_rollout_ref.model.enable_gradient_checkpointing=true",
               "critic.model.enable_gradient_checkpointing=true"])
-    assert p.critic_micro == 32 and p.critic_forward_micro == 64
+    assert p.critic.update.rows == 32 and p.critic.values.rows == 64
     assert {"values", "update_critic"} <= set(p.predicted)
     assert p.predicted["gen"].parts["critic params"] > 0
 
@@ -244,9 +244,9 @@ def test_config_check_prints_the_plan(tmp_path, capsys):
 
 def test_whole_batch_rollout_correction_needs_the_old_log_prob_pass():
     rc = "algorithm.rollout_correction"
-    assert not plan([f"{rc}.rollout_is=token"]).old_log_prob_pass  # per-token weights: made inside the update
-    assert plan([f"{rc}.rollout_rs=token_k1", f"{rc}.rollout_rs_threshold=2"]).old_log_prob_pass
-    assert plan([f"{rc}.rollout_is=token", f"{rc}.rollout_is_batch_normalize=true"]).old_log_prob_pass
+    assert not plan([f"{rc}.rollout_is=token"]).actor.old_log_prob_pass  # per-token weights: made inside the update
+    assert plan([f"{rc}.rollout_rs=token_k1", f"{rc}.rollout_rs_threshold=2"]).actor.old_log_prob_pass
+    assert plan([f"{rc}.rollout_is=token", f"{rc}.rollout_is_batch_normalize=true"]).actor.old_log_prob_pass
     with pytest.raises(ConfigError, match=r"old_log_prob_pass' = false cannot go with "
                                           r"'algorithm.rollout_correction.rollout_rs' = seq_mean_k3"):
         plan([f"{A}.old_log_prob_pass=false", f"{rc}.rollout_rs=seq_mean_k3", f"{rc}.rollout_rs_threshold=0.1"])
@@ -255,7 +255,7 @@ def test_whole_batch_rollout_correction_needs_the_old_log_prob_pass():
 def test_generation_batches_size_the_rollout():
     p = plan(["data.gen_batch_size=96", "algorithm.filter_groups.enable=true", "algorithm.filter_groups.metric=acc"])
     assert p.layout.rollout_prompts_per_dp == 96 and p.layout.rollout_samples_per_dp == 96 * 8
-    assert p.kv_blocks == 96 * 16 + 96 * 8 * 16  # the prompt's 16 blocks once per prompt, 16 generated per sample
+    assert p.rollout.kv_cache.blocks == 96 * 16 + 96 * 8 * 16  # the prompt's 16 blocks once per prompt, 16 generated per sample
 
 
 def test_gpu_plans_fuse_the_adamw_step_and_cpu_plans_count_its_temporaries():
@@ -307,12 +307,12 @@ def test_kv_beyond_the_budget_lowers_concurrency_instead_of_refusing():
     next to the resident training state; the plan keeps what fits and lets fewer sequences run at once."""
     p = plan(["data.train_batch_size=256", f"{A}.ppo_mini_batch_size=256"], hf=Q7)
     per_seq = 512 // 16
-    assert p.kv_blocks < 1024 * per_seq and p.engine_max_num_seqs == p.kv_blocks // per_seq < 1024
-    assert p.kv_blocks_for(256, 8) <= p.kv_blocks
+    assert p.rollout.kv_cache.blocks < 1024 * per_seq and p.rollout.kv_cache.max_num_seqs == p.rollout.kv_cache.blocks // per_seq < 1024
+    assert p.rollout.kv_cache.blocks_for(256, 8) <= p.rollout.kv_cache.blocks
     assert p.predicted["gen"].total <= 0.9 * H200.total_bytes
     assert any("sequences at once" in c for c in p.choices)
     # the batch that fits whole keeps its full concurrency
-    assert plan(hf=Q7).engine_max_num_seqs == 512
+    assert plan(hf=Q7).rollout.kv_cache.max_num_seqs == 512
 
 
 def test_activation_offload_keeps_two_layer_inputs_on_the_gpu():
@@ -337,12 +337,12 @@ def test_liger_auto_is_off_and_true_refused_where_it_cannot_run(monkeypatch, dev
     hf = qwen(896, 4864, 24, 14, 2, True)
     hf.model_type = model_type
     p = plan(hf=hf, device=device)
-    assert p.use_liger is False
+    assert p.actor.use_liger is False
     assert any(c.startswith(f"{LIGER} = false") and reason in c for c in p.choices), p.choices
     with pytest.raises(ConfigError) as e:
         plan([f"{LIGER}=true"], hf=hf, device=device)
     assert f"'{LIGER}' = true" in str(e.value) and reason in str(e.value)
-    assert plan([f"{LIGER}=false"], hf=hf, device=device).use_liger is False
+    assert plan([f"{LIGER}=false"], hf=hf, device=device).actor.use_liger is False
 
 
 def test_liger_on_a_gpu_shrinks_the_planned_update_activations(monkeypatch):
@@ -350,8 +350,8 @@ def test_liger_on_a_gpu_shrinks_the_planned_update_activations(monkeypatch):
     lean = ["actor_rollout_ref.model.enable_gradient_checkpointing=false", f"{A}.ppo_micro_batch_size_per_gpu=4",
             "actor_rollout_ref.model.lora_rank=64"]
     on, off = plan(lean, hf=Q7), plan([*lean, f"{LIGER}=false"], hf=Q7)
-    assert on.use_liger and f"{LIGER} = true (fused RMSNorm, SwiGLU, RoPE)" in on.choices
-    assert not off.use_liger
+    assert on.actor.use_liger and f"{LIGER} = true (fused RMSNorm, SwiGLU, RoPE)" in on.choices
+    assert not off.actor.use_liger
     diff = off.predicted["update_actor"].parts["activations"] - on.predicted["update_actor"].parts["activations"]
     h, i, tokens, layers = 3584, 18944, 4 * 512, 28
     # per token and layer the norms keep bf16 inputs and one fp32 rstd (not fp32 inputs) and SwiGLU no SiLU output;
@@ -366,37 +366,37 @@ def test_critic_checkpointing_auto_keeps_its_last_layers_too():
     p = plan(["algorithm.adv_estimator=gae", "data.max_response_length=1024"])
     ceiling = p.predicted["gen"].total
     assert max(pm.total for pm in p.predicted.values()) == ceiling
-    assert p.critic_gradient_checkpointing and 0 < p.critic_recompute_kept_layers < p.model.layers
-    assert p.gradient_checkpointing and 0 < p.recompute_kept_layers < p.model.layers
-    tokens = p.critic_micro * (256 + 1024)
+    assert p.critic.gradient_checkpointing and 0 < p.critic.recompute_kept_layers < p.model.layers
+    assert p.actor.gradient_checkpointing and 0 < p.actor.recompute_kept_layers < p.model.layers
+    tokens = p.critic.update.rows * (256 + 1024)
     per_layer = tokens * (p.model.train_act_bytes_per_token_layer() - 2 * p.model.hidden)
     assert p.predicted["update_critic"].total + per_layer > ceiling   # one more kept layer would not fit
     assert any(c.startswith("critic.model.enable_gradient_checkpointing = true for the first") for c in p.choices)
     every = plan(["algorithm.adv_estimator=gae", "data.max_response_length=1024",
                   "critic.model.enable_gradient_checkpointing=true"])
-    assert every.critic_recompute_kept_layers == 0 and every.critic_micro == p.critic_micro
+    assert every.critic.recompute_kept_layers == 0 and every.critic.update.rows == p.critic.update.rows
 
 
 def test_prefix_grouper_auto_on_gpus_with_several_samples_and_its_tokens():
-    from hybridrl.plan.run_plan import shared_prompt_tokens
+    from hybridrl.plan.sizing import shared_prompt_tokens
 
     key = f"{A}.use_prefix_grouper"
     p = plan([f"{key}=auto"], hf=Q7)
-    assert p.share_prompts and any(c.startswith(f"{key} = true") for c in p.choices)
+    assert p.actor.share_prompts and any(c.startswith(f"{key} = true") for c in p.choices)
     # 7B full fine-tuning: 32 rows hold 4 whole prompt groups: 4 x 256 + 32 x 256 tokens, within the 16384 target
-    assert p.actor_micro == 32 and f"{A}.ppo_micro_batch_size_per_gpu = 32 (9216 tokens" in " ".join(p.choices)
+    assert p.actor.update.rows == 32 and f"{A}.ppo_micro_batch_size_per_gpu = 32 (9216 tokens" in " ".join(p.choices)
     unshared = plan([f"{key}=false"], hf=Q7)
-    assert not unshared.share_prompts and unshared.actor_micro == 16
+    assert not unshared.actor.share_prompts and unshared.actor.update.rows == 16
     assert p.predicted["update_actor"].parts["activations"] < 2 * unshared.predicted["update_actor"].parts[
         "activations"]
-    assert not plan([f"{key}=auto"], device=DeviceSpec("cpu", "cpu", None)).share_prompts   # auto: off on the CPU
-    assert plan([f"{key}=true"], device=DeviceSpec("cpu", "cpu", None)).share_prompts
-    assert not plan([f"{key}=auto", f"{R}.n=1"]).share_prompts
+    assert not plan([f"{key}=auto"], device=DeviceSpec("cpu", "cpu", None)).actor.share_prompts   # auto: off on the CPU
+    assert plan([f"{key}=true"], device=DeviceSpec("cpu", "cpu", None)).actor.share_prompts
+    assert not plan([f"{key}=auto", f"{R}.n=1"]).actor.share_prompts
     gae = ["algorithm.adv_estimator=gae", "critic.ppo_mini_batch_size=64"]
     ppo = plan([f"{key}=auto", *gae])
-    assert ppo.share_prompts and ppo.critic_share_prompts
+    assert ppo.actor.share_prompts and ppo.critic.share_prompts
     assert "critic.ppo_micro_batch_size_per_gpu = 32 (9216 tokens" in " ".join(ppo.choices)
-    assert not plan([f"{key}=false", *gae]).critic_share_prompts
+    assert not plan([f"{key}=false", *gae]).critic.share_prompts
     assert shared_prompt_tokens(32, 8, 256, 256) == 4 * 256 + 32 * 256
     assert shared_prompt_tokens(4, 8, 256, 256) == 256 + 4 * 256              # inside one group
     assert shared_prompt_tokens(12, 8, 100, 10) == 3 * 100 + 12 * 10          # may touch three groups
@@ -406,7 +406,7 @@ def test_prefix_grouper_auto_on_gpus_with_several_samples_and_its_tokens():
 def test_prefix_grouper_true_with_ulysses_is_refused_naming_both_keys():
     sp = ["trainer.n_gpus_per_node=2", f"{A}.ulysses_sequence_parallel_size=2",
           "actor_rollout_ref.model.use_remove_padding=true"]
-    assert not plan([*sp, f"{A}.use_prefix_grouper=auto"]).share_prompts
+    assert not plan([*sp, f"{A}.use_prefix_grouper=auto"]).actor.share_prompts
     with pytest.raises(ConfigError, match=r"use_prefix_grouper' = true does not go with .*ulysses_sequence_parallel"):
         plan([*sp, f"{A}.use_prefix_grouper=true"])
     with pytest.raises(ConfigError, match="use_prefix_grouper' = 'sometimes'"):
@@ -417,19 +417,19 @@ def test_token_budgets_are_the_default_on_gpus_and_explicit_rows_keep_their_mean
     dyn = ["actor_rollout_ref.actor.use_dynamic_bsz=auto", f"{R}.log_prob_use_dynamic_bsz=auto",
            "actor_rollout_ref.ref.log_prob_use_dynamic_bsz=auto", f"{A}.use_kl_loss=true"]
     long = plan([*dyn, "data.max_response_length=4096", f"{A}.old_log_prob_pass=true"])
-    assert long.actor_micro is None and long.log_prob_micro is None and long.ref_log_prob_micro is None
-    assert (long.actor_max_tokens, long.log_prob_max_tokens, long.ref_log_prob_max_tokens) == (16384, 32768, 32768)
-    assert long.remove_padding and long.engine_max_num_batched_tokens == 8192   # rollout.max_num_batched_tokens
+    assert long.actor.update.rows is None and long.actor.old_log_prob.rows is None and long.actor.ref_log_prob.rows is None
+    assert (long.actor.update.max_tokens, long.actor.old_log_prob.max_tokens, long.actor.ref_log_prob.max_tokens) == (16384, 32768, 32768)
+    assert long.actor.remove_padding and long.rollout.max_num_batched_tokens == 8192   # rollout.max_num_batched_tokens
     assert "update <= 16384 tokens" in str(long) and "packed" in str(long)
     # a budget is never below the longest sequence: one must fit a micro-batch
     very_long = plan([*dyn, "data.max_response_length=20000"])
-    assert very_long.actor_max_tokens == 20256 and very_long.engine_max_num_batched_tokens == 20256
+    assert very_long.actor.update.max_tokens == 20256 and very_long.rollout.max_num_batched_tokens == 20256
     # an explicit micro-batch size keeps verl's fixed rows; so does the CPU (the padded reference)
     rows = plan([*dyn, f"{A}.ppo_micro_batch_size_per_gpu=4"])
-    assert rows.actor_micro == 4 and rows.actor_max_tokens is None and rows.log_prob_micro is None
+    assert rows.actor.update.rows == 4 and rows.actor.update.max_tokens is None and rows.actor.old_log_prob.rows is None
     cpu = plan(dyn, device=DeviceSpec("cpu", "cpu", None))
-    assert cpu.actor_max_tokens is None and cpu.actor_micro is not None and not cpu.remove_padding
+    assert cpu.actor.update.max_tokens is None and cpu.actor.update.rows is not None and not cpu.actor.remove_padding
     # an explicit budget is kept, or refused naming the key when its phase cannot fit
-    assert plan([*dyn, f"{A}.ppo_max_token_len_per_gpu=9000"]).actor_max_tokens == 9000
+    assert plan([*dyn, f"{A}.ppo_max_token_len_per_gpu=9000"]).actor.update.max_tokens == 9000
     with pytest.raises(ConfigError, match="ppo_max_token_len_per_gpu' = 4000000"):
         plan([*dyn, f"{A}.ppo_max_token_len_per_gpu=4000000", f"{A}.use_dynamic_bsz=true"], hf=Q7)

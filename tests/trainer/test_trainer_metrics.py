@@ -202,8 +202,9 @@ def test_floor_metrics_put_each_phase_next_to_its_flop_or_byte_floor():
     mask = torch.ones(4, 10, dtype=torch.long)
     mask[:, 6:] = torch.tensor([[1, 1, 0, 0], [1, 0, 0, 0], [1, 1, 1, 1], [1, 1, 1, 0]])  # responses 2, 1, 4, 3
     batch = DataProto({"attention_mask": mask, "responses": torch.zeros(4, 4, dtype=torch.long)})
-    plan = SimpleNamespace(device=SimpleNamespace(type="cuda", name="NVIDIA H200"), model=shape, share_prompts=True,
-                           layout=SimpleNamespace(n=2), lora_base_dtype=None)
+    plan = SimpleNamespace(device=SimpleNamespace(type="cuda", name="NVIDIA H200"), model=shape,
+                           actor=SimpleNamespace(share_prompts=True, lora_base_dtype=None),
+                           layout=SimpleNamespace(n=2))
     timing = {"update_actor": 1.0, "ref": 0.5}
     out = compute_floor_metrics(batch, timing, {"rollout/decode_floor_s": 0.2, "rollout/decode_s": 0.8}, plan, 1)
     tokens = 10 + 24 / 2   # responses, then each prompt once for its 2 samples

@@ -76,12 +76,12 @@ def test_plan_stores_the_lora_base_in_the_compute_dtype_and_adapters_in_model_dt
     plan = make_plan(load_config(overrides=overrides), Q7, device)
     shape = ModelShape.from_hf_config(Q7)
     adapters, master = adapter_param_count(shape, 64, "all-linear"), 4 if model_dtype == "fp32" else 2
-    assert plan.lora_base_dtype == base and f"LoRA base {base}" in str(plan)
+    assert plan.actor.lora_base_dtype == base and f"LoRA base {base}" in str(plan)
     update = plan.predicted["update_actor"].parts
     assert update["actor params"] == shape.num_params * base_bytes + adapters * master
     assert update["actor grads"] == adapters * master and update["actor optimizer"] == 2 * adapters * master
     full = [*STEP, "actor_rollout_ref.actor.fsdp_config.model_dtype=bf16"]   # fp32 full fine-tuning does not fit
-    assert make_plan(load_config(overrides=full), Q7, device).lora_base_dtype is None   # no LoRA
+    assert make_plan(load_config(overrides=full), Q7, device).actor.lora_base_dtype is None   # no LoRA
 
 
 def _tiny():

@@ -5,14 +5,15 @@ the rollout in both."""
 from types import SimpleNamespace
 
 from hybridrl.config.loader import load_config
+from hybridrl.plan.sizing import MicroBatching
 from hybridrl.protocol import DataProto
 from hybridrl.workers.actor_rollout_ref import ActorRolloutRefWorker
 
 
 def _meta(overrides, section):
     cfg = load_config(overrides=["actor_rollout_ref.rollout.n=2", *overrides])
-    plan = SimpleNamespace(log_prob_micro=5, ref_log_prob_micro=None, log_prob_max_tokens=None,
-                           ref_log_prob_max_tokens=4096, log_prob_unshard_once=True, ref_log_prob_unshard_once=False)
+    plan = SimpleNamespace(actor=SimpleNamespace(
+        old_log_prob=MicroBatching(rows=5, unshard_once=True), ref_log_prob=MicroBatching(max_tokens=4096)))
     fake = SimpleNamespace(config=cfg, plan=plan)
     return ActorRolloutRefWorker._log_prob_meta(fake, DataProto(), section).meta_info
 

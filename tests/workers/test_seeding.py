@@ -59,7 +59,8 @@ def generate_seed(dp_rank: int, tp_rank: int, meta: dict) -> int:
             import contextlib
             return contextlib.nullcontext(Engine())
 
-    fake = SimpleNamespace(config=cfg, hybrid=Hybrid(), plan=SimpleNamespace(kv_blocks_for=lambda prompts, n: 1),
+    fake = SimpleNamespace(config=cfg, hybrid=Hybrid(), plan=SimpleNamespace(rollout=SimpleNamespace(
+                               kv_cache=SimpleNamespace(blocks_for=lambda prompts, n: 1))),
                            rollout_coords=SimpleNamespace(dp_rank=dp_rank, tp_rank=tp_rank), tool_agent=None)
     fake._generate = functools.partial(ActorRolloutRefWorker._generate, fake)
     prompts = DataProto.from_dict({"input_ids": torch.ones(1, 2, dtype=torch.long),

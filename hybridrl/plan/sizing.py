@@ -1,0 +1,189 @@
+"""What the role planners share (rollout_plan.py, actor_plan.py, critic_plan.py, reward_model_plan.py): the device
+planned for, and `Sizing` — one run's config, shape, memory model and GPU budget, with the rules that pick a
+pass's micro-batch size or token budget and the record of each automatic choice and each phase's predicted peak.
+
+Automatic sizes: the largest micro-batch (a divisor of the per-GPU mini-batch for updates) whose tokens stay
+within a throughput target (beyond it a GPU gains nothing and only memory grows) and whose predicted phase peak
+fits `SAFETY` of the GPU. An explicit size keeps verl's meaning, and a plan whose predicted peak does not fit
+is refused, naming the key and a value that fits.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from hybridrl.config.validate import ConfigError
+from hybridrl.plan.layout import Layout
+from hybridrl.plan.memory import GiB, MemoryModel, PhaseMemory, Residency
+from hybridrl.plan.model_shape import ModelShape
+from hybridrl.training.fsdp import AUTO_UNSHARD_MAX_FRACTION
+
+SAFETY = 0.9                    # fraction of a GPU's memory a phase may be planned to use
+UPDATE_TOKENS_TARGET = 16384    # tokens per training micro-batch where an H200's GEMMs saturate
+LOGPROB_TOKENS_TARGET = 32768   # tokens per no-grad log-prob micro-batch
+MODEL = "actor_rollout_ref.model"
+
+
+@dataclass(frozen=True)
+class DeviceSpec:
+    type: str                   # "cuda" | "cpu"
+    name: str
+    total_bytes: int | None     # per GPU; None on CPU (no device memory to plan against)
+
+    def __str__(self) -> str:
+        if self.total_bytes is None:
+            return f"{self.type} (no device memory model)"
+        return f"{self.name}, {self.total_bytes / GiB:.1f} GiB per GPU"
+
+
+@dataclass(frozen=True)
+class MicroBatching:
+    """How one pass splits its per-GPU rows: `rows` per micro-batch, or (rows None) micro-batches of at most
+    `max_tokens` tokens (use_dynamic_bsz); both None where the pass does not run. `unshard_once`: a no-grad pass
+    gathers the sharded weights once for all its micro-batches."""
+    rows: int | None = None
+    max_tokens: int | None = None
+    unshard_once: bool = False
+
+    def __str__(self) -> str:
+        if self.rows is not None:
+            return f"{self.rows} rows"
+        return f"<= {self.max_tokens} tokens" if self.max_tokens is not None else "-"
+
+
+def is_auto(value) -> bool:
+    return isinstance(value, str) and value == "auto"
+
+
+def divisors_desc(n: int) -> list[int]:
+    return sorted({d for i in range(1, int(math.isqrt(n)) + 1) if n % i == 0 for d in (i, n // i)}, reverse=True)
+
+
+def shared_prompt_tokens(rows: int, n: int, prompt_len: int, response_len: int) -> int:
+    """Tokens of a micro-batch of `rows` consecutive samples (each prompt's n samples adjacent) with each prompt
+    once, at the longest lengths: a micro-batch of whole groups holds rows / n prompts, one inside a group one, any
+    other at most rows // n + 2 (the window may start and end inside a group)."""
+    prompts = rows // n if rows % n == 0 else 1 if n % rows == 0 else min(rows, rows // n + 2)
+    return prompts * prompt_len + rows * response_len
+
+
+def resolve_dynamic_bsz(value, micro, device_type: str, key: str, micro_key: str, choices: list[str]) -> bool:
+    """`use_dynamic_bsz` (`key`): true / false as given; auto = token-budgeted micro-batches on GPUs where the
+    pass's micro-batch size (`micro_key`) is left to the plan ('auto') or null, fixed rows where it is a number
+    (verl's meaning of an explicit size) and on the CPU (the padded rows are the reference there)."""
+    if value is True or value is False:
+        return value
+    if micro is None:
+        return True
+    on = is_auto(micro) and device_type != "cpu"
+    choices.append(f"{key} = {str(on).lower()} (" + (
+        "token-budgeted micro-batches at the step's actual lengths" if on else
+        f"{micro_key} = {micro}" if not is_auto(micro) else "the CPU: fixed rows") + ")")
+    return on
+
+
+def resolve_remove_padding(value, dynamic: bool, sp: int) -> bool:
+    """`use_remove_padding`: auto = packed where micro-batches are token-budgeted (a padded micro-batch of short
+    rows would compute every row at the longest length) or split by Ulysses (which needs the packed row)."""
+    return bool(value) if not is_auto(value) else bool(dynamic or sp > 1)
+
+
+def no_fit_hint(key: str, one: PhaseMemory) -> str:
+    return (f"it needs {one.total / GiB:.1f} GiB at 1 row ({one.describe()}): enable gradient checkpointing "
+            "(model.enable_gradient_checkpointing=true) and activation offload (model.enable_activation_offload=true), "
+            "offload (fsdp_config.param_offload / optimizer_offload), bf16 masters (fsdp_config.model_dtype=bf16) "
+            "or more GPUs")
+
+
+@dataclass
+class Sizing:
+    """One run's planning state, shared by the role planners in order: the resolved config (`get(dotted key)`), the
+    layout, the device and its budget (SAFETY of its memory; None on CPU), the model's shape and what each GPU
+    holds (`residency`, `memory`), the longest prompt and response; `choices` and `predicted` collect each
+    automatic choice and each phase's peak (phase -> PhaseMemory) as the planners make them."""
+    get: Callable[[str], object]
+    layout: Layout
+    device: DeviceSpec
+    shape: ModelShape
+    residency: Residency
+    memory: MemoryModel
+    prompt_len: int
+    response_len: int
+    choices: list[str]
+    predicted: dict[str, PhaseMemory]
+
+    @property
+    def seq_len(self) -> int:
+        return self.prompt_len + self.response_len
+
+    @property
+    def budget(self) -> float | None:
+        return None if self.device.total_bytes is None else SAFETY * self.device.total_bytes
+
+    def micro_tokens(self, shared: bool) -> Callable[[int], int]:
+        """rows -> tokens of a micro-batch, each prompt once with shared prompts."""
+        if shared:
+            return lambda rows: shared_prompt_tokens(rows, self.layout.n, self.prompt_len, self.response_len)
+        return lambda rows: rows * self.seq_len
+
+    def auto_unshard(self, model: ModelShape) -> bool:
+        """fsdp.should_keep_unsharded's 'auto' rule, on the plan's GPU."""
+        total = self.device.total_bytes
+        return total is not None and model.num_params * 2 <= AUTO_UNSHARD_MAX_FRACTION * total
+
+    def unshard(self, key: str, model: ModelShape) -> bool:
+        value = self.get(key)
+        return self.auto_unshard(model) if is_auto(value) else bool(value)
+
+    def dynamic(self, key: str, micro_key: str) -> bool:
+        return resolve_dynamic_bsz(self.get(key), self.get(micro_key), self.device.type, key, micro_key, self.choices)
+
+    def _over(self, key: str, value, peak: PhaseMemory) -> str:
+        return (f"'{key}' = {value}: phase {peak.phase} is predicted to peak at {peak.total / GiB:.1f} GiB per GPU, "
+                f"over {SAFETY:.0%} of {self.device.total_bytes / GiB:.1f} GiB; ")
+
+    def pick(self, key: str, candidates: list[int], tokens_target: int, peak, seq_len: int | None = None,
+             tokens=None) -> int:
+        """`key`'s configured size, or the largest candidate within the token target that fits the budget;
+        tokens(rows): a micro-batch's tokens (rows x seq_len if None)."""
+        value, budget = self.get(key), self.budget
+        seq_len = seq_len or self.seq_len
+        tokens = tokens or (lambda rows: rows * seq_len)
+        if not is_auto(value):
+            if budget is not None and peak(value).total > budget:
+                fit = next((d for d in candidates if peak(d).total <= budget), None)
+                raise ConfigError([self._over(key, value, peak(value))
+                                   + (f"set it to {fit} (or 'auto')" if fit else no_fit_hint(key, peak(1)))])
+            return value
+        within = [d for d in candidates if tokens(d) <= tokens_target] or [candidates[-1]]
+        for d in within:
+            if budget is None or peak(d).total <= budget:
+                self.choices.append(f"{key} = {d} ({tokens(d)} tokens per micro-batch"
+                                    + (f", predicted {peak(d).phase} peak {peak(d).total / GiB:.1f} GiB)"
+                                       if budget is not None else ")"))
+                return d
+        raise ConfigError([f"'{key}' = auto: even 1 row per micro-batch is predicted to need "
+                           f"{peak(1).total / GiB:.1f} GiB in phase {peak(1).phase}, over {SAFETY:.0%} of "
+                           f"{self.device.total_bytes / GiB:.1f} GiB; " + no_fit_hint(key, peak(1))])
+
+    def pick_tokens(self, key: str, tokens_target: int, peak) -> int:
+        """`key`'s configured token budget, or the throughput target raised to the longest sequence (a micro-batch
+        must hold one), lowered while its predicted phase peak does not fit (never below that sequence)."""
+        value, budget, longest = self.get(key), self.budget, self.seq_len
+        if not is_auto(value):
+            if budget is not None and peak(value).total > budget:
+                raise ConfigError([self._over(key, value, peak(value))
+                                   + f"lower it (at least {longest}) or set 'auto'"])
+            return value
+        tokens = max(tokens_target, longest)
+        while budget is not None and tokens > longest and peak(tokens).total > budget:
+            tokens = max(longest, tokens // 2)
+        if budget is not None and peak(tokens).total > budget:
+            raise ConfigError([f"'{key}' = auto: even one sequence of {longest} tokens is predicted to need "
+                               f"{peak(tokens).total / GiB:.1f} GiB in phase {peak(tokens).phase}, over {SAFETY:.0%} "
+                               f"of {self.device.total_bytes / GiB:.1f} GiB; " + no_fit_hint(key, peak(tokens))])
+        fit = "" if budget is None else f" (predicted {peak(tokens).phase} peak {peak(tokens).total / GiB:.1f} GiB)"
+        self.choices.append(f"{key} = {tokens}{fit}")
+        return tokens
