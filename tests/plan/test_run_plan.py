@@ -52,7 +52,8 @@ def test_plan_kv_blocks_follow_the_batch_not_the_gpu():
     val = plan(val_prompts=1000)
     assert val.rollout.kv_cache.blocks == 1000 * 32 and val.rollout.kv_cache.max_num_seqs == 1000
     # ... but a hybrid engine allocates per call: the training step still gets (and is predicted at) its own need
-    assert val.rollout.kv_cache.blocks_for(64, 8) == p.rollout.kv_cache.blocks and val.rollout.kv_cache.blocks_for(1000, 1) == 1000 * 32
+    assert val.rollout.kv_cache.blocks_for(64, 8) == p.rollout.kv_cache.blocks
+    assert val.rollout.kv_cache.blocks_for(1000, 1) == 1000 * 32
     assert val.predicted["gen"].parts["kv cache"] == p.predicted["gen"].parts["kv cache"]
     resident = plan(["actor_rollout_ref.hybrid_engine=false"], val_prompts=1000)
     assert resident.predicted["gen"].parts["kv cache"] > p.predicted["gen"].parts["kv cache"]
@@ -62,7 +63,8 @@ def test_engine_config_takes_the_plans_sizes_and_the_sections_switches():
     extra = [f"{R}.max_num_batched_tokens=100", f"{R}.enforce_eager=true", f"{R}.gpu_memory_utilization=0.7"]
     p = plan(extra)
     c = p.rollout.engine_config(load_config(overrides=[*STEP, *extra]).actor_rollout_ref.rollout, eos_token_ids=(7,))
-    assert (c.num_kv_blocks, c.max_num_seqs, c.async_scheduling) == (p.rollout.kv_cache.blocks, 512, p.rollout.async_scheduling)
+    assert (c.num_kv_blocks, c.max_num_seqs, c.async_scheduling) == \
+        (p.rollout.kv_cache.blocks, 512, p.rollout.async_scheduling)
     assert c.max_num_batched_tokens == p.rollout.max_num_batched_tokens == c.max_model_len == 512  # raised to P + R
     assert (c.enforce_eager, c.gpu_memory_utilization, c.eos_token_ids, str(c.dtype)) == (
         True, 0.7, (7,), "torch.bfloat16")
@@ -88,9 +90,11 @@ def test_auto_micro_batches_stay_within_token_target_and_memory():
     p = plan(["actor_rollout_ref.model.enable_gradient_checkpointing=true"])
     assert p.actor.update.rows == 32 and p.layout.grad_accum_steps == 16   # 16384 tokens / 512 per row, divides 512
     # one on-policy mini-batch: no old-log-prob pass (the update's own log-probs are the old ones)
-    assert p.actor.old_log_prob_pass is False and p.actor.old_log_prob.rows is None and "old_log_prob" not in p.predicted
+    assert p.actor.old_log_prob_pass is False and p.actor.old_log_prob.rows is None
+    assert "old_log_prob" not in p.predicted
     two = plan(["actor_rollout_ref.model.enable_gradient_checkpointing=true", f"{A}.ppo_mini_batch_size=32"])
-    assert two.actor.old_log_prob_pass and two.actor.old_log_prob.rows == 64 and two.actor.update.rows == 32  # 256 rows: 32 divides
+    assert two.actor.old_log_prob_pass and two.actor.old_log_prob.rows == 64
+    assert two.actor.update.rows == 32  # 256 rows: 32 divides
     assert all(pm.total < 0.9 * H200.total_bytes for pm in p.predicted.values())
     # a smaller GPU: the same config gets smaller micro-batches, chosen by the memory model
     small = plan(["actor_rollout_ref.model.enable_gradient_checkpointing=true"],
@@ -129,7 +133,7 @@ def test_a_model_that_cannot_fit_is_refused_with_a_hint():
 def test_cpu_plan_has_no_memory_refusal_and_uses_token_targets():
     p = plan(["algorithm.use_kl_in_reward=true"], device=DeviceSpec("cpu", "cpu", None))
     assert p.actor.update.rows == 32 and p.actor.old_log_prob.rows == 64 and p.actor.old_log_prob.unshard_once is False
-    assert p.actor.old_log_prob_pass and p.actor.ref_log_prob.rows == 64   # KL in the reward needs the old log-probs first
+    assert p.actor.old_log_prob_pass and p.actor.ref_log_prob.rows == 64   # KL in the reward: old log-probs first
 
 
 def test_old_log_prob_pass_false_needs_an_on_policy_update():
@@ -167,8 +171,9 @@ def test_checkpointing_auto_turns_off_within_the_rollouts_peak():
     big = plan([*long, f"{A}.ppo_micro_batch_size_per_gpu=16"])
     assert big.actor.gradient_checkpointing and big.actor.update.rows == 16
     # with a token budget (dynamic batch size) the budget itself must fit without recompute
-    assert not plan([*long, f"{A}.use_dynamic_bsz=true", f"{A}.ppo_max_token_len_per_gpu=8192"]).actor.gradient_checkpointing
-    assert plan([*long, f"{A}.use_dynamic_bsz=true", f"{A}.ppo_max_token_len_per_gpu=131072"]).actor.gradient_checkpointing
+    dynamic = [f"{A}.use_dynamic_bsz=true"]
+    assert not plan([*long, *dynamic, f"{A}.ppo_max_token_len_per_gpu=8192"]).actor.gradient_checkpointing
+    assert plan([*long, *dynamic, f"{A}.ppo_max_token_len_per_gpu=131072"]).actor.gradient_checkpointing
     # 7B LoRA at 512 tokens: its rollout peaks above the update, but not above an update of the same micro-batch
     # without recompute, so it stays on (a smaller micro-batch without recompute measured 1.54x slower)
     lora = plan(LORA7, hf=Q7)
@@ -199,11 +204,13 @@ def test_checkpointing_auto_keeps_the_last_layers_that_fit_under_the_runs_peak()
     assert MemoryModel(shape, None)._train_activations(shape, tokens, True, False, False, k) == \
         kept + tokens * shape.layer_backward_bytes_per_token()
     # an explicit true keeps verl's meaning (every layer), and so does activation offload
-    assert plan([*LORA7, "actor_rollout_ref.model.enable_activation_offload=true"], hf=Q7).actor.recompute_kept_layers == 0
+    offload = plan([*LORA7, "actor_rollout_ref.model.enable_activation_offload=true"], hf=Q7)
+    assert offload.actor.recompute_kept_layers == 0
 
 
 def test_checkpointing_auto_on_cpu_offload_and_explicit_values():
-    assert not plan(device=DeviceSpec("cpu", "cpu", None)).actor.gradient_checkpointing   # no memory model: no recompute
+    no_gpu = plan(device=DeviceSpec("cpu", "cpu", None))
+    assert not no_gpu.actor.gradient_checkpointing   # no memory model: no recompute
     assert plan([*LORA7, "actor_rollout_ref.model.enable_activation_offload=true"], hf=Q7).actor.gradient_checkpointing
     assert plan([*LORA7, f"{CKPT}=true"], hf=Q7).actor.gradient_checkpointing
     assert not plan([f"{CKPT}=false"]).actor.gradient_checkpointing
@@ -255,7 +262,7 @@ def test_whole_batch_rollout_correction_needs_the_old_log_prob_pass():
 def test_generation_batches_size_the_rollout():
     p = plan(["data.gen_batch_size=96", "algorithm.filter_groups.enable=true", "algorithm.filter_groups.metric=acc"])
     assert p.layout.rollout_prompts_per_dp == 96 and p.layout.rollout_samples_per_dp == 96 * 8
-    assert p.rollout.kv_cache.blocks == 96 * 16 + 96 * 8 * 16  # the prompt's 16 blocks once per prompt, 16 generated per sample
+    assert p.rollout.kv_cache.blocks == 96 * 16 + 96 * 8 * 16  # the prompt's 16 blocks once per prompt, 16 per sample
 
 
 def test_gpu_plans_fuse_the_adamw_step_and_cpu_plans_count_its_temporaries():
@@ -307,7 +314,8 @@ def test_kv_beyond_the_budget_lowers_concurrency_instead_of_refusing():
     next to the resident training state; the plan keeps what fits and lets fewer sequences run at once."""
     p = plan(["data.train_batch_size=256", f"{A}.ppo_mini_batch_size=256"], hf=Q7)
     per_seq = 512 // 16
-    assert p.rollout.kv_cache.blocks < 1024 * per_seq and p.rollout.kv_cache.max_num_seqs == p.rollout.kv_cache.blocks // per_seq < 1024
+    kv = p.rollout.kv_cache
+    assert kv.blocks < 1024 * per_seq and kv.max_num_seqs == kv.blocks // per_seq < 1024
     assert p.rollout.kv_cache.blocks_for(256, 8) <= p.rollout.kv_cache.blocks
     assert p.predicted["gen"].total <= 0.9 * H200.total_bytes
     assert any("sequences at once" in c for c in p.choices)
@@ -417,8 +425,11 @@ def test_token_budgets_are_the_default_on_gpus_and_explicit_rows_keep_their_mean
     dyn = ["actor_rollout_ref.actor.use_dynamic_bsz=auto", f"{R}.log_prob_use_dynamic_bsz=auto",
            "actor_rollout_ref.ref.log_prob_use_dynamic_bsz=auto", f"{A}.use_kl_loss=true"]
     long = plan([*dyn, "data.max_response_length=4096", f"{A}.old_log_prob_pass=true"])
-    assert long.actor.update.rows is None and long.actor.old_log_prob.rows is None and long.actor.ref_log_prob.rows is None
-    assert (long.actor.update.max_tokens, long.actor.old_log_prob.max_tokens, long.actor.ref_log_prob.max_tokens) == (16384, 32768, 32768)
+    assert long.actor.update.rows is None and long.actor.old_log_prob.rows is None
+    assert long.actor.ref_log_prob.rows is None
+    actor = long.actor
+    assert (actor.update.max_tokens, actor.old_log_prob.max_tokens, actor.ref_log_prob.max_tokens) == \
+        (16384, 32768, 32768)
     assert long.actor.remove_padding and long.rollout.max_num_batched_tokens == 8192   # rollout.max_num_batched_tokens
     assert "update <= 16384 tokens" in str(long) and "packed" in str(long)
     # a budget is never below the longest sequence: one must fit a micro-batch
