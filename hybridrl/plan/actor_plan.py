@@ -52,8 +52,7 @@ def plan_actor(sizing: Sizing, kv_cache: KvCachePlan, share_prompts: bool, lora_
     get, layout, memory, predicted = sizing.get, sizing.layout, sizing.memory, sizing.predicted
     seq_len, response_len, kv_bytes = sizing.seq_len, sizing.response_len, kv_cache.bytes
     tokens_of = sizing.micro_tokens(share_prompts)
-    samples_per_gpu = layout.train_batch_size * layout.n // layout.train_dp
-    log_prob_candidates = list(range(samples_per_gpu, 0, -1))
+    log_prob_candidates = list(range(layout.samples_per_train_rank, 0, -1))
 
     update_key = f"{ACTOR}.ppo_micro_batch_size_per_gpu"
     if not sizing.dynamic(f"{ACTOR}.use_dynamic_bsz", update_key):

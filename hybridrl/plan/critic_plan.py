@@ -63,8 +63,8 @@ def plan_critic(sizing: Sizing, kv_cache: KvCachePlan, actor: ActorPlan) -> Crit
         update_rows = sizing.pick("critic.ppo_micro_batch_size_per_gpu",
                                   divisors_desc(layout.critic_mini_batch_per_gpu), UPDATE_TOKENS_TARGET,
                                   lambda m: update_peak(m, row_tokens=tokens_of(m)), tokens=tokens_of)
-        samples_per_gpu = layout.train_batch_size * layout.n // layout.train_dp
-        values_rows = sizing.pick("critic.forward_micro_batch_size_per_gpu", list(range(samples_per_gpu, 0, -1)),
+        values_rows = sizing.pick("critic.forward_micro_batch_size_per_gpu",
+                                  list(range(layout.samples_per_train_rank, 0, -1)),
                                   LOGPROB_TOKENS_TARGET, lambda m: values_peak(m, row_tokens=tokens_of(m)),
                                   tokens=tokens_of)
         predicted["values"] = values_peak(values_rows, row_tokens=tokens_of(values_rows))

@@ -53,6 +53,11 @@ class Layout:
         return self.parallel.world_size
 
     @property
+    def samples_per_train_rank(self) -> int:
+        """A step's samples on each training data-parallel rank (what a no-grad pass's micro-batch divides)."""
+        return self.train_batch_size * self.n // self.train_dp
+
+    @property
     def ulysses_sp(self) -> int:  # the actor's and reference's
         return self.parallel.actor_sp
 

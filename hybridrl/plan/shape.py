@@ -92,15 +92,15 @@ def _role(role: str) -> str:
 def parallelism(config) -> Parallelism:
     """The shape of a (validated) PPO config: fsdp_size -1 resolved to the world."""
     c = config
-    world = int(c["trainer"]["nnodes"]) * int(c["trainer"]["n_gpus_per_node"])
+    nodes, gpus_per_node = int(c["trainer"]["nnodes"]), int(c["trainer"]["n_gpus_per_node"])
 
     def shard(fsdp_config) -> int:
         size = int(fsdp_config["fsdp_size"])
-        return world if size == -1 else size
+        return nodes * gpus_per_node if size == -1 else size
 
     actor = c["actor_rollout_ref"]["actor"]
     return Parallelism(
-        nodes=int(c["trainer"]["nnodes"]), gpus_per_node=int(c["trainer"]["n_gpus_per_node"]),
+        nodes=nodes, gpus_per_node=gpus_per_node,
         actor_fsdp=shard(actor["fsdp_config"]), actor_sp=int(actor["ulysses_sequence_parallel_size"]),
         rollout_tp=int(c["actor_rollout_ref"]["rollout"]["tensor_model_parallel_size"]),
         critic_fsdp=shard(c["critic"]["model"]["fsdp_config"]),
