@@ -20,6 +20,8 @@ Choices:
 
 from __future__ import annotations
 
+from types import ModuleType
+
 import torch
 
 from hybridrl.algorithms.chunked_logprob import chunked_logprob_entropy
@@ -71,7 +73,7 @@ class _HeadLogits:
         return z if self.temperature == 1.0 else z.div_(self.temperature)
 
     @staticmethod
-    def kernels(inputs: tuple[torch.Tensor, ...]):
+    def kernels(inputs: tuple[torch.Tensor, ...]) -> ModuleType | None:
         """The Triton kernels for raw chunks where they run (CUDA, or HYBRIDRL_FUSED=force under the interpreter;
         a 16-bit compute dtype), else None: the torch formulas."""
         hidden = inputs[0]

@@ -93,13 +93,13 @@ def _check(z: torch.Tensor) -> None:
 def logprob_entropy_forward(z: torch.Tensor, targets: torch.Tensor | None, temperature: float,
                             lse: torch.Tensor, log_p: torch.Tensor, entropy: torch.Tensor | None) -> None:
     """Fills lse [K], log_p [K] (when targets [K] are given) and entropy [K] (when given), all fp32, from the raw
-    logits z [K, V]: of z / temperature."""
+    logits z [K, V]: of z / temperature. Targets must lie in [0, V): unchecked, which would take a device sync."""
     _check(z)
     k, v = z.shape
-    _forward_kernel[(k,)](z, log_p if targets is None else targets, lse, log_p, lse if entropy is None else entropy,
-                          z.stride(0), v, _reciprocal(temperature), HAS_TARGET=targets is not None,
-                          WITH_ENTROPY=entropy is not None, BLOCK=min(BLOCK, triton.next_power_of_2(v)),
-                          num_warps=8)
+    _forward_kernel[(k,)](   # lse in place of absent tensors: pointers never read
+        z, lse if targets is None else targets.contiguous(), lse, log_p, lse if entropy is None else entropy,
+        z.stride(0), v, _reciprocal(temperature), HAS_TARGET=targets is not None, WITH_ENTROPY=entropy is not None,
+        BLOCK=min(BLOCK, triton.next_power_of_2(v)), num_warps=8)
 
 
 def logprob_entropy_backward(z: torch.Tensor, targets: torch.Tensor | None, lse: torch.Tensor,
@@ -115,8 +115,8 @@ def logprob_entropy_backward(z: torch.Tensor, targets: torch.Tensor | None, lse:
     block = min(BLOCK, triton.next_power_of_2(v))
     # upstream gradients may be broadcast views (a sum's backward): a contiguous fp32 copy of K numbers
     g_lp, g_h = (None if g is None else g.float().contiguous() for g in (grad_log_p, grad_entropy))
-    _backward_kernel[(k, triton.cdiv(v, block))](
-        z, lse if targets is None else targets, lse, entropy, lse if g_lp is None else g_lp,
+    _backward_kernel[(k, triton.cdiv(v, block))](   # lse in place of absent tensors: pointers never read
+        z, lse if targets is None else targets.contiguous(), lse, entropy, lse if g_lp is None else g_lp,
         lse if g_h is None else g_h, z.stride(0), v, _reciprocal(temperature), HAS_LOG_P=g_lp is not None,
         HAS_ENTROPY=g_h is not None, BLOCK=block, num_warps=8)
     return z

@@ -36,13 +36,14 @@ def torch_formulas(z, targets, temperature, g_lp, g_h):
 @pytest.mark.parametrize("vocab", [1000, 4099])   # one partial tile; two tiles, the second with 3 live entries
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 @pytest.mark.parametrize("terms", ["both", "log_p", "entropy"])
-def test_kernels_match_the_torch_formulas(vocab, temperature, terms):
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_kernels_match_the_torch_formulas(vocab, temperature, terms, dtype):
     """Forward: lse, target log-probs and entropies to fp32 rounding of the row sums (with and without entropy);
-    backward: dz, written over z in bf16, to one bf16 rounding (given the exact lse and H) — with either upstream
+    backward: dz, written over z in its dtype, to one rounding (given the exact lse and H) — with either upstream
     gradient absent."""
     g = torch.Generator().manual_seed(vocab)
     k = 5
-    z = (torch.randn(k, vocab, generator=g) * 3 + 20).bfloat16()   # an offset: the online max is exercised
+    z = (torch.randn(k, vocab, generator=g) * 3 + 20).to(dtype)   # an offset: the online max is exercised
     targets = torch.randint(0, vocab, (k,), generator=g)
     g_lp, g_h = torch.randn(k, generator=g), torch.randn(k, generator=g)
     with_log_p, with_entropy = terms != "entropy", terms != "log_p"
@@ -58,7 +59,7 @@ def test_kernels_match_the_torch_formulas(vocab, temperature, terms):
 
     dz = TL.logprob_entropy_backward(z, targets if with_log_p else None, ref_lse.float(), ref_ent.float(),
                                      g_lp if with_log_p else None, g_h if with_entropy else None, temperature)
-    assert dz.data_ptr() == z.data_ptr() and dz.dtype == torch.bfloat16
+    assert dz.data_ptr() == z.data_ptr() and dz.dtype == dtype
     # 1e-2: the interpreter's fp32 -> bf16 cast truncates (one bf16 ulp, 2^-7); on a GPU it rounds to nearest
     torch.testing.assert_close(dz.double(), ref_dz, rtol=1e-2, atol=1e-6)
 
