@@ -53,7 +53,7 @@ def _forward_kernel(Z, TGT, LSE, LOGP, ENT, s_z, V, inv_t, HAS_TARGET: tl.conste
         t = tl.load(TGT + row)
         tl.store(LOGP + row, tl.load(Z + row * s_z + t).to(tl.float32) * inv_t - lse)
     if WITH_ENTROPY:
-        tl.store(ENT + row, lse - w / s)
+        tl.store(ENT + row, lse - tl.math.div_rn(w, s))   # once a row: IEEE division, not the approximate `/`
 
 
 @triton.jit
