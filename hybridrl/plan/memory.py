@@ -156,15 +156,18 @@ class MemoryModel:
 
     def _logprob_head(self, rows: int, grad: bool, head_frozen: bool = False) -> int:
         """Fused chunked log-prob head (training/fused_logprob.py): hidden of the kept rows (and its gradient),
-        one chunk of logits in bf16 and fp32 with its softmax (and its gradient in backward)."""
+        one chunk of logits in bf16 and fp32 with its softmax (and its gradient in backward) — or, where its Triton
+        kernels run, two bf16 chunks of KERNEL_CHUNK_BYTES; the larger of the two paths."""
         v, h = self.s.vocab, self.s.hidden
         chunk = min(rows, chunk_rows(v))
+        kernel_chunks = 2 * min(rows, chunk_rows(v, kernels=True)) * v * 2
         if not grad:
-            return rows * h * 2 + chunk * v * (2 + 4 + 4)
+            return rows * h * 2 + max(chunk * v * (2 + 4 + 4), kernel_chunks)
         # backward: bf16 logits, fp32 log-probs (turned into the logit grads in place), probabilities, the grads'
         # bf16 copy; the head weight's gradient summed in fp32 (on CUDA inside each chunk's GEMM; its bf16 copy when
         # returned, or a bf16 product per chunk elsewhere: 2 bytes either way) — not with LoRA: the head is frozen
-        return 2 * rows * h * 2 + chunk * v * (2 + 4 + 4 + 2) + (0 if head_frozen else v * h * (4 + 2))
+        return 2 * rows * h * 2 + max(chunk * v * (2 + 4 + 4 + 2), kernel_chunks) + \
+            (0 if head_frozen else v * h * (4 + 2))
 
     # ------------------------------------------------------------------ phases
     def gen(self, kv_blocks: int, block_size: int, rows: int, prefill_tokens: int) -> PhaseMemory:
