@@ -165,7 +165,7 @@ def build_parser(with_plugins: bool = True) -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from hybridrl.config.validate import ConfigError
+    from hybridrl.config.errors import ConfigError
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     argv = sys.argv[1:] if argv is None else list(argv)

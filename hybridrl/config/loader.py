@@ -29,8 +29,10 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from hybridrl.config.schema import ALIAS_NOTES, ALIASES, CONFIG_DIR, load_defaults
-from hybridrl.config.validate import ConfigError, _closest, _leaf_paths, check_schema, check_semantics
+from hybridrl.config.errors import ConfigError
+from hybridrl.config.schema import ALIAS_NOTES, ALIASES, CONFIG_DIR, check_schema, closest_key, load_defaults
+from hybridrl.config.sections import ROOTS
+from hybridrl.config.validate import check_semantics
 
 __all__ = ["load_config", "load_defaults", "parse_override", "Override", "CONFIG_DIR"]
 
@@ -91,7 +93,7 @@ def _apply_override(cfg: DictConfig, ov: Override, schema: dict) -> None:
     exists = OmegaConf.select(cfg, ov.key, default=_MISSING, throw_on_resolution_failure=False) is not _MISSING
     free = _free_dict_prefix(ov.key, schema)
     if ov.kind == "set" and not exists:
-        hint = _closest(ov.key, _siblings(ov.key, schema), _leaf_paths(schema))
+        hint = closest_key(ov.key, _siblings(ov.key, schema), _leaf_paths(schema))
         msg = f"override '{ov.key}={ov.value}': unknown key '{ov.key}'"
         msg += f"; did you mean '{hint}'?" if hint else ""
         if free:
@@ -104,6 +106,16 @@ def _apply_override(cfg: DictConfig, ov: Override, schema: dict) -> None:
         raise ConfigError([f"override '+{ov.key}': keys can be added only inside free dicts {frees}; "
                            f"'{ov.key}' is not in the schema" + _hint(ov.key, schema)])
     OmegaConf.update(cfg, ov.key, ov.value, merge=False, force_add=True)
+
+
+def _leaf_paths(tree: dict, prefix: str = "") -> list[str]:
+    """Every key of a plain tree, sections included (free dicts, `{}`, are keys)."""
+    out = []
+    for k, v in tree.items():
+        out.append(f"{prefix}{k}")
+        if isinstance(v, dict) and v:
+            out += _leaf_paths(v, f"{prefix}{k}.")
+    return out
 
 
 def _siblings(key: str, schema: dict) -> list[str]:
@@ -121,7 +133,7 @@ def _node(tree: dict, path: str):
 
 
 def _hint(key: str, schema: dict) -> str:
-    hint = _closest(key, _siblings(key, schema), _leaf_paths(schema))
+    hint = closest_key(key, _siblings(key, schema), _leaf_paths(schema))
     return f" (closest known key: '{hint}')" if hint else ""
 
 
@@ -250,7 +262,7 @@ def load_config(config_file: str | Path | None = None, overrides: tuple[str, ...
                 import_external_lib(OmegaConf.select(cfg, "actor_rollout_ref.model.external_lib"))
             except ExternalLibError as e:
                 raise ConfigError([str(e)]) from e
-        check_schema(cfg, schema)
+        check_schema(OmegaConf.to_container(cfg, resolve=True), ROOTS[defaults])
         if defaults == "ppo_trainer":
             _normalize_micro_batches(cfg, user_keys)
             for w in check_semantics(cfg):

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from hybridrl.config.validate import ConfigError
+from hybridrl.config.errors import ConfigError
 
 __all__ = ["MissingPathsError", "check_paths", "demo_home", "files_problem", "model_dir_problem", "path_problems"]
 

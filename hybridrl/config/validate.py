@@ -2,8 +2,8 @@
 
 Two passes, both collecting every problem before raising one `ConfigError` (a `ValueError`), so a user
 fixes a YAML in one round trip:
-- `check_schema`: unknown keys (named with the closest known key, difflib), types (from the default
-  YAML, or `schema.NULL_DEFAULT_TYPES` for null defaults), allowed values (`schema.ENUMS`).
+- `schema.check_schema`: unknown keys (named with the closest known key), types and allowed values (the
+  annotations of the section dataclasses).
 - `check_semantics` (PPO config only): positive sizes, batch arithmetic with the actual numbers, device
   mesh divisibility, ranges. Critic keys are checked only when `algorithm.adv_estimator == gae`, as the
   critic does not exist otherwise.
@@ -13,142 +13,28 @@ are returned as warnings, not errors. Ints are accepted where a float is expecte
 
 from __future__ import annotations
 
-import difflib
 from functools import partial
-from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from hybridrl.config.errors import ConfigError
 from hybridrl.config.limits import check_limits
 from hybridrl.config.reward_rules import reward_model_errors
-from hybridrl.config.schema import ENUMS, EXTRA_TYPES, NULL_DEFAULT_TYPES, NULLABLE, load_defaults, type_name
+from hybridrl.config.schema import check_schema
+from hybridrl.config.sections import ROOTS
 from hybridrl.dotted import dotted_get
 from hybridrl.models.tp_rules import model_tp_error
 from hybridrl.tools.sandbox import parse_required_layers
 
-__all__ = ["ConfigError", "check_schema", "check_semantics", "validate_config"]
+__all__ = ["check_semantics", "validate_config"]
 
 ACTOR = "actor_rollout_ref.actor"
 ROLLOUT = "actor_rollout_ref.rollout"
 REF = "actor_rollout_ref.ref"
 
 
-class ConfigError(ValueError):
-    """A bad config. `.errors` lists every problem found (each names its key)."""
-
-    def __init__(self, errors: list[str]):
-        self.errors = list(errors)
-        head = "invalid config" if len(errors) == 1 else f"invalid config ({len(errors)} problems)"
-        super().__init__(head + ":\n  - " + "\n  - ".join(self.errors))
-
-
 def _plain(cfg: DictConfig | dict) -> dict:
     return OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else cfg
-
-
-def _leaf_paths(tree: dict, prefix: str = "") -> list[str]:
-    out = []
-    for k, v in tree.items():
-        p = f"{prefix}{k}"
-        out.append(p)
-        if isinstance(v, dict) and v:
-            out += _leaf_paths(v, p + ".")
-    return out
-
-
-def _closest(path: str, siblings: list[str], all_paths: list[str]) -> str | None:
-    """A misspelt key among its siblings; else the same key in another section; else a close key anywhere.
-    Compared on the last name only: full paths share long prefixes that make everything look close."""
-    leaf = path.rsplit(".", 1)[-1]
-    by_leaf = lambda paths: {p.rsplit(".", 1)[-1]: p for p in reversed(paths)}  # noqa: E731
-    near = difflib.get_close_matches(leaf, list(by_leaf(siblings)), n=1, cutoff=0.6)
-    if near:
-        return by_leaf(siblings)[near[0]]
-    same_leaf = [p for p in all_paths if p.rsplit(".", 1)[-1] == leaf]
-    if same_leaf:
-        return same_leaf[0]
-    near = difflib.get_close_matches(leaf, list(by_leaf(all_paths)), n=1, cutoff=0.75)
-    return by_leaf(all_paths)[near[0]] if near else None
-
-
-def _type_ok(value: Any, expected: type | tuple[type, ...]) -> bool:
-    for t in expected if isinstance(expected, tuple) else (expected,):
-        if t is bool and isinstance(value, bool):
-            return True
-        if t is int and isinstance(value, int) and not isinstance(value, bool):
-            return True
-        if t is float and isinstance(value, (int, float)) and not isinstance(value, bool):
-            return True
-        if t in (str, list, dict) and isinstance(value, t):
-            return True
-    return False
-
-
-def check_schema(cfg: DictConfig | dict, schema: DictConfig | dict) -> None:
-    """Raise ConfigError listing unknown keys, wrong types and values outside their enum."""
-    user, ref = _plain(cfg), _plain(schema)
-    all_paths = _leaf_paths(ref)
-    errors: list[str] = []
-
-    def walk(u: dict, s: dict, prefix: str):
-        for key, value in u.items():
-            path = f"{prefix}{key}"
-            if key not in s:
-                hint = _closest(path, [f"{prefix}{k}" for k in s], all_paths)
-                errors.append(f"unknown key '{path}'" + (f"; did you mean '{hint}'?" if hint else ""))
-                continue
-            default = s[key]
-            if isinstance(default, dict):
-                if not isinstance(value, dict):
-                    errors.append(f"'{path}' must be a section (dict), got {value!r}")
-                elif default:  # an empty default dict is free-form (e.g. override_config)
-                    walk(value, default, path + ".")
-                continue
-            _check_leaf(path, value, default, errors)
-
-    walk(user, ref, "")
-    if errors:
-        raise ConfigError(errors)
-
-
-def _check_leaf(path: str, value: Any, default: Any, errors: list[str]) -> None:
-    if default is None:
-        expected = NULL_DEFAULT_TYPES.get(path)
-        if expected is None:  # a null key of a config without a type table entry: any type
-            return
-    else:
-        expected = type(default)
-    expected = EXTRA_TYPES.get(path, expected)
-    if value is None:
-        if default is not None and path not in NULLABLE:
-            errors.append(f"'{path}' must be {type_name(expected)}, got null")
-        return
-    if not _type_ok(value, expected):
-        errors.append(f"'{path}' must be {type_name(expected)}, got {value!r} ({type(value).__name__})")
-        return
-    if isinstance(value, list) and isinstance(default, list) and default:
-        elem_t = type(default[0])
-        bad = [v for v in value if not _type_ok(v, elem_t)]
-        if bad:
-            errors.append(f"'{path}' entries must be {type_name(elem_t)}, got {bad!r}")
-            return
-    allowed = ENUMS.get(path)
-    if allowed is not None:
-        allowed = (*allowed, *_registered(path))
-        for v in value if isinstance(value, list) else [value]:
-            if v not in allowed:
-                errors.append(f"'{path}' = {v!r} is not one of {list(allowed)}")
-
-
-def _registered(path: str) -> tuple[str, ...]:
-    """Names added with verl's register_policy_loss / register_adv_est (e.g. by model.external_lib, which the
-    loader imports before validating) beyond the built-in ones the schema lists."""
-    if path not in ("actor_rollout_ref.actor.policy_loss.loss_mode", "algorithm.adv_estimator"):
-        return ()
-    from hybridrl.algorithms import registry
-
-    reg = registry.POLICY_LOSS_REGISTRY if path.endswith("loss_mode") else registry.ADV_ESTIMATOR_REGISTRY
-    return tuple(sorted(set(reg) - set(ENUMS[path])))
 
 
 def check_semantics(cfg: DictConfig | dict) -> list[str]:
@@ -429,6 +315,6 @@ def _check_token_len(key: str, c: dict, errors: list[str]) -> None:
 
 
 def validate_config(cfg: DictConfig | dict, defaults: str = "ppo_trainer") -> list[str]:
-    """Both passes against the packaged `<defaults>.yaml`; returns warnings, raises ConfigError."""
-    check_schema(cfg, load_defaults(defaults))
+    """Both passes against the sections of the packaged `<defaults>.yaml`; returns warnings, raises ConfigError."""
+    check_schema(_plain(cfg), ROOTS[defaults])
     return check_semantics(cfg) if defaults == "ppo_trainer" else []

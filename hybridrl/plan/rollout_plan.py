@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from omegaconf import DictConfig
 
-from hybridrl.config.validate import ConfigError
+from hybridrl.config.errors import ConfigError
 from hybridrl.plan.memory import GiB, MemoryModel, Residency
 from hybridrl.plan.partial_rollout import PartialRolloutPlan, plan_partial_rollout
 from hybridrl.plan.sizing import SAFETY, DeviceSpec, Sizing, is_auto

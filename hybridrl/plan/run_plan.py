@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 
 from omegaconf import DictConfig, OmegaConf
 
-from hybridrl.config.validate import ConfigError
+from hybridrl.config.errors import ConfigError
 from hybridrl.dotted import dotted_get
 from hybridrl.plan.actor_plan import (
     ACTOR,

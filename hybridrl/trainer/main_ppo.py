@@ -21,8 +21,9 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
+from hybridrl.config.errors import ConfigError
 from hybridrl.config.loader import load_config
-from hybridrl.config.validate import ConfigError, validate_config
+from hybridrl.config.validate import validate_config
 
 
 def run(config: DictConfig):

@@ -2,8 +2,9 @@
 
 import pytest
 
+from hybridrl.config.errors import ConfigError
 from hybridrl.config.loader import load_config
-from hybridrl.config.validate import ConfigError, check_semantics
+from hybridrl.config.validate import check_semantics
 
 FG, RC = "algorithm.filter_groups", "algorithm.rollout_correction"
 

@@ -5,9 +5,9 @@ import logging
 
 import pytest
 
+from hybridrl.config.errors import ConfigError
 from hybridrl.config.limits import same_tokenizer
 from hybridrl.config.loader import load_config
-from hybridrl.config.validate import ConfigError
 
 GAE = "algorithm.adv_estimator=gae"
 

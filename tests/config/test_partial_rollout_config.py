@@ -3,8 +3,9 @@
 import pytest
 import transformers
 
+from hybridrl.config.errors import ConfigError
 from hybridrl.config.loader import load_config
-from hybridrl.config.validate import ConfigError, check_semantics
+from hybridrl.config.validate import check_semantics
 from hybridrl.plan import DeviceSpec, make_plan
 from hybridrl.plan.partial_rollout import rollout_correction
 

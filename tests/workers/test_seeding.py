@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import torch
 
+from hybridrl.config.errors import ConfigError
 from hybridrl.config.loader import load_config
-from hybridrl.config.validate import ConfigError
 from hybridrl.models.external_lib import ExternalLibError
 from hybridrl.protocol import DataProto
 from hybridrl.seeding import derive_seed, shuffle_seed, step_sampling_seed

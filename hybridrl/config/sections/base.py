@@ -8,13 +8,16 @@ and the fields equal.
 
 from __future__ import annotations
 
+import ast
 import dataclasses
+import inspect
+import textwrap
 import types
 import typing
 from functools import cache
 from typing import Any, Literal, get_args, get_origin
 
-__all__ = ["Section", "field_types", "members", "type_name"]
+__all__ = ["Section", "field_docs", "field_types", "members", "type_name"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,6 +40,17 @@ def field_types(cls: type[Section]) -> dict[str, Any]:
     """Field name -> resolved annotation, in declaration order (the YAML's)."""
     hints = typing.get_type_hints(cls, include_extras=False)
     return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
+
+
+@cache
+def field_docs(cls: type[Section]) -> dict[str, str]:
+    """Field name -> the string literal right below its declaration (fields without one are left out)."""
+    body = ast.parse(textwrap.dedent(inspect.getsource(cls))).body[0].body
+    docs = {}
+    for stmt, after in zip(body, body[1:]):
+        if isinstance(stmt, ast.AnnAssign) and isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant):
+            docs[stmt.target.id] = after.value.value
+    return docs
 
 
 def members(ann: Any) -> tuple[Any, ...]:
