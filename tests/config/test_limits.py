@@ -6,8 +6,8 @@ import logging
 import pytest
 
 from hybridrl.config.errors import ConfigError
-from hybridrl.config.limits import same_tokenizer
 from hybridrl.config.loader import load_config
+from hybridrl.config.tokenizer_files import same_tokenizer
 
 GAE = "algorithm.adv_estimator=gae"
 

@@ -7,6 +7,7 @@ from typing import Literal
 
 from hybridrl.config.sections.base import Section
 from hybridrl.config.sections.optim import MixedPrecisionConfig, OptimConfig
+from hybridrl.config.sections.rules import Findings, check_fsdp_size, check_token_len, check_update_batches
 from hybridrl.config.sections.values import (
     Auto,
     CheckpointContent,
@@ -16,6 +17,9 @@ from hybridrl.config.sections.values import (
     PolicyLossMode,
     Strategy,
 )
+
+ACTOR = "actor_rollout_ref.actor"
+REF = "actor_rollout_ref.ref"
 
 
 @dataclass(frozen=True)
@@ -33,6 +37,25 @@ class RefConfig(Section):
     log_prob_unshard_once: Auto | bool
     """all-gather FSDP shards once per pass, not per micro-batch (true|false|auto: if the bf16 model <= 25% of GPU memory)"""
     fsdp_config: RefFSDPConfig
+
+
+    def check_sizes(self, found: Findings) -> None:
+        found.positive_or_unset(self, REF, LOG_PROB_SIZES)
+
+    def check(self, cfg, found: Findings) -> None:
+        check_log_prob_batches(self, REF, cfg, found)
+
+
+# the log-prob passes' batch keys (the reference's and the rollout's old-log-prob pass)
+LOG_PROB_SIZES = ("log_prob_max_token_len_per_gpu", "log_prob_micro_batch_size_per_gpu", "log_prob_micro_batch_size")
+
+
+def check_log_prob_batches(section, prefix: str, cfg, found: Findings) -> None:
+    """A log-prob pass needs a token budget that holds one sequence, or a micro-batch size without one."""
+    if section.log_prob_use_dynamic_bsz is not False:
+        check_token_len(f"{prefix}.log_prob_max_token_len_per_gpu", section.log_prob_max_token_len_per_gpu, cfg, found)
+    elif section.log_prob_micro_batch_size_per_gpu is None and section.log_prob_micro_batch_size is None:
+        found.errors.append(f"'{prefix}.log_prob_micro_batch_size_per_gpu' is null: set it (or log_prob_use_dynamic_bsz)")
 
 
 @dataclass(frozen=True)
@@ -100,6 +123,36 @@ class ActorConfig(Section):
     checkpoint: CheckpointConfig
 
 
+    def check_sizes(self, found: Findings) -> None:
+        found.positive(self, ACTOR, ("ppo_mini_batch_size", "ppo_epochs", "ulysses_sequence_parallel_size", "optim.lr"))
+        found.positive_or_unset(self, ACTOR, ("ppo_micro_batch_size_per_gpu", "ppo_max_token_len_per_gpu",
+                                              "ppo_micro_batch_size"))
+
+    def check(self, cfg, found: Findings) -> None:
+        """Rules of the actor's keys (`cfg`: the whole PPOConfig, for the batch arithmetic)."""
+        rollout = cfg.actor_rollout_ref.rollout
+        for key in ("router_aux_loss_coef", "router_z_loss_coef"):
+            if getattr(self, key) < 0:
+                found.errors.append(f"'{ACTOR}.{key}' must be >= 0 (0 = off), got {getattr(self, key)}")
+        if self.router_replay.mode == "R3" and rollout.name != "native":
+            found.errors.append(f"'{ACTOR}.router_replay.mode' = R3 needs 'actor_rollout_ref.rollout.name' = native "
+                                f"(the engine that records each token's experts), got {rollout.name!r}")
+        tbs, n, mini = cfg.data.train_batch_size, rollout.n, self.ppo_mini_batch_size
+        if (tbs * n) % (mini * n):
+            found.errors.append(f"'data.train_batch_size' × rollout.n ({tbs} × {n} = {tbs * n}) must be divisible by "
+                                f"'{ACTOR}.ppo_mini_batch_size' × rollout.n ({mini} × {n} = {mini * n})")
+        check_fsdp_size(f"{ACTOR}.fsdp_config.fsdp_size", self.fsdp_config.fsdp_size, cfg, found)
+        check_update_batches(ACTOR, "actor_rollout_ref.model", self, cfg.actor_rollout_ref.model.use_remove_padding,
+                             cfg, found)
+        if self.use_kl_loss and cfg.algorithm.use_kl_in_reward:
+            found.warnings.append(f"'{ACTOR}.use_kl_loss' and 'algorithm.use_kl_in_reward' are both true: "
+                                  "the KL penalty is applied twice (verl allows it; usually one is meant)")
+        if "model" not in self.checkpoint.contents:
+            found.errors.append(f"'{ACTOR}.checkpoint.contents' = {list(self.checkpoint.contents)} must include "
+                                "'model' (a checkpoint without the weights cannot be resumed)")
+        self.policy_loss.check(found)
+
+
 @dataclass(frozen=True)
 class CheckpointConfig(Section):
     """`actor_rollout_ref.actor.checkpoint`."""
@@ -147,3 +200,13 @@ class PolicyLossConfig(Section):
     """kl_cov: share of tokens (highest covariance) that get the KL penalty"""
     ppo_kl_coef: float
     """kl_cov: weight of that penalty"""
+
+
+    def check(self, found: Findings) -> None:
+        key = f"{ACTOR}.policy_loss"
+        for name in ("clip_cov_ratio", "kl_cov_ratio"):
+            if not 0 < getattr(self, name) <= 1:
+                found.errors.append(f"'{key}.{name}' = {getattr(self, name)} must be in (0, 1]")
+        if not self.clip_cov_lb < self.clip_cov_ub:
+            found.errors.append(f"'{key}.clip_cov_lb' = {self.clip_cov_lb} must be < '{key}.clip_cov_ub' = "
+                                f"{self.clip_cov_ub}")

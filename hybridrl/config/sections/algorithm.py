@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from hybridrl.config.sections.base import Section
+from hybridrl.config.sections.rules import Findings
 from hybridrl.config.sections.values import AdvEstimator, FilterMetric, KLType
 
 
@@ -30,6 +31,17 @@ class AlgorithmConfig(Section):
     rollout_correction: RolloutCorrectionConfig
 
 
+    def check(self, n: int, found: Findings) -> None:
+        """Dynamic sampling and rollout correction (DAPO / verl's recipe keys); group estimators need groups
+        (`n`: rollout.n, the samples per prompt)."""
+        self.filter_groups.check(n, found)
+        self.rollout_correction.check(found)
+        if self.adv_estimator in ("grpo", "rloo") and n == 1:
+            found.warnings.append(f"'algorithm.adv_estimator' = {self.adv_estimator} with "
+                                  "'actor_rollout_ref.rollout.n' = 1: every group has one sample, so every advantage "
+                                  "is 0 (set rollout.n > 1)")
+
+
 @dataclass(frozen=True)
 class RolloutCorrectionConfig(Section):
     """`algorithm.rollout_correction`."""
@@ -46,6 +58,24 @@ class RolloutCorrectionConfig(Section):
     """one threshold for all criteria or one per criterion, comma-separated; k1 takes 'lower_upper' ratio bounds or an upper (lower = 1/upper)"""
 
 
+    def check(self, found: Findings) -> None:
+        rc = "algorithm.rollout_correction"
+        if self.rollout_is is not None and not self.rollout_is_threshold > 0:
+            found.errors.append(f"'{rc}.rollout_is_threshold' = {self.rollout_is_threshold} must be > 0")
+        if self.rollout_is_batch_normalize and self.rollout_is is None:
+            found.warnings.append(f"'{rc}.rollout_is_batch_normalize' is true but '{rc}.rollout_is' is null: no weights")
+        if self.rollout_rs is not None:
+            from hybridrl.algorithms.rollout_correction import parse_rs_thresholds
+
+            try:
+                parse_rs_thresholds(self.rollout_rs, self.rollout_rs_threshold)
+            except ValueError as e:
+                found.errors.append(str(e))
+        elif self.rollout_rs_threshold is not None:
+            found.warnings.append(f"'{rc}.rollout_rs_threshold' is set but '{rc}.rollout_rs' is null: nothing is "
+                                  "rejected")
+
+
 @dataclass(frozen=True)
 class FilterGroupsConfig(Section):
     """`algorithm.filter_groups`."""
@@ -56,6 +86,18 @@ class FilterGroupsConfig(Section):
     """acc | score | seq_reward | seq_final_reward; required with enable"""
     max_num_gen_batches: int
     """stop the run when this many generation batches did not give enough prompts; 0 = no limit"""
+
+
+    def check(self, n: int, found: Findings) -> None:
+        fg = "algorithm.filter_groups"
+        if self.enable and self.metric is None:
+            found.errors.append(f"'{fg}.metric' is null but '{fg}.enable' is true: set acc, score, seq_reward or "
+                                "seq_final_reward")
+        if self.max_num_gen_batches < 0:
+            found.errors.append(f"'{fg}.max_num_gen_batches' = {self.max_num_gen_batches} must be >= 0 (0 = no limit)")
+        if self.enable and n == 1:
+            found.warnings.append(f"'{fg}.enable' with rollout.n = 1: a one-sample group is always kept, nothing is "
+                                  "filtered")
 
 
 @dataclass(frozen=True)

@@ -26,8 +26,8 @@ class Section:
 
     @classmethod
     def from_dict(cls, tree: dict) -> Section:
-        """The section of a validated tree (its keys are the fields; nested sections are built too; an int given
-        for a float field is read as that float)."""
+        """The section of a validated tree (its keys are the fields; nested sections are built too). An int stays
+        an int where a float is expected (as in Python's typing: `1` for `1.0`), so messages show values as given."""
         return cls(**{name: _build(ann, tree[name]) for name, ann in field_types(cls).items()})
 
     def to_dict(self) -> dict:
@@ -63,8 +63,6 @@ def members(ann: Any) -> tuple[Any, ...]:
 def _build(ann: Any, value: Any) -> Any:
     if isinstance(ann, type) and issubclass(ann, Section):
         return ann.from_dict(value)
-    if ann is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
     if isinstance(value, list):
         return list(value)
     if isinstance(value, dict):

@@ -5,8 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from hybridrl.config.sections.base import Section
+from hybridrl.config.sections.model import check_activation_offload
 from hybridrl.config.sections.optim import OptimConfig
+from hybridrl.config.sections.rules import Findings, check_fsdp_size, check_update_batches
 from hybridrl.config.sections.values import Auto, LossAggMode, Strategy
+from hybridrl.config.tokenizer_files import same_tokenizer
 
 
 @dataclass(frozen=True)
@@ -43,6 +46,28 @@ class CriticConfig(Section):
     """value clip epsilon"""
     loss_agg_mode: LossAggMode
     """how token losses are averaged"""
+
+
+    def check_sizes(self, cfg, found: Findings) -> None:
+        found.positive(self, "critic", ("ulysses_sequence_parallel_size",))
+        if cfg.algorithm.adv_estimator == "gae":  # the critic exists only then
+            found.positive(self, "critic", ("ppo_mini_batch_size", "ppo_epochs", "optim.lr"))
+            found.positive_or_unset(self, "critic", ("ppo_max_token_len_per_gpu", "ppo_micro_batch_size_per_gpu",
+                                                     "forward_micro_batch_size_per_gpu", "ppo_micro_batch_size"))
+
+    def check(self, cfg, found: Findings) -> None:
+        """Rules of the critic's keys, checked only with gae (the critic exists only then), but activation offload."""
+        check_activation_offload(self.model, "critic.model", found)
+        if cfg.algorithm.adv_estimator != "gae":
+            return
+        check_fsdp_size("critic.model.fsdp_config.fsdp_size", self.model.fsdp_config.fsdp_size, cfg, found)
+        check_update_batches("critic", "critic.model", self, self.model.use_remove_padding, cfg, found)
+        actor_tok = cfg.data.tokenizer or cfg.actor_rollout_ref.model.path
+        critic_tok = self.model.tokenizer_path
+        if not same_tokenizer(critic_tok, actor_tok):
+            found.errors.append(f"'critic.model.tokenizer_path' = {critic_tok!r} is not the actor's tokenizer "
+                                f"{actor_tok!r} (data.tokenizer, else actor_rollout_ref.model.path): the critic scores "
+                                "the actor's token ids, so it must use the same tokenizer (same path or identical files)")
 
 
 @dataclass(frozen=True)

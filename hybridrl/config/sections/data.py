@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from hybridrl.config.sections.base import Section
+from hybridrl.config.sections.rules import Findings
 from hybridrl.config.sections.values import Truncation
 
 
@@ -44,3 +45,26 @@ class DataConfig(Section):
     """error | left | right, when filter_overlong_prompts is false"""
     dataloader_num_workers: int
     """must be 0: prompts are tokenized once at load, batches are collated in the driver (verl's 8 worker processes would have nothing to do)"""
+
+
+    def check_sizes(self, found: Findings) -> None:
+        found.positive(self, "data", ("train_batch_size", "max_prompt_length", "max_response_length"))
+        found.positive_or_unset(self, "data", ("val_batch_size",))
+
+    def check(self, cfg, found: Findings) -> None:
+        """Rules of the data keys (`cfg`: the whole PPOConfig)."""
+        if self.dataloader_num_workers != 0:
+            found.errors.append(f"'data.dataloader_num_workers' = {self.dataloader_num_workers}: must be 0 (prompts are "
+                                "tokenized once when the dataset loads and batches are collated in the driver; there is "
+                                "no work for loader processes)")
+        gen, tbs, fg = self.gen_batch_size, self.train_batch_size, "algorithm.filter_groups"
+        rollout_dp = cfg.trainer.world_size // cfg.actor_rollout_ref.rollout.tensor_model_parallel_size
+        if gen is None or not rollout_dp:  # a TP degree above the world size is the rollout's error
+            return
+        if gen <= 0 or gen % rollout_dp:
+            found.errors.append(f"'data.gen_batch_size' = {gen} must be a positive multiple of the rollout dp size "
+                                f"{rollout_dp}")
+        elif gen != tbs and not cfg.algorithm.filter_groups.enable:
+            found.errors.append(f"'data.gen_batch_size' = {gen} differs from data.train_batch_size = {tbs} but "
+                                f"'{fg}.enable' is false: each step trains on one generation batch, so they must be "
+                                "equal")

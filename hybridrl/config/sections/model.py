@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from hybridrl.config.sections.base import Section
+from hybridrl.config.sections.rules import Findings
 from hybridrl.config.sections.values import Auto
 
 
@@ -36,3 +37,22 @@ class ModelConfig(Section):
     """LoRA scale: the update is (lora_alpha / lora_rank) * B @ A"""
     target_modules: str | list[str]
     """linears that get adapters: all-linear or a list of q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj"""
+
+
+    def check(self, found: Findings) -> None:
+        from hybridrl.models.tokenizer import resolve_chat_template
+        from hybridrl.training.lora import check_lora_keys
+
+        try:
+            resolve_chat_template(self.custom_chat_template)
+        except ValueError as e:
+            found.errors.append(str(e))
+        check_activation_offload(self, "actor_rollout_ref.model", found)
+        found.errors += check_lora_keys(self.lora_rank, self.lora_alpha, self.target_modules)
+
+
+def check_activation_offload(model, prefix: str, found: Findings) -> None:
+    """Activation offload moves what gradient checkpointing keeps, so it needs checkpointing on (or auto)."""
+    if model.enable_activation_offload and not model.enable_gradient_checkpointing:
+        found.errors.append(f"'{prefix}.enable_activation_offload' = true needs '{prefix}."
+                            "enable_gradient_checkpointing' = true or auto (it offloads the inputs checkpointing keeps)")

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal
 
 from hybridrl.config.sections.base import Section
+from hybridrl.config.sections.rules import Findings
 
 
 @dataclass(frozen=True)
@@ -34,6 +37,39 @@ class MultiTurnConfig(Section):
     """tokens one assistant turn may take (null = only the response budget bounds it); a turn that reaches it ends the trajectory with finish_reason length (counted: multi_turn/cut_by_turn_length)"""
     agent_loop: AgentLoopConfig
     """your own environment loop instead of the tool agent (hybridrl.rollout.agent_loop; docs/architecture.md "Multi-turn")"""
+
+
+    def check(self, rollout_name: str, found: Findings) -> None:
+        """Turn and call limits; with `enable`, what answers the turns (files that exist) and the native engine."""
+        key = "actor_rollout_ref.rollout.multi_turn"
+        for name in ("max_assistant_turns", "max_user_turns", "max_tokens_per_turn"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                found.errors.append(f"'{key}.{name}' = {getattr(self, name)} must be null (no limit) or >= 1")
+        for name in ("max_parallel_calls", "max_tool_response_length"):
+            if getattr(self, name) < 1:
+                found.errors.append(f"'{key}.{name}' = {getattr(self, name)} must be >= 1")
+        if not self.enable:
+            return
+        loop = self.agent_loop
+        if self.tool_config_path is None and self.interaction_config_path is None and loop.path is None:
+            found.errors.append(f"'{key}.enable' = true needs '{key}.tool_config_path' (a YAML listing the tools), "
+                                f"'{key}.interaction_config_path' (verl's interaction YAML) or '{key}.agent_loop.path' "
+                                "(your AgentLoop's file)")
+        for name, path in (("tool_config_path", self.tool_config_path),
+                           ("interaction_config_path", self.interaction_config_path), ("agent_loop.path", loop.path)):
+            if path is not None and not Path(os.path.expanduser(path)).is_file():
+                found.errors.append(f"'{key}.{name}' = {path!r}: no such file")
+        if loop.path is not None:
+            if not loop.name:
+                found.errors.append(f"'{key}.agent_loop.name' = {loop.name!r}: name the AgentLoop subclass in "
+                                    f"'{key}.agent_loop.path'")
+            for name in ("tool_config_path", "interaction_config_path"):
+                if getattr(self, name) is not None:
+                    found.errors.append(f"'{key}.{name}' = {getattr(self, name)!r} with '{key}.agent_loop.path': the "
+                                        "agent loop replaces the tool agent; set one of them to null")
+        if rollout_name != "native":
+            found.errors.append(f"'{key}.enable' = true runs in the native engine: 'actor_rollout_ref.rollout.name' = "
+                                f"{rollout_name!r} must be 'native'")
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ from hybridrl.config.sections.data import DataConfig
 from hybridrl.config.sections.model import ModelConfig
 from hybridrl.config.sections.reward_model import CustomRewardFunctionConfig, RewardModelConfig
 from hybridrl.config.sections.rollout import RolloutConfig
+from hybridrl.config.sections.rules import Findings
 from hybridrl.config.sections.trainer import TrainerConfig
 
 
@@ -26,6 +27,32 @@ class PPOConfig(Section):
     custom_reward_function: CustomRewardFunctionConfig
     algorithm: AlgorithmConfig
     trainer: TrainerConfig
+
+
+    def validate(self) -> list[str]:
+        """Every section's rules (those between sections live with the section whose key they name first). Raises
+        one ConfigError listing every problem; returns the warnings (things verl allows that are usually a mistake)."""
+        found = Findings()
+        roles = self.actor_rollout_ref
+        self.data.check_sizes(found)
+        self.trainer.check_sizes(found)
+        roles.actor.check_sizes(found)
+        roles.ref.check_sizes(found)
+        roles.rollout.check_sizes(found)
+        self.critic.check_sizes(self, found)
+        self.reward_model.check_sizes(found)
+        found.raise_errors()  # the rules below divide by these sizes
+        self.data.check(self, found)
+        roles.model.check(found)
+        roles.actor.check(self, found)
+        roles.ref.check(self, found)
+        roles.rollout.check(self, found)
+        self.critic.check(self, found)
+        self.reward_model.check(self, found)
+        self.algorithm.check(roles.rollout.n, found)
+        self.trainer.check(found)
+        found.raise_errors()
+        return found.warnings
 
 
 @dataclass(frozen=True)

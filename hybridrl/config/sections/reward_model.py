@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import json
+import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal
 
 from hybridrl.config.sections.base import Section
+from hybridrl.config.sections.rules import Findings
 from hybridrl.config.sections.values import Auto, Truncation
+from hybridrl.config.tokenizer_files import same_tokenizer
+
+RM = "reward_model"
 
 
 @dataclass(frozen=True)
@@ -49,6 +56,73 @@ class RewardModelConfig(Section):
     overlong_buffer: OverlongBufferConfig
 
 
+    def check_sizes(self, found: Findings) -> None:
+        found.positive(self, RM, ("error_window_steps",))
+
+    def check(self, cfg, found: Findings) -> None:
+        """Limits and the scorers' sandbox always; the model's or the judge's keys with `enable` (none is read
+        otherwise); the overlong buffer with its own `enable`."""
+        from hybridrl.tools.sandbox import parse_required_layers
+
+        if self.timeout_s is not None and self.timeout_s <= 0:
+            found.errors.append(f"'{RM}.timeout_s' must be > 0 or null (no limit), got {self.timeout_s}")
+        if self.max_error_fraction is not None and not 0 < self.max_error_fraction <= 1:
+            found.errors.append(f"'{RM}.max_error_fraction' must be in (0, 1] or null (never stop), got "
+                                f"{self.max_error_fraction}")
+        try:
+            parse_required_layers(self.sandbox.required_layers, f"{RM}.sandbox.required_layers")
+        except ValueError as e:
+            found.errors.append(str(e))
+        if self.enable:
+            found.errors += self.judge.errors(cfg.data) if self.style == "judge" else self._model_errors(cfg)
+        self.overlong_buffer.check(cfg.data.max_response_length, found)
+
+    def _model_errors(self, cfg) -> list[str]:
+        errors = []
+        path = self.model.path
+        if path is None:
+            errors.append(f"'{RM}.model.path' is null: with {RM}.enable=true and style=model it must name a reward "
+                          "model directory (an AutoModelForSequenceClassification checkpoint with num_labels=1)")
+        micro = self.micro_batch_size_per_gpu
+        if micro != "auto" and not (isinstance(micro, int) and micro > 0):
+            errors.append(f"'{RM}.micro_batch_size_per_gpu' = {micro!r} must be 'auto' or a positive integer")
+        if self.max_length is not None and self.max_length <= 0:
+            errors.append(f"'{RM}.max_length' = {self.max_length} must be > 0 or null (prompt + response length)")
+        fsdp, world = self.model.fsdp_config.fsdp_size, cfg.trainer.world_size
+        if fsdp != -1 and (fsdp <= 0 or world % fsdp):
+            errors.append(f"'{RM}.model.fsdp_config.fsdp_size' = {fsdp} must be -1 (all ranks) or a positive divisor "
+                          f"of the world size {world}")
+        input_tok = self.model.input_tokenizer
+        policy_tok = cfg.data.tokenizer or cfg.actor_rollout_ref.model.path
+        if path is not None and not os.path.isdir(os.path.expanduser(path)):
+            return errors + [f"'{RM}.model.path' = {path!r} is not a directory (a HF reward model directory: "
+                             "config.json, weights, tokenizer)"]
+        if input_tok is not None and not cfg.data.return_raw_chat:
+            errors.append(f"'{RM}.model.input_tokenizer' = {input_tok!r} re-renders each chat with the reward model's "
+                          "template, which needs the chat itself: set 'data.return_raw_chat' = true")
+        if input_tok is not None and not same_tokenizer(input_tok, policy_tok):
+            errors.append(f"'{RM}.model.input_tokenizer' = {input_tok!r} must be the policy's tokenizer {policy_tok!r} "
+                          "(data.tokenizer, else actor_rollout_ref.model.path): it decodes the policy's responses")
+        if input_tok is None and path is not None:
+            differs = ("tokenizer" if not same_tokenizer(path, policy_tok) else
+                       "chat template" if chat_template(path) != chat_template(policy_tok) else None)
+            if differs:
+                errors.append(f"'{RM}.model.input_tokenizer' is null, so the reward model at {path!r} would read the "
+                              f"policy's token ids, but its {differs} differs from the policy's ({policy_tok!r}): set "
+                              f"{RM}.model.input_tokenizer to the policy's tokenizer path (and data.return_raw_chat=true) "
+                              "to re-render each chat with the reward model's own tokenizer and template")
+        return errors
+
+
+def chat_template(path: str) -> str | None:
+    """The chat template a HF tokenizer directory holds (chat_template.jinja, else tokenizer_config.json's)."""
+    where = Path(os.path.expanduser(path))
+    if (where / "chat_template.jinja").is_file():
+        return (where / "chat_template.jinja").read_text()
+    config = where / "tokenizer_config.json"
+    return json.loads(config.read_text()).get("chat_template") if config.is_file() else None
+
+
 @dataclass(frozen=True)
 class OverlongBufferConfig(Section):
     """`reward_model.overlong_buffer`."""
@@ -61,6 +135,17 @@ class OverlongBufferConfig(Section):
     """the penalty at max_response_length tokens (it is -penalty_factor there)"""
     log: bool
     """also put verl's overlong_reward and overlong in the reward extra info (validation metrics)"""
+
+
+    def check(self, max_response_length: int, found: Findings) -> None:
+        ob = f"{RM}.overlong_buffer"
+        if not self.enable:
+            return
+        if not 0 < self.len <= max_response_length:
+            found.errors.append(f"'{ob}.len' = {self.len} must be in (0, data.max_response_length = "
+                                f"{max_response_length}]")
+        if self.penalty_factor < 0:
+            found.errors.append(f"'{ob}.penalty_factor' = {self.penalty_factor} must be >= 0")
 
 
 @dataclass(frozen=True)
@@ -81,6 +166,21 @@ class JudgeConfig(Section):
     """regex with one group read as the score (its last match in the judge's output); no match = scored 0 and counted in reward_model/judge_failures"""
     max_tokens: int
     """tokens the judge may generate (<= data.max_response_length)"""
+
+
+    def errors(self, data) -> list[str]:
+        """The template's placeholders, the score pattern, and a generation budget the engine can give
+        (`data`: the data section)."""
+        from hybridrl.rewards.judge import judge_template_errors, score_pattern_errors, template_fields
+
+        errors = judge_template_errors(self.prompt_template) + score_pattern_errors(self.score_pattern)
+        if not errors and "prompt" in template_fields(self.prompt_template) and not data.return_raw_chat:
+            errors.append(f"'{RM}.judge.prompt_template' uses {{prompt}} (the sample's last user message), which "
+                          "needs the chat itself: set 'data.return_raw_chat' = true")
+        if not 0 < self.max_tokens <= data.max_response_length:
+            errors.append(f"'{RM}.judge.max_tokens' = {self.max_tokens} must be in [1, data.max_response_length = "
+                          f"{data.max_response_length}] (the engine's responses are at most that long)")
+        return errors
 
 
 @dataclass(frozen=True)

@@ -5,9 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from hybridrl.config.sections.actor import LOG_PROB_SIZES, check_log_prob_batches
 from hybridrl.config.sections.base import Section
 from hybridrl.config.sections.multi_turn import MultiTurnConfig
+from hybridrl.config.sections.rules import Findings, world_text
 from hybridrl.config.sections.values import Auto, Dtype
+
+ROLLOUT = "actor_rollout_ref.rollout"
 
 
 @dataclass(frozen=True)
@@ -72,6 +76,40 @@ class RolloutConfig(Section):
     val_kwargs: ValKwargsConfig
 
 
+    def check_sizes(self, found: Findings) -> None:
+        found.positive(self, ROLLOUT, ("n", "tensor_model_parallel_size", "block_size", "max_num_seqs",
+                                       "max_num_batched_tokens", "val_kwargs.n"))
+        found.positive_or_unset(self, ROLLOUT, LOG_PROB_SIZES)
+
+    def check(self, cfg, found: Findings) -> None:
+        """Rules of the rollout's keys (`cfg`: the whole PPOConfig, for the device mesh and the lengths)."""
+        from hybridrl.models.tp_rules import model_tp_error
+
+        if not 0 < self.gpu_memory_utilization <= 1:
+            found.errors.append(f"'{ROLLOUT}.gpu_memory_utilization' must be in (0, 1], got {self.gpu_memory_utilization}")
+        if not 0 < self.top_p <= 1:
+            found.errors.append(f"'{ROLLOUT}.top_p' must be in (0, 1], got {self.top_p}")
+        if self.temperature < 0:
+            found.errors.append(f"'{ROLLOUT}.temperature' must be >= 0, got {self.temperature}")
+        tp, per_node, world = self.tensor_model_parallel_size, cfg.trainer.n_gpus_per_node, cfg.trainer.world_size
+        tbs = cfg.data.train_batch_size
+        if tp > per_node:
+            found.errors.append(f"'{ROLLOUT}.tensor_model_parallel_size' = {tp} must be <= trainer.n_gpus_per_node = "
+                                f"{per_node} (a TP group may not span machines)")
+        elif world % tp:
+            found.errors.append(f"'{ROLLOUT}.tensor_model_parallel_size' = {tp} must divide the {world_text(cfg)}")
+        elif tbs % (world // tp):
+            found.errors.append(f"'data.train_batch_size' = {tbs} must be divisible by the rollout dp size "
+                                f"(world {world} / tensor_model_parallel_size {tp} = {world // tp})")
+        if self.name == "native":  # the model's heads bound the TP degree (the hf backend runs TP=1 anyway)
+            tp_error = model_tp_error(cfg.actor_rollout_ref.model.path, tp)
+            found.errors += [tp_error] if tp_error else []
+        check_log_prob_batches(self, ROLLOUT, cfg, found)
+        self.multi_turn.check(self.name, found)
+        self.speculative.check(self, found)
+        self.partial_rollout.check(cfg, found)
+
+
 @dataclass(frozen=True)
 class ValKwargsConfig(Section):
     """`actor_rollout_ref.rollout.val_kwargs`."""
@@ -100,6 +138,38 @@ class PartialRolloutConfig(Section):
     """steps a carried group may wait: a group first sampled more than this many steps before the step that would train it is dropped (counted: partial/dropped_stale); >= 1"""
 
 
+    def check(self, cfg, found: Findings) -> None:
+        """A budget that can carry something, a staleness limit, and the features partial rollouts cannot join."""
+        pr = f"{ROLLOUT}.partial_rollout"
+        if not self.enable:
+            return
+        budget, stale, length = self.max_new_tokens_per_step, self.max_staleness, cfg.data.max_response_length
+        if budget is None or budget <= 0:
+            found.errors.append(f"'{pr}.max_new_tokens_per_step' = {budget}: partial rollouts need a positive per-step "
+                                "token budget")
+        elif budget >= length:
+            found.warnings.append(f"'{pr}.max_new_tokens_per_step' = {budget} >= data.max_response_length = {length}: "
+                                  "no sample is ever carried, so partial rollouts change nothing")
+        if stale < 1:
+            found.errors.append(f"'{pr}.max_staleness' = {stale} must be >= 1 (0 would drop every carried group: set "
+                                f"'{pr}.enable' = false instead)")
+        elif budget is not None and 0 < budget < length and (stale + 1) * budget < length:
+            found.warnings.append(f"'{pr}.max_new_tokens_per_step' = {budget} with max_staleness = {stale}: a sample "
+                                  f"longer than {(stale + 1) * budget} tokens (of data.max_response_length = {length}) "
+                                  "can never finish in time, so its group is always dropped (counted: "
+                                  "partial/dropped_stale)")
+        rollout, algorithm = cfg.actor_rollout_ref.rollout, cfg.algorithm
+        conflicts = {f"{ROLLOUT}.name": (rollout.name, rollout.name != "native"),
+                     f"{ROLLOUT}.multi_turn.enable": (rollout.multi_turn.enable, rollout.multi_turn.enable),
+                     "algorithm.filter_groups.enable": (algorithm.filter_groups.enable, algorithm.filter_groups.enable),
+                     "algorithm.adv_estimator": (algorithm.adv_estimator, algorithm.adv_estimator == "remax")}
+        for key, (value, bad) in conflicts.items():
+            if bad:
+                found.errors.append(f"'{pr}.enable' = true does not go with '{key}' = {value} (partial rollouts need "
+                                    "the native engine, single-turn samples, one generation batch a step and no greedy "
+                                    "baseline rollout)")
+
+
 @dataclass(frozen=True)
 class SpeculativeDecodingConfig(Section):
     """`actor_rollout_ref.rollout.speculative`."""
@@ -114,3 +184,24 @@ class SpeculativeDecodingConfig(Section):
     """longest suffix looked up (the longest match wins)"""
     max_running_seqs: Auto | int
     """speculate only while at most this many sequences run; auto = the verify step's rows (sequences x (num_draft_tokens + 1)) within half the GPU's ridge point (FLOP/s over bytes/s), where a step is memory-bound"""
+
+
+    def check(self, rollout: RolloutConfig, found: Findings) -> None:
+        """Sizes of the n-gram drafts and the tail threshold (the engine's SpeculativeConfig has the same rules)."""
+        sec = f"{ROLLOUT}.speculative"
+        for key in ("num_draft_tokens", "min_match"):
+            if getattr(self, key) < 1:
+                found.errors.append(f"'{sec}.{key}' = {getattr(self, key)} must be >= 1")
+        if self.max_match < self.min_match:
+            found.errors.append(f"'{sec}.max_match' = {self.max_match} must be >= '{sec}.min_match' = {self.min_match}")
+        most = self.max_running_seqs
+        if most != "auto" and (isinstance(most, str) or most < 1):
+            found.errors.append(f"'{sec}.max_running_seqs' = {most!r} must be 'auto' or an integer >= 1")
+        if not self.enable:
+            return
+        if rollout.name != "native":
+            found.warnings.append(f"'{sec}.enable' = true has no effect with '{ROLLOUT}.name' = {rollout.name} "
+                                  "(the native engine speculates)")
+        if rollout.multi_turn.enable:
+            found.warnings.append(f"'{sec}.enable' = true with multi_turn.enable: multi-turn rollouts decode without "
+                                  "speculation")

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from hybridrl.config.sections.base import Section
+from hybridrl.config.sections.rules import Findings
 from hybridrl.config.sections.values import Device, LoggerName
 
 
@@ -57,3 +58,21 @@ class TrainerConfig(Section):
     """null = same as max_actor_ckpt_to_keep; another value is refused (one checkpoint directory holds actor and critic)"""
     seed: int
     """global seed: random/numpy/torch in the driver and every worker, the rollout sampling seed of each step, mini-batch shuffles"""
+
+
+    @property
+    def world_size(self) -> int:
+        """Worker processes of the run: nnodes x n_gpus_per_node."""
+        return self.nnodes * self.n_gpus_per_node
+
+    def check_sizes(self, found: Findings) -> None:
+        found.positive(self, "trainer", ("nnodes", "n_gpus_per_node", "total_epochs"))
+        found.positive_or_unset(self, "trainer", ("total_training_steps",))
+
+    def check(self, found: Findings) -> None:
+        actor_keep, critic_keep = self.max_actor_ckpt_to_keep, self.max_critic_ckpt_to_keep
+        if critic_keep is not None and critic_keep != actor_keep:
+            found.errors.append(f"'trainer.max_critic_ckpt_to_keep' = {critic_keep} differs from "
+                                f"'trainer.max_actor_ckpt_to_keep' = {actor_keep}: one checkpoint directory per step "
+                                "holds both actor and critic (a step without its critic could not be resumed); set it to "
+                                "null or to the actor's value")
