@@ -18,8 +18,6 @@ import logging
 import sys
 import traceback
 
-from omegaconf import OmegaConf
-
 # (module, the subcommand name shown when the module cannot be imported)
 _PLUGINS = [
     ("hybridrl.data.cli", "data"),
@@ -43,7 +41,7 @@ def _load(args):
 
 
 def _config_show(args) -> int:
-    print(OmegaConf.to_yaml(_load(args)), end="")
+    print(_load(args).to_yaml(), end="")
     return 0
 
 

@@ -31,8 +31,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from hybridrl.config.errors import ConfigError
 from hybridrl.config.schema import ALIAS_NOTES, ALIASES, CONFIG_DIR, check_schema, closest_key, load_defaults
-from hybridrl.config.sections import ROOTS
-from hybridrl.config.validate import check_semantics
+from hybridrl.config.sections import ROOTS, PPOConfig, Section
 
 __all__ = ["load_config", "load_defaults", "parse_override", "Override", "CONFIG_DIR"]
 
@@ -199,7 +198,7 @@ def _normalize_micro_batches(cfg: DictConfig, user_keys: set[str]) -> None:
     world = cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node
     sp = cfg.actor_rollout_ref.actor.ulysses_sequence_parallel_size
     if world <= 0 or sp <= 0 or world % sp:
-        return  # check_semantics reports it
+        return  # PPOConfig.validate reports it
     pairs = [("actor_rollout_ref.actor.ppo_micro_batch_size", world // sp),
              ("actor_rollout_ref.rollout.log_prob_micro_batch_size", world // sp),
              ("actor_rollout_ref.ref.log_prob_micro_batch_size", world // sp),
@@ -225,8 +224,9 @@ def _normalize_micro_batches(cfg: DictConfig, user_keys: set[str]) -> None:
 
 
 def load_config(config_file: str | Path | None = None, overrides: tuple[str, ...] | list[str] = (),
-                defaults: str = "ppo_trainer", validate: bool = True) -> DictConfig:
-    """Merge defaults, `config_file` and `overrides`, resolve interpolations, validate (ConfigError)."""
+                defaults: str = "ppo_trainer", validate: bool = True) -> Section:
+    """Merge defaults, `config_file` and `overrides`, resolve interpolations, validate (ConfigError) and build the
+    typed config once: a PPOConfig for ppo_trainer, an SFTConfig for sft_trainer (`config.sections.ROOTS`)."""
     cfg = load_defaults(defaults)
     schema = OmegaConf.to_container(cfg, resolve=True)
     user_keys: set[str] = set()
@@ -254,17 +254,21 @@ def load_config(config_file: str | Path | None = None, overrides: tuple[str, ...
     except OmegaConfBaseException as e:
         raise ConfigError([f"interpolation failed at '{getattr(e, 'full_key', '?')}': {e}"]) from e
     _apply_aliases(cfg)
-    if validate:
-        if defaults == "ppo_trainer":  # its registrations (policy losses, estimators) are valid config values
-            from hybridrl.models.external_lib import ExternalLibError, import_external_lib
+    root = ROOTS[defaults]
+    if not validate:
+        return root.from_dict(OmegaConf.to_container(cfg, resolve=True))
+    if defaults == "ppo_trainer":  # its registrations (policy losses, estimators) are valid config values
+        from hybridrl.models.external_lib import ExternalLibError, import_external_lib
 
-            try:
-                import_external_lib(OmegaConf.select(cfg, "actor_rollout_ref.model.external_lib"))
-            except ExternalLibError as e:
-                raise ConfigError([str(e)]) from e
-        check_schema(OmegaConf.to_container(cfg, resolve=True), ROOTS[defaults])
-        if defaults == "ppo_trainer":
-            _normalize_micro_batches(cfg, user_keys)
-            for w in check_semantics(cfg):
-                log.warning("config: %s", w)
-    return cfg
+        try:
+            import_external_lib(OmegaConf.select(cfg, "actor_rollout_ref.model.external_lib"))
+        except ExternalLibError as e:
+            raise ConfigError([str(e)]) from e
+    check_schema(OmegaConf.to_container(cfg, resolve=True), root)
+    if defaults == "ppo_trainer":
+        _normalize_micro_batches(cfg, user_keys)
+    typed = root.from_dict(OmegaConf.to_container(cfg, resolve=True))
+    if isinstance(typed, PPOConfig):
+        for w in typed.validate():
+            log.warning("config: %s", w)
+    return typed

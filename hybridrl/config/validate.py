@@ -14,24 +14,18 @@ are returned as warnings, not errors. Ints are accepted where a float is expecte
 
 from __future__ import annotations
 
-from omegaconf import DictConfig, OmegaConf
-
 from hybridrl.config.schema import check_schema
-from hybridrl.config.sections import ROOTS, PPOConfig
+from hybridrl.config.sections import ROOTS, PPOConfig, Section
 
 __all__ = ["check_semantics", "validate_config"]
 
 
-def _plain(cfg: DictConfig | dict) -> dict:
-    return OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else cfg
-
-
-def check_semantics(cfg: PPOConfig | DictConfig | dict) -> list[str]:
+def check_semantics(cfg: PPOConfig | dict) -> list[str]:
     """PPO/GRPO rules between keys. Raises ConfigError; returns warnings (strings)."""
-    return (cfg if isinstance(cfg, PPOConfig) else PPOConfig.from_dict(_plain(cfg))).validate()
+    return (cfg if isinstance(cfg, PPOConfig) else PPOConfig.from_dict(cfg)).validate()
 
 
-def validate_config(cfg: DictConfig | dict, defaults: str = "ppo_trainer") -> list[str]:
+def validate_config(cfg: Section | dict, defaults: str = "ppo_trainer") -> list[str]:
     """Both passes against the sections of the packaged `<defaults>.yaml`; returns warnings, raises ConfigError."""
-    check_schema(_plain(cfg), ROOTS[defaults])
+    check_schema(cfg.to_dict() if isinstance(cfg, Section) else cfg, ROOTS[defaults])
     return check_semantics(cfg) if defaults == "ppo_trainer" else []

@@ -24,10 +24,10 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from omegaconf import DictConfig
 
 from hybridrl.algorithms import agg_loss, apply_kl_penalty, compute_advantage, get_kl_controller
 from hybridrl.algorithms.rollout_correction import apply_rollout_correction
+from hybridrl.config.sections import PPOConfig
 from hybridrl.data.rl_dataset import collate_fn
 from hybridrl.plan.partial_rollout import rollout_correction
 from hybridrl.protocol import DataProto
@@ -65,12 +65,12 @@ def generation_inputs(batch: DataProto) -> DataProto:
     return batch.select(GEN_KEYS, [k for k in GEN_NON_TENSOR_KEYS if k in batch.non_tensor_batch])
 
 
-def need_critic(config: DictConfig) -> bool:
+def need_critic(config: PPOConfig) -> bool:
     return config.algorithm.adv_estimator == "gae"
 
 
-def need_reference(config: DictConfig) -> bool:
-    return bool(config.actor_rollout_ref.actor.use_kl_loss) or bool(config.algorithm.use_kl_in_reward)
+def need_reference(config: PPOConfig) -> bool:
+    return config.actor_rollout_ref.actor.use_kl_loss or config.algorithm.use_kl_in_reward
 
 
 def balance_batch(batch: DataProto, world_size: int, group_size: int = 1) -> dict:
@@ -127,7 +127,7 @@ def rollout_probs_diff(batch: DataProto) -> dict:
 
 
 class RayPPOTrainer:
-    def __init__(self, config: DictConfig, tokenizer, actor_rollout_wg, critic_wg, reward_fn, val_reward_fn,
+    def __init__(self, config: PPOConfig, tokenizer, actor_rollout_wg, critic_wg, reward_fn, val_reward_fn,
                  train_loader, val_dataset, tracker, ckpt_manager, n_gpus: int, memory_timeline=None, plan=None,
                  reward_model=None, startup_metrics: dict | None = None):
         self.config = config
@@ -153,7 +153,7 @@ class RayPPOTrainer:
         self.reward_guard = RewardErrorGuard(rm.max_error_fraction, int(rm.error_window_steps))
         partial = plan.rollout.partial if plan is not None else None
         # partial rollouts (the plan's): the groups in flight across steps, and the IS level their update uses
-        self.partial = PartialRolloutBuffer(partial, int(config.actor_rollout_ref.rollout.n)) if partial else None
+        self.partial = PartialRolloutBuffer(partial, config.actor_rollout_ref.rollout.n) if partial else None
         self.rollout_correction = rollout_correction(config.algorithm.rollout_correction, partial)
 
     def _total_steps(self) -> int:

@@ -20,7 +20,7 @@ class CriticWorker(RoleWorker):
         c, critic_plan = self.config.critic, self.plan.critic
         self.mesh = meshes.training
         self.module, self.optimizer, self.scheduler = build_fsdp_model(
-            c.model, c.model.fsdp_config, c.optim, self.mesh, self.compute_device, trainable=True, critic=True,
+            c.model.to_dict(), c.model.fsdp_config.to_dict(), c.optim.to_dict(), self.mesh, self.compute_device, trainable=True, critic=True,
             fused_optimizer=self.plan.fused_optimizer, gradient_checkpointing=critic_plan.gradient_checkpointing,
             recompute_kept_layers=critic_plan.recompute_kept_layers,
             use_varlen_attention=critic_plan.remove_padding or critic_plan.share_prompts)
@@ -31,8 +31,8 @@ class CriticWorker(RoleWorker):
         self.critic = DataParallelPPOCritic(cfg, self.module, self.optimizer, self.scheduler, sp_group=sp_group,
                                             use_remove_padding=critic_plan.remove_padding,
                                             share_prompts=critic_plan.share_prompts)
-        self._param_offload = bool(c.model.fsdp_config.param_offload)
-        self._optimizer_offload = bool(c.model.fsdp_config.optimizer_offload)
+        self._param_offload = c.model.fsdp_config.param_offload
+        self._optimizer_offload = c.model.fsdp_config.optimizer_offload
         self._optimizer_on_cpu = False  # AdamW state is created lazily at the first step, on the GPU
         self._offload(params=self._param_offload, optimizer=False)
         return {"rank": rank}

@@ -34,6 +34,17 @@ class Section:
         """The plain tree (nested dicts and lists), e.g. to save or compare a resolved config."""
         return dataclasses.asdict(self)
 
+    def to_yaml(self) -> str:
+        """The config as YAML, keys in their declaration order (what `hybridrl config show` prints)."""
+        from omegaconf import OmegaConf
+
+        return OmegaConf.to_yaml(self.to_dict())
+
+    def with_value(self, path: str, value: Any) -> Section:
+        """A copy with the key at dotted `path` (e.g. "actor.optim.total_training_steps") set to `value`."""
+        name, _, rest = path.partition(".")
+        return dataclasses.replace(self, **{name: getattr(self, name).with_value(rest, value) if rest else value})
+
 
 @cache
 def field_types(cls: type[Section]) -> dict[str, Any]:
