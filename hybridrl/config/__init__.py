@@ -1,4 +1,5 @@
-"""Configuration: packaged default YAML (verl key names), loading with overrides, validation (the run's device
+"""Configuration: packaged default YAML (verl key names), loading with overrides into the typed config (frozen
+section dataclasses, `sections/`, which hold each key's type, documentation and rules), validation (the run's device
 layout and shape are the plan's: hybridrl/plan/layout.py, hybridrl/plan/shape.py)."""
 
 from hybridrl.config.errors import ConfigError

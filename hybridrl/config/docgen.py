@@ -87,7 +87,8 @@ def render_file(name: str) -> str:
             section = top
             lines += ["", f"### {top}", "", "| key | default | type | meaning |", "|---|---|---|---|"]
         if key in ALIASES:
-            meaning += " (verl spellings accepted: " + ", ".join(f"`{a}` = `{c}`" for a, c in ALIASES[key].items()) + ")"
+            spellings = ", ".join(f"`{a}` = `{c}`" for a, c in ALIASES[key].items())
+            meaning += f" (verl spellings accepted: {spellings})"
         lines.append(f"| `{key}` | `{_cell(written[key])}` | {_cell(_type_cell(ann))} | {_cell(meaning.strip())} |")
     return "\n".join(lines) + "\n"
 

@@ -198,7 +198,7 @@ def reward_model_hf_config(config: PPOConfig):
     from hybridrl.training.fsdp import load_hf_config
 
     return load_hf_config(os.path.expanduser(rm.model.path), role="reward_model",
-                          override_config=rm.model.override_config, trust_remote_code=bool(rm.model.trust_remote_code))
+                          override_config=rm.model.override_config, trust_remote_code=rm.model.trust_remote_code)
 
 
 def training_dtypes(master_dtype: str, lora: bool, device_type: str) -> tuple[str, str | None, bool]:

@@ -76,10 +76,10 @@ def build_reward_fns(config: PPOConfig, tokenizer):
                          f"reward model would go unused; add `{arg}=None` to it and return the combined score (or "
                          "drop custom_reward_function to train on the reward model's score alone)")
     _require_sandbox_layers(rm.sandbox.required_layers)
-    timeout_s = None if rm.timeout_s is None else float(rm.timeout_s)  # null: in-process, no time limit
+    timeout_s = rm.timeout_s  # null: in-process, no time limit
     ob = rm.overlong_buffer  # training and validation rewards both carry it, as in verl's DAPO trainer
     overlong = OverlongBuffer(ob.len, ob.penalty_factor, config.data.max_response_length,
-                              bool(ob.log)) if ob.enable else None
+                              ob.log) if ob.enable else None
     kwargs = dict(compute_score=score, reward_fn_key=config.data.reward_fn_key, timeout_s=timeout_s,
                   mode=rm.reward_manager, overlong_buffer=overlong)
     return RewardManager(tokenizer, **kwargs), RewardManager(tokenizer, **kwargs)
@@ -135,7 +135,7 @@ def _device_spec(use_gpu: bool):
 
 
 def use_reward_model_worker(config: PPOConfig) -> bool:
-    return bool(config.reward_model.enable) and config.reward_model.style == "model"
+    return config.reward_model.enable and config.reward_model.style == "model"
 
 
 def make_run_plan(config: PPOConfig, model_path: str, use_gpu: bool, val_prompts: int | None):
@@ -143,7 +143,7 @@ def make_run_plan(config: PPOConfig, model_path: str, use_gpu: bool, val_prompts
     from hybridrl.training.fsdp import load_hf_config
 
     hf_config = load_hf_config(model_path, override_config=config.actor_rollout_ref.model.override_config,
-                               trust_remote_code=bool(config.actor_rollout_ref.model.trust_remote_code))
+                               trust_remote_code=config.actor_rollout_ref.model.trust_remote_code)
     return make_plan(config, hf_config, _device_spec(use_gpu), val_prompts=val_prompts,
                      rm_hf_config=reward_model_hf_config(config))
 
@@ -180,7 +180,7 @@ def _run_ppo_claimed(config: PPOConfig, cleanup: contextlib.ExitStack) -> dict:
     from hybridrl.workers.critic import CriticWorker
 
     t = config.trainer
-    seed_everything(int(t.seed))  # the driver's own draws (e.g. group uids); workers seed themselves at init
+    seed_everything(t.seed)  # the driver's own draws (e.g. group uids); workers seed themselves at init
     import_external_lib(config.actor_rollout_ref.model.external_lib)  # before any HF config or model is read
     check_paths(config)  # every missing model, data or reward file at once, before any is read
     model_path = os.path.expanduser(config.actor_rollout_ref.model.path)
@@ -220,7 +220,7 @@ def _run_ppo_claimed(config: PPOConfig, cleanup: contextlib.ExitStack) -> dict:
     pool = RayResourcePool([shape.gpus_per_node] * shape.nodes, use_gpu=use_gpu,
                            max_colocate_count=1 + with_critic + with_rm)
     cleanup.callback(pool.release)  # callbacks run last-in first-out: the groups first, then their pool
-    timeout = float(t.worker_timeout_s)
+    timeout = t.worker_timeout_s
     role = "actor_rollout_ref" if need_reference(config) else "actor_rollout"
     actor_wg = RayWorkerGroup(pool, RayClassWithInitArgs(ActorRolloutRefWorker, config, plan, role=role),
                               name_prefix="actor_rollout", worker_timeout_s=timeout)

@@ -186,7 +186,7 @@ class ActorRolloutRefWorker(RoleWorker):
             self.tool_agent.begin_batch(prompts.non_tensor_batch)
         outputs, metrics = self._generate(prompt_token_lists(prompts), params,
                                           self.plan.rollout.kv_cache.blocks_for(len(prompts), params.n), **agent)
-        out = outputs_to_dataproto(prompts, outputs, response_length=int(rcfg.response_length),
+        out = outputs_to_dataproto(prompts, outputs, response_length=rcfg.response_length,
                                    pad_token_id=int(prompts.meta_info.get("pad_token_id", 0)))
         out.meta_info["metrics"] = metric_lists(metrics)
         return out

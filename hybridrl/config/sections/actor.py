@@ -31,13 +31,14 @@ class RefConfig(Section):
     log_prob_micro_batch_size_per_gpu: Auto | int | None
     """samples per reference log-prob forward per GPU; auto = the run plan's choice"""
     log_prob_use_dynamic_bsz: Auto | bool
-    """micro-batches by token count instead of rows; auto as actor.use_dynamic_bsz, for log_prob_micro_batch_size_per_gpu"""
+    """micro-batches by token count instead of rows; auto as actor.use_dynamic_bsz, for
+    log_prob_micro_batch_size_per_gpu"""
     log_prob_max_token_len_per_gpu: Auto | int
     """token budget with log_prob_use_dynamic_bsz; auto = the run plan's choice"""
     log_prob_unshard_once: Auto | bool
-    """all-gather FSDP shards once per pass, not per micro-batch (true|false|auto: if the bf16 model <= 25% of GPU memory)"""
+    """all-gather FSDP shards once per pass, not per micro-batch (true|false|auto: if the bf16 model <= 25% of GPU
+    memory)"""
     fsdp_config: RefFSDPConfig
-
 
     def check_sizes(self, found: Findings) -> None:
         found.positive_or_unset(self, REF, LOG_PROB_SIZES)
@@ -55,7 +56,8 @@ def check_log_prob_batches(section, prefix: str, cfg, found: Findings) -> None:
     if section.log_prob_use_dynamic_bsz is not False:
         check_token_len(f"{prefix}.log_prob_max_token_len_per_gpu", section.log_prob_max_token_len_per_gpu, cfg, found)
     elif section.log_prob_micro_batch_size_per_gpu is None and section.log_prob_micro_batch_size is None:
-        found.errors.append(f"'{prefix}.log_prob_micro_batch_size_per_gpu' is null: set it (or log_prob_use_dynamic_bsz)")
+        found.errors.append(f"'{prefix}.log_prob_micro_batch_size_per_gpu' is null: set it (or "
+                            "log_prob_use_dynamic_bsz)")
 
 
 @dataclass(frozen=True)
@@ -77,11 +79,15 @@ class ActorConfig(Section):
     ppo_micro_batch_size: int | None
     """deprecated global form; use the _per_gpu key"""
     ppo_micro_batch_size_per_gpu: Auto | int | None
-    """samples per forward/backward per GPU (gradient accumulation inside a mini-batch); auto = the run plan's choice (docs/architecture.md)"""
+    """samples per forward/backward per GPU (gradient accumulation inside a mini-batch); auto = the run plan's choice
+    (docs/architecture.md)"""
     use_dynamic_bsz: Auto | bool
-    """micro-batches by token count (ppo_max_token_len_per_gpu) instead of rows: each holds as many of the step's sequences as its token budget takes, at their actual lengths. auto = on on GPUs where ppo_micro_batch_size_per_gpu is auto or null (an explicit micro-batch size keeps verl's fixed rows), off on CPU"""
+    """micro-batches by token count (ppo_max_token_len_per_gpu) instead of rows: each holds as many of the step's
+    sequences as its token budget takes, at their actual lengths. auto = on on GPUs where ppo_micro_batch_size_per_gpu
+    is auto or null (an explicit micro-batch size keeps verl's fixed rows), off on CPU"""
     ppo_max_token_len_per_gpu: Auto | int
-    """token budget of a micro-batch with use_dynamic_bsz; auto = the run plan's choice (the throughput target, at least the longest sequence, within memory)"""
+    """token budget of a micro-batch with use_dynamic_bsz; auto = the run plan's choice (the throughput target, at least
+    the longest sequence, within memory)"""
     grad_clip: float
     """max global grad norm"""
     clip_ratio: float
@@ -104,24 +110,29 @@ class ActorConfig(Section):
     kl_loss_type: KLType
     """k1 | k2 | mse | k3 | low_var_kl | abs"""
     router_aux_loss_coef: float
-    """MoE models: weight of the router's load-balancing loss (transformers' load_balancing_loss_func, the key named as in HF configs; the model config's own value is not used), logged as actor/router_aux_loss; 0 = off"""
+    """MoE models: weight of the router's load-balancing loss (transformers' load_balancing_loss_func, the key named as
+    in HF configs; the model config's own value is not used), logged as actor/router_aux_loss; 0 = off"""
     router_z_loss_coef: float
-    """MoE models: weight of the router z-loss (mean over tokens and MoE layers of logsumexp(router logits)^2), logged as actor/router_z_loss; 0 = off"""
+    """MoE models: weight of the router z-loss (mean over tokens and MoE layers of logsumexp(router logits)^2), logged
+    as actor/router_z_loss; 0 = off"""
     router_replay: RouterReplayConfig
     ppo_epochs: int
     """passes over each rollout batch"""
     old_log_prob_pass: Auto | bool
-    """auto = skipped when the update is one on-policy mini-batch (1 epoch, mini-batch = batch, no KL in reward): old log-probs are then the update's own, detached (ratio exactly 1) | true | false"""
+    """auto = skipped when the update is one on-policy mini-batch (1 epoch, mini-batch = batch, no KL in reward): old
+    log-probs are then the update's own, detached (ratio exactly 1) | true | false"""
     shuffle: bool
     """shuffle samples between mini-batches (seeded by trainer.seed and the step)"""
     use_prefix_grouper: Auto | bool
-    """the actor's, reference's and critic's forwards run each prompt once for all its samples in a micro-batch (packed: the prompt, then each response, which sees the prompt and itself only): the same log-probs and gradients in P + n*R tokens instead of n*(P + R). auto = on on GPUs when rollout.n > 1 and no Ulysses SP (off on CPU; the critic's only without its own Ulysses SP); true packs the forwards whatever use_remove_padding says"""
+    """the actor's, reference's and critic's forwards run each prompt once for all its samples in a micro-batch (packed:
+    the prompt, then each response, which sees the prompt and itself only): the same log-probs and gradients in P + n*R
+    tokens instead of n*(P + R). auto = on on GPUs when rollout.n > 1 and no Ulysses SP (off on CPU; the critic's only
+    without its own Ulysses SP); true packs the forwards whatever use_remove_padding says"""
     ulysses_sequence_parallel_size: int
     """Ulysses SP degree; training dp = world / this"""
     optim: OptimConfig
     fsdp_config: ActorFSDPConfig
     checkpoint: CheckpointConfig
-
 
     def check_sizes(self, found: Findings) -> None:
         found.positive(self, ACTOR, ("ppo_mini_batch_size", "ppo_epochs", "ulysses_sequence_parallel_size", "optim.lr"))
@@ -158,7 +169,8 @@ class CheckpointConfig(Section):
     """`actor_rollout_ref.actor.checkpoint`."""
 
     contents: list[CheckpointContent]
-    """what the actor checkpoint saves and a resume loads: model (required), optimizer, extra (lr scheduler, RNG states), hf_model (also a from_pretrained copy); a resume without optimizer starts a fresh AdamW"""
+    """what the actor checkpoint saves and a resume loads: model (required), optimizer, extra (lr scheduler, RNG
+    states), hf_model (also a from_pretrained copy); a resume without optimizer starts a fresh AdamW"""
 
 
 @dataclass(frozen=True)
@@ -181,7 +193,9 @@ class RouterReplayConfig(Section):
     """`actor_rollout_ref.actor.router_replay`."""
 
     mode: Literal["disabled", "R3"]
-    """MoE models (verl's key): disabled | R3 = the native rollout engine records each token's experts per MoE layer (routed_experts) and the actor's old-log-prob pass and update route those tokens to them, gates from the training router (actor/routing_mismatch_frac: how often its own top-k differed); the reference routes on its own"""
+    """MoE models (verl's key): disabled | R3 = the native rollout engine records each token's experts per MoE layer
+    (routed_experts) and the actor's old-log-prob pass and update route those tokens to them, gates from the training
+    router (actor/routing_mismatch_frac: how often its own top-k differed); the reference routes on its own"""
 
 
 @dataclass(frozen=True)
@@ -189,7 +203,9 @@ class PolicyLossConfig(Section):
     """`actor_rollout_ref.actor.policy_loss`."""
 
     loss_mode: PolicyLossMode
-    """policy loss from verl's registry: vanilla (PPO clip-higher + dual-clip) | gspo (sequence ratio, always seq-mean-token-mean) | gpg | clip_cov | kl_cov | cispo, or a name registered with register_policy_loss by model.external_lib"""
+    """policy loss from verl's registry: vanilla (PPO clip-higher + dual-clip) | gspo (sequence ratio, always
+    seq-mean-token-mean) | gpg | clip_cov | kl_cov | cispo, or a name registered with register_policy_loss by
+    model.external_lib"""
     clip_cov_ratio: float
     """clip_cov: share of tokens whose gradient is cut"""
     clip_cov_lb: float
@@ -200,7 +216,6 @@ class PolicyLossConfig(Section):
     """kl_cov: share of tokens (highest covariance) that get the KL penalty"""
     ppo_kl_coef: float
     """kl_cov: weight of that penalty"""
-
 
     def check(self, found: Findings) -> None:
         key = f"{ACTOR}.policy_loss"

@@ -19,7 +19,8 @@ class AlgorithmConfig(Section):
     lam: float
     """GAE lambda"""
     adv_estimator: AdvEstimator
-    """gae | grpo | rloo | reinforce_plus_plus | reinforce_plus_plus_baseline | remax, or a name registered with register_adv_est by model.external_lib"""
+    """gae | grpo | rloo | reinforce_plus_plus | reinforce_plus_plus_baseline | remax, or a name registered with
+    register_adv_est by model.external_lib"""
     norm_adv_by_std_in_grpo: bool
     """false = Dr.GRPO"""
     use_kl_in_reward: bool
@@ -29,7 +30,6 @@ class AlgorithmConfig(Section):
     kl_ctrl: KLControlConfig
     filter_groups: FilterGroupsConfig
     rollout_correction: RolloutCorrectionConfig
-
 
     def check(self, n: int, found: Findings) -> None:
         """Dynamic sampling and rollout correction (DAPO / verl's recipe keys); group estimators need groups
@@ -53,17 +53,19 @@ class RolloutCorrectionConfig(Section):
     rollout_is_batch_normalize: bool
     """divide the IS weights by their batch mean (needs the old-log-prob pass)"""
     rollout_rs: str | None
-    """rejection sampling criteria, comma-separated: token_k1|k2|k3, seq_sum_k1|k2|k3, seq_mean_k1|k2|k3, seq_max_k2|k3 (needs the old-log-prob pass); null = off"""
+    """rejection sampling criteria, comma-separated: token_k1|k2|k3, seq_sum_k1|k2|k3, seq_mean_k1|k2|k3, seq_max_k2|k3
+    (needs the old-log-prob pass); null = off"""
     rollout_rs_threshold: str | float | None
-    """one threshold for all criteria or one per criterion, comma-separated; k1 takes 'lower_upper' ratio bounds or an upper (lower = 1/upper)"""
-
+    """one threshold for all criteria or one per criterion, comma-separated; k1 takes 'lower_upper' ratio bounds or an
+    upper (lower = 1/upper)"""
 
     def check(self, found: Findings) -> None:
         rc = "algorithm.rollout_correction"
         if self.rollout_is is not None and not self.rollout_is_threshold > 0:
             found.errors.append(f"'{rc}.rollout_is_threshold' = {self.rollout_is_threshold} must be > 0")
         if self.rollout_is_batch_normalize and self.rollout_is is None:
-            found.warnings.append(f"'{rc}.rollout_is_batch_normalize' is true but '{rc}.rollout_is' is null: no weights")
+            found.warnings.append(f"'{rc}.rollout_is_batch_normalize' is true but '{rc}.rollout_is' is null: no "
+                                  "weights")
         if self.rollout_rs is not None:
             from hybridrl.algorithms.rollout_correction import parse_rs_thresholds
 
@@ -81,12 +83,12 @@ class FilterGroupsConfig(Section):
     """`algorithm.filter_groups`."""
 
     enable: bool
-    """DAPO's dynamic sampling: drop prompt groups whose metric is equal over their n samples and generate further batches (data.gen_batch_size prompts) until train_batch_size prompts remain"""
+    """DAPO's dynamic sampling: drop prompt groups whose metric is equal over their n samples and generate further
+    batches (data.gen_batch_size prompts) until train_batch_size prompts remain"""
     metric: FilterMetric | None
     """acc | score | seq_reward | seq_final_reward; required with enable"""
     max_num_gen_batches: int
     """stop the run when this many generation batches did not give enough prompts; 0 = no limit"""
-
 
     def check(self, n: int, found: Findings) -> None:
         fg = "algorithm.filter_groups"

@@ -55,12 +55,13 @@ def field_types(cls: type[Section]) -> dict[str, Any]:
 
 @cache
 def field_docs(cls: type[Section]) -> dict[str, str]:
-    """Field name -> the string literal right below its declaration (fields without one are left out)."""
+    """Field name -> the string literal right below its declaration, its lines joined (fields without one are left
+    out)."""
     body = ast.parse(textwrap.dedent(inspect.getsource(cls))).body[0].body
     docs = {}
     for stmt, after in zip(body, body[1:]):
         if isinstance(stmt, ast.AnnAssign) and isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant):
-            docs[stmt.target.id] = after.value.value
+            docs[stmt.target.id] = " ".join(after.value.value.split())
     return docs
 
 

@@ -31,7 +31,8 @@ class CriticConfig(Section):
     forward_unshard_once: Auto | bool
     """all-gather FSDP shards once per values pass, not per micro-batch (true|false|auto)"""
     use_dynamic_bsz: Auto | bool
-    """micro-batches by token count instead of rows (auto as the actor's, for ppo_micro_batch_size_per_gpu; values follow the update's choice)"""
+    """micro-batches by token count instead of rows (auto as the actor's, for ppo_micro_batch_size_per_gpu; values
+    follow the update's choice)"""
     ppo_max_token_len_per_gpu: Auto | int
     """token budget with use_dynamic_bsz (update and values); auto = the run plan's choice"""
     ppo_epochs: int
@@ -46,7 +47,6 @@ class CriticConfig(Section):
     """value clip epsilon"""
     loss_agg_mode: LossAggMode
     """how token losses are averaged"""
-
 
     def check_sizes(self, cfg, found: Findings) -> None:
         found.positive(self, "critic", ("ulysses_sequence_parallel_size",))
@@ -67,7 +67,8 @@ class CriticConfig(Section):
         if not same_tokenizer(critic_tok, actor_tok):
             found.errors.append(f"'critic.model.tokenizer_path' = {critic_tok!r} is not the actor's tokenizer "
                                 f"{actor_tok!r} (data.tokenizer, else actor_rollout_ref.model.path): the critic scores "
-                                "the actor's token ids, so it must use the same tokenizer (same path or identical files)")
+                                "the actor's token ids, so it must use the same tokenizer (same path or identical "
+                                "files)")
 
 
 @dataclass(frozen=True)
@@ -77,7 +78,8 @@ class CriticModelConfig(Section):
     path: str
     """value model initialisation (a value head is added)"""
     tokenizer_path: str
-    """tokenizer of the critic: must be the actor's (data.tokenizer, else model.path; same path or identical tokenizer files), as the critic reads the actor's token ids"""
+    """tokenizer of the critic: must be the actor's (data.tokenizer, else model.path; same path or identical tokenizer
+    files), as the critic reads the actor's token ids"""
     override_config: dict
     """free dict merged into the HF model config"""
     enable_gradient_checkpointing: Auto | bool
@@ -85,7 +87,8 @@ class CriticModelConfig(Section):
     enable_activation_offload: bool
     """as actor_rollout_ref.model.enable_activation_offload, for the critic's update"""
     use_remove_padding: Auto | bool
-    """pack valid tokens and run varlen attention (needed for ulysses SP); auto = on where the critic's micro-batches are token-budgeted or split by Ulysses"""
+    """pack valid tokens and run varlen attention (needed for ulysses SP); auto = on where the critic's micro-batches
+    are token-budgeted or split by Ulysses"""
     trust_remote_code: bool
     """passed to transformers' from_pretrained"""
     fsdp_config: CriticFSDPConfig

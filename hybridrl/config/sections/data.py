@@ -16,7 +16,8 @@ class DataConfig(Section):
     tokenizer: str | None
     """path of a tokenizer; null = actor_rollout_ref.model.path"""
     train_files: str | list[str]
-    """parquet file(s) in verl's schema: one path or a list (docs/your-own-run.md); the default is the demo's, which `hybridrl train` with no arguments writes"""
+    """parquet file(s) in verl's schema: one path or a list (docs/your-own-run.md); the default is the demo's, which
+    `hybridrl train` with no arguments writes"""
     val_files: str | list[str] | None
     """validation parquet file(s); null = no validation; the default is the demo's"""
     prompt_key: str
@@ -30,7 +31,8 @@ class DataConfig(Section):
     train_batch_size: int
     """prompts per step (before rollout.n); at most the training set's rows (the demo's 600 give 2 steps an epoch)"""
     gen_batch_size: int | None
-    """prompts per generation batch; null = train_batch_size. Another value only with algorithm.filter_groups.enable, which generates batches until train_batch_size prompts with signal are collected"""
+    """prompts per generation batch; null = train_batch_size. Another value only with algorithm.filter_groups.enable,
+    which generates batches until train_batch_size prompts with signal are collected"""
     val_batch_size: int | None
     """null = the whole validation set in one batch"""
     return_raw_chat: bool
@@ -44,8 +46,8 @@ class DataConfig(Section):
     truncation: Truncation
     """error | left | right, when filter_overlong_prompts is false"""
     dataloader_num_workers: int
-    """must be 0: prompts are tokenized once at load, batches are collated in the driver (verl's 8 worker processes would have nothing to do)"""
-
+    """must be 0: prompts are tokenized once at load, batches are collated in the driver (verl's 8 worker processes
+    would have nothing to do)"""
 
     def check_sizes(self, found: Findings) -> None:
         found.positive(self, "data", ("train_batch_size", "max_prompt_length", "max_response_length"))
@@ -54,9 +56,9 @@ class DataConfig(Section):
     def check(self, cfg, found: Findings) -> None:
         """Rules of the data keys (`cfg`: the whole PPOConfig)."""
         if self.dataloader_num_workers != 0:
-            found.errors.append(f"'data.dataloader_num_workers' = {self.dataloader_num_workers}: must be 0 (prompts are "
-                                "tokenized once when the dataset loads and batches are collated in the driver; there is "
-                                "no work for loader processes)")
+            found.errors.append(f"'data.dataloader_num_workers' = {self.dataloader_num_workers}: must be 0 (prompts "
+                                "are tokenized once when the dataset loads and batches are collated in the driver; "
+                                "there is no work for loader processes)")
         gen, tbs, fg = self.gen_batch_size, self.train_batch_size, "algorithm.filter_groups"
         rollout_dp = cfg.trainer.world_size // cfg.actor_rollout_ref.rollout.tensor_model_parallel_size
         if gen is None or not rollout_dp:  # a TP degree above the world size is the rollout's error

@@ -28,7 +28,6 @@ class PPOConfig(Section):
     algorithm: AlgorithmConfig
     trainer: TrainerConfig
 
-
     def validate(self) -> list[str]:
         """Every section's rules (those between sections live with the section whose key they name first). Raises
         one ConfigError listing every problem; returns the warnings (things verl allows that are usually a mistake)."""

@@ -31,9 +31,12 @@ class RewardModelConfig(Section):
     """`reward_model`."""
 
     enable: bool
-    """score responses with a model (style picks which): its score is the reward at the last response token; with custom_reward_function the function gets it as rm_score and returns the combined score (docs/config.md, "Reward models")"""
+    """score responses with a model (style picks which): its score is the reward at the last response token; with
+    custom_reward_function the function gets it as rm_score and returns the combined score (docs/config.md, "Reward
+    models")"""
     style: Literal["model", "judge"]
-    """model (a sequence-classification reward model at model.path, colocated on the training GPUs) | judge (the policy itself judges through the rollout engine, prompted with judge.prompt_template)"""
+    """model (a sequence-classification reward model at model.path, colocated on the training GPUs) | judge (the policy
+    itself judges through the rollout engine, prompted with judge.prompt_template)"""
     model: RewardModelWeightsConfig
     micro_batch_size: int | None
     """deprecated global form; use micro_batch_size_per_gpu"""
@@ -42,19 +45,21 @@ class RewardModelConfig(Section):
     max_length: int | None
     """reward-model input tokens at most; null = data.max_prompt_length + data.max_response_length"""
     truncation: Truncation
-    """an input over max_length: left (drop its head, keep the end where the score is read) | right | error; cut inputs are counted in reward_model/truncated"""
+    """an input over max_length: left (drop its head, keep the end where the score is read) | right | error; cut inputs
+    are counted in reward_model/truncated"""
     judge: JudgeConfig
     reward_manager: Literal["naive", "batch"]
     """naive (per sample) | batch; verl's dapo is read as naive (the overlong buffer works with either)"""
     timeout_s: float | None
     """per-sample scorer time limit; over it the score is 0 and counted; null = no limit (scored in-process)"""
     max_error_fraction: float | None
-    """stop the run once this share of the samples of the last error_window_steps failed to score (raised, non-finite or non-number score, timeout, no ground truth: each scored 0 and counted in reward/errors, reward/timeouts); 1.0 = only when all did; null = never"""
+    """stop the run once this share of the samples of the last error_window_steps failed to score (raised, non-finite or
+    non-number score, timeout, no ground truth: each scored 0 and counted in reward/errors, reward/timeouts); 1.0 = only
+    when all did; null = never"""
     error_window_steps: int
     """steps the max_error_fraction share is taken over"""
     sandbox: SandboxConfig
     overlong_buffer: OverlongBufferConfig
-
 
     def check_sizes(self, found: Findings) -> None:
         found.positive(self, RM, ("error_window_steps",))
@@ -109,8 +114,9 @@ class RewardModelConfig(Section):
             if differs:
                 errors.append(f"'{RM}.model.input_tokenizer' is null, so the reward model at {path!r} would read the "
                               f"policy's token ids, but its {differs} differs from the policy's ({policy_tok!r}): set "
-                              f"{RM}.model.input_tokenizer to the policy's tokenizer path (and data.return_raw_chat=true) "
-                              "to re-render each chat with the reward model's own tokenizer and template")
+                              f"{RM}.model.input_tokenizer to the policy's tokenizer path (and "
+                              "data.return_raw_chat=true) to re-render each chat with the reward model's own "
+                              "tokenizer and template")
         return errors
 
 
@@ -130,12 +136,12 @@ class OverlongBufferConfig(Section):
     enable: bool
     """DAPO's soft overlong punishment, added to every reward (training and validation)"""
     len: int
-    """buffer B in tokens, in (0, data.max_response_length]: responses longer than max_response_length - B get a penalty growing linearly with the excess"""
+    """buffer B in tokens, in (0, data.max_response_length]: responses longer than max_response_length - B get a penalty
+    growing linearly with the excess"""
     penalty_factor: float
     """the penalty at max_response_length tokens (it is -penalty_factor there)"""
     log: bool
     """also put verl's overlong_reward and overlong in the reward extra info (validation metrics)"""
-
 
     def check(self, max_response_length: int, found: Findings) -> None:
         ob = f"{RM}.overlong_buffer"
@@ -153,7 +159,10 @@ class SandboxConfig(Section):
     """`reward_model.sandbox`."""
 
     required_layers: list[str] | str
-    """sandbox layers the code_exec reward must run under, or it refuses to start (a start-up error naming the layers this machine lacks and why): names from net_namespace, mount_namespace, uid_dropped, user_namespace, capabilities_dropped, no_new_privs, landlock, seccomp, or all (every one but uid_dropped/user_namespace); [] = run with whatever the machine allows (logged at start-up, counted per layer in sandbox/layer/NAME)"""
+    """sandbox layers the code_exec reward must run under, or it refuses to start (a start-up error naming the layers
+    this machine lacks and why): names from net_namespace, mount_namespace, uid_dropped, user_namespace,
+    capabilities_dropped, no_new_privs, landlock, seccomp, or all (every one but uid_dropped/user_namespace); [] = run
+    with whatever the machine allows (logged at start-up, counted per layer in sandbox/layer/NAME)"""
 
 
 @dataclass(frozen=True)
@@ -161,12 +170,13 @@ class JudgeConfig(Section):
     """`reward_model.judge`."""
 
     prompt_template: str
-    """user message the policy judges; placeholders {response} (required), {prompt} (the last user message; needs data.return_raw_chat=true), {ground_truth}"""
+    """user message the policy judges; placeholders {response} (required), {prompt} (the last user message; needs
+    data.return_raw_chat=true), {ground_truth}"""
     score_pattern: str
-    """regex with one group read as the score (its last match in the judge's output); no match = scored 0 and counted in reward_model/judge_failures"""
+    """regex with one group read as the score (its last match in the judge's output); no match = scored 0 and counted in
+    reward_model/judge_failures"""
     max_tokens: int
     """tokens the judge may generate (<= data.max_response_length)"""
-
 
     def errors(self, data) -> list[str]:
         """The template's placeholders, the score pattern, and a generation budget the engine can give
@@ -190,7 +200,9 @@ class RewardModelWeightsConfig(Section):
     path: str | None
     """reward model directory: an AutoModelForSequenceClassification checkpoint with num_labels=1 and its tokenizer"""
     input_tokenizer: str | None
-    """the policy's tokenizer (e.g. ${actor_rollout_ref.model.path}): responses are decoded with it and prompt + response re-rendered with the reward model's own chat template (needs data.return_raw_chat=true); null = the reward model reads the policy's token ids, so its tokenizer must be the policy's"""
+    """the policy's tokenizer (e.g. ${actor_rollout_ref.model.path}): responses are decoded with it and prompt +
+    response re-rendered with the reward model's own chat template (needs data.return_raw_chat=true); null = the reward
+    model reads the policy's token ids, so its tokenizer must be the policy's"""
     trust_remote_code: bool
     """passed to transformers' from_pretrained"""
     override_config: dict

@@ -19,7 +19,8 @@ class RolloutConfig(Section):
     """`actor_rollout_ref.rollout`."""
 
     name: Literal["native", "hf"]
-    """native (our paged-KV engine) | hf (transformers generate, any causal LM); vllm and sglang run on the native engine, with a warning"""
+    """native (our paged-KV engine) | hf (transformers generate, any causal LM); vllm and sglang run on the native
+    engine, with a warning"""
     mode: Literal["sync"]
     """sync = the driver waits for the whole batch"""
     temperature: float
@@ -31,7 +32,8 @@ class RolloutConfig(Section):
     do_sample: bool
     """false = greedy"""
     n: int
-    """samples per prompt (GRPO group size: grpo and rloo compare a prompt's samples, so they need n > 1; PPO with gae may use 1)"""
+    """samples per prompt (GRPO group size: grpo and rloo compare a prompt's samples, so they need n > 1; PPO with gae
+    may use 1)"""
     prompt_length: int
     """prompt tokens the engine accepts"""
     response_length: int
@@ -39,7 +41,8 @@ class RolloutConfig(Section):
     dtype: Dtype
     """engine weight and KV dtype"""
     gpu_memory_utilization: float
-    """ceiling (vLLM's per-instance meaning): the engine's weights + KV + activations stay within this fraction of the GPU; the KV is sized by the run plan to this step's batch"""
+    """ceiling (vLLM's per-instance meaning): the engine's weights + KV + activations stay within this fraction of the
+    GPU; the KV is sized by the run plan to this step's batch"""
     ignore_eos: bool
     """keep generating after eos (benchmarks)"""
     enforce_eager: bool
@@ -51,30 +54,34 @@ class RolloutConfig(Section):
     max_num_batched_tokens: int
     """token budget of one prefill step"""
     max_num_seqs: int
-    """sequences decoded together at most (the run plan lowers it when their KV would not fit next to the training state; the rest wait their turn)"""
+    """sequences decoded together at most (the run plan lowers it when their KV would not fit next to the training
+    state; the rest wait their turn)"""
     block_size: int
     """tokens per KV-cache block"""
     enable_prefix_sharing: bool
     """the n samples of a prompt share its KV blocks"""
     async_scheduling: Auto | bool
-    """native engine: launch decode step t+1 before reading step t (hides the host's per-step work behind the GPU); auto = on on GPUs, off on CPU (where the synchronous loop is the reference)"""
+    """native engine: launch decode step t+1 before reading step t (hides the host's per-step work behind the GPU); auto
+    = on on GPUs, off on CPU (where the synchronous loop is the reference)"""
     speculative: SpeculativeDecodingConfig
     log_prob_micro_batch_size: int | None
     """deprecated global form; use the _per_gpu key"""
     log_prob_micro_batch_size_per_gpu: Auto | int | None
     """samples per old-log-prob forward per GPU (results go to CPU at once); auto = the run plan's choice"""
     log_prob_use_dynamic_bsz: Auto | bool
-    """micro-batches by token count instead of rows; auto as actor.use_dynamic_bsz, for log_prob_micro_batch_size_per_gpu"""
+    """micro-batches by token count instead of rows; auto as actor.use_dynamic_bsz, for
+    log_prob_micro_batch_size_per_gpu"""
     log_prob_max_token_len_per_gpu: Auto | int
     """token budget with log_prob_use_dynamic_bsz; auto = the run plan's choice"""
     log_prob_unshard_once: Auto | bool
-    """all-gather FSDP shards once per pass, not per micro-batch (true|false|auto: if the bf16 model <= 25% of GPU memory)"""
+    """all-gather FSDP shards once per pass, not per micro-batch (true|false|auto: if the bf16 model <= 25% of GPU
+    memory)"""
     seed: int
-    """sampling seed, mixed with trainer.seed and the step, offset by the rollout dp rank (TP ranks of a group share it)"""
+    """sampling seed, mixed with trainer.seed and the step, offset by the rollout dp rank (TP ranks of a group share
+    it)"""
     partial_rollout: PartialRolloutConfig
     multi_turn: MultiTurnConfig
     val_kwargs: ValKwargsConfig
-
 
     def check_sizes(self, found: Findings) -> None:
         found.positive(self, ROLLOUT, ("n", "tensor_model_parallel_size", "block_size", "max_num_seqs",
@@ -86,7 +93,8 @@ class RolloutConfig(Section):
         from hybridrl.models.tp_rules import model_tp_error
 
         if not 0 < self.gpu_memory_utilization <= 1:
-            found.errors.append(f"'{ROLLOUT}.gpu_memory_utilization' must be in (0, 1], got {self.gpu_memory_utilization}")
+            found.errors.append(f"'{ROLLOUT}.gpu_memory_utilization' must be in (0, 1], got "
+                                f"{self.gpu_memory_utilization}")
         if not 0 < self.top_p <= 1:
             found.errors.append(f"'{ROLLOUT}.top_p' must be in (0, 1], got {self.top_p}")
         if self.temperature < 0:
@@ -131,12 +139,15 @@ class PartialRolloutConfig(Section):
     """`actor_rollout_ref.rollout.partial_rollout`."""
 
     enable: bool
-    """opt-in, off-policy partial rollouts (Kimi k1.5, APRIL, AReaL): a step samples at most max_new_tokens_per_step new tokens per sample, carries unfinished samples into the next step (continued with the new weights), and trains a prompt group once all its n samples are done, with their rollout log-probs as the behaviour policy and truncated IS (algorithm.rollout_correction.rollout_is: token unless set); see docs/architecture.md"""
+    """opt-in, off-policy partial rollouts (Kimi k1.5, APRIL, AReaL): a step samples at most max_new_tokens_per_step new
+    tokens per sample, carries unfinished samples into the next step (continued with the new weights), and trains a
+    prompt group once all its n samples are done, with their rollout log-probs as the behaviour policy and truncated IS
+    (algorithm.rollout_correction.rollout_is: token unless set); see docs/architecture.md"""
     max_new_tokens_per_step: int | None
     """the per-step token budget of one sample (required with enable; at >= response_length nothing is ever carried)"""
     max_staleness: int
-    """steps a carried group may wait: a group first sampled more than this many steps before the step that would train it is dropped (counted: partial/dropped_stale); >= 1"""
-
+    """steps a carried group may wait: a group first sampled more than this many steps before the step that would train
+    it is dropped (counted: partial/dropped_stale); >= 1"""
 
     def check(self, cfg, found: Findings) -> None:
         """A budget that can carry something, a staleness limit, and the features partial rollouts cannot join."""
@@ -175,7 +186,9 @@ class SpeculativeDecodingConfig(Section):
     """`actor_rollout_ref.rollout.speculative`."""
 
     enable: bool
-    """native engine: lossless speculative decoding in the rollout's tail — each decode step also checks draft tokens looked up in the sequence's prompt, its own and its siblings' responses (n-gram match), accepted so that the sampled distribution is unchanged; not for multi-turn rollouts"""
+    """native engine: lossless speculative decoding in the rollout's tail — each decode step also checks draft tokens
+    looked up in the sequence's prompt, its own and its siblings' responses (n-gram match), accepted so that the sampled
+    distribution is unchanged; not for multi-turn rollouts"""
     num_draft_tokens: int
     """draft tokens per sequence and step at most"""
     min_match: int
@@ -183,8 +196,8 @@ class SpeculativeDecodingConfig(Section):
     max_match: int
     """longest suffix looked up (the longest match wins)"""
     max_running_seqs: Auto | int
-    """speculate only while at most this many sequences run; auto = the verify step's rows (sequences x (num_draft_tokens + 1)) within half the GPU's ridge point (FLOP/s over bytes/s), where a step is memory-bound"""
-
+    """speculate only while at most this many sequences run; auto = the verify step's rows (sequences x
+    (num_draft_tokens + 1)) within half the GPU's ridge point (FLOP/s over bytes/s), where a step is memory-bound"""
 
     def check(self, rollout: RolloutConfig, found: Findings) -> None:
         """Sizes of the n-gram drafts and the tail threshold (the engine's SpeculativeConfig has the same rules)."""

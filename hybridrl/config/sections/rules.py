@@ -49,7 +49,8 @@ def _get(section: Any, dotted: str) -> Any:
 
 def world_text(cfg) -> str:
     t = cfg.trainer
-    return f"world size (trainer.nnodes × trainer.n_gpus_per_node = {t.nnodes} × {t.n_gpus_per_node} = {t.world_size})"
+    return (f"world size (trainer.nnodes × trainer.n_gpus_per_node = {t.nnodes} × {t.n_gpus_per_node} = "
+            f"{t.world_size})")
 
 
 def check_fsdp_size(key: str, fsdp: int, cfg, found: Findings) -> None:
@@ -89,8 +90,8 @@ def check_update_batches(prefix: str, model_prefix: str, role, use_remove_paddin
     budget (`role`: its section; `cfg`: the whole PPOConfig)."""
     sp, micro = role.ulysses_sequence_parallel_size, role.ppo_micro_batch_size_per_gpu
     if check_sp(prefix, model_prefix, sp, use_remove_padding, cfg, found):
-        check_mini_batch(prefix, role.ppo_mini_batch_size, cfg.actor_rollout_ref.rollout.n, cfg.trainer.world_size // sp,
-                         micro, may_be_dynamic(role.use_dynamic_bsz, micro), found)
+        check_mini_batch(prefix, role.ppo_mini_batch_size, cfg.actor_rollout_ref.rollout.n,
+                         cfg.trainer.world_size // sp, micro, may_be_dynamic(role.use_dynamic_bsz, micro), found)
     if role.use_dynamic_bsz is not False:
         check_token_len(f"{prefix}.ppo_max_token_len_per_gpu", role.ppo_max_token_len_per_gpu, cfg, found)
 

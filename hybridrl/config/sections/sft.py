@@ -81,7 +81,8 @@ class SFTModelConfig(Section):
     use_remove_padding: bool
     """packed varlen attention"""
     use_liger: Auto | bool
-    """Liger's fused RMSNorm / SwiGLU / RoPE kernels, as actor_rollout_ref.model.use_liger (auto = on with CUDA, liger-kernel and a Qwen2/Qwen3/Llama/Mistral model)"""
+    """Liger's fused RMSNorm / SwiGLU / RoPE kernels, as actor_rollout_ref.model.use_liger (auto = on with CUDA,
+    liger-kernel and a Qwen2/Qwen3/Llama/Mistral model)"""
     override_config: dict
     """free dict merged into the HF model config (add keys with +key=value)"""
     fsdp_config: SFTFSDPConfig

@@ -25,7 +25,8 @@ class TrainerConfig(Section):
     experiment_name: str
     """logger run name"""
     logger: list[LoggerName] | LoggerName
-    """console (a short line a step: step k/N, elapsed, ETA, a few numbers) | file (every metric, {default_local_dir}/logs/metrics.jsonl) | tensorboard | wandb | mlflow"""
+    """console (a short line a step: step k/N, elapsed, ETA, a few numbers) | file (every metric,
+    {default_local_dir}/logs/metrics.jsonl) | tensorboard | wandb | mlflow"""
     log_val_generations: int
     """validation samples to log as text each test"""
     nnodes: int
@@ -55,10 +56,11 @@ class TrainerConfig(Section):
     max_actor_ckpt_to_keep: int | None
     """null = keep all"""
     max_critic_ckpt_to_keep: int | None
-    """null = same as max_actor_ckpt_to_keep; another value is refused (one checkpoint directory holds actor and critic)"""
+    """null = same as max_actor_ckpt_to_keep; another value is refused (one checkpoint directory holds actor and
+    critic)"""
     seed: int
-    """global seed: random/numpy/torch in the driver and every worker, the rollout sampling seed of each step, mini-batch shuffles"""
-
+    """global seed: random/numpy/torch in the driver and every worker, the rollout sampling seed of each step,
+    mini-batch shuffles"""
 
     @property
     def world_size(self) -> int:
@@ -74,5 +76,5 @@ class TrainerConfig(Section):
         if critic_keep is not None and critic_keep != actor_keep:
             found.errors.append(f"'trainer.max_critic_ckpt_to_keep' = {critic_keep} differs from "
                                 f"'trainer.max_actor_ckpt_to_keep' = {actor_keep}: one checkpoint directory per step "
-                                "holds both actor and critic (a step without its critic could not be resumed); set it to "
-                                "null or to the actor's value")
+                                "holds both actor and critic (a step without its critic could not be resumed); set it "
+                                "to null or to the actor's value")
