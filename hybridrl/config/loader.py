@@ -1,4 +1,5 @@
-"""Load a config: packaged default YAML <- optional user YAML <- command-line overrides, then validate.
+"""Load a config: packaged default YAML <- optional user YAML <- command-line overrides, then validate and build the
+typed config once (frozen section dataclasses, `config/sections/`); nothing after this module reads the YAML tree.
 
 Override syntax follows verl/Hydra so a verl command line carries over:
   `a.b=c`    set an existing key (an unknown key is an error naming the closest known key);

@@ -105,8 +105,7 @@ class ActorRolloutRefWorker(RoleWorker):
             actor_cfg = per_rank_section(cfg.actor, self.plan.layout.ppo_mini_batch_per_gpu, actor_plan.update.rows,
                                          actor_plan.update.max_tokens)
             self.actor_module, self.optimizer, self.scheduler = build_fsdp_model(
-                cfg.model.to_dict(), cfg.actor.fsdp_config.to_dict(), cfg.actor.optim.to_dict(), self.device_mesh,
-                self.compute_device, trainable=True,
+                cfg.model, cfg.actor.fsdp_config, cfg.actor.optim, self.device_mesh, self.compute_device, trainable=True,
                 lora_base_dtype=actor_plan.lora_base_dtype, fused_optimizer=self.plan.fused_optimizer,
                 gradient_checkpointing=actor_plan.gradient_checkpointing,
                 recompute_kept_layers=actor_plan.recompute_kept_layers, liger=actor_plan.use_liger,
@@ -127,9 +126,9 @@ class ActorRolloutRefWorker(RoleWorker):
                                             use_remove_padding=packed, sp_group=self.sp_group, share_prompts=share)
         elif self._has_ref:
             # the reference never trains: keep it in the compute dtype (the plan's), no fp32 master copy
-            ref_fsdp = {**cfg.actor.fsdp_config.to_dict(), **cfg.ref.fsdp_config.to_dict(),
-                        "model_dtype": self.plan.frozen_dtype}
-            self.ref_module, _, _ = build_fsdp_model(cfg.model.to_dict(), ref_fsdp, None, self.device_mesh,
+            ref_fsdp = replace(cfg.actor.fsdp_config, param_offload=cfg.ref.fsdp_config.param_offload,
+                               model_dtype=self.plan.frozen_dtype)
+            self.ref_module, _, _ = build_fsdp_model(cfg.model, ref_fsdp, None, self.device_mesh,
                                                      self.compute_device, trainable=False, liger=actor_plan.use_liger,
                                                      use_varlen_attention=packed or share)
             from hybridrl.training.actor import DataParallelPPOActor

@@ -8,7 +8,7 @@ import logging
 import torch
 import torch.distributed as dist
 
-from hybridrl.config.sections import PPOConfig
+from hybridrl.config.sections import PPOConfig, Section
 from hybridrl.config.sections.rollout import RolloutConfig
 from hybridrl.controller import Worker
 from hybridrl.hybrid.meshes import format_mesh
@@ -86,12 +86,12 @@ def sampling_params_from(rollout_cfg: RolloutConfig, meta: dict, dp_rank: int = 
     )
 
 
-def build_fsdp_model(model_cfg: dict, fsdp_cfg: dict, optim_cfg: dict | None, mesh, device,
+def build_fsdp_model(model_cfg: Section, fsdp_cfg: Section, optim_cfg: Section | None, mesh, device,
                      trainable: bool, critic: bool = False, lora_base_dtype=None, fused_optimizer: bool = False,
                      gradient_checkpointing: bool = False, recompute_kept_layers: int = 0, liger: bool = False,
                      use_varlen_attention: bool | None = None):
-    """HF model → FSDP2 (training/ applies FSDP; the model never knows) from the model, fsdp_config and optim
-    sections as plain trees (`Section.to_dict()`). Returns (module, optimizer, scheduler).
+    """HF model → FSDP2 (training/ applies FSDP; the model never knows) from a role's model, fsdp_config and optim
+    sections (handed to training/ as plain trees). Returns (module, optimizer, scheduler).
     A trainable actor gets LoRA adapters when `model.lora_rank` > 0, in `fsdp_config.model_dtype`, over a frozen
     base stored in `lora_base_dtype` (the plan's; None: model_dtype); the optimizer holds only what requires grad
     (the adapters then, every parameter otherwise); `fused_optimizer`, `gradient_checkpointing` with
@@ -101,6 +101,7 @@ def build_fsdp_model(model_cfg: dict, fsdp_cfg: dict, optim_cfg: dict | None, me
     from hybridrl.training.lora import lora_settings
     from hybridrl.training.optim import build_lr_scheduler, build_optimizer
 
+    model_cfg, fsdp_cfg = model_cfg.to_dict(), fsdp_cfg.to_dict()
     lora = lora_settings(model_cfg) if trainable and not critic else None
     module = shard(model_cfg, fsdp_cfg, mesh, device, role="critic" if critic else "actor", lora=lora,
                    lora_base_dtype=lora_base_dtype, gradient_checkpointing=trainable and gradient_checkpointing,
@@ -108,9 +109,9 @@ def build_fsdp_model(model_cfg: dict, fsdp_cfg: dict, optim_cfg: dict | None, me
     if not trainable:
         module.requires_grad_(False)
         return module, None, None
-    optimizer = build_optimizer([p for p in module.parameters() if p.requires_grad], optim_cfg,
+    optimizer = build_optimizer([p for p in module.parameters() if p.requires_grad], optim_cfg.to_dict(),
                                 fused=fused_optimizer)
-    scheduler = build_lr_scheduler(optimizer, optim_cfg)
+    scheduler = build_lr_scheduler(optimizer, optim_cfg.to_dict())
     return module, optimizer, scheduler
 
 

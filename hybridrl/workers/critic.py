@@ -20,7 +20,7 @@ class CriticWorker(RoleWorker):
         c, critic_plan = self.config.critic, self.plan.critic
         self.mesh = meshes.training
         self.module, self.optimizer, self.scheduler = build_fsdp_model(
-            c.model.to_dict(), c.model.fsdp_config.to_dict(), c.optim.to_dict(), self.mesh, self.compute_device, trainable=True, critic=True,
+            c.model, c.model.fsdp_config, c.optim, self.mesh, self.compute_device, trainable=True, critic=True,
             fused_optimizer=self.plan.fused_optimizer, gradient_checkpointing=critic_plan.gradient_checkpointing,
             recompute_kept_layers=critic_plan.recompute_kept_layers,
             use_varlen_attention=critic_plan.remove_padding or critic_plan.share_prompts)
