@@ -4,7 +4,7 @@ Two passes, both collecting every problem before raising one `ConfigError` (a `V
 fixes a YAML in one round trip:
 - `schema.check_schema`: unknown keys (named with the closest known key), types and allowed values (the
   annotations of the section dataclasses).
-- `check_semantics` (PPO config only): the rules of each section (`check_sizes` / `check` methods beside its
+- `PPOConfig.validate` (PPO config only): the rules of each section (`check_sizes` / `check` methods beside its
   fields, run by `PPOConfig.validate`): positive sizes, batch arithmetic with the actual numbers, device mesh
   divisibility, ranges, values the types admit but hybridrl does not implement. Critic keys are checked only when
   `algorithm.adv_estimator == gae`, as the critic does not exist otherwise.
@@ -15,17 +15,13 @@ are returned as warnings, not errors. Ints are accepted where a float is expecte
 from __future__ import annotations
 
 from hybridrl.config.schema import check_schema
-from hybridrl.config.sections import ROOTS, PPOConfig, Section
+from hybridrl.config.sections import PPOConfig, Section
 
-__all__ = ["check_semantics", "validate_config"]
-
-
-def check_semantics(cfg: PPOConfig | dict) -> list[str]:
-    """PPO/GRPO rules between keys. Raises ConfigError; returns warnings (strings)."""
-    return (cfg if isinstance(cfg, PPOConfig) else PPOConfig.from_dict(cfg)).validate()
+__all__ = ["validate_config"]
 
 
-def validate_config(cfg: Section | dict, defaults: str = "ppo_trainer") -> list[str]:
-    """Both passes against the sections of the packaged `<defaults>.yaml`; returns warnings, raises ConfigError."""
-    check_schema(cfg.to_dict() if isinstance(cfg, Section) else cfg, ROOTS[defaults])
-    return check_semantics(cfg) if defaults == "ppo_trainer" else []
+def validate_config(cfg: Section) -> list[str]:
+    """Both passes: `cfg`'s values against its sections' types, then (a PPO config) their rules; returns warnings,
+    raises ConfigError."""
+    check_schema(cfg.to_dict(), type(cfg))
+    return cfg.validate() if isinstance(cfg, PPOConfig) else []
