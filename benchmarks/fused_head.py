@@ -1,10 +1,14 @@
 """The chunked log-prob head's forward + backward on one GPU, by variant:
-  in_gemm            training/fused_logprob as the update runs it with an entropy bonus in the loss: each chunk's
-                     head-weight gradient summed into the fp32 accumulator inside cuBLAS (add_weight_grad on CUDA)
+  in_gemm            training/fused_logprob's torch path (HYBRIDRL_FUSED=0) with an entropy bonus in the loss:
+                     each chunk's head-weight gradient summed into the fp32 accumulator inside cuBLAS
+                     (add_weight_grad on CUDA)
   product            the same through the [V, H] product in bf16, then an add over the fp32 gradient
   entropy_detached   in_gemm with the entropy measured but not in the loss (entropy_coeff = 0, the default):
                      backward skips the entropy term
   entropy_detached_chunk_MB   the same with chunks of MB MiB of fp32 logits (default CHUNK_BYTES = 256)
+  triton, triton_entropy_detached   in_gemm and entropy_detached through the Triton kernels
+                     (training/triton_logprob.py), as the update runs them on CUDA
+  triton_entropy_detached_chunk_1024   the same with 4x the default chunk's rows
   gemm_only          the four GEMMs of each chunk alone (forward, recompute, the two gradients): the floor the
                      elementwise work sits on
 
@@ -13,12 +17,16 @@ log_softmax) on --check-rows rows; then each is timed --repeat times over --rows
 median and spread, and the peak memory above the inputs.
 
   PYTHONPATH=. python benchmarks/fused_head.py [--rows 8192 --hidden 3584 --vocab 152064] --out fused_head.json
+
+triton_over_in_gemm and triton_entropy_detached_over_entropy_detached in the JSON: the kernels' time over the
+torch path's, entropy in the loss and not.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 from pathlib import Path
@@ -31,11 +39,14 @@ from grpo_step import device_facts  # noqa: E402
 from hybridrl.algorithms import chunked_logprob as C  # noqa: E402
 from hybridrl.training import fused_logprob as F  # noqa: E402
 
-# name -> (weight-gradient path, chunk bytes or None for the default, entropy carries a gradient)
-VARIANTS = {"in_gemm": (F._add_in_gemm, None, True), "product": (F._add_product, None, True),
-            "entropy_detached": (F._add_in_gemm, None, False),
-            "entropy_detached_chunk_512": (F._add_in_gemm, 512 << 20, False),
-            "entropy_detached_chunk_1024": (F._add_in_gemm, 1024 << 20, False)}
+# name -> (weight-gradient path, chunk bytes or None for the default, entropy carries a gradient, Triton kernels)
+VARIANTS = {"in_gemm": (F._add_in_gemm, None, True, False), "product": (F._add_product, None, True, False),
+            "entropy_detached": (F._add_in_gemm, None, False, False),
+            "entropy_detached_chunk_512": (F._add_in_gemm, 512 << 20, False, False),
+            "entropy_detached_chunk_1024": (F._add_in_gemm, 1024 << 20, False, False),
+            "triton": (F._add_in_gemm, None, True, True),
+            "triton_entropy_detached": (F._add_in_gemm, None, False, True),
+            "triton_entropy_detached_chunk_1024": (F._add_in_gemm, 1024 << 20, False, True)}
 ORIGINAL = (F.add_weight_grad, C.CHUNK_BYTES)
 
 
@@ -63,18 +74,22 @@ def timed(fn):
 
 def run(rows: int, hidden: int, vocab: int, variant: str, seed: int = 0):
     h, w, t, g = inputs(rows, hidden, vocab, seed)
-    add, chunk_bytes, entropy_grad = VARIANTS[variant]
-    F.add_weight_grad, C.CHUNK_BYTES = add, chunk_bytes or ORIGINAL[1]
+    add, chunk_bytes, entropy_grad, kernels = VARIANTS[variant]
 
     def step():
         out = F.fused_logprob_entropy(h, w, t, 0.8, True, entropy_grad)
         (out * g).sum().backward()
         return out.detach()
+    F.add_weight_grad, C.CHUNK_BYTES = add, chunk_bytes or ORIGINAL[1]
+    os.environ["HYBRIDRL_FUSED"] = "1" if kernels else "0"
     try:
+        if (F._HeadLogits.kernels((h, w)) is not None) != kernels:   # never time the other path under this name
+            raise RuntimeError(f"{variant}: the Triton kernels are {'not ' if kernels else ''}in use")
         out, seconds, peak = timed(step)
         return out, h.grad, w.grad, seconds, peak
     finally:
         F.add_weight_grad, C.CHUNK_BYTES = ORIGINAL
+        os.environ.pop("HYBRIDRL_FUSED")
 
 
 def gemm_only(rows: int, hidden: int, vocab: int) -> float:
@@ -141,6 +156,9 @@ def main() -> None:
     v = result["variants"]
     result["in_gemm_over_product"] = v["in_gemm"]["s_median"] / v["product"]["s_median"]
     result["entropy_detached_over_in_gemm"] = v["entropy_detached"]["s_median"] / v["in_gemm"]["s_median"]
+    result["triton_over_in_gemm"] = v["triton"]["s_median"] / v["in_gemm"]["s_median"]
+    result["triton_entropy_detached_over_entropy_detached"] = (v["triton_entropy_detached"]["s_median"]
+                                                               / v["entropy_detached"]["s_median"])
     Path(a.out).write_text(json.dumps(result, indent=1))
 
 

@@ -78,12 +78,16 @@ class UpdateConfig:
     lora_forward: str = "fused"   # LoRA only: "fused" (training/lora_linear.py, what the trainer runs) or "peft"
     kept_layers: int = 0          # with checkpointing: the last decoder layers that keep their activations
     max_tokens: int | None = None   # token-budgeted micro-batches: at most this many tokens each
+    unshard_once: bool = False      # ':once': blocks all-gathered once per mini-batch, not twice per micro-batch
 
     @classmethod
     def parse(cls, spec: str) -> UpdateConfig:
         parts = spec.split(":")
+        once = parts[-1] == "once"
+        if once:
+            parts = parts[:-1]
         if len(parts) not in (3, 4):
-            raise ValueError(f"{spec!r}: expected KIND:CKPT:MICRO or KIND:CKPT:MICRO:FORWARD")
+            raise ValueError(f"{spec!r}: expected KIND:CKPT:MICRO[:FORWARD][:once]")
         kind, ckpt, micro, forward = (*parts, "fused")[:4]
         if kind != "full" and not (kind.startswith("lora") and kind[4:].isdigit()):
             raise ValueError(f"{spec!r}: KIND must be 'full' or 'loraR' (e.g. lora64)")
@@ -99,7 +103,7 @@ class UpdateConfig:
         if forward not in ("fused", "peft") or (kind == "full" and len(parts) == 4):
             raise ValueError(f"{spec!r}: FORWARD (LoRA only) must be 'fused' or 'peft'")
         return cls(spec, 0 if kind == "full" else int(kind[4:]), ckpt != "nockpt", 0 if budget else int(micro),
-                   forward, int(kept), int(budget) if budget else None)
+                   forward, int(kept), int(budget) if budget else None, once)
 
     def forward_equivalents(self, layers: int = 1) -> float:
         recomputed = (layers - self.kept_layers) / layers if self.checkpointing else 0.0
@@ -307,7 +311,7 @@ class ActorBench:
         section = per_rank_section(self.config.actor, rows, cfg.micro or None, cfg.max_tokens)
         return DataParallelPPOActor(section, self.module, self.optimizer, self.scheduler,
                                     use_remove_padding=bool(self.config.model.use_remove_padding),
-                                    share_prompts=self.share_prompts)
+                                    share_prompts=self.share_prompts, unshard_once=cfg.unshard_once)
 
 
 def set_lora_forward(module, forward: str) -> None:
@@ -386,7 +390,7 @@ def run_config(bench: ActorBench, cfg: UpdateConfig, batch: DataProto, args) -> 
                                              + bench.facts["head_params"] * response_tokens)
     return {"lora_rank": cfg.lora_rank, "lora_forward": cfg.lora_forward if cfg.lora_rank else None,
             "checkpointing": cfg.checkpointing, "micro_batch_rows": cfg.micro or None,
-            "micro_batch_max_tokens": cfg.max_tokens, "response_tokens": response_tokens,
+            "micro_batch_max_tokens": cfg.max_tokens, "unshard_once": cfg.unshard_once, "response_tokens": response_tokens,
             "micro_batches": n_micro, "is_gradient_checkpointing": recompute_on(bench.module),
             "recomputed_layers": recomputed_layers(bench.module), "layers": layers,
             "first_layer_forwards_per_micro_batch": calls[0] / n_micro,

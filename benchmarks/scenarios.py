@@ -109,6 +109,18 @@ SMALL = [
              "nvidia-h200", "long_tail", (
                  py("benchmarks/decode_floor.py", "--out", "{out}/decode_floor.json"),
                  py("benchmarks/decode_floor.py", "--engine-only", "--out", "{out}/decode_async.json"))),
+    Scenario("decode-gemm", "the decode step's GEMMs at 1-256 rows: cuBLAS, TunableOp and a Triton skinny GEMM "
+             "against the weight-bytes floor, 1.5B and 7B shapes", "nvidia-h200", "long_tail", (
+                 py("benchmarks/decode_gemm.py", "--models", "1.5B,7B", "--rows", "1,8,32,64,256",
+                    "--out", "{out}/decode_gemm.json"),)),
+    Scenario("update-unshard-once-1.5b", "the long-tail 1.5B update (256 rows, mean 1,000 of 4,096, 16k-token "
+             "micro-batches): weights gathered per micro-batch vs once per mini-batch, with 14 or 13 kept layers",
+             "nvidia-h200", "long_tail", (
+                 py("benchmarks/profile_update.py", "--preset", "qwen2.5-1.5b", "--workdir", "{work}/hb", "--rows",
+                    "256", "--n", "8", "--prompt-len", "256", "--response-len", "4096", "--mean-response-len", "1000",
+                    "--repeat", "2", "--profile-skip", "2", "--profile-micro", "2", "--configs",
+                    "full:keep14:tok16384,full:keep13:tok16384:once,full:keep14:tok16384:once,full:keep14:tok16384",
+                    "--out", "{out}/update_unshard_once.json"),)),
     Scenario("spec-decode", "speculative decoding on vs off: the long-tail 1.5B (32 x 8, <= 4,096), SmolLM2 on a + b "
              "(64 x 8, the recipe's sampling); then its GPU tests", "nvidia-h200", None, (
                  py("benchmarks/spec_decode.py", "--long-tail", "--preset", "qwen2.5-1.5b", "--response-len", "4096",

@@ -26,6 +26,11 @@ Choices:
   term (three passes over each chunk).
 - Each chunk's fp32 logits are a buffer of the routine's own, overwritten in place (shifted, then turned into
   probabilities or gradients), which keeps the two-chunk bound.
+- A source may offer Triton kernels for its raw chunks (`kernels(inputs)`: the fused head on CUDA in bf16/fp16,
+  training/triton_logprob.py): then each chunk is the source's undivided logits in their own dtype, forward is one
+  kernel pass over it and backward one more that writes dz over it — the same finite formulas in fp32, without
+  the fp32 chunk (two chunks in the compute dtype at most). Everything else (CPU, `GivenLogits`, HYBRIDRL_FUSED=0)
+  takes the torch formulas above.
 """
 
 from __future__ import annotations
@@ -64,6 +69,10 @@ class GivenLogits:
         return inputs[0].dtype
 
     @staticmethod
+    def kernels(inputs: tuple[torch.Tensor, ...]) -> None:
+        return None   # the torch formulas: logits of any dtype, possibly -inf
+
+    @staticmethod
     def new_grads(inputs: tuple[torch.Tensor, ...], needs: tuple[bool, ...]) -> list:
         return [torch.empty_like(inputs[0]) if needs[0] else None]
 
@@ -83,11 +92,16 @@ class _ChunkedLogProbEntropy(torch.autograd.Function):
         n = inputs[0].shape[0]
         log_p = torch.zeros(n, dtype=torch.float32, device=inputs[0].device)
         ent, lse, row_max = torch.zeros_like(log_p), torch.empty_like(log_p), torch.empty_like(log_p)
-        finite = source.finite
+        finite, kernels = source.finite, source.kernels(inputs)
         if finite:
             row_max.zero_()
         for s in range(0, n, rows):
             e = min(s + rows, n)
+            if kernels is not None:   # one pass over the raw chunk
+                kernels.logprob_entropy_forward(source.raw_logits(inputs, s, e),
+                                                None if targets is None else targets[s:e], source.temperature,
+                                                lse[s:e], log_p[s:e], ent[s:e] if with_entropy else None)
+                continue
             z = source.logits(inputs, s, e)
             if not finite:
                 row_max[s:e] = z.amax(dim=-1)
@@ -122,9 +136,17 @@ class _ChunkedLogProbEntropy(torch.autograd.Function):
         lse, row_max, ent = saved[-3:]
         source, rows, n = ctx.source, ctx.rows, inputs[0].shape[0]
         grads = source.new_grads(inputs, ctx.needs_input_grad[5:])
-        dtype = source.grad_dtype(inputs)
+        dtype, kernels = source.grad_dtype(inputs), source.kernels(inputs)
         for s in range(0, n, rows):
             e = min(s + rows, n)
+            if kernels is not None:   # dz over the recomputed raw chunk, in its dtype
+                dz = kernels.logprob_entropy_backward(
+                    source.raw_logits(inputs, s, e), targets[s:e] if ctx.with_log_p else None, lse[s:e], ent[s:e],
+                    grad_log_p[s:e] if ctx.with_log_p else None, grad_ent[s:e] if ctx.entropy_grad else None,
+                    source.temperature)
+                source.add_grads(inputs, grads, s, e, dz)
+                del dz
+                continue
             z = source.logits(inputs, s, e)
             log_p = (z if source.finite else z.sub_(row_max[s:e, None])).sub_(lse[s:e, None])
             p = log_p.exp()
@@ -164,8 +186,10 @@ def chunked_logprob_entropy(source, inputs: tuple[torch.Tensor, ...], targets: t
 
     A source (see `GivenLogits`) has `temperature`, `finite` (no -inf logits), `vocab(inputs)`, `logits(inputs, s, e)` (rows s:e as a fresh
     fp32 [e-s, V] buffer, already divided by the temperature), `grad_dtype(inputs)`, `new_grads(inputs, needs)`,
-    `add_grads(inputs, grads, s, e, dz)` (dz: the rows' gradient of the undivided logits, in grad_dtype) and
-    `finish_grads(inputs, grads)` (one gradient or None per input)."""
+    `add_grads(inputs, grads, s, e, dz)` (dz: the rows' gradient of the undivided logits, in grad_dtype),
+    `finish_grads(inputs, grads)` (one gradient or None per input) and `kernels(inputs)`: None, or the module of
+    Triton kernels (training/triton_logprob.py) for a finite source that then also has `raw_logits(inputs, s, e)`
+    (rows s:e, fresh, undivided, in grad_dtype), used instead of `logits`."""
     rows = chunk_rows(source.vocab(inputs), chunk_size)
     targets = None if targets is None else targets.reshape(-1).long()
     return _ChunkedLogProbEntropy.apply(source, targets, rows, bool(with_entropy), bool(entropy_grad), *inputs)

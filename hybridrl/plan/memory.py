@@ -50,6 +50,7 @@ class Residency:
     liger: bool = False             # the actor's training graph uses Liger's RMSNorm / SwiGLU (training/liger.py)
     kept_layers: int = 0            # with the actor's checkpointing: its last decoder layers that keep their
                                     # activations instead of recomputing them (0: every layer recomputes)
+    update_unshard_once: bool = False   # the actor's update keeps every block unsharded for a whole mini-batch
     critic_kept_layers: int = 0     # the same for the critic's
     router_aux_loss: bool = False   # MoE: the actor's load-balancing loss is on (its router logits kept to backward)
     router_z_loss: bool = False     # MoE: the router z-loss is on
@@ -123,13 +124,14 @@ class MemoryModel:
     # ------------------------------------------------------------------ transient (per phase)
     def _fsdp_working(self, shape: ModelShape, unshard_once: bool, backward: bool, frozen: bool = False) -> int:
         """Unsharded bf16 parameters during compute: all of them (unshard once), else the root (embedding and
-        head) plus two blocks (the one computing and the one prefetched), plus a block's gradients in backward
+        head) plus two blocks (the one computing and the one prefetched); plus a block's gradients in backward
         (none for a frozen LoRA base: its adapters' gradients are counted with the actor's)."""
-        if unshard_once:
-            return shape.num_params * 2
-        root = shape.embed_params * (1 if shape.tied else 2) * 2
         block = shape.layer_params
-        return root + 2 * block * 2 + (block * (2 + 4) if backward and not frozen else 0)
+        grads = block * (2 + 4) if backward and not frozen else 0
+        if unshard_once:
+            return shape.num_params * 2 + grads
+        root = shape.embed_params * (1 if shape.tied else 2) * 2
+        return root + 2 * block * 2 + grads
 
     def _train_activations(self, shape: ModelShape, tokens: int, checkpointing: bool, offload: bool = False,
                            liger: bool = False, kept_layers: int = 0) -> int:
@@ -212,11 +214,12 @@ class MemoryModel:
         # the embedding's backward; none with LoRA's frozen head).
         head_moment = {"activations": kept + tokens * s.hidden * ((2 if r.liger else 4) + 2),
                        "log-prob head": self._logprob_head(micro_rows * response_len, grad=True, head_frozen=lora),
-                       "unsharded params": self._fsdp_working(s, False, backward=False)}
+                       "unsharded params": self._fsdp_working(s, r.update_unshard_once, backward=False)}
         layer_moment = {"activations": self._train_activations(s, tokens, r.gradient_checkpointing,
                                                                r.activation_offload, r.liger, r.kept_layers) + router,
                         "log-prob head": 0 if lora else s.vocab * s.hidden * 2,
-                        "unsharded params": self._fsdp_working(s, False, backward=True, frozen=lora)}
+                        "unsharded params": self._fsdp_working(s, r.update_unshard_once, backward=True,
+                                                               frozen=lora)}
         parts.update(max(head_moment, layer_moment, key=lambda m: sum(m.values())))
         parts["optimizer step"] = self._optimizer_step(r.lora_params or s.num_params, r.master_bytes, r.shard)
         return PhaseMemory("update_actor", parts)

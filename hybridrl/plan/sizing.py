@@ -41,8 +41,8 @@ class DeviceSpec:
 @dataclass(frozen=True)
 class MicroBatching:
     """How one pass splits its per-GPU rows: `rows` per micro-batch, or (rows None) micro-batches of at most
-    `max_tokens` tokens (use_dynamic_bsz); both None where the pass does not run. `unshard_once`: a no-grad pass
-    gathers the sharded weights once for all its micro-batches."""
+    `max_tokens` tokens (use_dynamic_bsz); both None where the pass does not run. `unshard_once`: the pass gathers
+    the sharded weights once for all its micro-batches (an update: once per mini-batch)."""
     rows: int | None = None
     max_tokens: int | None = None
     unshard_once: bool = False
@@ -140,7 +140,7 @@ class Sizing:
     def dynamic(self, key: str, micro_key: str) -> bool:
         return resolve_dynamic_bsz(self.get(key), self.get(micro_key), self.device.type, key, micro_key, self.choices)
 
-    def _over(self, key: str, value, peak: PhaseMemory) -> str:
+    def over(self, key: str, value, peak: PhaseMemory) -> str:
         return (f"'{key}' = {value}: phase {peak.phase} is predicted to peak at {peak.total / GiB:.1f} GiB per GPU, "
                 f"over {SAFETY:.0%} of {self.device.total_bytes / GiB:.1f} GiB; ")
 
@@ -154,7 +154,7 @@ class Sizing:
         if not is_auto(value):
             if budget is not None and peak(value).total > budget:
                 fit = next((d for d in candidates if peak(d).total <= budget), None)
-                raise ConfigError([self._over(key, value, peak(value))
+                raise ConfigError([self.over(key, value, peak(value))
                                    + (f"set it to {fit} (or 'auto')" if fit else no_fit_hint(key, peak(1)))])
             return value
         within = [d for d in candidates if tokens(d) <= tokens_target] or [candidates[-1]]
@@ -174,7 +174,7 @@ class Sizing:
         value, budget, longest = self.get(key), self.budget, self.seq_len
         if not is_auto(value):
             if budget is not None and peak(value).total > budget:
-                raise ConfigError([self._over(key, value, peak(value))
+                raise ConfigError([self.over(key, value, peak(value))
                                    + f"lower it (at least {longest}) or set 'auto'"])
             return value
         tokens = max(tokens_target, longest)

@@ -72,10 +72,10 @@ FORWARD_INPUTS = ("responses", "input_ids", "attention_mask", "position_ids")
 class DataParallelPPOActor(FSDPUpdater):
     def __init__(self, config, module: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None,
                  scheduler=None, use_remove_padding: bool | None = None, sp_group=None,
-                 activation_offload: bool = False, share_prompts: bool = False):
+                 activation_offload: bool = False, share_prompts: bool = False, unshard_once: bool = False):
         super().__init__(config, module, optimizer, scheduler,
                          bool(config.get("use_remove_padding", False) if use_remove_padding is None
-                              else use_remove_padding), activation_offload)
+                              else use_remove_padding), activation_offload, unshard_once)
         self.sp_group = sp_group  # Ulysses: every rank of this group gets the same rows and runs 1/P of the tokens
         self.share_prompts = share_prompts  # the plan's use_prefix_grouper: a micro-batch's rows run each prompt once
         self.fused_head = plain_linear_head(module)

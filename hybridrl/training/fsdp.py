@@ -143,19 +143,25 @@ def should_keep_unsharded(model: torch.nn.Module, mode, num_micro_batches: int, 
 
 
 @contextmanager
-def keep_unsharded(model: torch.nn.Module, enabled: bool = True):
-    """Inside: blocks stay unsharded after their forward, so later micro-batches of a no-grad pass skip the
-    all-gathers. On exit every FSDP module is resharded and gets its reshard-after-forward setting back, so
-    nothing unsharded outlives the pass (the hybrid engine's memory order relies on it)."""
+def keep_unsharded(model: torch.nn.Module, enabled: bool = True, backward: bool = False):
+    """Inside: blocks stay unsharded after their forward (and, with `backward`, after their backward), so later
+    micro-batches skip the all-gathers: a no-grad pass, or one mini-batch of an update (its optimizer step must
+    come after the exit, which drops the unsharded copies it would leave stale). On exit every FSDP module is
+    resharded and gets its settings back, so nothing unsharded outlives the pass (the hybrid engine's memory order
+    relies on it)."""
     modules = [m for m in model.modules() if isinstance(m, FSDPModule)] if enabled else []
     for m in modules:
         m.set_reshard_after_forward(False, recurse=False)
+        if backward:
+            m.set_reshard_after_backward(False, recurse=False)
     try:
         yield
     finally:
         restore = getattr(model, "fsdp_reshard_after_forward", True)
         for m in modules:
             m.set_reshard_after_forward(restore, recurse=False)
+            if backward:
+                m.set_reshard_after_backward(True, recurse=False)
             m.reshard()
 
 

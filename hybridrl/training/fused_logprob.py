@@ -10,14 +10,22 @@ the gradients of the hidden states and of the head weight.
 Choices:
 - The head weight's gradient is summed in fp32 across chunks, inside each chunk's GEMM on CUDA
   (`add_weight_grad`), and returned in the weight's dtype; the hidden states' gradient has their dtype.
-- Peak extra memory is about two fp32 chunks of logits, whatever the micro-batch.
+- On CUDA in bf16/fp16 with Triton importable (and HYBRIDRL_FUSED not 0), the chunks' elementwise work is
+  training/triton_logprob.py's two kernels over the raw bf16 chunk (`_HeadLogits.kernels`): one read in forward,
+  one read and write in backward, instead of about ten fp32 passes — the same formulas in fp32. Elsewhere (CPU,
+  fp32 weights, HYBRIDRL_FUSED=0) the torch formulas of algorithms/chunked_logprob.py run.
+- Peak extra memory is about two chunks of logits, whatever the micro-batch: fp32 on the torch path, the
+  compute dtype with the kernels.
 """
 
 from __future__ import annotations
 
+from types import ModuleType
+
 import torch
 
 from hybridrl.algorithms.chunked_logprob import chunked_logprob_entropy
+from hybridrl.models import fused
 
 
 def _add_in_gemm(grad_w: torch.Tensor, dz: torch.Tensor, h: torch.Tensor) -> None:
@@ -53,11 +61,27 @@ class _HeadLogits:
     def vocab(inputs: tuple[torch.Tensor, ...]) -> int:
         return inputs[1].shape[0]
 
+    @staticmethod
+    def raw_logits(inputs: tuple[torch.Tensor, ...], s: int, e: int) -> torch.Tensor:
+        """One chunk's h @ W.T in the compute dtype, undivided."""
+        hidden, weight = inputs
+        return hidden[s:e] @ weight.t()
+
     def logits(self, inputs: tuple[torch.Tensor, ...], s: int, e: int) -> torch.Tensor:
         """fp32 logits of one chunk, scaled in place (each pass over a chunk is 441 x 152k floats at 7B)."""
-        hidden, weight = inputs
-        z = (hidden[s:e] @ weight.t()).float()
+        z = self.raw_logits(inputs, s, e).float()
         return z if self.temperature == 1.0 else z.div_(self.temperature)
+
+    @staticmethod
+    def kernels(inputs: tuple[torch.Tensor, ...]) -> ModuleType | None:
+        """The Triton kernels for raw chunks where they run (CUDA, or HYBRIDRL_FUSED=force under the interpreter;
+        a 16-bit compute dtype), else None: the torch formulas."""
+        hidden = inputs[0]
+        if not (fused.enabled(hidden) and hidden.dtype in (torch.bfloat16, torch.float16)):
+            return None
+        from hybridrl.training import triton_logprob
+
+        return triton_logprob
 
     @staticmethod
     def grad_dtype(inputs: tuple[torch.Tensor, ...]) -> torch.dtype:

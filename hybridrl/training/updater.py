@@ -1,7 +1,9 @@
 """What the PPO actor and critic updates share: one training step = ppo_epochs × mini-batches, each ending in one
 optimizer step with gradient clipping; a non-finite gradient norm skips that step and is counted; the lr
 scheduler steps once per training step; metrics are means over micro-batches, prefixed by the role. Where FSDP
-shards over one rank (`fsdp.grads_unsplit`) gradients are reduced once per mini-batch, in its last backward.
+shards over one rank (`fsdp.grads_unsplit`) gradients are reduced once per mini-batch, in its last backward. With
+`unshard_once` (the run plan's choice) the blocks are all-gathered once per mini-batch instead of twice per
+micro-batch (forward, and again for backward), for the memory of the model's unsharded compute-dtype copy.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from torch.distributed.tensor import DTensor
 
 from hybridrl.protocol import DataProto
 from hybridrl.training.activation_offload import maybe_offload
-from hybridrl.training.fsdp import grads_unsplit
+from hybridrl.training.fsdp import grads_unsplit, keep_unsharded
 from hybridrl.training.micro_batches import iter_mini_batches
 
 
@@ -34,7 +36,7 @@ def _mean(values: dict[str, list]) -> dict[str, float]:
 
 class FSDPUpdater:
     def __init__(self, config, module: torch.nn.Module, optimizer: torch.optim.Optimizer | None, scheduler,
-                 use_remove_padding: bool, activation_offload: bool = False):
+                 use_remove_padding: bool, activation_offload: bool = False, unshard_once: bool = False):
         self.config = config
         self.activation_offload = activation_offload   # model.enable_activation_offload (training/activation_offload.py)
         self._offload_stats: dict[str, int] = {}
@@ -45,6 +47,7 @@ class FSDPUpdater:
         self.device = next(module.parameters()).device
         self.nonfinite_skips = 0
         self.reduce_in_last_backward = grads_unsplit(module)
+        self.unshard_once = unshard_once
 
     def _train_step(self, data: DataProto, role: str, mini_step: Callable[[DataProto, dict], None]) -> dict[str, float]:
         """Run `mini_step(mini_batch, metrics)` (forward/backward over its micro-batches) for every mini-batch, each
@@ -56,8 +59,9 @@ class FSDPUpdater:
         self.module.train()
         for mini in iter_mini_batches(data, self.config, role):
             self.optimizer.zero_grad(set_to_none=True)
-            try:
-                mini_step(mini, metrics)
+            try:   # the unsharded copies are dropped before the optimizer step changes the sharded weights
+                with keep_unsharded(self.module, self.unshard_once, backward=True):
+                    mini_step(mini, metrics)
             finally:
                 if self.reduce_in_last_backward:
                     self.module.set_requires_gradient_sync(True)

@@ -115,7 +115,7 @@ class ActorRolloutRefWorker(RoleWorker):
             self.actor = DataParallelPPOActor(actor_cfg, self.actor_module, self.optimizer, self.scheduler,
                                               use_remove_padding=packed, sp_group=self.sp_group,
                                               activation_offload=cfg.model.enable_activation_offload,
-                                              share_prompts=share)
+                                              share_prompts=share, unshard_once=actor_plan.update.unshard_once)
             self._build_rollout(meshes.rollout)
         if self._has_ref and self._has_actor and has_lora(self.actor_module):
             # LoRA: the reference is the actor's own module with its adapters switched off (no second copy)

@@ -188,7 +188,11 @@ def test_checkpointing_auto_keeps_the_last_layers_that_fit_under_the_runs_peak()
     assert lora.actor.gradient_checkpointing and 0 < k < layers and every.actor.recompute_kept_layers == 0
     assert lora.actor.update.rows == every.actor.update.rows                      # the micro-batch is not shrunk
     ceiling = max(pm.total for pm in every.predicted.values())
-    assert every.predicted["update_actor"].total < lora.predicted["update_actor"].total <= ceiling
+    acts = [p.predicted["update_actor"].parts["activations"] for p in (every, lora)]
+    assert acts[0] < acts[1] and lora.predicted["update_actor"].total <= ceiling
+    # gathering the weights once per mini-batch would take the place of more than one kept layer: not chosen;
+    # with every layer recomputing there is room for it
+    assert not lora.actor.update.unshard_once and every.actor.update.unshard_once
     assert max(pm.total for pm in lora.predicted.values()) == ceiling  # the run's peak is not raised
     assert any(f"true for the first {layers - k} of {layers} decoder layers" in c for c in lora.choices)
     # the largest such count: each more kept layer adds its saved activations less its input
@@ -280,12 +284,17 @@ def test_gpu_plans_fuse_the_adamw_step_and_cpu_plans_count_its_temporaries():
 def test_lora_update_counts_no_gradients_for_the_frozen_base_or_head():
     """With LoRA the head weight and the unsharded blocks get no gradient buffers (measured on one H200 at 7B,
     r64: 26.8 GiB in the update; counting them predicted 32.1)."""
-    micro = [f"{A}.ppo_micro_batch_size_per_gpu=8", f"{CKPT}=true"]   # every layer recomputed
+    micro = [f"{A}.ppo_micro_batch_size_per_gpu=8", f"{CKPT}=true", f"{A}.update_unshard_once=false"]
     full, lora = plan(micro, hf=Q7), plan([*micro, "actor_rollout_ref.model.lora_rank=64"], hf=Q7)
     m, f, lo = full.model, full.predicted["update_actor"].parts, lora.predicted["update_actor"].parts
     # LoRA peaks in a layer's backward: the untied embedding and head plus two blocks unsharded in bf16, no block
     # gradients, no head-weight gradient held for the root's reduce
     assert lo["unsharded params"] == m.embed_params * 2 * 2 + 2 * m.layer_params * 2 and lo["log-prob head"] == 0
+    # gathered once per mini-batch (the plan's choice here, every layer recomputing): every parameter, still no
+    # gradient buffers for the frozen base
+    once = plan([*micro[:2], "actor_rollout_ref.model.lora_rank=64"], hf=Q7)
+    assert once.actor.update.unshard_once and not lora.actor.update.unshard_once
+    assert once.predicted["update_actor"].parts["unsharded params"] == m.num_params * 2
     # full fine-tuning peaks in the head's backward, which sums the head weight's gradient (fp32 and a bf16 product)
     assert f["log-prob head"] > m.vocab * m.hidden * 6
     assert lora.predicted["update_actor"].total < full.predicted["update_actor"].total
@@ -444,3 +453,25 @@ def test_token_budgets_are_the_default_on_gpus_and_explicit_rows_keep_their_mean
     assert plan([*dyn, f"{A}.ppo_max_token_len_per_gpu=9000"]).actor.update.max_tokens == 9000
     with pytest.raises(ConfigError, match="ppo_max_token_len_per_gpu' = 4000000"):
         plan([*dyn, f"{A}.ppo_max_token_len_per_gpu=4000000", f"{A}.use_dynamic_bsz=true"], hf=Q7)
+
+
+def test_update_gathers_its_weights_once_where_it_costs_at_most_one_kept_layer():
+    """The long-tail 1.5B update (16k-token micro-batches): gathering the weights once per mini-batch costs about
+    one kept layer's activations; it takes that layer's place, keeps the run's peak, and is said."""
+    q15 = qwen(1536, 8960, 28, 12, 2, True)
+    long_tail = ["data.train_batch_size=32", f"{A}.ppo_mini_batch_size=32", "data.max_response_length=4096",
+                 f"{A}.use_dynamic_bsz=auto", f"{A}.use_prefix_grouper=auto"]
+    auto, off = plan(long_tail, hf=q15), plan([*long_tail, f"{A}.update_unshard_once=false"], hf=q15)
+    assert auto.actor.update.unshard_once and not off.actor.update.unshard_once
+    assert auto.actor.gradient_checkpointing and off.actor.gradient_checkpointing
+    assert auto.actor.recompute_kept_layers == off.actor.recompute_kept_layers - 1 > 0
+    peak = [max(pm.total for pm in p.predicted.values()) for p in (auto, off)]
+    assert peak[0] == peak[1]
+    assert auto.predicted["update_actor"].parts["unsharded params"] == auto.model.num_params * 2
+    assert any(c.startswith(f"{A}.update_unshard_once = true") and "one kept layer fewer" in c for c in auto.choices)
+    # true where it cannot fit is refused naming the key; on a CPU (no memory model) auto is off
+    small = DeviceSpec("cuda", "small", int(40 * GiB))   # 7B LoRA fits at 33.9 GiB, +14.2 GiB gathered once
+    assert not plan(LORA7, hf=Q7, device=small).actor.update.unshard_once
+    with pytest.raises(ConfigError, match=f"'{A}.update_unshard_once' = True"):
+        plan([*LORA7, f"{A}.update_unshard_once=true"], hf=Q7, device=small)
+    assert not plan(long_tail, hf=q15, device=DeviceSpec("cpu", "cpu", None)).actor.update.unshard_once

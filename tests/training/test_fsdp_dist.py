@@ -1,8 +1,11 @@
 """2 gloo ranks: HSDP mesh shape, FSDP2 log-probs == single-process HF, an update step, sharded checkpoint
 save -> load -> next step (with gradient checkpointing) == uninterrupted next step (without), merged HF model == trained model, offload round trip,
-log-probs with the shards all-gathered once per pass == once per micro-batch (and fewer all-gathers); on the HSDP
+log-probs with the shards all-gathered once per pass == once per micro-batch (and fewer all-gathers); an update
+with the shards all-gathered once per mini-batch == twice per micro-batch (and fewer all-gathers); on the HSDP
 mesh gradients reduced in the last backward only == in every backward (and fewer reductions).
 One spawn runs all checks (process start-up dominates the cost)."""
+
+from functools import partial
 
 import pytest
 import torch
@@ -61,12 +64,13 @@ def _count_reductions(fn):  # FSDP2's gradient reduce-scatters and all-reduces
     return _count_calls(fn, ("reduce_scatter_tensor", "all_reduce"))
 
 
-def _build(model_dir, mesh, gradient_checkpointing=False):
+def _build(model_dir, mesh, gradient_checkpointing=False, unshard_once=False):
     model = build_fsdp_model({"path": str(model_dir), "use_remove_padding": True}, {"model_dtype": "fp32"}, mesh,
                              torch.device("cpu"), gradient_checkpointing=gradient_checkpointing)
     assert recompute_on(model) == gradient_checkpointing
     opt = build_optimizer(model.parameters(), OPTIM)
-    return DataParallelPPOActor(ACTOR, model, opt, build_lr_scheduler(opt, OPTIM), use_remove_padding=True)
+    return DataParallelPPOActor(ACTOR, model, opt, build_lr_scheduler(opt, OPTIM), use_remove_padding=True,
+                                unshard_once=unshard_once)
 
 
 def _rank_batch(rank, seed):
@@ -128,6 +132,21 @@ def _worker(rank, world, model_dir, tmp):
     m2_resumed = fresh.update_policy(data2)
     assert m2_resumed["actor/lr"] == m2["actor/lr"]
     torch.testing.assert_close(fresh.compute_log_prob(data2)[0], lp_uninterrupted, atol=1e-6, rtol=1e-6)
+
+    # an update with every block all-gathered once per mini-batch: the same update, fewer all-gathers, and
+    # nothing left unsharded after it (with gradient checkpointing: the recompute finds the blocks gathered too)
+    for ckpt in (False, True):
+        per_micro, once = _build(model_dir, mesh, ckpt), _build(model_dir, mesh, ckpt, unshard_once=True)
+        data4 = _rank_batch(rank, 40)   # 4 rows, micro-batches of 1: four forwards and backwards
+        data4.meta_info["micro_batch_size"] = 1
+        data4.batch["old_log_probs"] = per_micro.compute_log_prob(data4)[0]
+        m_micro, gathers_micro = _count_all_gathers(partial(per_micro.update_policy, data4))
+        m_once, gathers_once = _count_all_gathers(partial(once.update_policy, data4))
+        assert 0 < gathers_once < gathers_micro, (ckpt, gathers_once, gathers_micro)
+        assert all(isinstance(p, DTensor) for p in once.module.parameters())
+        assert m_once["actor/grad_norm"] == pytest.approx(m_micro["actor/grad_norm"], rel=1e-6)
+        torch.testing.assert_close(once.compute_log_prob(data4)[0], per_micro.compute_log_prob(data4)[0],
+                                   atol=1e-6, rtol=1e-6)
 
     # HSDP over shards of one rank: gradients are reduced in each mini-batch's last backward only, with the same
     # update as reducing in every backward

@@ -118,6 +118,11 @@ class ActorConfig(Section):
     router_replay: RouterReplayConfig
     ppo_epochs: int
     """passes over each rollout batch"""
+    update_unshard_once: Auto | bool
+    """keep every FSDP block all-gathered for a whole mini-batch of the update (one all-gather per block per
+    mini-batch instead of two per micro-batch) for the memory of the model in the compute dtype. auto = the run plan's
+    choice: on where the bf16 model <= 25% of GPU memory and it fits within the run's predicted peak, or costs at most
+    one layer that checkpointing would let keep its activations; off on CPU | true | false"""
     old_log_prob_pass: Auto | bool
     """auto = skipped when the update is one on-policy mini-batch (1 epoch, mini-batch = batch, no KL in reward): old
     log-probs are then the update's own, detached (ratio exactly 1) | true | false"""
