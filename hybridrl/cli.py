@@ -18,8 +18,6 @@ import logging
 import sys
 import traceback
 
-from omegaconf import OmegaConf
-
 # (module, the subcommand name shown when the module cannot be imported)
 _PLUGINS = [
     ("hybridrl.data.cli", "data"),
@@ -43,7 +41,7 @@ def _load(args):
 
 
 def _config_show(args) -> int:
-    print(OmegaConf.to_yaml(_load(args)), end="")
+    print(_load(args).to_yaml(), end="")
     return 0
 
 
@@ -165,7 +163,7 @@ def build_parser(with_plugins: bool = True) -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from hybridrl.config.validate import ConfigError
+    from hybridrl.config.errors import ConfigError
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     argv = sys.argv[1:] if argv is None else list(argv)

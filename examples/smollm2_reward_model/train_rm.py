@@ -41,7 +41,7 @@ from transformers import (
     get_linear_schedule_with_warmup,
 )
 
-from hybridrl.config.limits import TOKENIZER_FILES
+from hybridrl.config.tokenizer_files import TOKENIZER_FILES
 from hybridrl.rollout.config import EngineConfig
 from hybridrl.rollout.engine import LLMEngine
 from hybridrl.rollout.sampling_params import SamplingParams

@@ -17,11 +17,10 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import torch
-from omegaconf import OmegaConf
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from hybridrl.rollout.tool_parser import parse_hermes
-from hybridrl.trainer.launch import prompt_tools
+from hybridrl.tools.registry import load_tool_config
 
 HERE = Path(__file__).resolve().parent
 TOOLS = HERE.parent / "multiturn_calculator" / "tool_config.yaml"
@@ -56,7 +55,7 @@ def main(argv=None) -> dict:
     tok.chat_template = (HERE / "chat_template.jinja").read_text()
     tok.padding_side = "left"
     model = AutoModelForCausalLM.from_pretrained(a.model, dtype=torch.bfloat16 if a.dtype == "bf16" else torch.float32).eval()
-    tools = prompt_tools(OmegaConf.create({"enable": True, "tool_config_path": str(TOOLS)}))
+    tools = [tool.schema for tool in load_tool_config(str(TOOLS)).values()]
     rows = pq.read_table(a.data).to_pylist()[:a.rows]
     texts = [tok.apply_chat_template(r["prompt"], add_generation_prompt=True, tokenize=False, tools=tools) for r in rows]
     enc = tok(texts, return_tensors="pt", padding=True, add_special_tokens=False)

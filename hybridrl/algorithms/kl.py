@@ -101,7 +101,7 @@ def _cfg(cfg, key: str, default=None):
 
 
 def get_kl_controller(kl_ctrl):
-    """Build the controller from algorithm.kl_ctrl (a dict, DictConfig or object with type, kl_coef,
+    """Build the controller from algorithm.kl_ctrl (a dict or a config section with type, kl_coef,
     target_kl, horizon)."""
     kind = _cfg(kl_ctrl, "type", "fixed")
     kl_coef = _cfg(kl_ctrl, "kl_coef")

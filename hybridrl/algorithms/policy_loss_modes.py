@@ -1,7 +1,7 @@
 """verl's registered policy losses (`actor.policy_loss.loss_mode`): vanilla, gspo, gpg, clip_cov, kl_cov, cispo.
 
 Each has verl's signature `fn(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config,
-rollout_is_weights) -> (pg_loss, metrics)`, with `config` the actor config (a dict, DictConfig or object with
+rollout_is_weights) -> (pg_loss, metrics)`, with `config` the actor config (a dict or a config section with
 clip_ratio, clip_ratio_low, clip_ratio_high, clip_ratio_c, policy_loss.{clip_cov_*, kl_cov_ratio, ppo_kl_coef},
 and optionally global_batch_info for agg_loss), and metrics as floats under verl's `actor/...` names.
 - vanilla: PPO clip-higher + dual-clip (policy_loss.compute_policy_loss).

@@ -225,11 +225,11 @@ def apply_rollout_correction(batch, cfg) -> dict[str, float]:
     b = batch.batch
     mask, log_ratio = b["response_mask"], b["old_log_probs"].float() - b["rollout_log_probs"].float()
     metrics: dict[str, float] = {}
-    if cfg.get("rollout_is") is not None:
+    if cfg.rollout_is is not None:
         b["rollout_is_weights"], is_metrics = rollout_is_weights(
             log_ratio, mask, cfg.rollout_is, float(cfg.rollout_is_threshold), bool(cfg.rollout_is_batch_normalize))
         metrics.update(is_metrics)
-    if cfg.get("rollout_rs") is not None:
+    if cfg.rollout_rs is not None:
         b["response_mask"], rs_metrics = rejection_mask(log_ratio, mask, cfg.rollout_rs, cfg.rollout_rs_threshold)
         metrics.update(rs_metrics)
     if mask.any():

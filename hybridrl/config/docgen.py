@@ -1,126 +1,102 @@
-"""Generate docs/config.md from the packaged YAML files and their comments.
+"""Generate docs/config.md from the config's section dataclasses and the packaged YAML files.
 
     python -m hybridrl.config.docgen > docs/config.md
 
-The loaded YAML gives the keys (its order) and defaults; a line scan gives each key's comment (the
-inline `# ...`, else the comment lines right above it) and the default exactly as written (so
-`${...}` interpolations and `1.0e-6` show as in the file). Types and allowed values come from the same
-tables the validator uses, so the reference cannot disagree with what load_config accepts. A test
-compares the committed file with this output.
+The dataclasses give the keys (in order), each key's type and allowed values (its annotation) and its meaning (the
+string below the field); the YAML gives the defaults exactly as written (a line scan, so `${...}` interpolations
+and `1.0e-6` show as in the file) and a file's header comment. Types come from the annotations the validator
+checks, so the reference cannot disagree with what load_config accepts. A test compares the committed file with
+this output.
 """
 
 from __future__ import annotations
 
 import re
 import sys
-from pathlib import Path
+from typing import get_args, get_origin
 
-from omegaconf import OmegaConf
-
-from hybridrl.config.schema import (
-    ALIASES,
-    CONFIG_DIR,
-    ENUMS,
-    EXTRA_TYPES,
-    NULL_DEFAULT_TYPES,
-    NULLABLE,
-    type_name,
-)
+from hybridrl.config.schema import ALIASES, CONFIG_DIR, allowed_values, is_section
+from hybridrl.config.sections import ROOTS
+from hybridrl.config.sections.base import Section, field_docs, field_types, members, type_name
 
 _KEY = re.compile(r"^(\s*)([A-Za-z_][\w\-]*):(.*)$")
 
 
-def _split_comment(rest: str) -> tuple[str, str]:
+def _split_comment(rest: str) -> str:
     quote = None
     for i, ch in enumerate(rest):
         if ch in "'\"":
             quote = None if quote == ch else (quote or ch)
         elif ch == "#" and quote is None and (i == 0 or rest[i - 1].isspace()):
-            return rest[:i].strip(), rest[i + 1:].strip()
-    return rest.strip(), ""
+            return rest[:i].strip()
+    return rest.strip()
 
 
-def scan_yaml(text: str) -> tuple[str, dict[str, tuple[str, str]]]:
-    """(header comment, {dotted key: (default as written, comment)})."""
+def scan_yaml(text: str) -> tuple[str, dict[str, str]]:
+    """(the header comment, {dotted key: its value as written})."""
     header: list[str] = []
-    pending: list[str] = []
     stack: list[tuple[int, str]] = []
-    out: dict[str, tuple[str, str]] = {}
-    seen_key = False
+    out: dict[str, str] = {}
     for line in text.splitlines():
         stripped = line.strip()
-        if not stripped:
-            pending = []
-            continue
-        if stripped.startswith("#"):
-            (pending if seen_key else header).append(stripped.lstrip("#").strip())
-            continue
+        if stripped.startswith("#") and not out:
+            header.append(stripped.lstrip("#").strip())
         m = _KEY.match(line)
         if not m:
             continue
-        seen_key = True
         indent, key, rest = len(m.group(1)), m.group(2), m.group(3)
         while stack and stack[-1][0] >= indent:
             stack.pop()
-        path = ".".join([k for _, k in stack] + [key])
-        value, comment = _split_comment(rest)
-        out[path] = (value, comment or " ".join(pending))
-        pending = []
+        out[".".join([k for _, k in stack] + [key])] = _split_comment(rest)
         stack.append((indent, key))
     return " ".join(header), out
 
 
-def _leaves(tree: dict, prefix: str = ""):
-    for k, v in tree.items():
-        if isinstance(v, dict) and v:
-            yield from _leaves(v, f"{prefix}{k}.")
+def _fields(cls: type[Section], prefix: str = ""):
+    """(dotted key, annotation, meaning) of every leaf field, in declaration order."""
+    docs = field_docs(cls)
+    for name, ann in field_types(cls).items():
+        if is_section(ann):
+            yield from _fields(ann, f"{prefix}{name}.")
         else:
-            yield f"{prefix}{k}", v
+            yield f"{prefix}{name}", ann, docs.get(name, "")
 
 
-def _type_cell(path: str, resolved_default) -> str:
-    if resolved_default is None:
-        t = NULL_DEFAULT_TYPES.get(path)
-        name = f"{type_name(t)} or null" if t else "any"
-    else:
-        name = type_name(EXTRA_TYPES.get(path, type(resolved_default)))
-        if isinstance(resolved_default, list) and resolved_default:
-            name = f"list[{type_name(type(resolved_default[0]))}]"
-        name += " or null" if path in NULLABLE else ""
-    if path in ENUMS:
-        name += ": " + ", ".join(f"`{v}`" for v in ENUMS[path])
-    return name
+def _type_cell(ann) -> str:
+    parts = [f"list[{type_name(get_args(m)[0])}]" if get_origin(m) is list else type_name(m)
+             for m in members(ann) if m is not type(None)]
+    name = " | ".join(dict.fromkeys(parts)) + (" or null" if type(None) in members(ann) else "")
+    allowed = allowed_values(ann)
+    return name + (": " + ", ".join(f"`{v}`" for v in allowed) if allowed else "")
 
 
 def _cell(text: str) -> str:
     return text.replace("|", "\\|")
 
 
-def render_file(path: Path) -> str:
-    header, scanned = scan_yaml(path.read_text())
-    raw = OmegaConf.to_container(OmegaConf.load(path), resolve=False)
-    resolved = OmegaConf.to_container(OmegaConf.load(path), resolve=True)
-    resolved_leaves = dict(_leaves(resolved))
+def render_file(name: str) -> str:
+    path = CONFIG_DIR / f"{name}.yaml"
+    header, written = scan_yaml(path.read_text())
     lines = [f"## {path.name}", ""]
     if header:
         lines += [header, ""]
     section = None
-    for key, _ in _leaves(raw):
+    for key, ann, meaning in _fields(ROOTS[name]):
         top = key.split(".")[0]
         if top != section:
             section = top
             lines += ["", f"### {top}", "", "| key | default | type | meaning |", "|---|---|---|---|"]
-        written, comment = scanned.get(key, ("", ""))
         if key in ALIASES:
-            comment += " (verl spellings accepted: " + ", ".join(f"`{a}` = `{c}`" for a, c in ALIASES[key].items()) + ")"
-        lines.append(f"| `{key}` | `{_cell(written)}` | {_cell(_type_cell(key, resolved_leaves[key]))} | "
-                     f"{_cell(comment.strip())} |")
+            spellings = ", ".join(f"`{a}` = `{c}`" for a, c in ALIASES[key].items())
+            meaning += f" (verl spellings accepted: {spellings})"
+        lines.append(f"| `{key}` | `{_cell(written[key])}` | {_cell(_type_cell(ann))} | {_cell(meaning.strip())} |")
     return "\n".join(lines) + "\n"
 
 
 INTRO = """# Configuration reference
 
-Generated from `hybridrl/config/*.yaml` by `python -m hybridrl.config.docgen > docs/config.md`; do not
+Generated from the config's section dataclasses (`hybridrl/config/sections/`) and the defaults in
+`hybridrl/config/*.yaml` by `python -m hybridrl.config.docgen > docs/config.md`; do not
 edit by hand (`tests/config/test_docgen.py` fails when the two differ). Key names follow verl.
 
 Setting keys (later wins): the packaged defaults, then `--config FILE` (nested YAML like verl's; dotted
@@ -213,9 +189,8 @@ budget or at the model length the KV was sized for), beside the turn and length 
 """
 
 
-def render_all(config_dir: Path = CONFIG_DIR) -> str:
-    files = sorted(config_dir.glob("*.yaml"), key=lambda p: (p.stem != "ppo_trainer", p.name))
-    return INTRO + "".join("\n" + render_file(p) for p in files)
+def render_all() -> str:
+    return INTRO + "".join("\n" + render_file(name) for name in ROOTS)
 
 
 def main() -> None:

@@ -1,4 +1,5 @@
-"""Load a config: packaged default YAML <- optional user YAML <- command-line overrides, then validate.
+"""Load a config: packaged default YAML <- optional user YAML <- command-line overrides, then validate and build the
+typed config once (frozen section dataclasses, `config/sections/`); nothing after this module reads the YAML tree.
 
 Override syntax follows verl/Hydra so a verl command line carries over:
   `a.b=c`    set an existing key (an unknown key is an error naming the closest known key);
@@ -29,8 +30,9 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from hybridrl.config.schema import ALIAS_NOTES, ALIASES, CONFIG_DIR, load_defaults
-from hybridrl.config.validate import ConfigError, _closest, _leaf_paths, check_schema, check_semantics
+from hybridrl.config.errors import ConfigError
+from hybridrl.config.schema import ALIAS_NOTES, ALIASES, CONFIG_DIR, check_schema, closest_key, load_defaults
+from hybridrl.config.sections import ROOTS, PPOConfig, Section
 
 __all__ = ["load_config", "load_defaults", "parse_override", "Override", "CONFIG_DIR"]
 
@@ -91,7 +93,7 @@ def _apply_override(cfg: DictConfig, ov: Override, schema: dict) -> None:
     exists = OmegaConf.select(cfg, ov.key, default=_MISSING, throw_on_resolution_failure=False) is not _MISSING
     free = _free_dict_prefix(ov.key, schema)
     if ov.kind == "set" and not exists:
-        hint = _closest(ov.key, _siblings(ov.key, schema), _leaf_paths(schema))
+        hint = closest_key(ov.key, _siblings(ov.key, schema), _leaf_paths(schema))
         msg = f"override '{ov.key}={ov.value}': unknown key '{ov.key}'"
         msg += f"; did you mean '{hint}'?" if hint else ""
         if free:
@@ -104,6 +106,16 @@ def _apply_override(cfg: DictConfig, ov: Override, schema: dict) -> None:
         raise ConfigError([f"override '+{ov.key}': keys can be added only inside free dicts {frees}; "
                            f"'{ov.key}' is not in the schema" + _hint(ov.key, schema)])
     OmegaConf.update(cfg, ov.key, ov.value, merge=False, force_add=True)
+
+
+def _leaf_paths(tree: dict, prefix: str = "") -> list[str]:
+    """Every key of a plain tree, sections included (free dicts, `{}`, are keys)."""
+    out = []
+    for k, v in tree.items():
+        out.append(f"{prefix}{k}")
+        if isinstance(v, dict) and v:
+            out += _leaf_paths(v, f"{prefix}{k}.")
+    return out
 
 
 def _siblings(key: str, schema: dict) -> list[str]:
@@ -121,7 +133,7 @@ def _node(tree: dict, path: str):
 
 
 def _hint(key: str, schema: dict) -> str:
-    hint = _closest(key, _siblings(key, schema), _leaf_paths(schema))
+    hint = closest_key(key, _siblings(key, schema), _leaf_paths(schema))
     return f" (closest known key: '{hint}')" if hint else ""
 
 
@@ -187,7 +199,7 @@ def _normalize_micro_batches(cfg: DictConfig, user_keys: set[str]) -> None:
     world = cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node
     sp = cfg.actor_rollout_ref.actor.ulysses_sequence_parallel_size
     if world <= 0 or sp <= 0 or world % sp:
-        return  # check_semantics reports it
+        return  # PPOConfig.validate reports it
     pairs = [("actor_rollout_ref.actor.ppo_micro_batch_size", world // sp),
              ("actor_rollout_ref.rollout.log_prob_micro_batch_size", world // sp),
              ("actor_rollout_ref.ref.log_prob_micro_batch_size", world // sp),
@@ -213,8 +225,9 @@ def _normalize_micro_batches(cfg: DictConfig, user_keys: set[str]) -> None:
 
 
 def load_config(config_file: str | Path | None = None, overrides: tuple[str, ...] | list[str] = (),
-                defaults: str = "ppo_trainer", validate: bool = True) -> DictConfig:
-    """Merge defaults, `config_file` and `overrides`, resolve interpolations, validate (ConfigError)."""
+                defaults: str = "ppo_trainer", validate: bool = True) -> Section:
+    """Merge defaults, `config_file` and `overrides`, resolve interpolations, validate (ConfigError) and build the
+    typed config once: a PPOConfig for ppo_trainer, an SFTConfig for sft_trainer (`config.sections.ROOTS`)."""
     cfg = load_defaults(defaults)
     schema = OmegaConf.to_container(cfg, resolve=True)
     user_keys: set[str] = set()
@@ -242,17 +255,21 @@ def load_config(config_file: str | Path | None = None, overrides: tuple[str, ...
     except OmegaConfBaseException as e:
         raise ConfigError([f"interpolation failed at '{getattr(e, 'full_key', '?')}': {e}"]) from e
     _apply_aliases(cfg)
-    if validate:
-        if defaults == "ppo_trainer":  # its registrations (policy losses, estimators) are valid config values
-            from hybridrl.models.external_lib import ExternalLibError, import_external_lib
+    root = ROOTS[defaults]
+    if not validate:
+        return root.from_dict(OmegaConf.to_container(cfg, resolve=True))
+    if defaults == "ppo_trainer":  # its registrations (policy losses, estimators) are valid config values
+        from hybridrl.models.external_lib import ExternalLibError, import_external_lib
 
-            try:
-                import_external_lib(OmegaConf.select(cfg, "actor_rollout_ref.model.external_lib"))
-            except ExternalLibError as e:
-                raise ConfigError([str(e)]) from e
-        check_schema(cfg, schema)
-        if defaults == "ppo_trainer":
-            _normalize_micro_batches(cfg, user_keys)
-            for w in check_semantics(cfg):
-                log.warning("config: %s", w)
-    return cfg
+        try:
+            import_external_lib(OmegaConf.select(cfg, "actor_rollout_ref.model.external_lib"))
+        except ExternalLibError as e:
+            raise ConfigError([str(e)]) from e
+    check_schema(OmegaConf.to_container(cfg, resolve=True), root)
+    if defaults == "ppo_trainer":
+        _normalize_micro_batches(cfg, user_keys)
+    typed = root.from_dict(OmegaConf.to_container(cfg, resolve=True))
+    if isinstance(typed, PPOConfig):
+        for w in typed.validate():
+            log.warning("config: %s", w)
+    return typed

@@ -20,9 +20,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from omegaconf import DictConfig, OmegaConf
-
-from hybridrl.config.validate import ConfigError
+from hybridrl.config.errors import ConfigError
+from hybridrl.config.sections import PPOConfig
 
 __all__ = ["MissingPathsError", "check_paths", "demo_home", "files_problem", "model_dir_problem", "path_problems"]
 
@@ -90,26 +89,25 @@ def files_problem(value, key: str) -> str | None:
     return f"{key}: {missing} not found ({how})"
 
 
-def path_problems(config: DictConfig | dict) -> list[str]:
+def path_problems(config: PPOConfig) -> list[str]:
     """Every path problem of a PPO/GRPO config (see the module docstring), in the order a run would meet them."""
-    c = OmegaConf.to_container(config, resolve=True) if isinstance(config, DictConfig) else config
-    problems = [model_dir_problem(c["actor_rollout_ref"]["model"]["path"], "actor_rollout_ref.model.path")]
-    if c["algorithm"]["adv_estimator"] == "gae":
-        problems.append(model_dir_problem(c["critic"]["model"]["path"], "critic.model.path"))
-    rm = c["reward_model"]
-    if rm["enable"] and rm["style"] == "model" and rm["model"]["path"] is not None:
-        problems.append(model_dir_problem(rm["model"]["path"], "reward_model.model.path"))
-    problems.append(files_problem(c["data"]["train_files"], "data.train_files"))
-    problems.append(files_problem(c["data"]["val_files"], "data.val_files"))
-    reward_file = c["custom_reward_function"]["path"]
-    if reward_file and not Path(os.path.expanduser(reward_file)).is_file():
-        problems.append(f"custom_reward_function.path={reward_file!r} does not exist (a Python file defining "
-                        f"{c['custom_reward_function']['name']}(data_source, solution_str, ground_truth, "
-                        "extra_info=None); null = the built-in scorers by data_source)")
+    problems = [model_dir_problem(config.actor_rollout_ref.model.path, "actor_rollout_ref.model.path")]
+    if config.algorithm.adv_estimator == "gae":
+        problems.append(model_dir_problem(config.critic.model.path, "critic.model.path"))
+    rm = config.reward_model
+    if rm.enable and rm.style == "model" and rm.model.path is not None:
+        problems.append(model_dir_problem(rm.model.path, "reward_model.model.path"))
+    problems.append(files_problem(config.data.train_files, "data.train_files"))
+    problems.append(files_problem(config.data.val_files, "data.val_files"))
+    reward = config.custom_reward_function
+    if reward.path and not Path(os.path.expanduser(reward.path)).is_file():
+        problems.append(f"custom_reward_function.path={reward.path!r} does not exist (a Python file defining "
+                        f"{reward.name}(data_source, solution_str, ground_truth, extra_info=None); null = the built-in "
+                        "scorers by data_source)")
     return [p for p in problems if p]
 
 
-def check_paths(config: DictConfig | dict) -> None:
+def check_paths(config: PPOConfig) -> None:
     """Raises MissingPathsError listing every path problem of `config`."""
     problems = path_problems(config)
     if problems:

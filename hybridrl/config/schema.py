@@ -1,11 +1,14 @@
-"""What the default YAML cannot say about itself: types of null-default keys, allowed values, aliases.
+"""What keys a config has and what each accepts: the section dataclasses (hybridrl/config/sections/) are the schema,
+their annotations the types and allowed values; this module checks a loaded tree against them.
 
 Choices:
-- The default YAML *is* the schema (key set and, for non-null defaults, the type), so a new key needs
-  no second declaration. Only keys whose default is `null` need an entry in `NULL_DEFAULT_TYPES`
-  (a test fails when one is missing), and keys that take more than one shape get `EXTRA_TYPES`.
-- Free dicts (default `{}`, e.g. `model.override_config`) take any keys: they are passed to HF configs.
-  Only there may `+key=value` add a key; anywhere else a new key is a typo and is an error.
+- The packaged YAML holds the defaults, the dataclasses the keys, types and documentation; a test keeps their keys
+  equal, so a new key is declared in both.
+- Free dicts (annotated `dict`, default `{}`, e.g. `model.override_config`) take any keys: they are passed to HF
+  configs. Only there may `+key=value` add a key; anywhere else a new key is a typo and is an error.
+- A `Literal` in a field's type lists its allowed values; mixed with `bool` (`Literal["auto"] | bool`) the bools are
+  allowed too. Mixed with a number (`Literal["auto"] | int`, micro-batch sizes) it is not checked here: the
+  section's rules say which numbers are valid, in one message.
 - Aliases keep a verl user's YAML working: `rollout.name: vllm|sglang` and `strategy: fsdp` are rewritten to
   our names (`native`, `fsdp2`) by the loader with a logged WARNING (saying, for the rollout, that no vLLM or
   SGLang runs), so downstream code sees one spelling.
@@ -13,150 +16,20 @@ Choices:
 
 from __future__ import annotations
 
+import difflib
 from pathlib import Path
+from typing import Any, Literal, get_args, get_origin
 
 from omegaconf import DictConfig, OmegaConf
 
+from hybridrl.config.errors import ConfigError
+from hybridrl.config.sections.base import Section, field_types, members, type_name
+from hybridrl.config.sections.values import AdvEstimator, PolicyLossMode
+
+__all__ = ["ALIASES", "ALIAS_NOTES", "CONFIG_DIR", "allowed_values", "check_schema", "closest_key", "key_paths",
+           "load_defaults"]
+
 CONFIG_DIR = Path(__file__).resolve().parent
-_DTYPES = ("fp32", "float32", "bf16", "bfloat16", "fp16", "float16")
-_LOSS_AGG = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
-_KL_TYPES = ("kl", "k1", "k2", "mse", "k3", "low_var_kl", "abs")
-# the policy losses registered in hybridrl.algorithms.registry (a test keeps the two equal)
-POLICY_LOSS_MODES = ("vanilla", "gspo", "gpg", "clip_cov", "kl_cov", "cispo")
-CHECKPOINT_CONTENTS = ("model", "optimizer", "extra", "hf_model")
-
-# type of each key whose default is null (all of them are nullable)
-NULL_DEFAULT_TYPES: dict[str, type | tuple[type, ...]] = {
-    "data.tokenizer": str,
-    "data.val_batch_size": int,
-    "actor_rollout_ref.model.external_lib": str,
-    "actor_rollout_ref.actor.ppo_micro_batch_size": int,
-    "actor_rollout_ref.actor.clip_ratio_low": float,
-    "actor_rollout_ref.actor.clip_ratio_high": float,
-    "actor_rollout_ref.ref.log_prob_micro_batch_size": int,
-    "actor_rollout_ref.rollout.log_prob_micro_batch_size": int,
-    "critic.ppo_micro_batch_size": int,
-    "actor_rollout_ref.rollout.multi_turn.max_assistant_turns": int,
-    "actor_rollout_ref.rollout.multi_turn.max_user_turns": int,
-    "actor_rollout_ref.rollout.multi_turn.max_tokens_per_turn": int,
-    "actor_rollout_ref.rollout.partial_rollout.max_new_tokens_per_step": int,
-    "actor_rollout_ref.rollout.multi_turn.tool_config_path": str,
-    "actor_rollout_ref.model.custom_chat_template": str,
-    "actor_rollout_ref.rollout.multi_turn.interaction_config_path": str,
-    "actor_rollout_ref.rollout.multi_turn.agent_loop.path": str,
-    "actor_rollout_ref.rollout.multi_turn.agent_loop.name": str,
-    "custom_reward_function.path": str,
-    "reward_model.model.path": str,
-    "reward_model.model.input_tokenizer": str,
-    "reward_model.micro_batch_size": int,
-    "reward_model.max_length": int,
-    "trainer.total_training_steps": int,
-    "trainer.ray_address": str,
-    "trainer.resume_from_path": str,
-    "trainer.max_actor_ckpt_to_keep": int,
-    "trainer.max_critic_ckpt_to_keep": int,
-    "data.gen_batch_size": int,
-    "algorithm.filter_groups.metric": str,
-    "algorithm.rollout_correction.rollout_is": str,
-    "algorithm.rollout_correction.rollout_rs": str,
-    "algorithm.rollout_correction.rollout_rs_threshold": (str, float),
-}
-
-# keys that accept another shape besides their default's type
-EXTRA_TYPES: dict[str, tuple[type, ...]] = {
-    "data.train_files": (str, list),
-    "data.val_files": (str, list),
-    "trainer.logger": (list, str),
-    "actor_rollout_ref.rollout.log_prob_unshard_once": (str, bool),
-    "actor_rollout_ref.actor.update_unshard_once": (str, bool),
-    "actor_rollout_ref.ref.log_prob_unshard_once": (str, bool),
-    "critic.forward_unshard_once": (str, bool),
-    "actor_rollout_ref.actor.old_log_prob_pass": (str, bool),
-    "actor_rollout_ref.actor.use_prefix_grouper": (str, bool),
-    "actor_rollout_ref.model.enable_gradient_checkpointing": (str, bool),
-    "critic.model.enable_gradient_checkpointing": (str, bool),
-    "actor_rollout_ref.model.use_liger": (str, bool),
-    # token-budgeted micro-batches: 'auto' (on where the micro-batch size is left to the plan) or a bool, and
-    # 'auto' (the plan's budget) or a number of tokens
-    **dict.fromkeys(("actor_rollout_ref.actor.use_dynamic_bsz", "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz",
-                     "actor_rollout_ref.ref.log_prob_use_dynamic_bsz", "critic.use_dynamic_bsz",
-                     "actor_rollout_ref.model.use_remove_padding", "critic.model.use_remove_padding",
-                     "actor_rollout_ref.rollout.async_scheduling"), (str, bool)),
-    **dict.fromkeys(("actor_rollout_ref.actor.ppo_max_token_len_per_gpu",
-                     "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu",
-                     "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu", "critic.ppo_max_token_len_per_gpu"),
-                    (str, int)),
-    "actor_rollout_ref.model.lora_alpha": (int, float),
-    "actor_rollout_ref.rollout.speculative.max_running_seqs": (str, int),   # 'auto' (from the device) or a count
-    "actor_rollout_ref.model.target_modules": (str, list),   # 'all-linear' or module names
-    "reward_model.sandbox.required_layers": (list, str),   # layer names, or 'all'
-    # micro-batch sizes: 'auto' (the run plan chooses) or a number of rows
-    **dict.fromkeys(("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu",
-                     "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu",
-                     "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu",
-                     "critic.ppo_micro_batch_size_per_gpu", "critic.forward_micro_batch_size_per_gpu",
-                     "reward_model.micro_batch_size_per_gpu"), (str, int)),
-}
-
-# keys that may be null although their default is not (per-GPU micro-batches: null with dynamic batch size,
-# as in verl; the semantic check then says which key is missing)
-NULLABLE: set[str] = {
-    "data.val_files",
-    "reward_model.timeout_s",            # no time limit: scored in-process
-    "reward_model.max_error_fraction",   # never stop on reward errors
-    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu",
-    "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu",
-    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu",
-    "critic.ppo_micro_batch_size_per_gpu",
-    "critic.forward_micro_batch_size_per_gpu",
-}
-
-ENUMS: dict[str, tuple[str, ...]] = {
-    "data.truncation": ("error", "left", "right"),
-    "actor_rollout_ref.actor.strategy": ("fsdp2",),
-    "critic.strategy": ("fsdp2",),
-    "actor_rollout_ref.actor.loss_agg_mode": _LOSS_AGG,
-    "actor_rollout_ref.actor.policy_loss.loss_mode": POLICY_LOSS_MODES,
-    "actor_rollout_ref.actor.checkpoint.contents": CHECKPOINT_CONTENTS,  # checked per entry
-    "critic.loss_agg_mode": _LOSS_AGG,
-    "actor_rollout_ref.actor.kl_loss_type": _KL_TYPES,
-    "actor_rollout_ref.actor.router_replay.mode": ("disabled", "R3"),   # training/moe.py REPLAY_MODES
-    "algorithm.kl_penalty": _KL_TYPES,
-    "actor_rollout_ref.actor.optim.warmup_style": ("constant", "cosine"),
-    "critic.optim.warmup_style": ("constant", "cosine"),
-    "actor_rollout_ref.actor.fsdp_config.model_dtype": _DTYPES,
-    "actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype": _DTYPES,
-    "actor_rollout_ref.actor.fsdp_config.mixed_precision.reduce_dtype": _DTYPES,
-    "actor_rollout_ref.rollout.name": ("native", "hf"),
-    "actor_rollout_ref.rollout.mode": ("sync",),
-    "actor_rollout_ref.rollout.dtype": _DTYPES,
-    "actor_rollout_ref.rollout.multi_turn.tool_response_truncate_side": ("left", "middle", "right"),
-    "actor_rollout_ref.rollout.multi_turn.format": ("hermes", "qwen3_coder", "llama3_json"),
-    "reward_model.reward_manager": ("naive", "batch"),
-    "reward_model.style": ("model", "judge"),
-    "reward_model.truncation": ("error", "left", "right"),
-    "algorithm.filter_groups.metric": ("acc", "score", "seq_reward", "seq_final_reward"),
-    "algorithm.rollout_correction.rollout_is": ("token", "sequence"),
-    "algorithm.adv_estimator": ("gae", "grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "remax"),
-    "algorithm.kl_ctrl.type": ("fixed", "adaptive"),
-    "trainer.logger": ("console", "file", "tensorboard", "wandb", "mlflow"),  # checked per entry
-    "trainer.resume_mode": ("auto", "disable", "resume_path"),
-    "trainer.device": ("auto", "cuda", "cpu"),
-    "actor_rollout_ref.rollout.log_prob_unshard_once": ("auto", True, False),
-    "actor_rollout_ref.actor.update_unshard_once": ("auto", True, False),
-    "actor_rollout_ref.ref.log_prob_unshard_once": ("auto", True, False),
-    "critic.forward_unshard_once": ("auto", True, False),
-    "actor_rollout_ref.actor.old_log_prob_pass": ("auto", True, False),
-    "actor_rollout_ref.actor.use_prefix_grouper": ("auto", True, False),
-    "actor_rollout_ref.model.enable_gradient_checkpointing": ("auto", True, False),
-    "critic.model.enable_gradient_checkpointing": ("auto", True, False),
-    "actor_rollout_ref.model.use_liger": ("auto", True, False),
-    **dict.fromkeys(("actor_rollout_ref.actor.use_dynamic_bsz", "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz",
-                     "actor_rollout_ref.ref.log_prob_use_dynamic_bsz", "critic.use_dynamic_bsz",
-                     "actor_rollout_ref.model.use_remove_padding", "critic.model.use_remove_padding",
-                     "actor_rollout_ref.rollout.async_scheduling"),
-                    ("auto", True, False)),
-}
 
 # why an alias is read as another value, in the warning the loader logs
 ALIAS_NOTES: dict[str, str] = {
@@ -176,7 +49,7 @@ ALIASES: dict[str, dict[str, str]] = {
 
 
 def load_defaults(name: str = "ppo_trainer") -> DictConfig:
-    """The packaged `hybridrl/config/<name>.yaml` (the schema), interpolations not yet resolved."""
+    """The packaged `hybridrl/config/<name>.yaml` (the defaults), interpolations not yet resolved."""
     path = CONFIG_DIR / f"{name}.yaml"
     if not path.is_file():
         have = sorted(p.stem for p in CONFIG_DIR.glob("*.yaml"))
@@ -184,8 +57,114 @@ def load_defaults(name: str = "ppo_trainer") -> DictConfig:
     return OmegaConf.load(path)
 
 
-def type_name(t: type | tuple[type, ...]) -> str:
-    names = {bool: "bool", int: "int", float: "float", str: "str", list: "list", dict: "dict"}
-    if isinstance(t, tuple):
-        return " | ".join(names.get(x, x.__name__) for x in t)
-    return names.get(t, t.__name__)
+def is_section(ann: Any) -> bool:
+    return isinstance(ann, type) and issubclass(ann, Section)
+
+
+def key_paths(cls: type[Section], prefix: str = "") -> list[str]:
+    """Every key of a section tree, sections included, in declaration order."""
+    out = []
+    for name, ann in field_types(cls).items():
+        out.append(f"{prefix}{name}")
+        if is_section(ann):
+            out += key_paths(ann, f"{prefix}{name}.")
+    return out
+
+
+def closest_key(path: str, siblings: list[str], all_paths: list[str]) -> str | None:
+    """A misspelt key among its siblings; else the same key in another section; else a close key anywhere.
+    Compared on the last name only: full paths share long prefixes that make everything look close."""
+    leaf = path.rsplit(".", 1)[-1]
+    by_leaf = lambda paths: {p.rsplit(".", 1)[-1]: p for p in reversed(paths)}  # noqa: E731
+    near = difflib.get_close_matches(leaf, list(by_leaf(siblings)), n=1, cutoff=0.6)
+    if near:
+        return by_leaf(siblings)[near[0]]
+    same_leaf = [p for p in all_paths if p.rsplit(".", 1)[-1] == leaf]
+    if same_leaf:
+        return same_leaf[0]
+    near = difflib.get_close_matches(leaf, list(by_leaf(all_paths)), n=1, cutoff=0.75)
+    return by_leaf(all_paths)[near[0]] if near else None
+
+
+def _is(value: Any, ann: Any) -> bool:
+    """Whether `value` has the type of one member of a union (a Literal's by its values' type; ints pass as
+    floats, bools never pass as numbers)."""
+    if get_origin(ann) is Literal:
+        ann = type(get_args(ann)[0])
+    elif get_origin(ann) is list:
+        ann = list
+    if ann is type(None):
+        return value is None
+    if isinstance(value, bool):
+        return ann is bool
+    if ann is float:
+        return isinstance(value, int | float)
+    return isinstance(value, ann)
+
+
+def allowed_values(ann: Any) -> tuple | None:
+    """The values a field (or each entry of its list) may take, or None when its type alone decides. Names
+    registered with register_policy_loss / register_adv_est (e.g. by model.external_lib, which the loader imports
+    before validating) are allowed besides the built-in ones."""
+    ms = [m for m in members(ann) if m is not type(None)]
+    literals = [m for m in ms if get_origin(m) is Literal]
+    lists = [get_args(m)[0] for m in ms if get_origin(m) is list]
+    literals += [e for e in lists if get_origin(e) is Literal]
+    if not literals or any(m is not bool and get_origin(m) not in (Literal, list) for m in ms) or \
+            any(get_origin(e) is not Literal for e in lists):
+        return None
+    values = tuple(dict.fromkeys(v for lit in literals for v in get_args(lit)))
+    values += (True, False) if bool in ms else ()
+    return values + _registered(literals[0])
+
+
+def _registered(literal: Any) -> tuple[str, ...]:
+    if literal not in (PolicyLossMode, AdvEstimator):
+        return ()
+    from hybridrl.algorithms import registry
+
+    reg = registry.POLICY_LOSS_REGISTRY if literal == PolicyLossMode else registry.ADV_ESTIMATOR_REGISTRY
+    return tuple(sorted(set(reg) - set(get_args(literal))))
+
+
+def _leaf_errors(path: str, value: Any, ann: Any) -> list[str]:
+    ms = members(ann)
+    if value is None:
+        return [] if type(None) in ms else [f"'{path}' must be {type_name(ann)}, got null"]
+    if not any(_is(value, m) for m in ms):
+        return [f"'{path}' must be {type_name(ann)}, got {value!r} ({type(value).__name__})"]
+    if isinstance(value, list):
+        elem = next(get_args(m)[0] for m in ms if get_origin(m) is list)
+        bad = [v for v in value if not any(_is(v, e) for e in members(elem))]
+        if bad:
+            return [f"'{path}' entries must be {type_name(elem)}, got {bad!r}"]
+    allowed = allowed_values(ann)
+    if allowed is None:
+        return []
+    return [f"'{path}' = {v!r} is not one of {list(allowed)}" for v in (value if isinstance(value, list) else [value])
+            if v not in allowed]
+
+
+def check_schema(tree: dict, root: type[Section]) -> None:
+    """Raise ConfigError listing unknown keys, wrong types and values outside their allowed ones."""
+    all_paths = key_paths(root)
+    errors: list[str] = []
+
+    def walk(node: dict, cls: type[Section], prefix: str) -> None:
+        types = field_types(cls)
+        for key, value in node.items():
+            path = f"{prefix}{key}"
+            if key not in types:
+                hint = closest_key(path, [f"{prefix}{k}" for k in types], all_paths)
+                errors.append(f"unknown key '{path}'" + (f"; did you mean '{hint}'?" if hint else ""))
+            elif is_section(types[key]) or types[key] is dict:
+                if not isinstance(value, dict):
+                    errors.append(f"'{path}' must be a section (dict), got {value!r}")
+                elif types[key] is not dict:  # a free dict takes any keys (e.g. override_config)
+                    walk(value, types[key], path + ".")
+            else:
+                errors.extend(_leaf_errors(path, value, types[key]))
+
+    walk(tree, root, "")
+    if errors:
+        raise ConfigError(errors)

@@ -38,7 +38,7 @@ def policy_tokenizer(config):
 
     path = config.data.tokenizer or config.actor_rollout_ref.model.path
     tokenizer = AutoTokenizer.from_pretrained(os.path.expanduser(path),
-                                              trust_remote_code=bool(config.actor_rollout_ref.model.trust_remote_code))
+                                              trust_remote_code=config.actor_rollout_ref.model.trust_remote_code)
     template = resolve_chat_template(config.actor_rollout_ref.model.custom_chat_template)
     if template is not None:
         tokenizer.chat_template = template

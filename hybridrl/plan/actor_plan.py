@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from hybridrl.config.validate import ConfigError
+from hybridrl.config.errors import ConfigError
 from hybridrl.plan.memory import GiB, MemoryModel
 from hybridrl.plan.rollout_plan import ROLLOUT, KvCachePlan
 from hybridrl.plan.sizing import (

@@ -4,7 +4,7 @@ Mirrors verl's 3D-HybridEngine: the training mesh is FSDP over all ranks (`('fsd
 `('ddp','fsdp')` when `fsdp_size` is smaller than the world; the rollout mesh is `('dp','infer_tp')`
 with consecutive ranks in a TP group (they share a machine, and NVLink); Ulysses SP, when on, groups
 consecutive ranks as `('dp','sp')`. Batch sizes are given per GPU the way the workers will see them
-(verl normalises `ppo_mini_batch_size` by `× n / dp`). `derive_layout` runs `check_semantics` first, so
+(verl normalises `ppo_mini_batch_size` by `× n / dp`). `derive_layout` runs `PPOConfig.validate` first, so
 a bad config raises ConfigError rather than dividing by zero. The world size and degrees are the run's shape
 (plan/shape.py: `parallelism`); the layout holds them and adds the rank lists and batch sizes they imply.
 """
@@ -13,9 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from omegaconf import DictConfig, OmegaConf
-
-from hybridrl.config.validate import check_semantics
+from hybridrl.config.sections import PPOConfig
 from hybridrl.plan.shape import Parallelism, parallelism
 
 __all__ = ["Layout", "derive_layout"]
@@ -106,40 +104,38 @@ class Layout:
         return "\n".join(lines)
 
 
-def derive_layout(config: DictConfig | dict, device_type: str | None = None) -> Layout:
+def derive_layout(config: PPOConfig, device_type: str | None = None) -> Layout:
     """Meshes and per-GPU batch sizes implied by a (PPO) config; raises ConfigError if it is inconsistent.
     device_type: "cpu" or "cuda", the device the run will have (trainer.device=auto leaves it to the machine);
     None: cpu only when trainer.device says so."""
-    check_semantics(config)
-    c = OmegaConf.to_container(config, resolve=True) if isinstance(config, DictConfig) else config
-    t, actor, rollout, ref = c["trainer"], c["actor_rollout_ref"]["actor"], c["actor_rollout_ref"]["rollout"], \
-        c["actor_rollout_ref"]["ref"]
-    par = parallelism(c)
+    config.validate()
+    actor, rollout, ref = config.actor_rollout_ref.actor, config.actor_rollout_ref.rollout, config.actor_rollout_ref.ref
+    par = parallelism(config)
     world, fsdp, sp, tp = par.world_size, par.actor_fsdp, par.actor_sp, par.rollout_tp
     if fsdp == world:
         training_mesh, dims = list(range(world)), ("fsdp",)
     else:
         training_mesh, dims = _grid(world // fsdp, fsdp), ("ddp", "fsdp")
-    n, tbs, mini = rollout["n"], c["data"]["train_batch_size"], actor["ppo_mini_batch_size"]
-    gen = c["data"]["gen_batch_size"] or tbs
+    n, tbs, mini = rollout.n, config.data.train_batch_size, actor.ppo_mini_batch_size
+    gen = config.data.gen_batch_size or tbs
     train_dp, rollout_dp = world // sp, world // tp
     mini_per_gpu = mini * n // train_dp
-    micro = None if actor["use_dynamic_bsz"] is True else actor["ppo_micro_batch_size_per_gpu"]
+    micro = None if actor.use_dynamic_bsz is True else actor.ppo_micro_batch_size_per_gpu
     critic_mini = None
-    if c["algorithm"]["adv_estimator"] == "gae":
-        critic_mini = c["critic"]["ppo_mini_batch_size"] * n // (world // par.critic_sp)
+    if config.algorithm.adv_estimator == "gae":
+        critic_mini = config.critic.ppo_mini_batch_size * n // (world // par.critic_sp)
     return Layout(
-        device=device_type or ("cpu" if t["device"] == "cpu" else "cuda"),
+        device=device_type or ("cpu" if config.trainer.device == "cpu" else "cuda"),
         parallel=par, training_mesh=training_mesh, training_mesh_dims=dims,
         sp_mesh=_grid(train_dp, sp) if sp > 1 else None, train_dp=train_dp, rollout_dp=rollout_dp,
         rollout_mesh=_grid(rollout_dp, tp),
         train_batch_size=tbs, gen_batch_size=gen, n=n, num_mini_batches=tbs // mini,
         ppo_mini_batch_per_gpu=mini_per_gpu, ppo_micro_batch_per_gpu=micro,
         grad_accum_steps=mini_per_gpu // micro if isinstance(micro, int) else None,
-        log_prob_micro_batch_per_gpu=None if rollout["log_prob_use_dynamic_bsz"] is True else
-        rollout["log_prob_micro_batch_size_per_gpu"],
-        ref_log_prob_micro_batch_per_gpu=None if ref["log_prob_use_dynamic_bsz"] is True else
-        ref["log_prob_micro_batch_size_per_gpu"],
+        log_prob_micro_batch_per_gpu=None if rollout.log_prob_use_dynamic_bsz is True else
+        rollout.log_prob_micro_batch_size_per_gpu,
+        ref_log_prob_micro_batch_per_gpu=None if ref.log_prob_use_dynamic_bsz is True else
+        ref.log_prob_micro_batch_size_per_gpu,
         rollout_prompts_per_dp=gen // rollout_dp, rollout_samples_per_dp=gen // rollout_dp * n,
         critic_mini_batch_per_gpu=critic_mini,
     )

@@ -14,9 +14,9 @@ Choices:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from omegaconf import DictConfig, OmegaConf
+from hybridrl.config.sections.algorithm import RolloutCorrectionConfig
 
 KEY = "actor_rollout_ref.rollout.partial_rollout"
 RC = "algorithm.rollout_correction"
@@ -57,6 +57,6 @@ def plan_partial_rollout(g, n: int, train_batch_size: int, update_dps: list[int]
                               rollout_is_threshold=float(g(f"{RC}.rollout_is_threshold")))
 
 
-def rollout_correction(section: DictConfig, plan: PartialRolloutPlan | None) -> DictConfig:
+def rollout_correction(section: RolloutCorrectionConfig, plan: PartialRolloutPlan | None) -> RolloutCorrectionConfig:
     """`algorithm.rollout_correction` as the trainer applies it: with partial rollouts, at the plan's IS level."""
-    return section if plan is None else OmegaConf.merge(section, {"rollout_is": plan.rollout_is})
+    return section if plan is None else replace(section, rollout_is=plan.rollout_is)

@@ -9,9 +9,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from omegaconf import DictConfig
-
-from hybridrl.config.validate import ConfigError
+from hybridrl.config.errors import ConfigError
+from hybridrl.config.sections.rollout import RolloutConfig, SpeculativeDecodingConfig
 from hybridrl.plan.memory import GiB, MemoryModel, Residency
 from hybridrl.plan.partial_rollout import PartialRolloutPlan, plan_partial_rollout
 from hybridrl.plan.sizing import SAFETY, DeviceSpec, Sizing, is_auto
@@ -54,15 +53,15 @@ class RolloutPlan:
     reshard_strategy: str
     record_routed_experts: bool         # actor.router_replay.mode=R3: the engine records each token's experts
 
-    def engine_config(self, rollout: DictConfig, eos_token_ids: tuple[int, ...] | None = None) -> EngineConfig:
+    def engine_config(self, rollout: RolloutConfig, eos_token_ids: tuple[int, ...] | None = None) -> EngineConfig:
         """The native rollout engine's config: its sizes, dtype and scheduling from this plan, the rest from the
         `actor_rollout_ref.rollout` section; `eos_token_ids` None leaves them to the model's config."""
         return EngineConfig(
-            block_size=int(rollout.block_size), max_num_seqs=self.kv_cache.max_num_seqs,
+            block_size=rollout.block_size, max_num_seqs=self.kv_cache.max_num_seqs,
             max_num_batched_tokens=self.max_num_batched_tokens,
-            max_model_len=int(rollout.prompt_length) + int(rollout.response_length),
-            gpu_memory_utilization=float(rollout.gpu_memory_utilization), num_kv_blocks=self.kv_cache.blocks,
-            enforce_eager=bool(rollout.enforce_eager), enable_prefix_sharing=bool(rollout.enable_prefix_sharing),
+            max_model_len=rollout.prompt_length + rollout.response_length,
+            gpu_memory_utilization=rollout.gpu_memory_utilization, num_kv_blocks=self.kv_cache.blocks,
+            enforce_eager=rollout.enforce_eager, enable_prefix_sharing=rollout.enable_prefix_sharing,
             async_scheduling=self.async_scheduling, eos_token_ids=eos_token_ids,
             record_routed_experts=self.record_routed_experts,
             dtype=resolve_dtype(self.dtype, "plan.rollout.dtype"), speculative=self.speculative)
@@ -169,7 +168,7 @@ def plan_rollout(sizing: Sizing, kv_cache: KvCachePlan, dtype: str) -> RolloutPl
         record_routed_experts=sizing.residency.routing_record)
 
 
-def resolve_speculative(section, device: DeviceSpec, choices: list[str],
+def resolve_speculative(section: SpeculativeDecodingConfig, device: DeviceSpec, choices: list[str],
                         key: str = f"{ROLLOUT}.speculative") -> SpeculativeConfig:
     """`rollout.speculative` as the engine's SpeculativeConfig. max_running_seqs auto: speculate while a verify step
     (each running sequence with num_draft_tokens + 1 rows) has at most half the device's ridge point in rows — its
@@ -178,19 +177,18 @@ def resolve_speculative(section, device: DeviceSpec, choices: list[str],
     where the peaks are unknown."""
     from hybridrl.device_peaks import peaks_of
 
-    k = int(section["num_draft_tokens"])
-    value = section["max_running_seqs"]
+    k = section.num_draft_tokens
+    value = section.max_running_seqs
     if is_auto(value):
         peaks = peaks_of(device.name) if device.type == "cuda" else None
         rows = peaks.bf16_flops / peaks.hbm_bytes_per_s / 2 if peaks else SPEC_ROWS_FALLBACK
         value = max(1, int(rows // (k + 1)))
-        if section["enable"]:
+        if section.enable:
             choices.append(f"{key}.max_running_seqs = {value} (" + (
                 f"{value} x {k + 1} verify rows within half {device.name}'s ridge point, {2 * rows:.0f} FLOP/byte"
                 if peaks else f"{SPEC_ROWS_FALLBACK} verify rows: no known peaks for {device.name}") + ")")
-    return SpeculativeConfig(enable=bool(section["enable"]), num_draft_tokens=k,
-                             min_match=int(section["min_match"]), max_match=int(section["max_match"]),
-                             max_running_seqs=int(value))
+    return SpeculativeConfig(enable=section.enable, num_draft_tokens=k, min_match=section.min_match,
+                             max_match=section.max_match, max_running_seqs=value)
 
 
 def _describe_speculative(spec: SpeculativeConfig) -> str:

@@ -12,9 +12,9 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field, replace
 
-from omegaconf import DictConfig, OmegaConf
-
-from hybridrl.config.validate import ConfigError
+from hybridrl.config.errors import ConfigError
+from hybridrl.config.sections import PPOConfig
+from hybridrl.config.sections.reward_model import RewardModelConfig
 from hybridrl.dotted import dotted_get
 from hybridrl.plan.actor_plan import (
     ACTOR,
@@ -77,11 +77,11 @@ class RunPlan:
         return "\n".join(lines)
 
 
-def local_device(config: DictConfig | dict) -> DeviceSpec:
+def local_device(config: PPOConfig) -> DeviceSpec:
     """The GPU this process sees (or the CPU): what `config check` and a single-machine run plan against."""
     import torch
 
-    device = dotted_get(config, "trainer.device")
+    device = config.trainer.device
     if device != "cpu" and torch.cuda.is_available():
         p = torch.cuda.get_device_properties(0)
         return DeviceSpec("cuda", p.name, int(p.total_memory))
@@ -100,21 +100,20 @@ def visible_gpus() -> list[DeviceSpec]:
             for p in map(torch.cuda.get_device_properties, range(torch.cuda.device_count()))]
 
 
-def make_plan(config: DictConfig | dict, hf_config, device: DeviceSpec, val_prompts: int | None = None,
+def make_plan(config: PPOConfig, hf_config, device: DeviceSpec, val_prompts: int | None = None,
               rm_hf_config=None) -> RunPlan:
     """The plan of a PPO/GRPO config on `device`; raises ConfigError when a phase cannot fit. `rm_hf_config`: the
     reward model's HF config, needed with reward_model.enable and style=model. The planners run in the order their
     memory depends on: the KV cache first (a resident engine's training passes plan next to it), then each role's
     passes, then recompute against the run's peak, then the rollout engine's scheduling."""
     layout = derive_layout(config, device.type)
-    resolved = OmegaConf.to_container(config, resolve=True) if isinstance(config, DictConfig) else config
 
     def get(key: str):
-        return dotted_get(resolved, key)
+        return dotted_get(config, key)
 
     shape = ModelShape.from_hf_config(hf_config)
     _check_router_keys(get, shape, hf_config)
-    rm_shape = _reward_model_shape(resolved, rm_hf_config)
+    rm_shape = _reward_model_shape(config.reward_model, rm_hf_config)
     master_dtype = _dtype_name(get(f"{ACTOR}.fsdp_config.model_dtype"))
     lora_rank = get(f"{MODEL}.lora_rank")
     frozen_dtype, lora_base_dtype, fused_optimizer = training_dtypes(master_dtype, bool(lora_rank), device.type)
@@ -191,7 +190,7 @@ def _residency(get, layout: Layout, device: DeviceSpec, shape: ModelShape, rm_sh
         routing_record=get(f"{ACTOR}.router_replay.mode") == "R3")
 
 
-def reward_model_hf_config(config: DictConfig):
+def reward_model_hf_config(config: PPOConfig):
     """The reward model's HF config when it runs as a worker (reward_model.enable, style=model), else None."""
     rm = config.reward_model
     if not (rm.enable and rm.style == "model"):
@@ -199,7 +198,7 @@ def reward_model_hf_config(config: DictConfig):
     from hybridrl.training.fsdp import load_hf_config
 
     return load_hf_config(os.path.expanduser(rm.model.path), role="reward_model",
-                          override_config=rm.model.override_config, trust_remote_code=bool(rm.model.trust_remote_code))
+                          override_config=rm.model.override_config, trust_remote_code=rm.model.trust_remote_code)
 
 
 def training_dtypes(master_dtype: str, lora: bool, device_type: str) -> tuple[str, str | None, bool]:
@@ -212,11 +211,10 @@ def training_dtypes(master_dtype: str, lora: bool, device_type: str) -> tuple[st
     return frozen, base, device_type != "cpu"
 
 
-def _reward_model_shape(c: dict, rm_hf_config) -> ModelShape | None:
+def _reward_model_shape(rm: RewardModelConfig, rm_hf_config) -> ModelShape | None:
     """The reward model's shape (style=model), or None. A ...ForSequenceClassification has no LM head: its
     parameters are counted as a tied model's (the one-output score head is negligible)."""
-    rm = c["reward_model"]
-    if not rm["enable"] or rm["style"] != "model":
+    if not rm.enable or rm.style != "model":
         return None
     if rm_hf_config is None:
         raise ValueError("make_plan: reward_model.enable=true with style=model needs the reward model's HF config "

@@ -17,6 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from hybridrl.config.sections import PPOConfig, SFTConfig
+
 ROLES = ("actor", "critic", "reward")
 
 
@@ -89,28 +91,26 @@ def _role(role: str) -> str:
     return role
 
 
-def parallelism(config) -> Parallelism:
+def parallelism(config: PPOConfig) -> Parallelism:
     """The shape of a (validated) PPO config: fsdp_size -1 resolved to the world."""
-    c = config
-    nodes, gpus_per_node = int(c["trainer"]["nnodes"]), int(c["trainer"]["n_gpus_per_node"])
+    t = config.trainer
 
-    def shard(fsdp_config) -> int:
-        size = int(fsdp_config["fsdp_size"])
-        return nodes * gpus_per_node if size == -1 else size
+    def shard(fsdp_size: int) -> int:
+        return t.world_size if fsdp_size == -1 else fsdp_size
 
-    actor = c["actor_rollout_ref"]["actor"]
+    roles = config.actor_rollout_ref
     return Parallelism(
-        nodes=nodes, gpus_per_node=gpus_per_node,
-        actor_fsdp=shard(actor["fsdp_config"]), actor_sp=int(actor["ulysses_sequence_parallel_size"]),
-        rollout_tp=int(c["actor_rollout_ref"]["rollout"]["tensor_model_parallel_size"]),
-        critic_fsdp=shard(c["critic"]["model"]["fsdp_config"]),
-        critic_sp=int(c["critic"]["ulysses_sequence_parallel_size"]),
-        reward_fsdp=shard(c["reward_model"]["model"]["fsdp_config"]))
+        nodes=t.nnodes, gpus_per_node=t.n_gpus_per_node,
+        actor_fsdp=shard(roles.actor.fsdp_config.fsdp_size), actor_sp=roles.actor.ulysses_sequence_parallel_size,
+        rollout_tp=roles.rollout.tensor_model_parallel_size,
+        critic_fsdp=shard(config.critic.model.fsdp_config.fsdp_size),
+        critic_sp=config.critic.ulysses_sequence_parallel_size,
+        reward_fsdp=shard(config.reward_model.model.fsdp_config.fsdp_size))
 
 
-def sft_training_mesh(sft_config, world: int, device_type: str):
+def sft_training_mesh(sft_config: SFTConfig, world: int, device_type: str):
     """The SFT trainer's one mesh over torchrun's `world` ranks: FSDP shard groups of `model.fsdp_config.fsdp_size`
     (-1: all ranks)."""
     from hybridrl.training.fsdp import build_training_mesh
 
-    return build_training_mesh(world, int(sft_config.model.fsdp_config.fsdp_size), device_type)
+    return build_training_mesh(world, sft_config.model.fsdp_config.fsdp_size, device_type)

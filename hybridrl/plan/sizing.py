@@ -14,7 +14,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from hybridrl.config.validate import ConfigError
+from hybridrl.config.errors import ConfigError
 from hybridrl.plan.layout import Layout
 from hybridrl.plan.memory import GiB, MemoryModel, PhaseMemory, Residency
 from hybridrl.plan.model_shape import ModelShape

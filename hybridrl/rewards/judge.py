@@ -93,7 +93,7 @@ class JudgeRewardModel:
         self.wg, self.tokenizer = actor_rollout_wg, tokenizer
         self.template, self.pattern = str(judge.prompt_template), re.compile(judge.score_pattern)
         self.max_tokens = int(judge.max_tokens)
-        self.max_prompt_tokens = int(config.data.max_prompt_length) + int(config.data.max_response_length) - self.max_tokens
+        self.max_prompt_tokens = config.data.max_prompt_length + config.data.max_response_length - self.max_tokens
 
     def judge_prompts(self, batch: DataProto) -> list[list[int]]:
         """Token ids of each sample's judge prompt (the policy's chat template, generation prompt added)."""

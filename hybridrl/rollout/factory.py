@@ -10,11 +10,12 @@ FSDP on several ranks every rank runs generate in lockstep (`synced_gpus`), whic
 from __future__ import annotations
 
 import torch
-from omegaconf import DictConfig
 from transformers import AutoConfig, AutoTokenizer
 
+from hybridrl.config.sections.rollout import RolloutConfig
 
-def build_rollout_engine(rcfg: DictConfig, plan, *, model_path: str, device: torch.device, tp_group,
+
+def build_rollout_engine(rcfg: RolloutConfig, plan, *, model_path: str, device: torch.device, tp_group,
                          actor_module=None):
     """The engine `rcfg.name` names; the native one is configured by `plan.rollout.engine_config` (the run plan's sizes,
     dtype and scheduling with the section's switches), ending sequences at the tokenizer's eos."""

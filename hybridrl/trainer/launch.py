@@ -11,9 +11,9 @@ import os
 import time
 from pathlib import Path
 
-from omegaconf import DictConfig, open_dict
-
 from hybridrl.config.paths import check_paths, files_problem, model_dir_problem
+from hybridrl.config.sections import PPOConfig
+from hybridrl.config.sections.multi_turn import MultiTurnConfig
 from hybridrl.data.rl_dataset import dataset_metrics
 from hybridrl.models.external_lib import import_external_lib
 from hybridrl.seeding import seed_everything
@@ -38,7 +38,7 @@ def check_model_dir(path: str, key: str) -> str:
     return os.path.expanduser(str(path))
 
 
-def prompt_tools(multi_turn: DictConfig) -> list[dict] | None:
+def prompt_tools(multi_turn: MultiTurnConfig) -> list[dict] | None:
     """The tool schemas prompts are rendered with (the chat template's tools=): multi-turn runs with tools only."""
     if not multi_turn.enable or not multi_turn.tool_config_path:
         return None
@@ -62,7 +62,7 @@ def load_dataset(files, key: str, tokenizer, data_config, tools: list[dict] | No
     return dataset
 
 
-def build_reward_fns(config: DictConfig, tokenizer):
+def build_reward_fns(config: PPOConfig, tokenizer):
     from hybridrl.rewards import RewardManager, default_compute_score, load_custom_reward_function
     from hybridrl.rewards.reward_manager import OverlongBuffer, takes_rm_score
 
@@ -76,10 +76,10 @@ def build_reward_fns(config: DictConfig, tokenizer):
                          f"reward model would go unused; add `{arg}=None` to it and return the combined score (or "
                          "drop custom_reward_function to train on the reward model's score alone)")
     _require_sandbox_layers(rm.sandbox.required_layers)
-    timeout_s = None if rm.timeout_s is None else float(rm.timeout_s)  # null: in-process, no time limit
+    timeout_s = rm.timeout_s  # null: in-process, no time limit
     ob = rm.overlong_buffer  # training and validation rewards both carry it, as in verl's DAPO trainer
-    overlong = OverlongBuffer(int(ob.len), float(ob.penalty_factor), int(config.data.max_response_length),
-                              bool(ob.log)) if ob.enable else None
+    overlong = OverlongBuffer(ob.len, ob.penalty_factor, config.data.max_response_length,
+                              ob.log) if ob.enable else None
     kwargs = dict(compute_score=score, reward_fn_key=config.data.reward_fn_key, timeout_s=timeout_s,
                   mode=rm.reward_manager, overlong_buffer=overlong)
     return RewardManager(tokenizer, **kwargs), RewardManager(tokenizer, **kwargs)
@@ -100,7 +100,7 @@ def _require_sandbox_layers(value) -> None:
         sandbox.isolation_report()  # logs the layers once: a run without required layers still says what it has
 
 
-def _use_gpu(config: DictConfig) -> bool:
+def _use_gpu(config: PPOConfig) -> bool:
     import ray
 
     device = config.trainer.device
@@ -112,7 +112,7 @@ def _use_gpu(config: DictConfig) -> bool:
     return gpus >= 1
 
 
-def _loggers(config: DictConfig) -> list[str]:
+def _loggers(config: PPOConfig) -> list[str]:
     return list(config.trainer.logger) if not isinstance(config.trainer.logger, str) else [config.trainer.logger]
 
 
@@ -134,21 +134,21 @@ def _device_spec(use_gpu: bool):
     return DeviceSpec("cuda", name, total)
 
 
-def use_reward_model_worker(config: DictConfig) -> bool:
-    return bool(config.reward_model.enable) and config.reward_model.style == "model"
+def use_reward_model_worker(config: PPOConfig) -> bool:
+    return config.reward_model.enable and config.reward_model.style == "model"
 
 
-def make_run_plan(config: DictConfig, model_path: str, use_gpu: bool, val_prompts: int | None):
+def make_run_plan(config: PPOConfig, model_path: str, use_gpu: bool, val_prompts: int | None):
     from hybridrl.plan import make_plan, reward_model_hf_config
     from hybridrl.training.fsdp import load_hf_config
 
     hf_config = load_hf_config(model_path, override_config=config.actor_rollout_ref.model.override_config,
-                               trust_remote_code=bool(config.actor_rollout_ref.model.trust_remote_code))
+                               trust_remote_code=config.actor_rollout_ref.model.trust_remote_code)
     return make_plan(config, hf_config, _device_spec(use_gpu), val_prompts=val_prompts,
                      rm_hf_config=reward_model_hf_config(config))
 
 
-def run_ppo(config: DictConfig, report: bool = True) -> dict:
+def run_ppo(config: PPOConfig, report: bool = True) -> dict:
     """The whole run holds the lock on trainer.default_local_dir, taken (with a write check of the checkpoint and
     log directories) before anything else starts: a second run on the directory stops here, naming the holder.
     report: print the closing line (wall time, where logs and checkpoints went); a caller that prints its own
@@ -167,7 +167,7 @@ def outputs_line(summary: dict) -> str:
     return f"logs {summary['log_dir']}, memory plot {plot}, checkpoints {summary['run_dir']}"
 
 
-def _run_ppo_claimed(config: DictConfig, cleanup: contextlib.ExitStack) -> dict:
+def _run_ppo_claimed(config: PPOConfig, cleanup: contextlib.ExitStack) -> dict:
     """`cleanup` shuts the worker groups down and releases the pool however the run ends: a failed run must
     not leave its workers and placement groups behind in a Ray that a later run reuses."""
     from hybridrl.controller import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup, init_ray
@@ -180,7 +180,7 @@ def _run_ppo_claimed(config: DictConfig, cleanup: contextlib.ExitStack) -> dict:
     from hybridrl.workers.critic import CriticWorker
 
     t = config.trainer
-    seed_everything(int(t.seed))  # the driver's own draws (e.g. group uids); workers seed themselves at init
+    seed_everything(t.seed)  # the driver's own draws (e.g. group uids); workers seed themselves at init
     import_external_lib(config.actor_rollout_ref.model.external_lib)  # before any HF config or model is read
     check_paths(config)  # every missing model, data or reward file at once, before any is read
     model_path = os.path.expanduser(config.actor_rollout_ref.model.path)
@@ -191,16 +191,17 @@ def _run_ppo_claimed(config: DictConfig, cleanup: contextlib.ExitStack) -> dict:
                if config.data.val_files else None)
     # generation batches: data.gen_batch_size prompts (dynamic sampling may use several per step), else a step's
     gen_key = "gen_batch_size" if config.data.gen_batch_size is not None else "train_batch_size"
-    loader = StatefulDataLoader(train_set, batch_size=int(config.data[gen_key]), shuffle=bool(config.data.shuffle),
-                                seed=int(config.data.seed), drop_last=True, batch_size_key=f"data.{gen_key}")
+    gen_size = getattr(config.data, gen_key)
+    loader = StatefulDataLoader(train_set, batch_size=gen_size, shuffle=config.data.shuffle, seed=config.data.seed,
+                                drop_last=True, batch_size_key=f"data.{gen_key}")
     if len(loader) == 0:
-        raise ValueError(f"data.{gen_key}={config.data[gen_key]} is larger than the training set "
+        raise ValueError(f"data.{gen_key}={gen_size} is larger than the training set "
                          f"({len(train_set)} rows after filtering) — no full batch can be formed")
     reward_fn, val_reward_fn = build_reward_fns(config, tokenizer)
-    total_steps = int(t.total_training_steps) if t.total_training_steps is not None else len(loader) * int(t.total_epochs)
-    with open_dict(config):  # the LR schedule needs the horizon, known only once the data is loaded (as in verl)
-        config.actor_rollout_ref.actor.optim.total_training_steps = total_steps
-        config.critic.optim.total_training_steps = total_steps
+    total_steps = t.total_training_steps if t.total_training_steps is not None else len(loader) * t.total_epochs
+    # the LR schedule needs the horizon, known only once the data is loaded (as in verl)
+    config = (config.with_value("actor_rollout_ref.actor.optim.total_training_steps", total_steps)
+              .with_value("critic.optim.total_training_steps", total_steps))
 
     from hybridrl.plan.shape import parallelism
 
@@ -211,7 +212,7 @@ def _run_ppo_claimed(config: DictConfig, cleanup: contextlib.ExitStack) -> dict:
     init_ray(t.ray_address, num_cpus=max(os.cpu_count() or 1, world) if local else None)
     use_gpu = _use_gpu(config)
     with_critic = need_critic(config)
-    val_prompts = (int(config.data.val_batch_size or len(val_set))) if val_set is not None else None
+    val_prompts = (config.data.val_batch_size or len(val_set)) if val_set is not None else None
     plan = make_run_plan(config, model_path, use_gpu, val_prompts)
     print(plan, flush=True)
     with_rm = use_reward_model_worker(config)
@@ -219,7 +220,7 @@ def _run_ppo_claimed(config: DictConfig, cleanup: contextlib.ExitStack) -> dict:
     pool = RayResourcePool([shape.gpus_per_node] * shape.nodes, use_gpu=use_gpu,
                            max_colocate_count=1 + with_critic + with_rm)
     cleanup.callback(pool.release)  # callbacks run last-in first-out: the groups first, then their pool
-    timeout = float(t.worker_timeout_s)
+    timeout = t.worker_timeout_s
     role = "actor_rollout_ref" if need_reference(config) else "actor_rollout"
     actor_wg = RayWorkerGroup(pool, RayClassWithInitArgs(ActorRolloutRefWorker, config, plan, role=role),
                               name_prefix="actor_rollout", worker_timeout_s=timeout)

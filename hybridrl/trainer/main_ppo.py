@@ -19,13 +19,13 @@ import signal
 import sys
 from pathlib import Path
 
-from omegaconf import DictConfig
-
+from hybridrl.config.errors import ConfigError
 from hybridrl.config.loader import load_config
-from hybridrl.config.validate import ConfigError, validate_config
+from hybridrl.config.sections import PPOConfig
+from hybridrl.config.validate import validate_config
 
 
-def run(config: DictConfig):
+def run(config: PPOConfig):
     """Validate (errors only; load_config already logged warnings), print the layout, train."""
     from hybridrl.plan.layout import derive_layout
 
@@ -49,11 +49,11 @@ def _raise_stopped(signum, frame):
     raise DriverStopped(signum)
 
 
-def saved_summary(config: DictConfig) -> str:
+def saved_summary(config: PPOConfig) -> str:
     """What a stopped run leaves to resume from: its newest complete checkpoint, or that there is none."""
     from hybridrl.trainer.checkpoint_manager import is_complete, step_of
 
-    root = Path(os.path.expanduser(str(config.trainer.default_local_dir)))
+    root = Path(os.path.expanduser(config.trainer.default_local_dir))
     steps = sorted((step_of(p), p) for p in root.glob("global_step_*")
                    if p.name.removeprefix("global_step_").isdigit() and p.is_dir() and is_complete(p))
     if not steps:
@@ -62,7 +62,7 @@ def saved_summary(config: DictConfig) -> str:
     return f"last checkpoint saved: {steps[-1][1]} (step {steps[-1][0]}); a restart with resume_mode=auto resumes there"
 
 
-def _exit_stopped(stop: DriverStopped, config: DictConfig) -> None:
+def _exit_stopped(stop: DriverStopped, config: PPOConfig) -> None:
     print(f"{stop}: {saved_summary(config)}", file=sys.stderr, flush=True)
     try:
         import ray

@@ -24,10 +24,10 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from omegaconf import DictConfig
 
 from hybridrl.algorithms import agg_loss, apply_kl_penalty, compute_advantage, get_kl_controller
 from hybridrl.algorithms.rollout_correction import apply_rollout_correction
+from hybridrl.config.sections import PPOConfig
 from hybridrl.data.rl_dataset import collate_fn
 from hybridrl.plan.partial_rollout import rollout_correction
 from hybridrl.protocol import DataProto
@@ -65,12 +65,12 @@ def generation_inputs(batch: DataProto) -> DataProto:
     return batch.select(GEN_KEYS, [k for k in GEN_NON_TENSOR_KEYS if k in batch.non_tensor_batch])
 
 
-def need_critic(config: DictConfig) -> bool:
+def need_critic(config: PPOConfig) -> bool:
     return config.algorithm.adv_estimator == "gae"
 
 
-def need_reference(config: DictConfig) -> bool:
-    return bool(config.actor_rollout_ref.actor.use_kl_loss) or bool(config.algorithm.use_kl_in_reward)
+def need_reference(config: PPOConfig) -> bool:
+    return config.actor_rollout_ref.actor.use_kl_loss or config.algorithm.use_kl_in_reward
 
 
 def balance_batch(batch: DataProto, world_size: int, group_size: int = 1) -> dict:
@@ -127,7 +127,7 @@ def rollout_probs_diff(batch: DataProto) -> dict:
 
 
 class RayPPOTrainer:
-    def __init__(self, config: DictConfig, tokenizer, actor_rollout_wg, critic_wg, reward_fn, val_reward_fn,
+    def __init__(self, config: PPOConfig, tokenizer, actor_rollout_wg, critic_wg, reward_fn, val_reward_fn,
                  train_loader, val_dataset, tracker, ckpt_manager, n_gpus: int, memory_timeline=None, plan=None,
                  reward_model=None, startup_metrics: dict | None = None):
         self.config = config
@@ -150,17 +150,17 @@ class RayPPOTrainer:
         self.total_training_steps = self._total_steps()
         self.history: list[dict] = []
         rm = config.reward_model
-        self.reward_guard = RewardErrorGuard(rm.max_error_fraction, int(rm.error_window_steps))
+        self.reward_guard = RewardErrorGuard(rm.max_error_fraction, rm.error_window_steps)
         partial = plan.rollout.partial if plan is not None else None
         # partial rollouts (the plan's): the groups in flight across steps, and the IS level their update uses
-        self.partial = PartialRolloutBuffer(partial, int(config.actor_rollout_ref.rollout.n)) if partial else None
+        self.partial = PartialRolloutBuffer(partial, config.actor_rollout_ref.rollout.n) if partial else None
         self.rollout_correction = rollout_correction(config.algorithm.rollout_correction, partial)
 
     def _total_steps(self) -> int:
         t = self.config.trainer
-        steps = len(self.train_loader) * int(t.total_epochs)
+        steps = len(self.train_loader) * t.total_epochs
         if t.total_training_steps is not None:
-            steps = int(t.total_training_steps)
+            steps = t.total_training_steps
         return steps
 
     def _meta(self) -> dict:
@@ -171,7 +171,7 @@ class RayPPOTrainer:
         cfg = self.config
         val = self.val_dataset
         bs = int(cfg.data.val_batch_size or len(val))
-        n = int(cfg.actor_rollout_ref.rollout.val_kwargs.n)
+        n = cfg.actor_rollout_ref.rollout.val_kwargs.n
         scores, rewards, sources, uids, inputs, outputs = [], [], [], [], [], []
         extra: dict[str, list] = {}  # numeric extra info a scorer returned (e.g. {"score", "len"}), as verl reports it
         failed = {"errors": 0, "timeouts": 0, "missing_ground_truths": 0}  # scored 0: reported, never hidden
@@ -217,7 +217,7 @@ class RayPPOTrainer:
         metrics.update({f"val-aux/{key}": v for key, v in rm_counts.items()})
         if turn_stats:
             metrics.update({f"val-aux/{key}": v for key, v in multi_turn_stats_metrics(turn_stats).items()})
-        k = int(cfg.trainer.log_val_generations)
+        k = cfg.trainer.log_val_generations
         if k > 0:
             self.tracker.log_generations(list(zip(inputs[:k], outputs[:k], scores[:k])), self.global_steps)
         return metrics
@@ -281,12 +281,12 @@ class RayPPOTrainer:
         penalised rewards before it filters, as in verl). Returns (batch, the reward manager's result); with partial
         rollouts the batch is the groups completed by this step, (None, {}) when none is."""
         cfg = self.config
-        n = int(cfg.actor_rollout_ref.rollout.n)
+        n = cfg.actor_rollout_ref.rollout.n
         assign_uids(batch)
         gen = generation_inputs(batch)
         # a fresh sampling seed each step (and generation batch), derived from the step so a resumed run samples
         # what the original did
-        seed = step_sampling_seed(int(cfg.trainer.seed), cfg.actor_rollout_ref.rollout.seed, self.global_steps)
+        seed = step_sampling_seed(cfg.trainer.seed, cfg.actor_rollout_ref.rollout.seed, self.global_steps)
         gen.meta_info = {**self._meta(), "seed": seed if gen_index == 0 else derive_seed(seed, gen_index)}
         if self.partial is not None:
             batch = self._partial_rollout(batch, gen.meta_info, metrics, timing, absorb)
@@ -333,14 +333,14 @@ class RayPPOTrainer:
             out = self.actor_rollout_wg.continue_sequences(requests)
             absorb(out)
         self.partial.absorb(out, self.global_steps)
-        response_length = int(self.config.actor_rollout_ref.rollout.response_length)
+        response_length = self.config.actor_rollout_ref.rollout.response_length
         trained, partial_metrics = self.partial.take(self.global_steps, response_length, int(meta["pad_token_id"] or 0))
         metrics.update(partial_metrics)
         return trained
 
     def _balance(self, batch: DataProto, metrics: dict) -> None:
         # balanced over the actor's data-parallel ranks (Ulysses SP groups share their rows): the plan's train_dp
-        group = int(self.config.actor_rollout_ref.rollout.n) if self.plan.actor.share_prompts else 1
+        group = self.config.actor_rollout_ref.rollout.n if self.plan.actor.share_prompts else 1
         metrics.update(balance_batch(batch, self.plan.layout.train_dp, group))
 
     def _old_and_ref_log_probs(self, batch: DataProto, timing: dict, absorb) -> DataProto:
@@ -365,9 +365,9 @@ class RayPPOTrainer:
         fg = cfg.algorithm.filter_groups
         collector = None
         if fg.enable:
-            collector = GroupCollector(int(cfg.data.train_batch_size), int(cfg.actor_rollout_ref.rollout.n),
+            collector = GroupCollector(cfg.data.train_batch_size, cfg.actor_rollout_ref.rollout.n,
                                        int(fg.max_num_gen_batches))
-        balance = bool(cfg.trainer.balance_batch)
+        balance = cfg.trainer.balance_batch
         reward_metrics: list[dict] = []
         for gen_index in itertools.count():
             # balancing reorders rows: with filtering it waits for the trimmed batch (groups must stay adjacent)
@@ -396,10 +396,10 @@ class RayPPOTrainer:
         """The step's phases after the rollout and rewards: old and reference log-probs, values, advantages (with
         the rollout correction), the critic's and the actor's updates. Returns the batch as trained on."""
         cfg = self.config
-        n = int(cfg.actor_rollout_ref.rollout.n)
+        n = cfg.actor_rollout_ref.rollout.n
         rc = self.rollout_correction
         batch.meta_info["global_token_num"] = batch.batch["attention_mask"].sum(-1).tolist()
-        batch.meta_info["shuffle_seed"] = shuffle_seed(int(cfg.trainer.seed), self.global_steps)
+        batch.meta_info["shuffle_seed"] = shuffle_seed(cfg.trainer.seed, self.global_steps)
         if not cfg.algorithm.use_kl_in_reward:
             batch = self._old_and_ref_log_probs(batch, timing, absorb)
         entropys = batch.batch.pop("entropys", None)
@@ -417,13 +417,13 @@ class RayPPOTrainer:
                 metrics.update(apply_rollout_correction(batch, rc))
             elif rc.rollout_is is not None:  # no old-log-prob pass: the actor weighs with its own log-probs
                 batch.meta_info["rollout_is"] = {"level": rc.rollout_is, "threshold": float(rc.rollout_is_threshold)}
-            batch = compute_advantage(batch, cfg.algorithm.adv_estimator, gamma=float(cfg.algorithm.gamma),
-                                      lam=float(cfg.algorithm.lam), num_repeat=n,
-                                      norm_adv_by_std_in_grpo=bool(cfg.algorithm.norm_adv_by_std_in_grpo))
+            batch = compute_advantage(batch, cfg.algorithm.adv_estimator, gamma=cfg.algorithm.gamma,
+                                      lam=cfg.algorithm.lam, num_repeat=n,
+                                      norm_adv_by_std_in_grpo=cfg.algorithm.norm_adv_by_std_in_grpo)
         if self.use_critic:
             with marked_timer("update_critic", timing):
                 absorb(self.critic_wg.update_critic(batch))
-        if self.global_steps >= int(cfg.trainer.critic_warmup):
+        if self.global_steps >= cfg.trainer.critic_warmup:
             with marked_timer("update_actor", timing):
                 out = self.actor_rollout_wg.update_actor(batch)
                 absorb(out)

@@ -19,7 +19,7 @@ import logging
 import os
 from pathlib import Path
 
-from omegaconf import DictConfig, OmegaConf
+from hybridrl.config.sections import PPOConfig
 
 __all__ = ["CONFIG_FILE", "ResumeConfigError", "save_resolved_config", "classify_changes", "check_resume_config"]
 
@@ -67,8 +67,8 @@ class ResumeConfigError(ValueError):
     """The config changes a setting that cannot change on resume."""
 
 
-def save_resolved_config(ckpt_dir: str | os.PathLike, config: DictConfig) -> None:
-    (Path(ckpt_dir) / CONFIG_FILE).write_text(json.dumps(OmegaConf.to_container(config, resolve=True), indent=1))
+def save_resolved_config(ckpt_dir: str | os.PathLike, config: PPOConfig) -> None:
+    (Path(ckpt_dir) / CONFIG_FILE).write_text(json.dumps(config.to_dict(), indent=1))
 
 
 def _leaves(tree: dict, prefix: str = "") -> dict:
@@ -109,10 +109,9 @@ def _special(key: str, saved: dict, now: dict) -> tuple[str, str] | None:
     return None
 
 
-def classify_changes(saved_config: dict, config: DictConfig | dict) -> dict[str, list[str]]:
+def classify_changes(saved_config: dict, config: PPOConfig) -> dict[str, list[str]]:
     """{"refused" | "ignored" | "takes effect": ["key: saved → now (why)", ...]} for every key whose value differs."""
-    now_tree = OmegaConf.to_container(config, resolve=True) if isinstance(config, DictConfig) else config
-    saved, now = _leaves(saved_config), _leaves(now_tree)
+    saved, now = _leaves(saved_config), _leaves(config.to_dict())
     out: dict[str, list[str]] = {"refused": [], "ignored": [], "takes effect": []}
     for key in sorted(set(saved) | set(now)):
         old, new = saved.get(key, "<unset>"), now.get(key, "<unset>")
@@ -131,7 +130,7 @@ def classify_changes(saved_config: dict, config: DictConfig | dict) -> dict[str,
     return out
 
 
-def check_resume_config(ckpt_dir: str | os.PathLike, config: DictConfig) -> dict[str, list[str]]:
+def check_resume_config(ckpt_dir: str | os.PathLike, config: PPOConfig) -> dict[str, list[str]]:
     """Compare `config` with the one saved in `ckpt_dir`; log every changed key, raise ResumeConfigError naming the
     refused ones. Returns the classification ({} when the checkpoint has no saved config)."""
     path = Path(ckpt_dir) / CONFIG_FILE

@@ -29,9 +29,10 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from omegaconf import DictConfig, OmegaConf
 
 from hybridrl.algorithms import logprobs_from_logits
+from hybridrl.config.loader import load_config
+from hybridrl.config.sections import SFTConfig
 from hybridrl.data.sft_conversation import normalize_messages, tokenize_conversation
 from hybridrl.models.tokenizer import resolve_chat_template
 from hybridrl.plan.actor_plan import resolve_liger
@@ -46,20 +47,12 @@ from hybridrl.training.updater import clip_grad_norm
 
 __all__ = ["collate", "load_sft_config", "main", "read_rows", "register", "run_sft", "tokenize_examples"]
 
-DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "config" / "sft_trainer.yaml"
 
 
-def load_sft_config(config=None, overrides: list[str] | None = None) -> DictConfig:
-    cfg = OmegaConf.load(DEFAULT_CONFIG)
-    if config is not None:
-        if isinstance(config, (str, Path)):
-            if not Path(config).exists():
-                raise FileNotFoundError(f"sft config file {config} not found")
-            config = OmegaConf.load(config)
-        cfg = OmegaConf.merge(cfg, config if isinstance(config, DictConfig) else OmegaConf.create(config))
-    if overrides:
-        cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist(list(overrides)))
-    return cfg
+def load_sft_config(config_file: str | Path | None = None, overrides: list[str] | None = None) -> SFTConfig:
+    """sft_trainer.yaml <- `config_file` <- `overrides` (the PPO config's loader and override syntax), typed."""
+    return load_config(config_file, list(overrides or ()), defaults="sft_trainer")
+
 
 
 # ---------------------------------------------------------------------------------------------- data
@@ -77,7 +70,7 @@ def read_rows(files, d) -> list[dict]:
     import pyarrow.parquet as pq
 
     files = [files] if isinstance(files, str) else list(files)
-    multiturn = bool(d.multiturn.enable)
+    multiturn = d.multiturn.enable
     rows = []
     for f in files:
         path = os.path.expanduser(f)
@@ -192,8 +185,9 @@ def _all_mean(x: float, device) -> float:
     return float(t.item()) / dist.get_world_size()
 
 
-def run_sft(config=None) -> dict:
-    cfg = load_sft_config(config)
+def run_sft(config: SFTConfig | None = None) -> dict:
+    """Train (`config` None: the packaged defaults)."""
+    cfg = config if config is not None else load_sft_config()
     from transformers import AutoTokenizer
 
     device, world, rank, created = _setup_dist(cfg.trainer.device)
@@ -214,14 +208,14 @@ def _train(cfg, device, world, rank, AutoTokenizer) -> dict:
     if template is not None:
         tokenizer.chat_template = template
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    examples, truncated = tokenize_examples(read_rows(d.train_files, d), tokenizer, int(d.max_length), d.truncation)
-    bsz, micro = int(d.train_batch_size), int(d.micro_batch_size_per_gpu)
+    examples, truncated = tokenize_examples(read_rows(d.train_files, d), tokenizer, d.max_length, d.truncation)
+    bsz, micro = d.train_batch_size, d.micro_batch_size_per_gpu
     if bsz <= 0 or bsz % world:
         raise ValueError(f"data.train_batch_size={bsz} must be a positive multiple of the world size {world}")
     if bsz > len(examples):
         raise ValueError(f"data.train_batch_size={bsz} exceeds the {len(examples)} training examples")
     steps_per_epoch = len(examples) // bsz
-    total_steps = int(t.total_training_steps or steps_per_epoch * int(t.total_epochs))
+    total_steps = t.total_training_steps or steps_per_epoch * t.total_epochs
 
     mesh = sft_training_mesh(cfg, world, device.type)
     model_cfg = {"path": model_path, "trust_remote_code": m.trust_remote_code, "override_config": m.override_config,
@@ -232,8 +226,8 @@ def _train(cfg, device, world, rank, AutoTokenizer) -> dict:
                           key="model.use_liger")
     if rank == 0 and choices:
         print(f"[sft] auto: {choices[0]}", flush=True)
-    module = build_fsdp_model(model_cfg, OmegaConf.to_container(m.fsdp_config), mesh, device, role="causal_lm",
-                              gradient_checkpointing=bool(m.enable_gradient_checkpointing), liger=liger)
+    module = build_fsdp_model(model_cfg, m.fsdp_config.to_dict(), mesh, device, role="causal_lm",
+                              gradient_checkpointing=m.enable_gradient_checkpointing, liger=liger)
     optim_cfg = {"lr": o.lr, "betas": list(o.betas), "weight_decay": o.weight_decay, "lr_warmup_steps": -1,
                  "lr_warmup_steps_ratio": o.warmup_steps_ratio, "warmup_style": o.lr_scheduler,
                  "min_lr_ratio": o.min_lr_ratio, "total_training_steps": total_steps}
@@ -242,7 +236,7 @@ def _train(cfg, device, world, rank, AutoTokenizer) -> dict:
 
     history: list[dict] = []
     step = 0
-    gen = torch.Generator().manual_seed(int(t.seed))
+    gen = torch.Generator().manual_seed(t.seed)
     per_rank = bsz // world
     while step < total_steps:
         order = torch.randperm(len(examples), generator=gen).tolist() if d.shuffle else list(range(len(examples)))
@@ -251,13 +245,13 @@ def _train(cfg, device, world, rank, AutoTokenizer) -> dict:
                 break
             rows = order[s * bsz: (s + 1) * bsz][rank * per_rank: (rank + 1) * per_rank]
             batch = collate([examples[i] for i in rows], pad_id)
-            metrics = _train_step(module, optimizer, batch, micro, device, m.use_remove_padding, float(o.clip_grad))
+            metrics = _train_step(module, optimizer, batch, micro, device, m.use_remove_padding, o.clip_grad)
             metrics = {"train/loss": _all_mean(metrics["loss"], device), "train/grad_norm": metrics["grad_norm"],
                        "train/lr": scheduler.get_last_lr()[0]}
             scheduler.step()
             step += 1
             history.append(metrics)
-            if rank == 0 and t.log_freq and step % int(t.log_freq) == 0:
+            if rank == 0 and t.log_freq and step % t.log_freq == 0:
                 print(f"[sft] step {step}/{total_steps} " + " ".join(f"{k}={v:.4g}" for k, v in metrics.items()),
                       file=sys.stderr)
     result = dict(history[-1]) if history else {}
@@ -265,7 +259,7 @@ def _train(cfg, device, world, rank, AutoTokenizer) -> dict:
                    "training/global_step": step, "data/truncated": truncated,
                    "data/dropped_rows": len(examples) - steps_per_epoch * bsz})
     if d.val_files:
-        val, val_trunc = tokenize_examples(read_rows(d.val_files, d), tokenizer, int(d.max_length), d.truncation)
+        val, val_trunc = tokenize_examples(read_rows(d.val_files, d), tokenizer, d.max_length, d.truncation)
         result["val/loss"] = _eval_loss(module, val[rank::world], pad_id, micro, device, m.use_remove_padding)
         result["data/val_truncated"] = val_trunc
     out_dir = Path(os.path.expanduser(t.default_local_dir)) / "huggingface"

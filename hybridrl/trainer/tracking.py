@@ -110,16 +110,8 @@ def format_console_line(data: dict[str, Any], step: int, total_steps: int | None
 
 
 def _plain_config(config: Any) -> Any:
-    if config is None:
-        return None
-    try:
-        from omegaconf import DictConfig, ListConfig, OmegaConf
-
-        if isinstance(config, DictConfig | ListConfig):
-            return OmegaConf.to_container(config, resolve=True)
-    except ImportError:  # the GPU machine has no omegaconf; configs there are plain dicts
-        pass
-    return config
+    """A typed config as its plain tree (what wandb and mlflow store); a dict or None as given."""
+    return config.to_dict() if hasattr(config, "to_dict") else config
 
 
 def _require(module: str, backend: str, install: str):

@@ -19,8 +19,8 @@ from dataclasses import replace
 
 import torch
 import torch.distributed as dist
-from omegaconf import DictConfig, OmegaConf
 
+from hybridrl.config.sections import PPOConfig
 from hybridrl.controller import Dispatch, make_mesh_dispatch, register
 from hybridrl.hybrid.engine import HybridEngine
 from hybridrl.hybrid.memory import track_phase
@@ -55,7 +55,7 @@ def prompt_token_lists(prompts: DataProto) -> list[list[int]]:
     return [row[m].tolist() for row, m in zip(ids, mask)]
 
 
-def build_tool_agent(config: DictConfig, eos_token_ids):
+def build_tool_agent(config: PPOConfig, eos_token_ids):
     """The multi-turn agent of `rollout.multi_turn` (None when disabled): the user's agent loop
     (`agent_loop.path`), else the ToolAgent with its tools from tool_config_path and interactions; messages are
     rendered with the policy's tokenizer and chat template (models/tokenizer.py)."""
@@ -79,7 +79,7 @@ def build_tool_agent(config: DictConfig, eos_token_ids):
 
 
 class ActorRolloutRefWorker(RoleWorker):
-    def __init__(self, config: DictConfig, plan, role: str = "actor_rollout_ref"):
+    def __init__(self, config: PPOConfig, plan, role: str = "actor_rollout_ref"):
         super().__init__(config, plan)  # plan: shape, micro-batches, KV blocks, unshard and reshard choices
         setup_worker_logging()
         if role not in ("actor_rollout", "actor_rollout_ref", "ref"):
@@ -114,7 +114,7 @@ class ActorRolloutRefWorker(RoleWorker):
 
             self.actor = DataParallelPPOActor(actor_cfg, self.actor_module, self.optimizer, self.scheduler,
                                               use_remove_padding=packed, sp_group=self.sp_group,
-                                              activation_offload=bool(cfg.model.enable_activation_offload),
+                                              activation_offload=cfg.model.enable_activation_offload,
                                               share_prompts=share, unshard_once=actor_plan.update.unshard_once)
             self._build_rollout(meshes.rollout)
         if self._has_ref and self._has_actor and has_lora(self.actor_module):
@@ -122,19 +122,20 @@ class ActorRolloutRefWorker(RoleWorker):
             from hybridrl.training.actor import DataParallelPPOActor
 
             self.ref_module, self._ref_offload = self.actor_module, False
-            self.ref = DataParallelPPOActor(cfg.actor, self.ref_module, None, None,
+            self.ref = DataParallelPPOActor(cfg.actor.to_dict(), self.ref_module, None, None,
                                             use_remove_padding=packed, sp_group=self.sp_group, share_prompts=share)
         elif self._has_ref:
             # the reference never trains: keep it in the compute dtype (the plan's), no fp32 master copy
-            ref_fsdp = OmegaConf.merge(cfg.actor.fsdp_config, cfg.ref.fsdp_config, {"model_dtype": self.plan.frozen_dtype})
+            ref_fsdp = replace(cfg.actor.fsdp_config, param_offload=cfg.ref.fsdp_config.param_offload,
+                               model_dtype=self.plan.frozen_dtype)
             self.ref_module, _, _ = build_fsdp_model(cfg.model, ref_fsdp, None, self.device_mesh,
                                                      self.compute_device, trainable=False, liger=actor_plan.use_liger,
                                                      use_varlen_attention=packed or share)
             from hybridrl.training.actor import DataParallelPPOActor
 
-            self.ref = DataParallelPPOActor(cfg.actor, self.ref_module, None, None,
+            self.ref = DataParallelPPOActor(cfg.actor.to_dict(), self.ref_module, None, None,
                                             use_remove_padding=packed, sp_group=self.sp_group, share_prompts=share)
-            self._ref_offload = bool(cfg.ref.fsdp_config.param_offload)
+            self._ref_offload = cfg.ref.fsdp_config.param_offload
             if self._ref_offload:
                 from hybridrl.training.offload import offload_fsdp_params
 
@@ -168,8 +169,8 @@ class ActorRolloutRefWorker(RoleWorker):
         self.hybrid = HybridEngine(
             self.actor_module, self.optimizer, self.engine, device=self.compute_device, dtype=dtype,
             hybrid=self.plan.rollout.hybrid,
-            param_offload=bool(cfg.actor.fsdp_config.param_offload),
-            optimizer_offload=bool(cfg.actor.fsdp_config.optimizer_offload),
+            param_offload=cfg.actor.fsdp_config.param_offload,
+            optimizer_offload=cfg.actor.fsdp_config.optimizer_offload,
             reshard_strategy=self.plan.rollout.reshard_strategy)
 
     # ------------------------------------------------------------------ rollout
@@ -184,7 +185,7 @@ class ActorRolloutRefWorker(RoleWorker):
             self.tool_agent.begin_batch(prompts.non_tensor_batch)
         outputs, metrics = self._generate(prompt_token_lists(prompts), params,
                                           self.plan.rollout.kv_cache.blocks_for(len(prompts), params.n), **agent)
-        out = outputs_to_dataproto(prompts, outputs, response_length=int(rcfg.response_length),
+        out = outputs_to_dataproto(prompts, outputs, response_length=rcfg.response_length,
                                    pad_token_id=int(prompts.meta_info.get("pad_token_id", 0)))
         out.meta_info["metrics"] = metric_lists(metrics)
         return out
@@ -225,7 +226,7 @@ class ActorRolloutRefWorker(RoleWorker):
         """meta_info for a log-prob pass (rollout: old log-probs, ref: reference): its micro-batch rows or token
         budget from the plan."""
         old = section == "rollout"
-        data.meta_info.setdefault("temperature", float(self.config.actor_rollout_ref.rollout.temperature))
+        data.meta_info.setdefault("temperature", self.config.actor_rollout_ref.rollout.temperature)
         micro = self.plan.actor.old_log_prob if old else self.plan.actor.ref_log_prob
         data.meta_info["micro_batch_size"] = micro.rows
         data.meta_info["use_dynamic_bsz"] = micro.rows is None
@@ -263,7 +264,7 @@ class ActorRolloutRefWorker(RoleWorker):
     @register(dispatch_mode=make_mesh_dispatch("actor"))
     def update_actor(self, data: DataProto) -> DataProto:
         metrics: dict = {}
-        data.meta_info.setdefault("temperature", float(self.config.actor_rollout_ref.rollout.temperature))
+        data.meta_info.setdefault("temperature", self.config.actor_rollout_ref.rollout.temperature)
         with track_phase("update_actor", metrics, self.compute_device):
             self.hybrid.before_update()
             train_metrics = self.actor.update_policy(data)
@@ -300,4 +301,4 @@ class ActorRolloutRefWorker(RoleWorker):
     def describe(self):
         return {"rank": dist.get_rank(), "device_mesh": format_mesh(self.device_mesh, with_names=False),
                 "rollout_mesh": format_mesh(self.rollout_mesh) if self._has_actor else None,
-                "config": OmegaConf.to_container(self.config.actor_rollout_ref.rollout, resolve=True)}
+                "config": self.config.actor_rollout_ref.rollout.to_dict()}

@@ -3,13 +3,13 @@ metrics for the driver, sampling parameters, model building."""
 
 from __future__ import annotations
 
-import copy
 import logging
 
 import torch
 import torch.distributed as dist
-from omegaconf import DictConfig, open_dict
 
+from hybridrl.config.sections import PPOConfig, Section
+from hybridrl.config.sections.rollout import RolloutConfig
 from hybridrl.controller import Worker
 from hybridrl.hybrid.meshes import format_mesh
 
@@ -20,7 +20,7 @@ class RoleWorker(Worker):
     """A role's process (one per GPU): the config, the run plan — its shape (`plan.parallel`) and sizes, read here
     and never re-derived from the config — and the setup every role does before building its model."""
 
-    def __init__(self, config: DictConfig, plan):
+    def __init__(self, config: PPOConfig, plan):
         super().__init__()
         self.config = config
         self.plan = plan  # hybridrl.plan.RunPlan
@@ -30,7 +30,7 @@ class RoleWorker(Worker):
         (plan/shape.py; `rollout`: the rollout mesh too) and declare this rank's place in mesh `dispatch` (the
         ranks of a Ulysses group are one data-parallel rank). Returns the Meshes."""
         prepare_process(self.config)
-        self.init_distributed(timeout_s=float(self.config.trainer.worker_timeout_s))
+        self.init_distributed(timeout_s=self.config.trainer.worker_timeout_s)
         self.compute_device = pick_device(self.config.trainer.device)
         meshes = self.plan.parallel.build_meshes(self.compute_device.type, role, rollout=rollout)
         if meshes.sp is not None:
@@ -55,21 +55,16 @@ def pick_device(device: str) -> torch.device:
     return torch.device(device)
 
 
-def per_rank_section(section: DictConfig, mini_batch_rows: int, micro_batch: int | None,
-                     max_tokens: int | None) -> DictConfig:
-    """A copy of an actor/critic config section with the plan's per-rank sizes: `ppo_mini_batch_size` in rows per
-    rank (verl's global prompts x n / dp), `ppo_micro_batch_size_per_gpu` and, for token-budgeted micro-batches
-    (micro_batch None), `use_dynamic_bsz` and `ppo_max_token_len_per_gpu`."""
-    section = copy.deepcopy(section)
-    with open_dict(section):
-        section.ppo_mini_batch_size = mini_batch_rows
-        section.ppo_micro_batch_size_per_gpu = micro_batch
-        section.use_dynamic_bsz = micro_batch is None
-        section.ppo_max_token_len_per_gpu = max_tokens
-    return section
+def per_rank_section(section, mini_batch_rows: int, micro_batch: int | None, max_tokens: int | None) -> dict:
+    """The settings an actor/critic update reads (training/): its config section as a plain tree, with the plan's
+    per-rank sizes: `ppo_mini_batch_size` in rows per rank (verl's global prompts x n / dp),
+    `ppo_micro_batch_size_per_gpu` and, for token-budgeted micro-batches (micro_batch None), `use_dynamic_bsz` and
+    `ppo_max_token_len_per_gpu`."""
+    return {**section.to_dict(), "ppo_mini_batch_size": mini_batch_rows, "ppo_micro_batch_size_per_gpu": micro_batch,
+            "use_dynamic_bsz": micro_batch is None, "ppo_max_token_len_per_gpu": max_tokens}
 
 
-def sampling_params_from(rollout_cfg: DictConfig, meta: dict, dp_rank: int = 0):
+def sampling_params_from(rollout_cfg: RolloutConfig, meta: dict, dp_rank: int = 0):
     """Training rollouts use rollout.*; validation sends meta_info {'validate': True} and uses rollout.val_kwargs;
     meta_info may override do_sample / n / temperature (e.g. ReMax's greedy baseline). The seed is the driver's
     (meta_info['seed'], else rollout.seed) plus this rollout data-parallel group's `dp_rank`: groups draw
@@ -82,20 +77,21 @@ def sampling_params_from(rollout_cfg: DictConfig, meta: dict, dp_rank: int = 0):
     n = int(meta.get("n", src.n))
     return SamplingParams(
         n=n, temperature=temperature, do_sample=do_sample,
-        top_p=float(src.top_p) if do_sample else 1.0,
-        top_k=int(src.top_k) if do_sample else -1,
+        top_p=src.top_p if do_sample else 1.0,
+        top_k=src.top_k if do_sample else -1,
         max_tokens=int(meta.get("max_tokens", rollout_cfg.response_length)),
-        ignore_eos=bool(rollout_cfg.ignore_eos),
+        ignore_eos=rollout_cfg.ignore_eos,
         stop_token_ids=list(meta.get("stop_token_ids", [])),
         seed=int(meta.get("seed", rollout_cfg.seed)) + int(dp_rank),
     )
 
 
-def build_fsdp_model(model_cfg: DictConfig, fsdp_cfg: DictConfig, optim_cfg: DictConfig | None, mesh, device,
+def build_fsdp_model(model_cfg: Section, fsdp_cfg: Section, optim_cfg: Section | None, mesh, device,
                      trainable: bool, critic: bool = False, lora_base_dtype=None, fused_optimizer: bool = False,
                      gradient_checkpointing: bool = False, recompute_kept_layers: int = 0, liger: bool = False,
                      use_varlen_attention: bool | None = None):
-    """HF model → FSDP2 (training/ applies FSDP; the model never knows). Returns (module, optimizer, scheduler).
+    """HF model → FSDP2 (training/ applies FSDP; the model never knows) from a role's model, fsdp_config and optim
+    sections (handed to training/ as plain trees). Returns (module, optimizer, scheduler).
     A trainable actor gets LoRA adapters when `model.lora_rank` > 0, in `fsdp_config.model_dtype`, over a frozen
     base stored in `lora_base_dtype` (the plan's; None: model_dtype); the optimizer holds only what requires grad
     (the adapters then, every parameter otherwise); `fused_optimizer`, `gradient_checkpointing` with
@@ -105,6 +101,7 @@ def build_fsdp_model(model_cfg: DictConfig, fsdp_cfg: DictConfig, optim_cfg: Dic
     from hybridrl.training.lora import lora_settings
     from hybridrl.training.optim import build_lr_scheduler, build_optimizer
 
+    model_cfg, fsdp_cfg = model_cfg.to_dict(), fsdp_cfg.to_dict()
     lora = lora_settings(model_cfg) if trainable and not critic else None
     module = shard(model_cfg, fsdp_cfg, mesh, device, role="critic" if critic else "actor", lora=lora,
                    lora_base_dtype=lora_base_dtype, gradient_checkpointing=trainable and gradient_checkpointing,
@@ -112,17 +109,17 @@ def build_fsdp_model(model_cfg: DictConfig, fsdp_cfg: DictConfig, optim_cfg: Dic
     if not trainable:
         module.requires_grad_(False)
         return module, None, None
-    optimizer = build_optimizer([p for p in module.parameters() if p.requires_grad], optim_cfg,
+    optimizer = build_optimizer([p for p in module.parameters() if p.requires_grad], optim_cfg.to_dict(),
                                 fused=fused_optimizer)
-    scheduler = build_lr_scheduler(optimizer, optim_cfg)
+    scheduler = build_lr_scheduler(optimizer, optim_cfg.to_dict())
     return module, optimizer, scheduler
 
 
-def prepare_process(config: DictConfig) -> None:
+def prepare_process(config: PPOConfig) -> None:
     """What every process of a run does before it builds a model: seed its RNGs from trainer.seed and import
     actor_rollout_ref.model.external_lib (custom HF classes must be registered before from_pretrained)."""
     from hybridrl.models.external_lib import import_external_lib
     from hybridrl.seeding import seed_everything
 
-    seed_everything(int(config.trainer.seed))
+    seed_everything(config.trainer.seed)
     import_external_lib(config.actor_rollout_ref.model.external_lib)

@@ -31,8 +31,8 @@ class CriticWorker(RoleWorker):
         self.critic = DataParallelPPOCritic(cfg, self.module, self.optimizer, self.scheduler, sp_group=sp_group,
                                             use_remove_padding=critic_plan.remove_padding,
                                             share_prompts=critic_plan.share_prompts)
-        self._param_offload = bool(c.model.fsdp_config.param_offload)
-        self._optimizer_offload = bool(c.model.fsdp_config.optimizer_offload)
+        self._param_offload = c.model.fsdp_config.param_offload
+        self._optimizer_offload = c.model.fsdp_config.optimizer_offload
         self._optimizer_on_cpu = False  # AdamW state is created lazily at the first step, on the GPU
         self._offload(params=self._param_offload, optimizer=False)
         return {"rank": rank}

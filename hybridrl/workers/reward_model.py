@@ -36,14 +36,14 @@ class RewardModelWorker(RoleWorker):
         from hybridrl.training.fsdp import build_fsdp_model
         fsdp_cfg = {"model_dtype": self.plan.frozen_dtype,   # no master copy: it never trains
                     "mixed_precision": {"param_dtype": "bf16", "reduce_dtype": "fp32"}}
-        self.module = build_fsdp_model(rm.model, fsdp_cfg, mesh, self.compute_device, role="reward_model")
+        self.module = build_fsdp_model(rm.model.to_dict(), fsdp_cfg, mesh, self.compute_device, role="reward_model")
         self.module.requires_grad_(False)
-        trust = bool(rm.model.trust_remote_code)
+        trust = rm.model.trust_remote_code
         self.tokenizer = _tokenizer(rm.model.path, trust)
         self.input_tokenizer = _tokenizer(rm.model.input_tokenizer, trust) if rm.model.input_tokenizer else None
         self.pad_token_id = next(t for t in (self.tokenizer.pad_token_id, self.tokenizer.eos_token_id, 0)
                                  if t is not None)
-        self._param_offload = bool(rm.model.fsdp_config.param_offload)
+        self._param_offload = rm.model.fsdp_config.param_offload
         if self._param_offload:
             from hybridrl.training.offload import offload_fsdp_params
 
@@ -59,7 +59,7 @@ class RewardModelWorker(RoleWorker):
 
         rm = self.config.reward_model
         sequences, truncated = rm_token_lists(data, self.tokenizer, self.input_tokenizer,
-                                              self.plan.reward_model.max_length, str(rm.truncation))
+                                              self.plan.reward_model.max_length, rm.truncation)
         metrics: dict = {}
         with track_phase("reward_model", metrics, self.compute_device):
             if self._param_offload:

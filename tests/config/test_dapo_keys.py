@@ -2,8 +2,8 @@
 
 import pytest
 
+from hybridrl.config.errors import ConfigError
 from hybridrl.config.loader import load_config
-from hybridrl.config.validate import ConfigError, check_semantics
 
 FG, RC = "algorithm.filter_groups", "algorithm.rollout_correction"
 
@@ -31,10 +31,10 @@ def test_bad_dapo_values_are_refused_naming_key_and_rule(overrides, message):
 
 def test_accepted_dapo_values_and_warnings():
     cfg = load_config(overrides=[f"{FG}.enable=true", f"{FG}.metric=seq_reward", "actor_rollout_ref.rollout.n=1"])
-    assert any("nothing is filtered" in w for w in check_semantics(cfg))
+    assert any("nothing is filtered" in w for w in cfg.validate())
     load_config(overrides=["data.gen_batch_size=128", f"{FG}.enable=true", f"{FG}.metric=acc"])  # smaller is fine
     load_config(overrides=["data.gen_batch_size=256"])
     cfg = load_config(overrides=[f"{RC}.rollout_rs=token_k1,seq_mean_k3", f"{RC}.rollout_rs_threshold='0.5_2,0.1'"])
     assert cfg.algorithm.rollout_correction.rollout_rs_threshold == "0.5_2,0.1"
-    warnings = check_semantics(load_config(overrides=[f"{RC}.rollout_rs_threshold=2"]))
+    warnings = load_config(overrides=[f"{RC}.rollout_rs_threshold=2"]).validate()
     assert any("nothing is rejected" in w for w in warnings)

@@ -5,9 +5,9 @@ import logging
 
 import pytest
 
-from hybridrl.config.limits import same_tokenizer
+from hybridrl.config.errors import ConfigError
 from hybridrl.config.loader import load_config
-from hybridrl.config.validate import ConfigError
+from hybridrl.config.tokenizer_files import same_tokenizer
 
 GAE = "algorithm.adv_estimator=gae"
 

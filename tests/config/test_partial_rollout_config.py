@@ -3,8 +3,8 @@
 import pytest
 import transformers
 
+from hybridrl.config.errors import ConfigError
 from hybridrl.config.loader import load_config
-from hybridrl.config.validate import ConfigError, check_semantics
 from hybridrl.plan import DeviceSpec, make_plan
 from hybridrl.plan.partial_rollout import rollout_correction
 
@@ -33,11 +33,11 @@ def test_bad_partial_rollout_settings_are_refused_naming_key_and_rule(overrides,
 
 
 def test_warnings_for_budgets_that_carry_nothing_or_can_never_finish():
-    warnings = check_semantics(load_config(overrides=[*ON, "data.max_response_length=256"]))
+    warnings = load_config(overrides=[*ON, "data.max_response_length=256"]).validate()
     assert any("no sample is ever carried" in w for w in warnings)
-    warnings = check_semantics(load_config(overrides=[*ON, "data.max_response_length=4096", f"{PR}.max_staleness=2"]))
+    warnings = load_config(overrides=[*ON, "data.max_response_length=4096", f"{PR}.max_staleness=2"]).validate()
     assert any("longer than 768 tokens" in w and "always dropped" in w for w in warnings)
-    assert not any("partial_rollout" in w for w in check_semantics(load_config(overrides=ON)))
+    assert not any("partial_rollout" in w for w in load_config(overrides=ON).validate())
 
 
 def test_the_plan_turns_token_is_on_and_sizes_the_trained_groups():

@@ -22,8 +22,7 @@ def _config(tiny_model_dir, **extra):
 def test_the_policy_tokenizer_takes_the_template_from_a_string_or_a_file(tiny_model_dir, tmp_path):
     own = policy_tokenizer(_config(tiny_model_dir)).apply_chat_template(MSGS, tokenize=False,
                                                                         add_generation_prompt=True)
-    cfg = _config(tiny_model_dir)
-    cfg.actor_rollout_ref.model.custom_chat_template = TEMPLATE
+    cfg = _config(tiny_model_dir).with_value("actor_rollout_ref.model.custom_chat_template", TEMPLATE)
     tok = policy_tokenizer(cfg)
     assert tok.apply_chat_template(MSGS, tokenize=False, add_generation_prompt=True) == "[user]hi[assistant]"
     assert own != "[user]hi[assistant]"
@@ -37,7 +36,7 @@ def test_the_tool_agent_renders_tool_turns_with_the_custom_template(tiny_model_d
     tools.write_text("tools:\n  - class_name: hybridrl.tools.builtin.calculator\n    config: {type: native}\n")
     cfg = _config(tiny_model_dir, **{"actor_rollout_ref.rollout.multi_turn.enable": "true",
                                      "actor_rollout_ref.rollout.multi_turn.tool_config_path": tools})
-    cfg.actor_rollout_ref.model.custom_chat_template = TEMPLATE
+    cfg = cfg.with_value("actor_rollout_ref.model.custom_chat_template", TEMPLATE)
     agent = build_tool_agent(cfg, eos_token_ids=(1,))
     assert agent.tokenizer.chat_template == TEMPLATE   # the tiny model's own template renders tools differently
     from hybridrl.rollout.multi_turn import message_ids

@@ -25,9 +25,7 @@ def config(*overrides):
 
 
 def saved(*overrides):
-    from omegaconf import OmegaConf
-
-    return OmegaConf.to_container(config(*overrides), resolve=True)
+    return config(*overrides).to_dict()
 
 
 def verdicts(changes):

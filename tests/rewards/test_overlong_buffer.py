@@ -3,8 +3,8 @@
 import pytest
 import torch
 
+from hybridrl.config.errors import ConfigError
 from hybridrl.config.loader import load_config
-from hybridrl.config.validate import ConfigError
 from hybridrl.protocol import DataProto
 from hybridrl.rewards.reward_manager import OverlongBuffer, RewardManager, overlong_reward
 

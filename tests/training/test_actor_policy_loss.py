@@ -8,9 +8,9 @@ import transformers
 from _training_tiny import make_ppo_batch, tiny_qwen2_config
 
 from hybridrl.algorithms import POLICY_LOSS_REGISTRY
+from hybridrl.config.errors import ConfigError
 from hybridrl.config.loader import load_config
-from hybridrl.config.schema import POLICY_LOSS_MODES
-from hybridrl.config.validate import ConfigError
+from hybridrl.config.sections.values import POLICY_LOSS_MODES
 from hybridrl.training import DataParallelPPOActor
 
 

@@ -7,7 +7,6 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from hybridrl.config import ConfigError, load_config
-from hybridrl.config.validate import check_semantics
 from hybridrl.plan import DeviceSpec, make_plan
 from hybridrl.plan.memory import GiB
 from hybridrl.plan.model_shape import ModelShape
@@ -36,14 +35,14 @@ STEP = ["data.train_batch_size=64", "actor_rollout_ref.rollout.n=8", "actor_roll
 ])
 def test_bad_lora_keys_are_refused_naming_key_value_and_rule(key, value, rule):
     with pytest.raises(ConfigError) as e:
-        check_semantics(load_config(overrides=[f"{M}.{key}={value}"]))
+        load_config(overrides=[f"{M}.{key}={value}"]).validate()
     msg = str(e.value)
     assert f"'{M}.{key}'" in msg and rule in msg
 
 
 def test_valid_lora_keys_pass_and_zero_rank_is_off():
-    check_semantics(load_config(overrides=[f"{M}.lora_rank=8", f"{M}.lora_alpha=16.5",
-                                           f"{M}.target_modules=[q_proj,v_proj]"]))
+    load_config(overrides=[f"{M}.lora_rank=8", f"{M}.lora_alpha=16.5",
+                                           f"{M}.target_modules=[q_proj,v_proj]"]).validate()
     assert lora_settings({"lora_rank": 0}) is None
     s = lora_settings({"lora_rank": 8, "lora_alpha": 32, "target_modules": ["q_proj"]})
     assert (s.rank, s.scaling, s.target_modules) == (8, 4.0, ("q_proj",))

@@ -11,10 +11,10 @@ import torch
 import torch.distributed as dist
 import transformers
 from _training_tiny import TINY_ACTOR_CFG, make_ppo_batch, make_tiny_model_dir, run_ranks
-from omegaconf import OmegaConf
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from tp_slicing_engine import SlicingEngine
 
+from hybridrl.config import load_config
 from hybridrl.hybrid.reshard import FSDPToTPResharder
 from hybridrl.training import (
     DataParallelPPOActor,
@@ -28,6 +28,7 @@ from hybridrl.workers.common import build_fsdp_model
 
 OPTIM = dict(lr=1e-2, weight_decay=0.0, lr_warmup_steps=0, warmup_style="constant")
 LORA = dict(lora_rank=4, lora_alpha=8, target_modules="all-linear")
+M, A = "actor_rollout_ref.model", "actor_rollout_ref.actor"
 COLUMN = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj", "embed_tokens", "lm_head")
 
 
@@ -39,9 +40,10 @@ def slicing_engine(rank, world):
 
 
 def _build(model_dir, mesh, base_dtype):
-    model_cfg = OmegaConf.create({"path": model_dir, "use_remove_padding": True, **LORA})
-    fsdp_cfg = OmegaConf.create({"model_dtype": "fp32"})
-    module, opt, sched = build_fsdp_model(model_cfg, fsdp_cfg, OmegaConf.create(OPTIM), mesh, torch.device("cpu"),
+    cfg = load_config(overrides=[f"{M}.path={model_dir}", f"{M}.use_remove_padding=true",
+                                 *(f"{M}.{k}={v}" for k, v in LORA.items()), f"{A}.fsdp_config.model_dtype=fp32",
+                                 *(f"{A}.optim.{k}={v}" for k, v in OPTIM.items())]).actor_rollout_ref
+    module, opt, sched = build_fsdp_model(cfg.model, cfg.actor.fsdp_config, cfg.actor.optim, mesh, torch.device("cpu"),
                                           trainable=True, lora_base_dtype=base_dtype)
     return DataParallelPPOActor(TINY_ACTOR_CFG, module, opt, sched, use_remove_padding=True)
 

@@ -6,8 +6,8 @@ import copy
 import torch
 import transformers
 from _training_tiny import make_ppo_batch, tiny_qwen2_config
-from omegaconf import OmegaConf
 
+from hybridrl.config.sections.algorithm import RolloutCorrectionConfig
 from hybridrl.plan.partial_rollout import PartialRolloutPlan, rollout_correction
 from hybridrl.training import DataParallelPPOActor
 from hybridrl.training.packed_attention import register_varlen_attention
@@ -31,7 +31,9 @@ def test_carried_tokens_are_weighed_by_truncated_is_and_on_policy_ones_are_not()
     model.set_attn_implementation(register_varlen_attention())
     plan = PartialRolloutPlan(tokens_per_step=2, max_staleness=2, max_groups=4, group_multiple=1, rollout_is="token",
                               rollout_is_threshold=2.0)
-    rc = rollout_correction(OmegaConf.create({"rollout_is": None, "rollout_is_threshold": 2.0}), plan)
+    unset = RolloutCorrectionConfig(rollout_is=None, rollout_is_threshold=2.0, rollout_is_batch_normalize=False,
+                                    rollout_rs=None, rollout_rs_threshold=None)
+    rc = rollout_correction(unset, plan)
     data = make_ppo_batch(batch=4, seed=3)
     data.batch.pop("old_log_probs")  # the plan's default: no old-log-prob pass, the update's own are the proximal ones
     data.meta_info["micro_batch_size"] = 4

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import torch
 
+from hybridrl.config.errors import ConfigError
 from hybridrl.config.loader import load_config
-from hybridrl.config.validate import ConfigError
 from hybridrl.models.external_lib import ExternalLibError
 from hybridrl.protocol import DataProto
 from hybridrl.seeding import derive_seed, shuffle_seed, step_sampling_seed
@@ -105,7 +105,7 @@ def test_external_lib_is_imported_and_a_failure_names_the_key(tmp_path, monkeypa
     with pytest.raises(ConfigError, match=r"actor_rollout_ref\.model\.external_lib='no_such_lib_xyz'"):
         load_config(overrides=["actor_rollout_ref.model.external_lib=no_such_lib_xyz"])  # refused when loaded
     cfg = load_config(overrides=["actor_rollout_ref.model.external_lib=my_models_lib"])
-    cfg.actor_rollout_ref.model.external_lib = "no_such_lib_xyz"  # and in a worker, should it be missing there
+    cfg = cfg.with_value("actor_rollout_ref.model.external_lib", "no_such_lib_xyz")  # in a worker, should it be missing there
     with pytest.raises(ExternalLibError, match=r"actor_rollout_ref\.model\.external_lib='no_such_lib_xyz'"):
         prepare_process(cfg)
 

@@ -1,0 +1,232 @@
+"""`actor_rollout_ref.actor` and `actor_rollout_ref.ref`: the policy's update and the reference policy."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from hybridrl.config.sections.base import Section
+from hybridrl.config.sections.optim import MixedPrecisionConfig, OptimConfig
+from hybridrl.config.sections.rules import Findings, check_fsdp_size, check_token_len, check_update_batches
+from hybridrl.config.sections.values import (
+    Auto,
+    CheckpointContent,
+    Dtype,
+    KLType,
+    LossAggMode,
+    PolicyLossMode,
+    Strategy,
+)
+
+ACTOR = "actor_rollout_ref.actor"
+REF = "actor_rollout_ref.ref"
+
+
+@dataclass(frozen=True)
+class RefConfig(Section):
+    """`actor_rollout_ref.ref`."""
+
+    log_prob_micro_batch_size: int | None
+    """deprecated global form; use the _per_gpu key"""
+    log_prob_micro_batch_size_per_gpu: Auto | int | None
+    """samples per reference log-prob forward per GPU; auto = the run plan's choice"""
+    log_prob_use_dynamic_bsz: Auto | bool
+    """micro-batches by token count instead of rows; auto as actor.use_dynamic_bsz, for
+    log_prob_micro_batch_size_per_gpu"""
+    log_prob_max_token_len_per_gpu: Auto | int
+    """token budget with log_prob_use_dynamic_bsz; auto = the run plan's choice"""
+    log_prob_unshard_once: Auto | bool
+    """all-gather FSDP shards once per pass, not per micro-batch (true|false|auto: if the bf16 model <= 25% of GPU
+    memory)"""
+    fsdp_config: RefFSDPConfig
+
+    def check_sizes(self, found: Findings) -> None:
+        found.positive_or_unset(self, REF, LOG_PROB_SIZES)
+
+    def check(self, cfg, found: Findings) -> None:
+        check_log_prob_batches(self, REF, cfg, found)
+
+
+# the log-prob passes' batch keys (the reference's and the rollout's old-log-prob pass)
+LOG_PROB_SIZES = ("log_prob_max_token_len_per_gpu", "log_prob_micro_batch_size_per_gpu", "log_prob_micro_batch_size")
+
+
+def check_log_prob_batches(section, prefix: str, cfg, found: Findings) -> None:
+    """A log-prob pass needs a token budget that holds one sequence, or a micro-batch size without one."""
+    if section.log_prob_use_dynamic_bsz is not False:
+        check_token_len(f"{prefix}.log_prob_max_token_len_per_gpu", section.log_prob_max_token_len_per_gpu, cfg, found)
+    elif section.log_prob_micro_batch_size_per_gpu is None and section.log_prob_micro_batch_size is None:
+        found.errors.append(f"'{prefix}.log_prob_micro_batch_size_per_gpu' is null: set it (or "
+                            "log_prob_use_dynamic_bsz)")
+
+
+@dataclass(frozen=True)
+class RefFSDPConfig(Section):
+    """`actor_rollout_ref.ref.fsdp_config`."""
+
+    param_offload: bool
+    """keep the reference model on CPU between uses"""
+
+
+@dataclass(frozen=True)
+class ActorConfig(Section):
+    """`actor_rollout_ref.actor`."""
+
+    strategy: Strategy
+    """training backend (FSDP2, torch's fully_shard)"""
+    ppo_mini_batch_size: int
+    """prompts per mini-batch (multiplied by rollout.n inside)"""
+    ppo_micro_batch_size: int | None
+    """deprecated global form; use the _per_gpu key"""
+    ppo_micro_batch_size_per_gpu: Auto | int | None
+    """samples per forward/backward per GPU (gradient accumulation inside a mini-batch); auto = the run plan's choice
+    (docs/architecture.md)"""
+    use_dynamic_bsz: Auto | bool
+    """micro-batches by token count (ppo_max_token_len_per_gpu) instead of rows: each holds as many of the step's
+    sequences as its token budget takes, at their actual lengths. auto = on on GPUs where ppo_micro_batch_size_per_gpu
+    is auto or null (an explicit micro-batch size keeps verl's fixed rows), off on CPU"""
+    ppo_max_token_len_per_gpu: Auto | int
+    """token budget of a micro-batch with use_dynamic_bsz; auto = the run plan's choice (the throughput target, at least
+    the longest sequence, within memory)"""
+    grad_clip: float
+    """max global grad norm"""
+    clip_ratio: float
+    """PPO ratio clip epsilon"""
+    clip_ratio_low: float | None
+    """null = clip_ratio"""
+    clip_ratio_high: float | None
+    """null = clip_ratio"""
+    clip_ratio_c: float
+    """dual-clip lower bound for negative advantages"""
+    loss_agg_mode: LossAggMode
+    """token-mean | seq-mean-token-sum | seq-mean-token-mean | seq-mean-token-sum-norm"""
+    policy_loss: PolicyLossConfig
+    entropy_coeff: float
+    """entropy bonus weight in the policy loss"""
+    use_kl_loss: bool
+    """KL to the reference policy as a loss term (GRPO style)"""
+    kl_loss_coef: float
+    """weight of the KL loss"""
+    kl_loss_type: KLType
+    """k1 | k2 | mse | k3 | low_var_kl | abs"""
+    router_aux_loss_coef: float
+    """MoE models: weight of the router's load-balancing loss (transformers' load_balancing_loss_func, the key named as
+    in HF configs; the model config's own value is not used), logged as actor/router_aux_loss; 0 = off"""
+    router_z_loss_coef: float
+    """MoE models: weight of the router z-loss (mean over tokens and MoE layers of logsumexp(router logits)^2), logged
+    as actor/router_z_loss; 0 = off"""
+    router_replay: RouterReplayConfig
+    ppo_epochs: int
+    """passes over each rollout batch"""
+    update_unshard_once: Auto | bool
+    """keep every FSDP block all-gathered for a whole mini-batch of the update (one all-gather per block per
+    mini-batch instead of two per micro-batch) for the memory of the model in the compute dtype. auto = the run plan's
+    choice: on where the bf16 model <= 25% of GPU memory and it fits within the run's predicted peak, or costs at most
+    one layer that checkpointing would let keep its activations; off on CPU | true | false"""
+    old_log_prob_pass: Auto | bool
+    """auto = skipped when the update is one on-policy mini-batch (1 epoch, mini-batch = batch, no KL in reward): old
+    log-probs are then the update's own, detached (ratio exactly 1) | true | false"""
+    shuffle: bool
+    """shuffle samples between mini-batches (seeded by trainer.seed and the step)"""
+    use_prefix_grouper: Auto | bool
+    """the actor's, reference's and critic's forwards run each prompt once for all its samples in a micro-batch (packed:
+    the prompt, then each response, which sees the prompt and itself only): the same log-probs and gradients in P + n*R
+    tokens instead of n*(P + R). auto = on on GPUs when rollout.n > 1 and no Ulysses SP (off on CPU; the critic's only
+    without its own Ulysses SP); true packs the forwards whatever use_remove_padding says"""
+    ulysses_sequence_parallel_size: int
+    """Ulysses SP degree; training dp = world / this"""
+    optim: OptimConfig
+    fsdp_config: ActorFSDPConfig
+    checkpoint: CheckpointConfig
+
+    def check_sizes(self, found: Findings) -> None:
+        found.positive(self, ACTOR, ("ppo_mini_batch_size", "ppo_epochs", "ulysses_sequence_parallel_size", "optim.lr"))
+        found.positive_or_unset(self, ACTOR, ("ppo_micro_batch_size_per_gpu", "ppo_max_token_len_per_gpu",
+                                              "ppo_micro_batch_size"))
+
+    def check(self, cfg, found: Findings) -> None:
+        """Rules of the actor's keys (`cfg`: the whole PPOConfig, for the batch arithmetic)."""
+        rollout = cfg.actor_rollout_ref.rollout
+        for key in ("router_aux_loss_coef", "router_z_loss_coef"):
+            if getattr(self, key) < 0:
+                found.errors.append(f"'{ACTOR}.{key}' must be >= 0 (0 = off), got {getattr(self, key)}")
+        if self.router_replay.mode == "R3" and rollout.name != "native":
+            found.errors.append(f"'{ACTOR}.router_replay.mode' = R3 needs 'actor_rollout_ref.rollout.name' = native "
+                                f"(the engine that records each token's experts), got {rollout.name!r}")
+        tbs, n, mini = cfg.data.train_batch_size, rollout.n, self.ppo_mini_batch_size
+        if (tbs * n) % (mini * n):
+            found.errors.append(f"'data.train_batch_size' × rollout.n ({tbs} × {n} = {tbs * n}) must be divisible by "
+                                f"'{ACTOR}.ppo_mini_batch_size' × rollout.n ({mini} × {n} = {mini * n})")
+        check_fsdp_size(f"{ACTOR}.fsdp_config.fsdp_size", self.fsdp_config.fsdp_size, cfg, found)
+        check_update_batches(ACTOR, "actor_rollout_ref.model", self, cfg.actor_rollout_ref.model.use_remove_padding,
+                             cfg, found)
+        if self.use_kl_loss and cfg.algorithm.use_kl_in_reward:
+            found.warnings.append(f"'{ACTOR}.use_kl_loss' and 'algorithm.use_kl_in_reward' are both true: "
+                                  "the KL penalty is applied twice (verl allows it; usually one is meant)")
+        if "model" not in self.checkpoint.contents:
+            found.errors.append(f"'{ACTOR}.checkpoint.contents' = {list(self.checkpoint.contents)} must include "
+                                "'model' (a checkpoint without the weights cannot be resumed)")
+        self.policy_loss.check(found)
+
+
+@dataclass(frozen=True)
+class CheckpointConfig(Section):
+    """`actor_rollout_ref.actor.checkpoint`."""
+
+    contents: list[CheckpointContent]
+    """what the actor checkpoint saves and a resume loads: model (required), optimizer, extra (lr scheduler, RNG
+    states), hf_model (also a from_pretrained copy); a resume without optimizer starts a fresh AdamW"""
+
+
+@dataclass(frozen=True)
+class ActorFSDPConfig(Section):
+    """`actor_rollout_ref.actor.fsdp_config`."""
+
+    param_offload: bool
+    """hybrid engine: FSDP shards on CPU during generation (after resharding), back for log-prob/update"""
+    optimizer_offload: bool
+    """hybrid engine: optimizer state on CPU from rollout until the next update"""
+    fsdp_size: int
+    """-1 = shard over all ranks; smaller = HSDP ('ddp','fsdp')"""
+    model_dtype: Dtype
+    """master weights"""
+    mixed_precision: MixedPrecisionConfig
+
+
+@dataclass(frozen=True)
+class RouterReplayConfig(Section):
+    """`actor_rollout_ref.actor.router_replay`."""
+
+    mode: Literal["disabled", "R3"]
+    """MoE models (verl's key): disabled | R3 = the native rollout engine records each token's experts per MoE layer
+    (routed_experts) and the actor's old-log-prob pass and update route those tokens to them, gates from the training
+    router (actor/routing_mismatch_frac: how often its own top-k differed); the reference routes on its own"""
+
+
+@dataclass(frozen=True)
+class PolicyLossConfig(Section):
+    """`actor_rollout_ref.actor.policy_loss`."""
+
+    loss_mode: PolicyLossMode
+    """policy loss from verl's registry: vanilla (PPO clip-higher + dual-clip) | gspo (sequence ratio, always
+    seq-mean-token-mean) | gpg | clip_cov | kl_cov | cispo, or a name registered with register_policy_loss by
+    model.external_lib"""
+    clip_cov_ratio: float
+    """clip_cov: share of tokens whose gradient is cut"""
+    clip_cov_lb: float
+    """clip_cov: lower bound of the covariance a cut token has"""
+    clip_cov_ub: float
+    """clip_cov: upper bound of the covariance a cut token has"""
+    kl_cov_ratio: float
+    """kl_cov: share of tokens (highest covariance) that get the KL penalty"""
+    ppo_kl_coef: float
+    """kl_cov: weight of that penalty"""
+
+    def check(self, found: Findings) -> None:
+        key = f"{ACTOR}.policy_loss"
+        for name in ("clip_cov_ratio", "kl_cov_ratio"):
+            if not 0 < getattr(self, name) <= 1:
+                found.errors.append(f"'{key}.{name}' = {getattr(self, name)} must be in (0, 1]")
+        if not self.clip_cov_lb < self.clip_cov_ub:
+            found.errors.append(f"'{key}.clip_cov_lb' = {self.clip_cov_lb} must be < '{key}.clip_cov_ub' = "
+                                f"{self.clip_cov_ub}")

@@ -1,0 +1,116 @@
+"""The `algorithm` section: advantages, the in-reward KL, DAPO's dynamic sampling, rollout correction."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from hybridrl.config.sections.base import Section
+from hybridrl.config.sections.rules import Findings
+from hybridrl.config.sections.values import AdvEstimator, FilterMetric, KLType
+
+
+@dataclass(frozen=True)
+class AlgorithmConfig(Section):
+    """`algorithm`."""
+
+    gamma: float
+    """discount factor (gae)"""
+    lam: float
+    """GAE lambda"""
+    adv_estimator: AdvEstimator
+    """gae | grpo | rloo | reinforce_plus_plus | reinforce_plus_plus_baseline | remax, or a name registered with
+    register_adv_est by model.external_lib"""
+    norm_adv_by_std_in_grpo: bool
+    """false = Dr.GRPO"""
+    use_kl_in_reward: bool
+    """subtract a KL penalty from the token rewards (PPO style)"""
+    kl_penalty: KLType
+    """k1/kl | abs | mse/k2 | low_var_kl/k3, for the in-reward penalty"""
+    kl_ctrl: KLControlConfig
+    filter_groups: FilterGroupsConfig
+    rollout_correction: RolloutCorrectionConfig
+
+    def check(self, n: int, found: Findings) -> None:
+        """Dynamic sampling and rollout correction (DAPO / verl's recipe keys); group estimators need groups
+        (`n`: rollout.n, the samples per prompt)."""
+        self.filter_groups.check(n, found)
+        self.rollout_correction.check(found)
+        if self.adv_estimator in ("grpo", "rloo") and n == 1:
+            found.warnings.append(f"'algorithm.adv_estimator' = {self.adv_estimator} with "
+                                  "'actor_rollout_ref.rollout.n' = 1: every group has one sample, so every advantage "
+                                  "is 0 (set rollout.n > 1)")
+
+
+@dataclass(frozen=True)
+class RolloutCorrectionConfig(Section):
+    """`algorithm.rollout_correction`."""
+
+    rollout_is: Literal["token", "sequence"] | None
+    """truncated importance sampling of the rollout-vs-trainer mismatch: null (off) | token | sequence"""
+    rollout_is_threshold: float
+    """upper truncation of the IS weights"""
+    rollout_is_batch_normalize: bool
+    """divide the IS weights by their batch mean (needs the old-log-prob pass)"""
+    rollout_rs: str | None
+    """rejection sampling criteria, comma-separated: token_k1|k2|k3, seq_sum_k1|k2|k3, seq_mean_k1|k2|k3, seq_max_k2|k3
+    (needs the old-log-prob pass); null = off"""
+    rollout_rs_threshold: str | float | None
+    """one threshold for all criteria or one per criterion, comma-separated; k1 takes 'lower_upper' ratio bounds or an
+    upper (lower = 1/upper)"""
+
+    def check(self, found: Findings) -> None:
+        rc = "algorithm.rollout_correction"
+        if self.rollout_is is not None and not self.rollout_is_threshold > 0:
+            found.errors.append(f"'{rc}.rollout_is_threshold' = {self.rollout_is_threshold} must be > 0")
+        if self.rollout_is_batch_normalize and self.rollout_is is None:
+            found.warnings.append(f"'{rc}.rollout_is_batch_normalize' is true but '{rc}.rollout_is' is null: no "
+                                  "weights")
+        if self.rollout_rs is not None:
+            from hybridrl.algorithms.rollout_correction import parse_rs_thresholds
+
+            try:
+                parse_rs_thresholds(self.rollout_rs, self.rollout_rs_threshold)
+            except ValueError as e:
+                found.errors.append(str(e))
+        elif self.rollout_rs_threshold is not None:
+            found.warnings.append(f"'{rc}.rollout_rs_threshold' is set but '{rc}.rollout_rs' is null: nothing is "
+                                  "rejected")
+
+
+@dataclass(frozen=True)
+class FilterGroupsConfig(Section):
+    """`algorithm.filter_groups`."""
+
+    enable: bool
+    """DAPO's dynamic sampling: drop prompt groups whose metric is equal over their n samples and generate further
+    batches (data.gen_batch_size prompts) until train_batch_size prompts remain"""
+    metric: FilterMetric | None
+    """acc | score | seq_reward | seq_final_reward; required with enable"""
+    max_num_gen_batches: int
+    """stop the run when this many generation batches did not give enough prompts; 0 = no limit"""
+
+    def check(self, n: int, found: Findings) -> None:
+        fg = "algorithm.filter_groups"
+        if self.enable and self.metric is None:
+            found.errors.append(f"'{fg}.metric' is null but '{fg}.enable' is true: set acc, score, seq_reward or "
+                                "seq_final_reward")
+        if self.max_num_gen_batches < 0:
+            found.errors.append(f"'{fg}.max_num_gen_batches' = {self.max_num_gen_batches} must be >= 0 (0 = no limit)")
+        if self.enable and n == 1:
+            found.warnings.append(f"'{fg}.enable' with rollout.n = 1: a one-sample group is always kept, nothing is "
+                                  "filtered")
+
+
+@dataclass(frozen=True)
+class KLControlConfig(Section):
+    """`algorithm.kl_ctrl`."""
+
+    type: Literal["fixed", "adaptive"]
+    """fixed | adaptive"""
+    kl_coef: float
+    """(initial) in-reward KL coefficient"""
+    horizon: int
+    """adaptive controller horizon"""
+    target_kl: float
+    """adaptive controller target KL"""

@@ -1,0 +1,72 @@
+"""The `data` section: the prompt files, lengths and batch sizes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hybridrl.config.sections.base import Section
+from hybridrl.config.sections.rules import Findings
+from hybridrl.config.sections.values import Truncation
+
+
+@dataclass(frozen=True)
+class DataConfig(Section):
+    """`data`."""
+
+    tokenizer: str | None
+    """path of a tokenizer; null = actor_rollout_ref.model.path"""
+    train_files: str | list[str]
+    """parquet file(s) in verl's schema: one path or a list (docs/your-own-run.md); the default is the demo's, which
+    `hybridrl train` with no arguments writes"""
+    val_files: str | list[str] | None
+    """validation parquet file(s); null = no validation; the default is the demo's"""
+    prompt_key: str
+    """column holding the chat messages of the prompt"""
+    reward_fn_key: str
+    """column that selects the reward function per row"""
+    max_prompt_length: int
+    """prompt tokens (left-padded to this length)"""
+    max_response_length: int
+    """generated tokens per sample at most"""
+    train_batch_size: int
+    """prompts per step (before rollout.n); at most the training set's rows (the demo's 600 give 2 steps an epoch)"""
+    gen_batch_size: int | None
+    """prompts per generation batch; null = train_batch_size. Another value only with algorithm.filter_groups.enable,
+    which generates batches until train_batch_size prompts with signal are collected"""
+    val_batch_size: int | None
+    """null = the whole validation set in one batch"""
+    return_raw_chat: bool
+    """also return the untokenized chat (non_tensor `raw_prompt`)"""
+    shuffle: bool
+    """shuffle the training set every epoch"""
+    seed: int
+    """seed of the dataloader shuffle"""
+    filter_overlong_prompts: bool
+    """drop (and count) prompts longer than max_prompt_length"""
+    truncation: Truncation
+    """error | left | right, when filter_overlong_prompts is false"""
+    dataloader_num_workers: int
+    """must be 0: prompts are tokenized once at load, batches are collated in the driver (verl's 8 worker processes
+    would have nothing to do)"""
+
+    def check_sizes(self, found: Findings) -> None:
+        found.positive(self, "data", ("train_batch_size", "max_prompt_length", "max_response_length"))
+        found.positive_or_unset(self, "data", ("val_batch_size",))
+
+    def check(self, cfg, found: Findings) -> None:
+        """Rules of the data keys (`cfg`: the whole PPOConfig)."""
+        if self.dataloader_num_workers != 0:
+            found.errors.append(f"'data.dataloader_num_workers' = {self.dataloader_num_workers}: must be 0 (prompts "
+                                "are tokenized once when the dataset loads and batches are collated in the driver; "
+                                "there is no work for loader processes)")
+        gen, tbs, fg = self.gen_batch_size, self.train_batch_size, "algorithm.filter_groups"
+        rollout_dp = cfg.trainer.world_size // cfg.actor_rollout_ref.rollout.tensor_model_parallel_size
+        if gen is None or not rollout_dp:  # a TP degree above the world size is the rollout's error
+            return
+        if gen <= 0 or gen % rollout_dp:
+            found.errors.append(f"'data.gen_batch_size' = {gen} must be a positive multiple of the rollout dp size "
+                                f"{rollout_dp}")
+        elif gen != tbs and not cfg.algorithm.filter_groups.enable:
+            found.errors.append(f"'data.gen_batch_size' = {gen} differs from data.train_batch_size = {tbs} but "
+                                f"'{fg}.enable' is false: each step trains on one generation batch, so they must be "
+                                "equal")
