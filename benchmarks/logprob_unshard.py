@@ -67,13 +67,15 @@ def _worker(rank, world, port, a, model_dir, out_file):
     if cuda:
         torch.cuda.set_device(rank)
     dist.init_process_group("nccl" if cuda else "gloo", rank=rank, world_size=world)
+    from hybridrl.config import load_config
     from hybridrl.training import DataParallelPPOActor, build_fsdp_model, build_training_mesh
+    from hybridrl.training.fsdp import FSDPDtypes, ModelSource
 
     device = torch.device("cuda", rank) if cuda else torch.device("cpu")
     mesh = build_training_mesh(world, device_type=a.device)
-    model = build_fsdp_model({"path": str(model_dir), "use_remove_padding": True}, {"model_dtype": "fp32"}, mesh,
-                             device)
-    actor = DataParallelPPOActor({"ppo_micro_batch_size_per_gpu": 1}, model, use_remove_padding=True)
+    model = build_fsdp_model(ModelSource(str(model_dir), {}, False), FSDPDtypes("fp32", "bf16", "fp32"), mesh, device,
+                             use_varlen_attention=True)
+    actor = DataParallelPPOActor(load_config().actor_rollout_ref.actor, model, use_remove_padding=True)
     vocab = model.config.vocab_size
     data = _batch(a.rows, a.prompt_len, a.response_len, vocab, seed=rank).to(device)
     counter = _AllGatherCounter()

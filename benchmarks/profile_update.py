@@ -280,6 +280,7 @@ class ActorBench:
     def __init__(self, model_dir: Path, lora_rank: int, checkpointing: bool, mesh, device: torch.device,
                  liger: bool, share_prompts: bool):
         from hybridrl.config import load_config
+        from hybridrl.training.fsdp import FSDPDtypes
         from hybridrl.workers.common import build_fsdp_model
 
         overrides = [f"actor_rollout_ref.model.path={model_dir}", f"actor_rollout_ref.model.lora_rank={lora_rank}",
@@ -290,7 +291,8 @@ class ActorBench:
                                                device.type)
         t0 = time.perf_counter()
         self.module, self.optimizer, self.scheduler = build_fsdp_model(
-            self.config.model, self.config.actor.fsdp_config, self.config.actor.optim, mesh, device, trainable=True,
+            self.config.model, FSDPDtypes.of(self.config.actor.fsdp_config), self.config.actor.optim, mesh, device,
+            trainable=True,
             lora_base_dtype=base_dtype, fused_optimizer=fused, gradient_checkpointing=checkpointing, liger=liger,
             use_varlen_attention=bool(self.config.model.use_remove_padding) or share_prompts)
         self.share_prompts = share_prompts
@@ -303,13 +305,13 @@ class ActorBench:
 
     def actor_for(self, cfg: UpdateConfig, rows: int):
         from hybridrl.training.actor import DataParallelPPOActor
-        from hybridrl.workers.common import per_rank_section
+        from hybridrl.training.micro_batches import UpdateBatches
 
         set_recompute(self.module, cfg.checkpointing, cfg.kept_layers)
         if cfg.lora_rank:
             set_lora_forward(self.module, cfg.lora_forward)
-        section = per_rank_section(self.config.actor, rows, cfg.micro or None, cfg.max_tokens)
-        return DataParallelPPOActor(section, self.module, self.optimizer, self.scheduler,
+        return DataParallelPPOActor(self.config.actor, self.module, self.optimizer, self.scheduler,
+                                    batches=UpdateBatches(rows, cfg.micro or None, cfg.max_tokens),
                                     use_remove_padding=bool(self.config.model.use_remove_padding),
                                     share_prompts=self.share_prompts, unshard_once=cfg.unshard_once)
 

@@ -33,13 +33,14 @@ import torch.distributed as dist
 from hybridrl.algorithms import logprobs_from_logits
 from hybridrl.config.loader import load_config
 from hybridrl.config.sections import SFTConfig
+from hybridrl.config.sections.optim import OptimConfig
 from hybridrl.data.sft_conversation import normalize_messages, tokenize_conversation
 from hybridrl.models.tokenizer import resolve_chat_template
 from hybridrl.plan.actor_plan import resolve_liger
 from hybridrl.plan.shape import sft_training_mesh
 from hybridrl.protocol import DataProto
 from hybridrl.training.checkpoint import save_hf_model
-from hybridrl.training.fsdp import build_fsdp_model, load_hf_config
+from hybridrl.training.fsdp import FSDPDtypes, ModelSource, build_fsdp_model, load_hf_config
 from hybridrl.training.micro_batches import loss_scale, make_micro_batches
 from hybridrl.training.optim import build_lr_scheduler, build_optimizer
 from hybridrl.training.response_forward import forward_response_logits
@@ -218,19 +219,19 @@ def _train(cfg, device, world, rank, AutoTokenizer) -> dict:
     total_steps = t.total_training_steps or steps_per_epoch * t.total_epochs
 
     mesh = sft_training_mesh(cfg, world, device.type)
-    model_cfg = {"path": model_path, "trust_remote_code": m.trust_remote_code, "override_config": m.override_config,
-                 "enable_gradient_checkpointing": m.enable_gradient_checkpointing,
-                 "use_remove_padding": m.use_remove_padding}
     choices: list[str] = []
     liger = resolve_liger(m.use_liger, device.type, load_hf_config(model_path).model_type, choices,
                           key="model.use_liger")
     if rank == 0 and choices:
         print(f"[sft] auto: {choices[0]}", flush=True)
-    module = build_fsdp_model(model_cfg, m.fsdp_config.to_dict(), mesh, device, role="causal_lm",
+    module = build_fsdp_model(ModelSource(model_path, dict(m.override_config), m.trust_remote_code),
+                              FSDPDtypes.of(m.fsdp_config), mesh, device, role="causal_lm",
+                              use_varlen_attention=m.use_remove_padding,
                               gradient_checkpointing=m.enable_gradient_checkpointing, liger=liger)
-    optim_cfg = {"lr": o.lr, "betas": list(o.betas), "weight_decay": o.weight_decay, "lr_warmup_steps": -1,
-                 "lr_warmup_steps_ratio": o.warmup_steps_ratio, "warmup_style": o.lr_scheduler,
-                 "min_lr_ratio": o.min_lr_ratio, "total_training_steps": total_steps}
+    # SFT's optim keys in the PPO optimizer's section (warmup by ratio only, verl's fsdp_sft_trainer)
+    optim_cfg = OptimConfig(lr=o.lr, weight_decay=o.weight_decay, betas=list(o.betas), lr_warmup_steps=-1,
+                            lr_warmup_steps_ratio=o.warmup_steps_ratio, warmup_style=o.lr_scheduler,
+                            min_lr_ratio=o.min_lr_ratio, total_training_steps=total_steps)
     optimizer = build_optimizer(module.parameters(), optim_cfg, fused=device.type == "cuda")
     scheduler = build_lr_scheduler(optimizer, optim_cfg)
 

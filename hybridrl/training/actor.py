@@ -13,12 +13,15 @@ Choices:
   are all-gathered once for the pass, not once per micro-batch.
 - `sp_group` (Ulysses sequence parallelism, training/ulysses.py): the ranks of the group hold the same rows and
   each runs 1/P of every packed micro-batch's tokens; results and metrics are identical on them.
-- `update_policy`: ppo_epochs x mini-batches of `ppo_mini_batch_size` rows (already per rank) x micro-batches
-  of `ppo_micro_batch_size_per_gpu` (or dynamic), accumulating gradients with exact weights (micro_batches.py).
-  The loss is the policy loss registered as `policy_loss.loss_mode` (verl's registry: vanilla = PPO clip-higher
-  + dual-clip, gspo, gpg, clip_cov, kl_cov, cispo; called with this actor config, which holds the clip ratios and
-  policy_loss.*) - entropy_coeff * entropy + kl_loss_coef * KL(ref). A loss that fixes its own aggregation (gspo:
-  seq-mean-token-mean, its `loss_agg_mode` attribute) is scaled across micro-batches by that mode.
+- The settings are the typed `actor_rollout_ref.actor` section (ActorConfig) and, for an update, the run plan's
+  per-rank sizes (`batches`, micro_batches.UpdateBatches); the reference is built without either of the latter.
+- `update_policy`: ppo_epochs x mini-batches of `batches.mini_batch_rows` rows (per rank) x micro-batches of
+  `batches.micro_rows` rows (or of at most `batches.max_tokens` tokens), accumulating gradients with exact weights
+  (micro_batches.py). The loss is the policy loss registered as `policy_loss.loss_mode` (verl's registry: vanilla =
+  PPO clip-higher + dual-clip, gspo, gpg, clip_cov, kl_cov, cispo; called with the actor section, which holds the
+  clip ratios and policy_loss.*) - entropy_coeff * entropy + kl_loss_coef * KL(ref). A loss that fixes its own
+  aggregation (gspo: seq-mean-token-mean, its `loss_agg_mode` attribute) is scaled across micro-batches by that
+  mode.
 - Gradients are clipped to `grad_clip`; a non-finite norm skips that optimizer step and is counted in
   `actor/grad_norm_nonfinite_skips`. The lr scheduler steps once per `update_policy` call (one training step),
   and `actor/lr` reports the lr that call used.
@@ -53,10 +56,11 @@ from hybridrl.algorithms import (
     logprobs_from_logits,
 )
 from hybridrl.algorithms.rollout_correction import truncated_is_weights
+from hybridrl.config.sections.actor import ActorConfig
 from hybridrl.protocol import DataProto
 from hybridrl.training.fsdp import keep_unsharded, should_keep_unsharded
 from hybridrl.training.fused_logprob import fused_logprob_entropy, plain_linear_head
-from hybridrl.training.micro_batches import loss_scales, make_micro_batches
+from hybridrl.training.micro_batches import UpdateBatches, loss_scales, make_micro_batches
 from hybridrl.training.moe import RouterTaps, load_balancing_loss, router_settings, router_z_loss
 from hybridrl.training.response_forward import forward_response_logits
 from hybridrl.training.token_bins import restore_order
@@ -70,12 +74,14 @@ FORWARD_INPUTS = ("responses", "input_ids", "attention_mask", "position_ids")
 
 
 class DataParallelPPOActor(FSDPUpdater):
-    def __init__(self, config, module: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None,
-                 scheduler=None, use_remove_padding: bool | None = None, sp_group=None,
-                 activation_offload: bool = False, share_prompts: bool = False, unshard_once: bool = False):
-        super().__init__(config, module, optimizer, scheduler,
-                         bool(config.get("use_remove_padding", False) if use_remove_padding is None
-                              else use_remove_padding), activation_offload, unshard_once)
+    SECTION = ActorConfig
+
+    def __init__(self, config: ActorConfig, module: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None,
+                 scheduler=None, batches: UpdateBatches | None = None, use_remove_padding: bool = False,
+                 sp_group=None, activation_offload: bool = False, share_prompts: bool = False,
+                 unshard_once: bool = False):
+        super().__init__(config, module, optimizer, scheduler, batches, use_remove_padding, activation_offload,
+                         unshard_once)
         self.sp_group = sp_group  # Ulysses: every rank of this group gets the same rows and runs 1/P of the tokens
         self.share_prompts = share_prompts  # the plan's use_prefix_grouper: a micro-batch's rows run each prompt once
         self.fused_head = plain_linear_head(module)
@@ -159,7 +165,7 @@ class DataParallelPPOActor(FSDPUpdater):
         if "temperature" not in data.meta_info:
             raise ValueError("update_policy: meta_info['temperature'] is required (the rollout temperature)")
         temperature = float(data.meta_info["temperature"])
-        use_kl_loss = bool(cfg.get("use_kl_loss", False))
+        use_kl_loss = cfg.use_kl_loss
         # without 'old_log_probs' (no old-log-prob pass: one on-policy mini-batch) the update's own log-probs,
         # detached, are the old ones: ratio 1, the same gradient, one forward pass less per step
         keys = [*self._forward_inputs(data), "response_mask", "advantages"]
@@ -179,8 +185,8 @@ class DataParallelPPOActor(FSDPUpdater):
                                  "policy)")
             keys.append("ref_log_prob")
         data = data.select(keys)
-        mode = cfg.get("loss_agg_mode", "token-mean")
-        entropy_coeff = float(cfg.get("entropy_coeff", 0.0))
+        mode = cfg.loss_agg_mode
+        entropy_coeff = float(cfg.entropy_coeff)
         self.own_old_log_probs = None
         if own_old:  # shuffling and dynamic micro-batches reorder rows: the index puts the log-probs back
             data.batch["row_index"] = torch.arange(len(data), device=data.batch["responses"].device)
@@ -225,14 +231,12 @@ class DataParallelPPOActor(FSDPUpdater):
         return loss
 
     def _policy_loss_fn(self):
-        policy_loss = self.config.get("policy_loss") or {}
-        return get_policy_loss_fn(policy_loss.get("loss_mode", "vanilla"))
+        return get_policy_loss_fn(self.config.policy_loss.loss_mode)
 
     def _update_mini_batch(self, mini: DataProto, temperature, mode, entropy_coeff, use_kl_loss, own_old,
                            rollout_is, metrics):
-        cfg = self.config
-        micros, _ = make_micro_batches(mini, bool(cfg.get("use_dynamic_bsz", False)),
-                                       cfg.get("ppo_micro_batch_size_per_gpu"), cfg.get("ppo_max_token_len_per_gpu"),
+        cfg, sizes = self.config, self.batches
+        micros, _ = make_micro_batches(mini, sizes.dynamic, sizes.micro_rows, sizes.max_tokens,
                                        share_prompts=self.share_prompts)
         policy_loss_fn = self._policy_loss_fn()
         pg_mode = getattr(policy_loss_fn, "loss_agg_mode", mode)
@@ -265,9 +269,9 @@ class DataParallelPPOActor(FSDPUpdater):
                         regularisers = regularisers - entropy_coeff * entropy_loss
                     metrics["entropy"].append(entropy_loss.detach())
                 if use_kl_loss:
-                    kld = kl_penalty(log_prob, b["ref_log_prob"], cfg.get("kl_loss_type", "low_var_kl"))
+                    kld = kl_penalty(log_prob, b["ref_log_prob"], cfg.kl_loss_type)
                     kl_loss = agg_loss(kld, mask, mode)
-                    regularisers = regularisers + float(cfg.get("kl_loss_coef", 0.001)) * kl_loss
+                    regularisers = regularisers + float(cfg.kl_loss_coef) * kl_loss
                     metrics["kl_loss"].append(kl_loss.detach())
                 loss = pg_loss * pg_scale + regularisers * scale
                 self.backward(loss, last=i == len(micros) - 1)

@@ -12,9 +12,10 @@ from __future__ import annotations
 import torch
 
 from hybridrl.algorithms import compute_value_loss, masked_mean
+from hybridrl.config.sections.critic import CriticConfig
 from hybridrl.protocol import DataProto
 from hybridrl.training.fsdp import keep_unsharded, should_keep_unsharded
-from hybridrl.training.micro_batches import loss_scales, make_micro_batches
+from hybridrl.training.micro_batches import UpdateBatches, loss_scales, make_micro_batches
 from hybridrl.training.response_forward import forward_response_logits
 from hybridrl.training.token_bins import restore_order
 from hybridrl.training.transfer import to_device
@@ -24,12 +25,15 @@ __all__ = ["DataParallelPPOCritic"]
 
 
 class DataParallelPPOCritic(FSDPUpdater):
-    def __init__(self, config, module: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None,
-                 scheduler=None, use_remove_padding: bool | None = None, sp_group=None, share_prompts: bool = False):
-        model_cfg = config.get("model") or {}
-        super().__init__(config, module, optimizer, scheduler,
-                         bool(model_cfg.get("use_remove_padding", False) if use_remove_padding is None
-                              else use_remove_padding), bool(model_cfg.get("enable_activation_offload", False)))
+    """`config`: the typed `critic` section; `batches`: the run plan's per-rank update sizes; `use_remove_padding`:
+    the plan's choice (packed forwards); `activation_offload`: critic.model.enable_activation_offload."""
+
+    SECTION = CriticConfig
+
+    def __init__(self, config: CriticConfig, module: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None,
+                 scheduler=None, batches: UpdateBatches | None = None, use_remove_padding: bool = False,
+                 sp_group=None, share_prompts: bool = False, activation_offload: bool = False):
+        super().__init__(config, module, optimizer, scheduler, batches, use_remove_padding, activation_offload)
         self.sp_group = sp_group  # Ulysses, as in the actor (training/ulysses.py)
         self.share_prompts = share_prompts  # each prompt once per micro-batch, as in the actor (training/packing.py)
 
@@ -43,14 +47,14 @@ class DataParallelPPOCritic(FSDPUpdater):
         return out[..., 0].float() * mask
 
     def compute_values(self, data: DataProto) -> torch.Tensor:
-        """values [B, R] on CPU; micro-batches from meta_info (micro_batch_size / use_dynamic_bsz, max_token_len)."""
+        """values [B, R] on CPU; micro-batches from meta_info (the plan's micro_batch_size, or use_dynamic_bsz with
+        max_token_len)."""
         meta = data.meta_info
         self.module.eval()
         data = data.select(["responses", "input_ids", "attention_mask", "position_ids", "response_mask"])
         micros, bins = make_micro_batches(
             data, bool(meta.get("use_dynamic_bsz", False)),
-            meta.get("micro_batch_size", self.config.get("forward_micro_batch_size_per_gpu")),
-            meta.get("max_token_len", self.config.get("ppo_max_token_len_per_gpu")),
+            meta.get("micro_batch_size"), meta.get("max_token_len"),
             size_key="critic.forward_micro_batch_size_per_gpu", token_key="critic.ppo_max_token_len_per_gpu",
             share_prompts=self.share_prompts)
         once = should_keep_unsharded(self.module, meta.get("unshard_once", False), len(micros), self.device)
@@ -60,18 +64,16 @@ class DataParallelPPOCritic(FSDPUpdater):
         return restore_order(values, bins).cpu()
 
     def update_critic(self, data: DataProto) -> dict[str, float]:
-        cfg = self.config
         if self.optimizer is None:
             raise ValueError("update_critic needs an optimizer")
         data = data.select(["responses", "input_ids", "attention_mask", "position_ids", "response_mask", "values",
                             "returns"])
-        mode = cfg.get("loss_agg_mode", "token-mean")
+        mode = self.config.loss_agg_mode
         return self._train_step(data, "critic", lambda mini, metrics: self._update_mini_batch(mini, mode, metrics))
 
     def _update_mini_batch(self, mini: DataProto, mode: str, metrics):
-        cfg = self.config
-        micros, _ = make_micro_batches(mini, bool(cfg.get("use_dynamic_bsz", False)),
-                                       cfg.get("ppo_micro_batch_size_per_gpu"), cfg.get("ppo_max_token_len_per_gpu"),
+        sizes = self.batches
+        micros, _ = make_micro_batches(mini, sizes.dynamic, sizes.micro_rows, sizes.max_tokens,
                                        size_key="critic.ppo_micro_batch_size_per_gpu",
                                        token_key="critic.ppo_max_token_len_per_gpu", share_prompts=self.share_prompts)
         for i, (micro, scale) in enumerate(zip(micros, loss_scales(micros, mode))):  # no host sync between them
@@ -80,7 +82,7 @@ class DataParallelPPOCritic(FSDPUpdater):
                 vpreds = self._forward_micro_batch(micro, mask)
             vf_loss, vf_clipfrac = compute_value_loss(vpreds, to_device(micro.batch["returns"], self.device),
                                                       to_device(micro.batch["values"], self.device), mask,
-                                                      cliprange_value=float(cfg.get("cliprange_value", 0.5)),
+                                                      cliprange_value=float(self.config.cliprange_value),
                                                       loss_agg_mode=mode)
             self.backward(vf_loss * scale, last=i == len(micros) - 1)
             metrics["vf_loss"].append(vf_loss.detach())

@@ -25,6 +25,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -34,12 +35,44 @@ from torch.distributed.tensor import DTensor
 
 from hybridrl.training.moe import load_kwargs
 
-__all__ = ["set_recompute", "recompute_on", "recomputed_layers", "build_training_mesh", "apply_fsdp", "decoder_blocks",
+__all__ = ["ModelSource", "FSDPDtypes", "set_recompute", "recompute_on", "recomputed_layers", "build_training_mesh", "apply_fsdp", "decoder_blocks",
            "load_hf_model", "build_fsdp_model", "resolve_dtype", "keep_unsharded", "should_keep_unsharded", "unsharded_param_bytes",
            "grads_unsplit"]
 
 _DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
            "fp16": torch.float16, "float16": torch.float16}
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """The HF model `build_fsdp_model` loads: its directory, the keys merged into its HF config and
+    from_pretrained's trust_remote_code."""
+
+    path: str
+    override_config: Mapping
+    trust_remote_code: bool
+
+    @classmethod
+    def of(cls, model_section) -> ModelSource:
+        """From a typed model section with `path`, `override_config` and `trust_remote_code` (the actor's, the
+        critic's, the reward model's)."""
+        return cls(model_section.path, dict(model_section.override_config), model_section.trust_remote_code)
+
+
+@dataclass(frozen=True)
+class FSDPDtypes:
+    """The dtypes of an FSDP-sharded model: `model` of the master weights, `param` of forward/backward compute and
+    `reduce` of the gradient reduction (MixedPrecisionPolicy; on CPU both are fp32)."""
+
+    model: str | torch.dtype
+    param: str | torch.dtype
+    reduce: str | torch.dtype
+
+    @classmethod
+    def of(cls, fsdp_section) -> FSDPDtypes:
+        """From a typed fsdp_config section with `model_dtype` and `mixed_precision` (the actor's, SFT's)."""
+        mp = fsdp_section.mixed_precision
+        return cls(fsdp_section.model_dtype, mp.param_dtype, mp.reduce_dtype)
 
 
 def resolve_dtype(name, key: str = "dtype") -> torch.dtype:
@@ -247,32 +280,35 @@ def recompute_on(model) -> bool:
     return bool(model.is_gradient_checkpointing)
 
 
-def build_fsdp_model(model_cfg: Mapping, fsdp_cfg: Mapping, mesh: DeviceMesh, device: torch.device,
-                     role: str = "actor", use_varlen_attention: bool | None = None, lora=None,
+def build_fsdp_model(source: ModelSource, dtypes: FSDPDtypes, mesh: DeviceMesh, device: torch.device,
+                     role: str = "actor", use_varlen_attention: bool = False, lora=None,
                      lora_base_dtype=None, gradient_checkpointing: bool = False, recompute_kept_layers: int = 0,
                      liger: bool = False) -> torch.nn.Module:
-    """Load `model_cfg['path']` and return it sharded on `mesh`, weights on `device` (see module docstring).
+    """Load `source.path` and return it sharded on `mesh` in `dtypes`, weights on `device` (see module docstring).
+    `use_varlen_attention`: packed forwards (the caller's resolved use_remove_padding).
     `gradient_checkpointing`: recompute each decoder layer in backward but the last `recompute_kept_layers` (the
     caller's resolved choice).
     `liger`: Liger's fused RMSNorm / SwiGLU / RoPE kernels (training/liger.py; the plan's choice).
     `lora` (training/lora.py LoraSettings): adapters injected before sharding; rank 0's initial adapters are
-    broadcast with the weights. The frozen base is then loaded in `lora_base_dtype` (None: `model_dtype`) and
-    the adapters kept in `model_dtype`; FSDP2 all-gathers both in its `param_dtype`."""
+    broadcast with the weights. The frozen base is then loaded in `lora_base_dtype` (None: `dtypes.model`) and
+    the adapters kept in `dtypes.model`; FSDP2 all-gathers both in its `param_dtype`."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
     from hybridrl.training.packed_attention import register_varlen_attention
 
     device = torch.device(device)
     rank = dist.get_rank() if dist.is_initialized() else 0
-    master = resolve_dtype(fsdp_cfg.get("model_dtype", "fp32"), "fsdp_config.model_dtype")
+    if not isinstance(source, ModelSource) or not isinstance(dtypes, FSDPDtypes):
+        raise TypeError(f"build_fsdp_model: a ModelSource and FSDPDtypes (ModelSource.of / FSDPDtypes.of of the typed "
+                        f"sections), got {type(source).__name__} and {type(dtypes).__name__}")
+    master = resolve_dtype(dtypes.model, "fsdp_config.model_dtype")
     stored = master if lora is None or lora_base_dtype is None else resolve_dtype(lora_base_dtype, "lora_base_dtype")
     if stored != master and torch.__version__ < (2, 8):   # pytorch#154103
         raise RuntimeError(f"LoRA with the frozen base in {stored} and adapters in fsdp_config.model_dtype={master} "
                            f"needs torch >= 2.8 (FSDP2 mixed frozen/trainable dtypes), this is {torch.__version__}: "
                            "upgrade torch, or set actor_rollout_ref.actor.fsdp_config.model_dtype=bf16")
-    common = dict(role=role, dtype=stored, override_config=model_cfg.get("override_config") or {},
-                  trust_remote_code=bool(model_cfg.get("trust_remote_code", False)))
-    model = load_hf_model(model_cfg["path"], on_meta=rank != 0, **common)
+    model = load_hf_model(source.path, role=role, dtype=stored, override_config=source.override_config,
+                          trust_remote_code=source.trust_remote_code, on_meta=rank != 0)
     if liger:
         from hybridrl.training.liger import apply_liger
 
@@ -282,8 +318,6 @@ def build_fsdp_model(model_cfg: Mapping, fsdp_cfg: Mapping, mesh: DeviceMesh, de
 
         model = apply_lora(model, lora, adapter_dtype=master)
     full_state = model.state_dict() if rank == 0 else None
-    if use_varlen_attention is None:
-        use_varlen_attention = bool(model_cfg.get("use_remove_padding", False))
     if use_varlen_attention:
         model.set_attn_implementation(register_varlen_attention())
     if gradient_checkpointing:
@@ -291,8 +325,7 @@ def build_fsdp_model(model_cfg: Mapping, fsdp_cfg: Mapping, mesh: DeviceMesh, de
     if device.type == "cpu":
         mp = {"param_dtype": torch.float32, "reduce_dtype": torch.float32}   # CPU kernels: fp32 everywhere
     else:
-        mpc = fsdp_cfg.get("mixed_precision") or {}
-        mp = {"param_dtype": mpc.get("param_dtype", "bf16"), "reduce_dtype": mpc.get("reduce_dtype", "fp32")}
+        mp = {"param_dtype": dtypes.param, "reduce_dtype": dtypes.reduce}
     apply_fsdp(model, mesh, **mp)
     model = model.to(device) if rank == 0 else model.to_empty(device=device)
     set_model_state_dict(model, full_state or {},

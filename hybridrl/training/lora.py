@@ -70,11 +70,10 @@ def check_lora_keys(rank, alpha, targets, prefix: str = "actor_rollout_ref.model
     return errors
 
 
-def lora_settings(model_cfg: Mapping) -> LoraSettings | None:
-    """The actor's LoRA settings from `actor_rollout_ref.model`, or None when `lora_rank` is 0 (full fine-tuning)."""
-    rank = model_cfg.get("lora_rank", 0)
-    alpha = model_cfg.get("lora_alpha", 16)
-    targets = model_cfg.get("target_modules", "all-linear")
+def lora_settings(model_cfg) -> LoraSettings | None:
+    """The actor's LoRA settings from the typed `actor_rollout_ref.model` section (ModelConfig: lora_rank,
+    lora_alpha, target_modules), or None when `lora_rank` is 0 (full fine-tuning)."""
+    rank, alpha, targets = model_cfg.lora_rank, model_cfg.lora_alpha, model_cfg.target_modules
     targets = targets if isinstance(targets, str) else list(targets)
     errors = check_lora_keys(rank, alpha, targets)
     if errors:

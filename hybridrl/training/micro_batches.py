@@ -9,6 +9,8 @@ which is exact only when all micro-batches hold the same number of tokens). Acro
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from hybridrl.protocol import DataProto
@@ -16,7 +18,30 @@ from hybridrl.seeding import derive_seed
 from hybridrl.training.packing import prompt_groups
 from hybridrl.training.token_bins import rearrange_micro_batches, rearrange_prompt_groups
 
-__all__ = ["make_micro_batches", "loss_scale", "loss_scales", "normaliser"]
+__all__ = ["UpdateBatches", "make_micro_batches", "iter_mini_batches", "loss_scale", "loss_scales", "normaliser"]
+
+
+@dataclass(frozen=True)
+class UpdateBatches:
+    """How an update splits this rank's rows, sizes the run plan derives (never the config's global ones): mini-batches
+    of `mini_batch_rows` rows (verl's ppo_mini_batch_size prompts x rollout.n / data-parallel size), each one optimizer
+    step, run in micro-batches of `micro_rows` rows or, with `micro_rows` None (use_dynamic_bsz), of at most
+    `max_tokens` tokens."""
+
+    mini_batch_rows: int
+    micro_rows: int | None
+    max_tokens: int | None
+
+    def __post_init__(self):
+        if self.mini_batch_rows <= 0:
+            raise ValueError(f"mini_batch_rows={self.mini_batch_rows} (rows per rank) must be > 0")
+        if self.micro_rows is None and self.max_tokens is None:
+            raise ValueError("UpdateBatches: micro_rows or max_tokens (token-budgeted micro-batches) must be set")
+
+    @property
+    def dynamic(self) -> bool:
+        """Micro-batches by token budget (use_dynamic_bsz), not by rows."""
+        return self.micro_rows is None
 
 
 def _count(response_mask: torch.Tensor, loss_agg_mode: str) -> torch.Tensor:
@@ -80,18 +105,15 @@ def make_micro_batches(data: DataProto, use_dynamic_bsz: bool, micro_batch_size:
     return data.split(int(micro_batch_size)), None
 
 
-def iter_mini_batches(data: DataProto, cfg, role: str):
-    """ppo_epochs passes over `data` in mini-batches of cfg.ppo_mini_batch_size rows (per rank), reshuffled each
-    epoch when cfg.shuffle. The order is seeded by the step's `meta_info["shuffle_seed"]` (the driver derives it
-    from trainer.seed and the step, hybridrl/seeding.py), so steps differ and a resumed run replays the same
-    orders. Shared by the actor and the critic."""
-    mini_size = int(cfg.get("ppo_mini_batch_size"))
-    if mini_size <= 0:
-        raise ValueError(f"{role}.ppo_mini_batch_size={mini_size} (rows per rank) must be > 0")
+def iter_mini_batches(data: DataProto, mini_batch_rows: int, epochs: int, shuffle: bool):
+    """`epochs` passes over `data` in mini-batches of `mini_batch_rows` rows (per rank), reshuffled each epoch with
+    `shuffle` (the section's ppo_epochs and shuffle). The order is seeded by the step's `meta_info["shuffle_seed"]`
+    (the driver derives it from trainer.seed and the step, hybridrl/seeding.py), so steps differ and a resumed run
+    replays the same orders. Shared by the actor and the critic."""
     seed = int(data.meta_info.get("shuffle_seed", 0))
-    for epoch in range(int(cfg.get("ppo_epochs", 1))):
+    for epoch in range(epochs):
         epoch_data = data
-        if cfg.get("shuffle", False):
+        if shuffle:
             g = torch.Generator().manual_seed(derive_seed(seed, epoch))
             epoch_data = data.select_idxs(torch.randperm(len(data), generator=g))
-        yield from epoch_data.split(mini_size)
+        yield from epoch_data.split(mini_batch_rows)

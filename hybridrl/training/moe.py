@@ -81,16 +81,16 @@ REPLAY_MODES = ("disabled", "R3")
 
 
 def router_settings(actor_config) -> tuple[bool, float, float]:
-    """(replay the rollout's experts, load-balancing loss coefficient, z-loss coefficient) from the actor section:
-    `router_replay.mode`, `router_aux_loss_coef`, `router_z_loss_coef`."""
-    mode = (actor_config.get("router_replay") or {}).get("mode", "disabled")
+    """(replay the rollout's experts, load-balancing loss coefficient, z-loss coefficient) from the typed actor
+    section (ActorConfig): `router_replay.mode`, `router_aux_loss_coef`, `router_z_loss_coef`."""
+    mode = actor_config.router_replay.mode
     if mode not in REPLAY_MODES:
         raise ValueError(f"actor_rollout_ref.actor.router_replay.mode={mode!r} must be one of {REPLAY_MODES} "
                          "(R3: the rollout engine records each token's experts and the training forward replays "
                          "them; verl's R2, replaying the old-log-prob pass's own routing, is not implemented)")
     coefs = []
     for key in ("router_aux_loss_coef", "router_z_loss_coef"):
-        value = float(actor_config.get(key, 0.0) or 0.0)
+        value = float(getattr(actor_config, key))
         if value < 0:
             raise ValueError(f"actor_rollout_ref.actor.{key}={value} must be >= 0 (0 = off)")
         coefs.append(value)

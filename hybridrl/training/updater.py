@@ -17,7 +17,7 @@ from torch.distributed.tensor import DTensor
 from hybridrl.protocol import DataProto
 from hybridrl.training.activation_offload import maybe_offload
 from hybridrl.training.fsdp import grads_unsplit, keep_unsharded
-from hybridrl.training.micro_batches import iter_mini_batches
+from hybridrl.training.micro_batches import UpdateBatches, iter_mini_batches
 
 
 def clip_grad_norm(module: torch.nn.Module, max_norm: float) -> float:
@@ -35,9 +35,23 @@ def _mean(values: dict[str, list]) -> dict[str, float]:
 
 
 class FSDPUpdater:
+    """`config`: the role's typed config section, of the subclass's `SECTION` type (ActorConfig, CriticConfig: with
+    ppo_epochs, shuffle, grad_clip and the loss's keys); `batches`: the run plan's per-rank sizes of an update (None
+    for a model that only runs forwards, e.g. the reference)."""
+
+    SECTION: type   # the config section class the subclass is built from
+
     def __init__(self, config, module: torch.nn.Module, optimizer: torch.optim.Optimizer | None, scheduler,
-                 use_remove_padding: bool, activation_offload: bool = False, unshard_once: bool = False):
+                 batches: UpdateBatches | None, use_remove_padding: bool, activation_offload: bool = False,
+                 unshard_once: bool = False):
+        if not isinstance(config, self.SECTION):
+            raise TypeError(f"{type(self).__name__}: config must be the typed {self.SECTION.__name__} section (as "
+                            f"load_config returns it), got {type(config).__name__}")
+        if optimizer is not None and not isinstance(batches, UpdateBatches):
+            raise TypeError(f"{type(self).__name__}: an optimizer needs `batches` (UpdateBatches, the run plan's "
+                            f"per-rank update sizes), got {type(batches).__name__}")
         self.config = config
+        self.batches = batches
         self.activation_offload = activation_offload   # model.enable_activation_offload (training/activation_offload.py)
         self._offload_stats: dict[str, int] = {}
         self.module = module
@@ -57,7 +71,8 @@ class FSDPUpdater:
         skips_before = self.nonfinite_skips
         self._offload_stats = {}
         self.module.train()
-        for mini in iter_mini_batches(data, self.config, role):
+        cfg = self.config
+        for mini in iter_mini_batches(data, self.batches.mini_batch_rows, cfg.ppo_epochs, cfg.shuffle):
             self.optimizer.zero_grad(set_to_none=True)
             try:   # the unsharded copies are dropped before the optimizer step changes the sharded weights
                 with keep_unsharded(self.module, self.unshard_once, backward=True):
@@ -87,7 +102,7 @@ class FSDPUpdater:
         return maybe_offload(self.activation_offload, self._offload_stats)
 
     def _optimizer_step(self, metrics: dict) -> None:
-        grad_norm = clip_grad_norm(self.module, float(self.config.get("grad_clip", 1.0) or 0.0))
+        grad_norm = clip_grad_norm(self.module, self.config.grad_clip)
         if torch.isfinite(torch.tensor(grad_norm)):
             self.optimizer.step()
             metrics["grad_norm"].append(grad_norm)

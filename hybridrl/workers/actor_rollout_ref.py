@@ -26,13 +26,14 @@ from hybridrl.hybrid.engine import HybridEngine
 from hybridrl.hybrid.memory import track_phase
 from hybridrl.hybrid.meshes import format_mesh, rollout_coords
 from hybridrl.protocol import DataProto
+from hybridrl.training.fsdp import FSDPDtypes
 from hybridrl.training.lora import adapters_disabled, has_lora
 from hybridrl.workers.common import (
     RoleWorker,
     build_fsdp_model,
     metric_lists,
-    per_rank_section,
     sampling_params_from,
+    update_batches,
 )
 
 logger = logging.getLogger("hybridrl.workers")
@@ -102,17 +103,17 @@ class ActorRolloutRefWorker(RoleWorker):
         share = actor_plan.share_prompts   # shared-prompt forwards are packed ones: the varlen attention runs them
 
         if self._has_actor:
-            actor_cfg = per_rank_section(cfg.actor, self.plan.layout.ppo_mini_batch_per_gpu, actor_plan.update.rows,
-                                         actor_plan.update.max_tokens)
             self.actor_module, self.optimizer, self.scheduler = build_fsdp_model(
-                cfg.model, cfg.actor.fsdp_config, cfg.actor.optim, self.device_mesh, self.compute_device, trainable=True,
+                cfg.model, FSDPDtypes.of(cfg.actor.fsdp_config), cfg.actor.optim, self.device_mesh, self.compute_device, trainable=True,
                 lora_base_dtype=actor_plan.lora_base_dtype, fused_optimizer=self.plan.fused_optimizer,
                 gradient_checkpointing=actor_plan.gradient_checkpointing,
                 recompute_kept_layers=actor_plan.recompute_kept_layers, liger=actor_plan.use_liger,
                 use_varlen_attention=packed or share)
             from hybridrl.training.actor import DataParallelPPOActor
 
-            self.actor = DataParallelPPOActor(actor_cfg, self.actor_module, self.optimizer, self.scheduler,
+            self.actor = DataParallelPPOActor(cfg.actor, self.actor_module, self.optimizer, self.scheduler,
+                                              batches=update_batches(self.plan.layout.ppo_mini_batch_per_gpu,
+                                                                     actor_plan.update),
                                               use_remove_padding=packed, sp_group=self.sp_group,
                                               activation_offload=cfg.model.enable_activation_offload,
                                               share_prompts=share, unshard_once=actor_plan.update.unshard_once)
@@ -122,19 +123,18 @@ class ActorRolloutRefWorker(RoleWorker):
             from hybridrl.training.actor import DataParallelPPOActor
 
             self.ref_module, self._ref_offload = self.actor_module, False
-            self.ref = DataParallelPPOActor(cfg.actor.to_dict(), self.ref_module, None, None,
-                                            use_remove_padding=packed, sp_group=self.sp_group, share_prompts=share)
+            self.ref = DataParallelPPOActor(cfg.actor, self.ref_module, use_remove_padding=packed,
+                                            sp_group=self.sp_group, share_prompts=share)
         elif self._has_ref:
             # the reference never trains: keep it in the compute dtype (the plan's), no fp32 master copy
-            ref_fsdp = replace(cfg.actor.fsdp_config, param_offload=cfg.ref.fsdp_config.param_offload,
-                               model_dtype=self.plan.frozen_dtype)
-            self.ref_module, _, _ = build_fsdp_model(cfg.model, ref_fsdp, None, self.device_mesh,
+            ref_dtypes = replace(FSDPDtypes.of(cfg.actor.fsdp_config), model=self.plan.frozen_dtype)
+            self.ref_module, _, _ = build_fsdp_model(cfg.model, ref_dtypes, None, self.device_mesh,
                                                      self.compute_device, trainable=False, liger=actor_plan.use_liger,
                                                      use_varlen_attention=packed or share)
             from hybridrl.training.actor import DataParallelPPOActor
 
-            self.ref = DataParallelPPOActor(cfg.actor.to_dict(), self.ref_module, None, None,
-                                            use_remove_padding=packed, sp_group=self.sp_group, share_prompts=share)
+            self.ref = DataParallelPPOActor(cfg.actor, self.ref_module, use_remove_padding=packed,
+                                            sp_group=self.sp_group, share_prompts=share)
             self._ref_offload = cfg.ref.fsdp_config.param_offload
             if self._ref_offload:
                 from hybridrl.training.offload import offload_fsdp_params

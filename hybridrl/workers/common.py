@@ -1,4 +1,4 @@
-"""What the workers share: the setup every role does first (`RoleWorker`), device choice, per-rank batch sizes,
+"""What the workers share: the setup every role does first (`RoleWorker`), device choice, per-rank update sizes,
 metrics for the driver, sampling parameters, model building."""
 
 from __future__ import annotations
@@ -9,9 +9,12 @@ import torch
 import torch.distributed as dist
 
 from hybridrl.config.sections import PPOConfig, Section
+from hybridrl.config.sections.optim import OptimConfig
 from hybridrl.config.sections.rollout import RolloutConfig
 from hybridrl.controller import Worker
 from hybridrl.hybrid.meshes import format_mesh
+from hybridrl.training.fsdp import FSDPDtypes, ModelSource
+from hybridrl.training.micro_batches import UpdateBatches
 
 logger = logging.getLogger(__name__)
 
@@ -55,13 +58,11 @@ def pick_device(device: str) -> torch.device:
     return torch.device(device)
 
 
-def per_rank_section(section, mini_batch_rows: int, micro_batch: int | None, max_tokens: int | None) -> dict:
-    """The settings an actor/critic update reads (training/): its config section as a plain tree, with the plan's
-    per-rank sizes: `ppo_mini_batch_size` in rows per rank (verl's global prompts x n / dp),
-    `ppo_micro_batch_size_per_gpu` and, for token-budgeted micro-batches (micro_batch None), `use_dynamic_bsz` and
-    `ppo_max_token_len_per_gpu`."""
-    return {**section.to_dict(), "ppo_mini_batch_size": mini_batch_rows, "ppo_micro_batch_size_per_gpu": micro_batch,
-            "use_dynamic_bsz": micro_batch is None, "ppo_max_token_len_per_gpu": max_tokens}
+def update_batches(mini_batch_rows: int, micro) -> UpdateBatches:
+    """An update's per-rank sizes (training/micro_batches.py), all the run plan's: `mini_batch_rows` per rank (verl's
+    global prompts x n / dp, plan.layout) and the update's `micro` (plan/sizing.py MicroBatching: rows, or a token
+    budget with rows None)."""
+    return UpdateBatches(mini_batch_rows, micro.rows, micro.max_tokens)
 
 
 def sampling_params_from(rollout_cfg: RolloutConfig, meta: dict, dp_rank: int = 0):
@@ -86,32 +87,29 @@ def sampling_params_from(rollout_cfg: RolloutConfig, meta: dict, dp_rank: int = 
     )
 
 
-def build_fsdp_model(model_cfg: Section, fsdp_cfg: Section, optim_cfg: Section | None, mesh, device,
+def build_fsdp_model(model_cfg: Section, dtypes: FSDPDtypes, optim_cfg: OptimConfig | None, mesh, device,
                      trainable: bool, critic: bool = False, lora_base_dtype=None, fused_optimizer: bool = False,
                      gradient_checkpointing: bool = False, recompute_kept_layers: int = 0, liger: bool = False,
-                     use_varlen_attention: bool | None = None):
-    """HF model → FSDP2 (training/ applies FSDP; the model never knows) from a role's model, fsdp_config and optim
-    sections (handed to training/ as plain trees). Returns (module, optimizer, scheduler).
-    A trainable actor gets LoRA adapters when `model.lora_rank` > 0, in `fsdp_config.model_dtype`, over a frozen
-    base stored in `lora_base_dtype` (the plan's; None: model_dtype); the optimizer holds only what requires grad
-    (the adapters then, every parameter otherwise); `fused_optimizer`, `gradient_checkpointing` with
-    `recompute_kept_layers` (trained models only), `liger` and `use_varlen_attention` (None: the model's
-    use_remove_padding) are the plan's choices."""
+                     use_varlen_attention: bool = False):
+    """HF model → FSDP2 (training/ applies FSDP; the model never knows) from a role's typed model and optim
+    sections and its FSDP dtypes (`FSDPDtypes.of(fsdp_config)`). Returns (module, optimizer, scheduler).
+    A trainable actor gets LoRA adapters when `model.lora_rank` > 0, in `dtypes.model`, over a frozen base stored in
+    `lora_base_dtype` (the plan's; None: dtypes.model); the optimizer holds only what requires grad (the adapters
+    then, every parameter otherwise); `fused_optimizer`, `gradient_checkpointing` with `recompute_kept_layers`
+    (trained models only), `liger` and `use_varlen_attention` (packed forwards) are the plan's choices."""
     from hybridrl.training.fsdp import build_fsdp_model as shard
     from hybridrl.training.lora import lora_settings
     from hybridrl.training.optim import build_lr_scheduler, build_optimizer
 
-    model_cfg, fsdp_cfg = model_cfg.to_dict(), fsdp_cfg.to_dict()
     lora = lora_settings(model_cfg) if trainable and not critic else None
-    module = shard(model_cfg, fsdp_cfg, mesh, device, role="critic" if critic else "actor", lora=lora,
+    module = shard(ModelSource.of(model_cfg), dtypes, mesh, device, role="critic" if critic else "actor", lora=lora,
                    lora_base_dtype=lora_base_dtype, gradient_checkpointing=trainable and gradient_checkpointing,
                    recompute_kept_layers=recompute_kept_layers, liger=liger, use_varlen_attention=use_varlen_attention)
     if not trainable:
         module.requires_grad_(False)
         return module, None, None
-    optimizer = build_optimizer([p for p in module.parameters() if p.requires_grad], optim_cfg.to_dict(),
-                                fused=fused_optimizer)
-    scheduler = build_lr_scheduler(optimizer, optim_cfg.to_dict())
+    optimizer = build_optimizer([p for p in module.parameters() if p.requires_grad], optim_cfg, fused=fused_optimizer)
+    scheduler = build_lr_scheduler(optimizer, optim_cfg)
     return module, optimizer, scheduler
 
 

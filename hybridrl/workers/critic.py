@@ -7,7 +7,12 @@ import torch.distributed as dist
 from hybridrl.controller import Dispatch, make_mesh_dispatch, register
 from hybridrl.hybrid.memory import track_phase
 from hybridrl.protocol import DataProto
-from hybridrl.workers.common import RoleWorker, build_fsdp_model, metric_lists, per_rank_section
+from hybridrl.training.fsdp import FSDPDtypes
+from hybridrl.workers.common import RoleWorker, build_fsdp_model, metric_lists, update_batches
+
+# the critic's section has no dtype keys: fp32 master weights (AdamW), bf16 compute, fp32 gradient reduction (the
+# actor's packaged defaults)
+CRITIC_DTYPES = FSDPDtypes(model="fp32", param="bf16", reduce="fp32")
 
 
 class CriticWorker(RoleWorker):
@@ -20,16 +25,17 @@ class CriticWorker(RoleWorker):
         c, critic_plan = self.config.critic, self.plan.critic
         self.mesh = meshes.training
         self.module, self.optimizer, self.scheduler = build_fsdp_model(
-            c.model, c.model.fsdp_config, c.optim, self.mesh, self.compute_device, trainable=True, critic=True,
+            c.model, CRITIC_DTYPES, c.optim, self.mesh, self.compute_device, trainable=True, critic=True,
             fused_optimizer=self.plan.fused_optimizer, gradient_checkpointing=critic_plan.gradient_checkpointing,
             recompute_kept_layers=critic_plan.recompute_kept_layers,
             use_varlen_attention=critic_plan.remove_padding or critic_plan.share_prompts)
-        cfg = per_rank_section(c, self.plan.layout.critic_mini_batch_per_gpu, critic_plan.update.rows,
-                               critic_plan.update.max_tokens)
         from hybridrl.training.critic import DataParallelPPOCritic
 
-        self.critic = DataParallelPPOCritic(cfg, self.module, self.optimizer, self.scheduler, sp_group=sp_group,
+        self.critic = DataParallelPPOCritic(c, self.module, self.optimizer, self.scheduler,
+                                            batches=update_batches(self.plan.layout.critic_mini_batch_per_gpu,
+                                                                   critic_plan.update), sp_group=sp_group,
                                             use_remove_padding=critic_plan.remove_padding,
+                                            activation_offload=c.model.enable_activation_offload,
                                             share_prompts=critic_plan.share_prompts)
         self._param_offload = c.model.fsdp_config.param_offload
         self._optimizer_offload = c.model.fsdp_config.optimizer_offload

@@ -33,10 +33,10 @@ class RewardModelWorker(RoleWorker):
     def init_model(self):
         mesh = self.setup_process("reward", dispatch="reward").training
         rm = self.config.reward_model
-        from hybridrl.training.fsdp import build_fsdp_model
-        fsdp_cfg = {"model_dtype": self.plan.frozen_dtype,   # no master copy: it never trains
-                    "mixed_precision": {"param_dtype": "bf16", "reduce_dtype": "fp32"}}
-        self.module = build_fsdp_model(rm.model.to_dict(), fsdp_cfg, mesh, self.compute_device, role="reward_model")
+        from hybridrl.training.fsdp import FSDPDtypes, ModelSource, build_fsdp_model
+        dtypes = FSDPDtypes(model=self.plan.frozen_dtype, param="bf16", reduce="fp32")   # no master copy: never trains
+        self.module = build_fsdp_model(ModelSource.of(rm.model), dtypes, mesh, self.compute_device,
+                                       role="reward_model")
         self.module.requires_grad_(False)
         trust = rm.model.trust_remote_code
         self.tokenizer = _tokenizer(rm.model.path, trust)

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "training"))  # the tests' tiny model (_training_tiny)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the typed sections it is trained with (typed_sections)
 
 
 def overwrite_bytes(path: Path, offset: int = 64, data: bytes = b"\xde\xad\xbe\xef") -> None:
@@ -101,12 +102,13 @@ def tiny_trained_actor(lr: float, seed: int = 0):
     import torch
     import transformers
     from _training_tiny import tiny_qwen2_config
+    from typed_sections import optim_section
 
     from hybridrl.training.optim import build_lr_scheduler, build_optimizer
 
     torch.manual_seed(seed)
     model = transformers.AutoModelForCausalLM.from_config(tiny_qwen2_config(), dtype=torch.float32)
-    optim_cfg = {"lr": lr, "warmup_style": "cosine", "min_lr_ratio": 0.1}
+    optim_cfg = optim_section(lr=lr, warmup_style="cosine", min_lr_ratio=0.1)
     optimizer = build_optimizer(model.parameters(), optim_cfg)
     scheduler = build_lr_scheduler(optimizer, optim_cfg, total_training_steps=10)
     model(torch.randint(0, 300, (2, 8))).logits.float().pow(2).mean().backward()

@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from typed_sections import FP32_MASTERS, model_source
 
 PROMPTS = [[5, 17, 33, 2, 9], [44, 3, 12], [7, 7, 7, 7, 7, 7, 7]]
 NEW_TOKENS = 8
@@ -59,7 +60,7 @@ def _worker(rank, world, port, model_dir, q):
     try:
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
         mesh = build_training_mesh(world, -1, "cpu")
-        module = build_fsdp_model({"path": str(model_dir), "use_remove_padding": False}, {}, mesh, torch.device("cpu"))
+        module = build_fsdp_model(model_source(model_dir), FP32_MASTERS, mesh, torch.device("cpu"))
         optimizer = torch.optim.SGD(module.parameters(), lr=5.0)
         rollout_mesh = build_rollout_mesh("cpu", world, world)
         hf_config = transformers.AutoConfig.from_pretrained(model_dir)

@@ -10,6 +10,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from typed_sections import FP32_MASTERS, actor_section, model_source
 
 pytestmark = pytest.mark.slow
 
@@ -51,6 +52,7 @@ def _grpo_step(model_dir, data_dir, reward, q):
     from hybridrl.rollout.engine import LLMEngine
     from hybridrl.training import DataParallelPPOActor
     from hybridrl.training.fsdp import build_fsdp_model, build_training_mesh
+    from hybridrl.training.micro_batches import UpdateBatches
 
     torch.set_num_threads(2)
     dist.init_process_group("gloo", init_method=f"file://{data_dir}/store", rank=0, world_size=1)
@@ -60,18 +62,18 @@ def _grpo_step(model_dir, data_dir, reward, q):
         dataset = RLHFDataset(str(Path(data_dir) / "train.parquet"), tokenizer, {"max_prompt_length": 64})
         prompts = collate_fn([dataset[i] for i in range(PROMPTS)])
         prompts.non_tensor_batch["uid"] = np.array([str(i) for i in range(PROMPTS)], dtype=object)
-        module = build_fsdp_model({"path": str(model_dir), "use_remove_padding": True}, {},
-                                  build_training_mesh(1, -1, "cpu"), cpu)
+        module = build_fsdp_model(model_source(model_dir), FP32_MASTERS, build_training_mesh(1, -1, "cpu"), cpu,
+                                  use_varlen_attention=True)
         optimizer = torch.optim.AdamW(module.parameters(), lr=1e-5)
         config = EngineConfig(dtype=torch.float32, max_model_len=128, max_num_batched_tokens=512, num_kv_blocks=64,
                               block_size=16, eos_token_ids=(tokenizer.eos_token_id,))
         engine = LLMEngine(transformers.AutoConfig.from_pretrained(model_dir), config,
                            tp_group=build_rollout_mesh("cpu", 1, 1).get_group("infer_tp"), device="cpu")
         hybrid = HybridEngine(module, optimizer, engine, device=cpu, dtype=torch.float32)
-        actor = DataParallelPPOActor(dict(ppo_mini_batch_size=PROMPTS * N, ppo_micro_batch_size_per_gpu=PROMPTS * N,
-                                          ppo_epochs=1, clip_ratio=0.2, loss_agg_mode="token-mean", grad_clip=1.0,
-                                          entropy_coeff=0.0, use_kl_loss=False, use_dynamic_bsz=False),
-                                     module, optimizer, use_remove_padding=True)
+        actor = DataParallelPPOActor(actor_section(ppo_epochs=1, clip_ratio=0.2, loss_agg_mode="token-mean",
+                                                   grad_clip=1.0, entropy_coeff=0.0, use_kl_loss=False),
+                                     module, optimizer, batches=UpdateBatches(PROMPTS * N, PROMPTS * N, None),
+                                     use_remove_padding=True)
 
         data = _rollout(hybrid, dataset, prompts, seed=0)
         scores, token_level = _scores(data, tokenizer, reward)
@@ -138,7 +140,8 @@ def _tp3_rollout(rank, model_dir, store, prompts, q):
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=3)
     try:
-        module = build_fsdp_model({"path": str(model_dir)}, {}, build_training_mesh(3, -1, "cpu"), torch.device("cpu"))
+        module = build_fsdp_model(model_source(model_dir), FP32_MASTERS, build_training_mesh(3, -1, "cpu"),
+                                  torch.device("cpu"))
         config = EngineConfig(dtype=torch.float32, max_model_len=64, max_num_batched_tokens=128, num_kv_blocks=16,
                               block_size=16)
         engine = LLMEngine(transformers.AutoConfig.from_pretrained(model_dir), config,

@@ -7,6 +7,7 @@ import torch
 import yaml
 from tool_model_data import TOOL_MODEL_PROMPTS, bignum_prompts, tool_conversation
 from transformers import AutoModelForCausalLM, AutoTokenizer
+from typed_sections import actor_section
 
 from hybridrl.protocol import DataProto
 from hybridrl.rollout.config import EngineConfig
@@ -86,9 +87,7 @@ def test_tool_call_runs_and_the_trajectory_is_the_whole_conversation_tokenized(s
     assert (data.batch["rollout_log_probs"][data.batch["response_mask"] == 0] == 0).all()
     assert data.non_tensor_batch["__num_turns__"].tolist() == [4] * 4
     assert data.non_tensor_batch["tool_call_counts"].tolist() == [1] * 4
-    actor = DataParallelPPOActor(dict(ppo_mini_batch_size=4, ppo_micro_batch_size_per_gpu=2, ppo_epochs=1,
-                                      clip_ratio=0.2, grad_clip=1.0, loss_agg_mode="token-mean", entropy_coeff=0.0,
-                                      use_kl_loss=False, use_dynamic_bsz=False), model, use_remove_padding=False)
+    actor = DataParallelPPOActor(actor_section(), model, use_remove_padding=False)
     data.meta_info.update(temperature=1.0, micro_batch_size=2)
     actor_lp, _ = actor.compute_log_prob(data)
     m = data.batch["response_mask"].bool()

@@ -11,13 +11,16 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from typed_sections import actor_section
 
 from hybridrl.protocol import DataProto
+from hybridrl.training.micro_batches import UpdateBatches
 
-# the PPO actor settings the 2-rank tests train with (a 4-row mini-batch in micro-batches of 2, plain PPO clip)
-TINY_ACTOR_CFG = dict(ppo_mini_batch_size=4, ppo_micro_batch_size_per_gpu=2, ppo_epochs=1, clip_ratio=0.2,
-                      grad_clip=1.0, loss_agg_mode="token-mean", entropy_coeff=0.0, use_kl_loss=False,
-                      use_dynamic_bsz=False)
+# the PPO actor settings the 2-rank tests train with (plain PPO clip) and their update's per-rank sizes (a 4-row
+# mini-batch in micro-batches of 2)
+TINY_ACTOR_CFG = actor_section(ppo_epochs=1, clip_ratio=0.2, grad_clip=1.0, loss_agg_mode="token-mean",
+                               entropy_coeff=0.0, use_kl_loss=False)
+TINY_BATCHES = UpdateBatches(mini_batch_rows=4, micro_rows=2, max_tokens=None)
 
 CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
                  "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")

@@ -8,11 +8,13 @@ import pytest
 import torch
 import transformers
 from _training_tiny import make_ppo_batch
+from typed_sections import actor_section
 
 from hybridrl.config import ConfigError, load_config
 from hybridrl.training import DataParallelPPOActor
 from hybridrl.training.activation_offload import MIN_BYTES, offload_saved_activations
 from hybridrl.training.fsdp import set_recompute
+from hybridrl.training.micro_batches import UpdateBatches
 
 LAYERS, HIDDEN = 3, 256
 
@@ -61,15 +63,15 @@ def test_parameters_and_small_tensors_stay():
 
 
 def test_update_with_activation_offload_equals_without():
-    cfg = dict(ppo_mini_batch_size=4, ppo_micro_batch_size_per_gpu=4, ppo_epochs=1, clip_ratio=0.2,
-               loss_agg_mode="token-mean", entropy_coeff=0.0, use_kl_loss=False, grad_clip=1e9,
-               use_dynamic_bsz=False)
+    cfg = actor_section(ppo_epochs=1, clip_ratio=0.2, loss_agg_mode="token-mean", entropy_coeff=0.0,
+                        use_kl_loss=False, grad_clip=1e9)
     base = _model()
     plain_model, offl_model = copy.deepcopy(base), copy.deepcopy(base)
     outs = []
     for model, offload in ((plain_model, False), (offl_model, True)):
         opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-        actor = DataParallelPPOActor(cfg, model, opt, use_remove_padding=False, activation_offload=offload)
+        actor = DataParallelPPOActor(cfg, model, opt, batches=UpdateBatches(4, 4, None), use_remove_padding=False,
+                                     activation_offload=offload)
         outs.append(actor.update_policy(_batch()))
     assert "actor/activation_offload_gb" not in outs[0] and outs[1]["actor/activation_offload_gb"] > 0
     assert outs[0]["actor/pg_loss"] == pytest.approx(outs[1]["actor/pg_loss"], abs=1e-7)

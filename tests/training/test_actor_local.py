@@ -6,9 +6,11 @@ import pytest
 import torch
 import transformers
 from _training_tiny import make_ppo_batch, tiny_qwen2_config
+from typed_sections import actor_section, critic_section
 
 from hybridrl.algorithms import compute_policy_loss
 from hybridrl.training import DataParallelPPOActor, DataParallelPPOCritic
+from hybridrl.training.micro_batches import UpdateBatches
 from hybridrl.training.packed_attention import register_varlen_attention
 
 
@@ -21,11 +23,11 @@ def base_model():
 
 
 def actor_cfg(**kw):
-    cfg = dict(ppo_mini_batch_size=4, ppo_micro_batch_size_per_gpu=4, ppo_epochs=1, clip_ratio=0.2,
-               loss_agg_mode="token-mean", entropy_coeff=0.0, use_kl_loss=False, grad_clip=1e9,
-               use_dynamic_bsz=False, ppo_max_token_len_per_gpu=64, use_remove_padding=True)
-    cfg.update(kw)
-    return cfg
+    return actor_section(**{**dict(ppo_epochs=1, clip_ratio=0.2, loss_agg_mode="token-mean", entropy_coeff=0.0,
+                                   use_kl_loss=False, grad_clip=1e9), **kw})
+
+
+BATCHES = UpdateBatches(mini_batch_rows=4, micro_rows=4, max_tokens=None)
 
 
 def test_packed_equals_padded_and_dynamic_equals_fixed(base_model):
@@ -48,10 +50,11 @@ def test_packed_equals_padded_and_dynamic_equals_fixed(base_model):
     assert not torch.allclose(packed.compute_log_prob(data)[0][mask], lp_packed[mask])
 
 
-def _grads_after_update(model, cfg, data, fused_head: bool | None = None):
+def _grads_after_update(model, cfg, data, fused_head: bool | None = None, batches: UpdateBatches = BATCHES):
     model = copy.deepcopy(model)
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
-    actor = DataParallelPPOActor(cfg, model, torch.optim.SGD(model.parameters(), lr=1.0))
+    actor = DataParallelPPOActor(cfg, model, torch.optim.SGD(model.parameters(), lr=1.0), batches=batches,
+                                 use_remove_padding=True)
     if fused_head is not None:
         actor.fused_head = fused_head
     metrics = actor.update_policy(data)
@@ -61,11 +64,12 @@ def _grads_after_update(model, cfg, data, fused_head: bool | None = None):
 @pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean"])
 def test_grad_accumulation_1x4_equals_4x1(base_model, mode):
     data = make_ppo_batch(batch=4, seed=1)
-    g_one, m_one = _grads_after_update(base_model, actor_cfg(loss_agg_mode=mode, ppo_micro_batch_size_per_gpu=4), data)
-    g_four, m_four = _grads_after_update(base_model, actor_cfg(loss_agg_mode=mode, ppo_micro_batch_size_per_gpu=1),
-                                         data)
-    g_dyn, _ = _grads_after_update(base_model, actor_cfg(loss_agg_mode=mode, use_dynamic_bsz=True,
-                                                         ppo_max_token_len_per_gpu=20), data)
+    g_one, m_one = _grads_after_update(base_model, actor_cfg(loss_agg_mode=mode), data,
+                                       batches=UpdateBatches(4, 4, None))
+    g_four, m_four = _grads_after_update(base_model, actor_cfg(loss_agg_mode=mode), data,
+                                         batches=UpdateBatches(4, 1, None))
+    g_dyn, _ = _grads_after_update(base_model, actor_cfg(loss_agg_mode=mode), data,
+                                   batches=UpdateBatches(4, None, 20))
     assert any(g.abs().max() > 0 for g in g_one.values())
     for name in g_one:
         torch.testing.assert_close(g_four[name], g_one[name], atol=1e-6, rtol=1e-4)
@@ -88,8 +92,9 @@ def test_update_lowers_loss_and_reports_verl_metrics(base_model):
     model = copy.deepcopy(base_model)
     data = make_ppo_batch(batch=4, seed=2)
     actor = DataParallelPPOActor(actor_cfg(entropy_coeff=0.01, use_kl_loss=True, kl_loss_type="low_var_kl",
-                                           grad_clip=1.0, ppo_micro_batch_size_per_gpu=2),
-                                 model, torch.optim.AdamW(model.parameters(), lr=1e-3))
+                                           grad_clip=1.0),
+                                 model, torch.optim.AdamW(model.parameters(), lr=1e-3),
+                                 batches=UpdateBatches(4, 2, None), use_remove_padding=True)
     data.batch["old_log_probs"] = actor.compute_log_prob(dict_meta(data))[0]
     before = _pg_loss(actor, data)
     metrics = actor.update_policy(data)
@@ -117,7 +122,8 @@ def test_nonfinite_grad_skips_step_and_counts(base_model):
     model = copy.deepcopy(base_model)
     data = make_ppo_batch(batch=2, seed=3)
     data.batch["advantages"][0, 0] = float("nan")
-    actor = DataParallelPPOActor(actor_cfg(ppo_mini_batch_size=2), model, torch.optim.SGD(model.parameters(), lr=1.0))
+    actor = DataParallelPPOActor(actor_cfg(), model, torch.optim.SGD(model.parameters(), lr=1.0),
+                                 batches=UpdateBatches(2, 4, None), use_remove_padding=True)
     before = [p.detach().clone() for p in model.parameters()]
     metrics = actor.update_policy(data)
     assert metrics["actor/grad_norm_nonfinite_skips"] == 1.0 and "actor/grad_norm" not in metrics
@@ -127,7 +133,8 @@ def test_nonfinite_grad_skips_step_and_counts(base_model):
 def test_kl_loss_without_ref_log_prob_is_a_clear_error(base_model):
     data = make_ppo_batch(batch=2)
     data.pop(["ref_log_prob"])
-    actor = DataParallelPPOActor(actor_cfg(use_kl_loss=True), base_model, torch.optim.SGD(base_model.parameters(), 0.0))
+    actor = DataParallelPPOActor(actor_cfg(use_kl_loss=True), base_model, torch.optim.SGD(base_model.parameters(), 0.0),
+                                 batches=BATCHES, use_remove_padding=True)
     with pytest.raises(ValueError, match="ref_log_prob"):
         actor.update_policy(data)
 
@@ -140,9 +147,9 @@ def test_critic_values_and_update_lower_value_loss():
     model.set_attn_implementation(register_varlen_attention())
     data = make_ppo_batch(batch=4, seed=4)
     data.meta_info["micro_batch_size"] = 3
-    ccfg = dict(ppo_mini_batch_size=4, ppo_micro_batch_size_per_gpu=2, cliprange_value=100.0, grad_clip=1.0,
-                loss_agg_mode="token-mean", model={"use_remove_padding": True})
-    critic = DataParallelPPOCritic(ccfg, model, torch.optim.AdamW(model.parameters(), lr=1e-2))
+    ccfg = critic_section(cliprange_value=100.0, grad_clip=1.0, loss_agg_mode="token-mean")
+    critic = DataParallelPPOCritic(ccfg, model, torch.optim.AdamW(model.parameters(), lr=1e-2),
+                                   batches=UpdateBatches(4, 2, None), use_remove_padding=True)
     padded = DataParallelPPOCritic(ccfg, model, use_remove_padding=False)
     values = critic.compute_values(data)
     mask = data.batch["response_mask"]
@@ -184,7 +191,7 @@ def test_update_without_old_log_probs_equals_update_with_recomputed_ones(base_mo
     gradient as a separate old-log-prob pass, and the step's entropy is reported from the update (measured
     without a gradient at entropy_coeff 0, on the chunked head and on the plain one)."""
     data = make_ppo_batch(batch=4, seed=3)
-    actor = DataParallelPPOActor(actor_cfg(), copy.deepcopy(base_model))
+    actor = DataParallelPPOActor(actor_cfg(), copy.deepcopy(base_model), use_remove_padding=True)
     data.batch["old_log_probs"] = actor.compute_log_prob(dict_meta(data))[0]
     g_pass, _ = _grads_after_update(base_model, actor_cfg(), data, fused_head)
     own = copy.copy(data)
@@ -196,9 +203,10 @@ def test_update_without_old_log_probs_equals_update_with_recomputed_ones(base_mo
         torch.testing.assert_close(g_own[name], g_pass[name], atol=1e-6, rtol=1e-4)
     assert metrics["actor/ppo_kl"] == 0.0 and metrics["actor/pg_clipfrac"] == 0.0 and metrics["actor/entropy"] > 0
     # the update hands its own log-probs back (input row order, also when shuffled / dynamically micro-batched)
-    for cfg in (actor_cfg(shuffle=True), actor_cfg(use_dynamic_bsz=True, ppo_max_token_len_per_gpu=20)):
+    for cfg, batches in ((actor_cfg(shuffle=True), BATCHES), (actor_cfg(), UpdateBatches(4, None, 20))):
         model = copy.deepcopy(base_model)
-        actor = DataParallelPPOActor(cfg, model, torch.optim.SGD(model.parameters(), lr=0.0))
+        actor = DataParallelPPOActor(cfg, model, torch.optim.SGD(model.parameters(), lr=0.0), batches=batches,
+                                     use_remove_padding=True)
         actor.update_policy(own)
         mask = data.batch["response_mask"].bool()
         torch.testing.assert_close(actor.own_old_log_probs[mask], data.batch["old_log_probs"][mask],
@@ -213,7 +221,7 @@ def test_is_weights_from_own_log_probs_equal_precomputed_ones(base_model, level)
 
     data = make_ppo_batch(batch=4, seed=5)
     data.batch.pop("old_log_probs")
-    actor = DataParallelPPOActor(actor_cfg(), copy.deepcopy(base_model))
+    actor = DataParallelPPOActor(actor_cfg(), copy.deepcopy(base_model), use_remove_padding=True)
     old = actor.compute_log_prob(dict_meta(data))[0]
     mask = data.batch["response_mask"]
     # the engine's log-probs off by ±0.4 per token: some weights exceed the threshold 1.2, some fall below 1
@@ -227,7 +235,7 @@ def test_is_weights_from_own_log_probs_equal_precomputed_ones(base_model, level)
     g_plain, _ = _grads_after_update(base_model, actor_cfg(), given.select(
         [k for k in given.batch if k != "rollout_is_weights"]))
     data.meta_info["rollout_is"] = {"level": level, "threshold": 1.2}
-    g_own, _ = _grads_after_update(base_model, actor_cfg(ppo_micro_batch_size_per_gpu=1), data)
+    g_own, _ = _grads_after_update(base_model, actor_cfg(), data, batches=UpdateBatches(4, 1, None))
     for name in g_given:
         torch.testing.assert_close(g_own[name], g_given[name], atol=1e-6, rtol=1e-4)
     assert any(not torch.allclose(g_plain[n], g_given[n], atol=1e-6) for n in g_given)  # the weights matter

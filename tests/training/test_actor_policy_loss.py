@@ -6,12 +6,14 @@ import pytest
 import torch
 import transformers
 from _training_tiny import make_ppo_batch, tiny_qwen2_config
+from typed_sections import actor_section
 
 from hybridrl.algorithms import POLICY_LOSS_REGISTRY
 from hybridrl.config.errors import ConfigError
 from hybridrl.config.loader import load_config
 from hybridrl.config.sections.values import POLICY_LOSS_MODES
 from hybridrl.training import DataParallelPPOActor
+from hybridrl.training.micro_batches import UpdateBatches
 
 
 @pytest.fixture(scope="module")
@@ -20,19 +22,22 @@ def base_model():
     return transformers.AutoModelForCausalLM.from_config(tiny_qwen2_config(), dtype=torch.float32)
 
 
-def actor_cfg(loss_mode: str, **kw):
-    cfg = dict(ppo_mini_batch_size=4, ppo_micro_batch_size_per_gpu=4, ppo_epochs=1, clip_ratio=0.2,
-               loss_agg_mode="token-mean", entropy_coeff=0.0, use_kl_loss=False, grad_clip=1e9,
-               use_dynamic_bsz=False, policy_loss={"loss_mode": loss_mode})
-    cfg.update(kw)
-    return cfg
+def actor_cfg(loss_mode: str | None, **kw):
+    """The actor section with `loss_mode` (None: the packaged default's)."""
+    cfg = dict(ppo_epochs=1, clip_ratio=0.2, loss_agg_mode="token-mean", entropy_coeff=0.0, use_kl_loss=False,
+               grad_clip=1e9)
+    if loss_mode is not None:
+        cfg["policy_loss"] = {"loss_mode": loss_mode}
+    return actor_section(**cfg, **kw)
 
 
-def update_delta(model, cfg, data):
-    """Parameter change of one SGD(lr=1) update, i.e. minus the gradient; and the metrics."""
+def update_delta(model, cfg, data, micro: int = 4):
+    """Parameter change of one SGD(lr=1) update (one mini-batch of 4 rows, micro-batches of `micro`), i.e. minus the
+    gradient; and the metrics."""
     model = copy.deepcopy(model)
     before = [p.detach().clone() for p in model.parameters()]
-    metrics = DataParallelPPOActor(cfg, model, torch.optim.SGD(model.parameters(), lr=1.0)).update_policy(data)
+    metrics = DataParallelPPOActor(cfg, model, torch.optim.SGD(model.parameters(), lr=1.0),
+                                   batches=UpdateBatches(4, micro, None)).update_policy(data)
     return torch.cat([(b - p.detach()).flatten() for b, p in zip(before, model.parameters())]), metrics
 
 
@@ -46,7 +51,7 @@ def off_policy_batch():
 def test_gspo_changes_the_update_and_vanilla_is_the_default(base_model):
     data = off_policy_batch()
     vanilla, m_vanilla = update_delta(base_model, actor_cfg("vanilla"), data)
-    default, _ = update_delta(base_model, {k: v for k, v in actor_cfg("vanilla").items() if k != "policy_loss"}, data)
+    default, _ = update_delta(base_model, actor_cfg(None), data)
     gspo, m_gspo = update_delta(base_model, actor_cfg("gspo"), data)
     assert vanilla.abs().max() > 0 and gspo.abs().max() > 0
     torch.testing.assert_close(default, vanilla)
@@ -58,8 +63,8 @@ def test_gspo_accumulates_over_micro_batches_by_its_own_aggregation(base_model):
     """gspo always averages over sequences: micro-batches of 1 must give the one-micro-batch gradient even when
     loss_agg_mode (token-mean) would weight them by token counts."""
     data = off_policy_batch()
-    one, _ = update_delta(base_model, actor_cfg("gspo", ppo_micro_batch_size_per_gpu=4), data)
-    four, _ = update_delta(base_model, actor_cfg("gspo", ppo_micro_batch_size_per_gpu=1), data)
+    one, _ = update_delta(base_model, actor_cfg("gspo"), data, micro=4)
+    four, _ = update_delta(base_model, actor_cfg("gspo"), data, micro=1)
     torch.testing.assert_close(four, one, atol=1e-6, rtol=1e-4)
 
 

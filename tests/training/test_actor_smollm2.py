@@ -4,6 +4,7 @@ chat template as HF does. Prompts come from the example recipe's data (examples/
 import pytest
 import torch
 import transformers
+from typed_sections import actor_section
 
 from hybridrl.data.rl_dataset import RLHFDataset, collate_fn
 from hybridrl.protocol import DataProto
@@ -74,7 +75,7 @@ def hf_reference(model, dataset, data) -> torch.Tensor:
 
 def actor_log_probs(model, data, packed: bool) -> torch.Tensor:
     model.set_attn_implementation(register_varlen_attention())
-    return DataParallelPPOActor({}, model, use_remove_padding=packed).compute_log_prob(data)[0]
+    return DataParallelPPOActor(actor_section(), model, use_remove_padding=packed).compute_log_prob(data)[0]
 
 
 def test_actor_log_probs_equal_hf_in_fp32_and_match_hf_accuracy_in_bf16(smollm2_dir, dataset, tokenizer):

@@ -11,9 +11,17 @@ import pytest
 import torch
 import torch.distributed as dist
 import transformers
-from _training_tiny import TINY_ACTOR_CFG, make_ppo_batch, make_tiny_model_dir, run_ranks, tiny_qwen2_config
+from _training_tiny import (
+    TINY_ACTOR_CFG,
+    TINY_BATCHES,
+    make_ppo_batch,
+    make_tiny_model_dir,
+    run_ranks,
+    tiny_qwen2_config,
+)
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
+from typed_sections import FP32_MASTERS, model_source, optim_section
 
 from hybridrl.training import (
     DataParallelPPOActor,
@@ -32,7 +40,7 @@ from hybridrl.training import (
 from hybridrl.training.fsdp import apply_fsdp, grads_unsplit, recompute_on
 
 ACTOR = TINY_ACTOR_CFG
-OPTIM = dict(lr=1e-3, weight_decay=0.01, lr_warmup_steps=0, warmup_style="cosine", min_lr_ratio=0.1,
+OPTIM = optim_section(lr=1e-3, weight_decay=0.01, lr_warmup_steps=0, warmup_style="cosine", min_lr_ratio=0.1,
              total_training_steps=10)
 
 
@@ -65,12 +73,12 @@ def _count_reductions(fn):  # FSDP2's gradient reduce-scatters and all-reduces
 
 
 def _build(model_dir, mesh, gradient_checkpointing=False, unshard_once=False):
-    model = build_fsdp_model({"path": str(model_dir), "use_remove_padding": True}, {"model_dtype": "fp32"}, mesh,
-                             torch.device("cpu"), gradient_checkpointing=gradient_checkpointing)
+    model = build_fsdp_model(model_source(model_dir), FP32_MASTERS, mesh, torch.device("cpu"),
+                             use_varlen_attention=True, gradient_checkpointing=gradient_checkpointing)
     assert recompute_on(model) == gradient_checkpointing
     opt = build_optimizer(model.parameters(), OPTIM)
-    return DataParallelPPOActor(ACTOR, model, opt, build_lr_scheduler(opt, OPTIM), use_remove_padding=True,
-                                unshard_once=unshard_once)
+    return DataParallelPPOActor(ACTOR, model, opt, build_lr_scheduler(opt, OPTIM), batches=TINY_BATCHES,
+                                use_remove_padding=True, unshard_once=unshard_once)
 
 
 def _rank_batch(rank, seed):

@@ -3,7 +3,7 @@
 import pytest
 import torch
 import transformers
-from _training_tiny import make_ppo_batch, tiny_qwen2_config
+from _training_tiny import TINY_ACTOR_CFG, make_ppo_batch, tiny_qwen2_config
 
 from hybridrl.training import DataParallelPPOActor
 from hybridrl.training.packed_attention import register_varlen_attention
@@ -17,7 +17,7 @@ def test_flex_packed_equals_padded_on_cuda(dtype):
     model.set_attn_implementation(register_varlen_attention())
     data = make_ppo_batch(batch=6, prompt_len=40, resp_len=33)
     data.meta_info["micro_batch_size"] = 3
-    cfg = {"ppo_mini_batch_size": 6}
+    cfg = TINY_ACTOR_CFG
     packed, _ = DataParallelPPOActor(cfg, model, use_remove_padding=True).compute_log_prob(data)
     padded, _ = DataParallelPPOActor(cfg, model, use_remove_padding=False).compute_log_prob(data)
     mask = data.batch["response_mask"].bool()
@@ -37,7 +37,7 @@ def test_flex_shared_prompts_equal_padded_on_cuda(dtype):
     model.set_attn_implementation(register_varlen_attention())
     data = grouped_batch(prompt_rows=(0, 0, 0, 1, 1, 2, 2, 2, 2, 3, 3, 0), prompt_len=150, resp_len=90)
     data.meta_info["micro_batch_size"] = 4
-    cfg = {"ppo_mini_batch_size": 12}
+    cfg = TINY_ACTOR_CFG
     shared, _ = DataParallelPPOActor(cfg, model, share_prompts=True).compute_log_prob(data)
     padded, _ = DataParallelPPOActor(cfg, model, use_remove_padding=False).compute_log_prob(data)
     mask = data.batch["response_mask"].bool()

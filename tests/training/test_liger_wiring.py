@@ -34,16 +34,17 @@ def fake_liger(monkeypatch):
 @pytest.mark.parametrize("liger", [True, False])
 def test_worker_model_gets_liger_before_lora_and_keeps_the_last_layers(tmp_path, tiny_model_dir, fake_liger, liger):
     pytest.importorskip("peft")
+    from hybridrl.training.fsdp import FSDPDtypes
     from hybridrl.workers.common import build_fsdp_model
 
     cfg = load_config(overrides=[f"actor_rollout_ref.model.path={tiny_model_dir}", "actor_rollout_ref.model.lora_rank=4"])
     a = cfg.actor_rollout_ref
     dist.init_process_group("gloo", init_method=f"file://{tmp_path}/store", rank=0, world_size=1)
     try:
-        module, optimizer, _ = build_fsdp_model(a.model, a.actor.fsdp_config, a.actor.optim,
+        module, optimizer, _ = build_fsdp_model(a.model, FSDPDtypes.of(a.actor.fsdp_config), a.actor.optim,
                                                 build_training_mesh(1, -1, "cpu"), torch.device("cpu"),
                                                 trainable=True, gradient_checkpointing=True, recompute_kept_layers=1,
-                                                liger=liger)
+                                                liger=liger, use_varlen_attention=True)
     finally:
         dist.destroy_process_group()
     if liger:

@@ -5,6 +5,7 @@ without adapters streams its parameters unchanged."""
 import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
+from typed_sections import model_section
 
 from hybridrl.config import ConfigError, load_config
 from hybridrl.plan import DeviceSpec, make_plan
@@ -43,11 +44,11 @@ def test_bad_lora_keys_are_refused_naming_key_value_and_rule(key, value, rule):
 def test_valid_lora_keys_pass_and_zero_rank_is_off():
     load_config(overrides=[f"{M}.lora_rank=8", f"{M}.lora_alpha=16.5",
                                            f"{M}.target_modules=[q_proj,v_proj]"]).validate()
-    assert lora_settings({"lora_rank": 0}) is None
-    s = lora_settings({"lora_rank": 8, "lora_alpha": 32, "target_modules": ["q_proj"]})
+    assert lora_settings(model_section(lora_rank=0)) is None
+    s = lora_settings(model_section(lora_rank=8, lora_alpha=32, target_modules=["q_proj"]))
     assert (s.rank, s.scaling, s.target_modules) == (8, 4.0, ("q_proj",))
     with pytest.raises(ValueError, match="lora_rank"):
-        lora_settings({"lora_rank": 2.5})
+        lora_settings(model_section(lora_rank=2.5))
 
 
 def test_plan_counts_optimizer_state_for_adapters_only_and_no_reference_copy():

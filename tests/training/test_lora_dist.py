@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import transformers
-from _training_tiny import TINY_ACTOR_CFG, make_ppo_batch, make_tiny_model_dir, run_ranks
+from _training_tiny import TINY_ACTOR_CFG, TINY_BATCHES, make_ppo_batch, make_tiny_model_dir, run_ranks
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from tp_slicing_engine import SlicingEngine
 
@@ -23,6 +23,7 @@ from hybridrl.training import (
     merge_checkpoint,
     save_checkpoint,
 )
+from hybridrl.training.fsdp import FSDPDtypes
 from hybridrl.training.lora import adapters_disabled, merge_lora_state
 from hybridrl.workers.common import build_fsdp_model
 
@@ -43,9 +44,10 @@ def _build(model_dir, mesh, base_dtype):
     cfg = load_config(overrides=[f"{M}.path={model_dir}", f"{M}.use_remove_padding=true",
                                  *(f"{M}.{k}={v}" for k, v in LORA.items()), f"{A}.fsdp_config.model_dtype=fp32",
                                  *(f"{A}.optim.{k}={v}" for k, v in OPTIM.items())]).actor_rollout_ref
-    module, opt, sched = build_fsdp_model(cfg.model, cfg.actor.fsdp_config, cfg.actor.optim, mesh, torch.device("cpu"),
-                                          trainable=True, lora_base_dtype=base_dtype)
-    return DataParallelPPOActor(TINY_ACTOR_CFG, module, opt, sched, use_remove_padding=True)
+    module, opt, sched = build_fsdp_model(cfg.model, FSDPDtypes.of(cfg.actor.fsdp_config), cfg.actor.optim, mesh,
+                                          torch.device("cpu"), trainable=True, lora_base_dtype=base_dtype,
+                                          use_varlen_attention=True)
+    return DataParallelPPOActor(TINY_ACTOR_CFG, module, opt, sched, batches=TINY_BATCHES, use_remove_padding=True)
 
 
 def _full(module):

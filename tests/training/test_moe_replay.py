@@ -9,6 +9,7 @@ import pytest
 import torch
 import transformers
 from _training_tiny import make_tiny_moe_dir
+from typed_sections import actor_section
 
 from hybridrl.protocol import DataProto
 from hybridrl.rollout.config import EngineConfig
@@ -17,6 +18,7 @@ from hybridrl.rollout.sampling_params import SamplingParams
 from hybridrl.rollout.to_dataproto import outputs_to_dataproto
 from hybridrl.training import DataParallelPPOActor
 from hybridrl.training.fsdp import load_hf_model
+from hybridrl.training.micro_batches import UpdateBatches
 from hybridrl.training.packed_attention import register_varlen_attention
 
 PROMPTS = [[5, 6, 7, 8, 9, 10, 11], [12, 13, 14], [20, 21, 22, 23, 24]]
@@ -48,10 +50,10 @@ def rollout(request, tmp_path_factory):
 
 
 def _actor(model, packed):
-    cfg = dict(ppo_mini_batch_size=6, ppo_micro_batch_size_per_gpu=3, ppo_epochs=1, clip_ratio=0.2,
-               loss_agg_mode="token-mean", entropy_coeff=0.0, use_kl_loss=False, grad_clip=1e9,
-               use_dynamic_bsz=False, router_replay={"mode": "R3"})
-    return DataParallelPPOActor(cfg, model, torch.optim.SGD(model.parameters(), lr=1.0), use_remove_padding=packed)
+    cfg = actor_section(ppo_epochs=1, clip_ratio=0.2, loss_agg_mode="token-mean", entropy_coeff=0.0,
+                        use_kl_loss=False, grad_clip=1e9, router_replay={"mode": "R3"})
+    return DataParallelPPOActor(cfg, model, torch.optim.SGD(model.parameters(), lr=1.0),
+                                batches=UpdateBatches(6, 3, None), use_remove_padding=packed)
 
 
 def _experts_seen(model):

@@ -9,10 +9,12 @@ import pytest
 import torch
 import transformers
 from _training_tiny import make_ppo_batch, make_tiny_moe_dir
+from typed_sections import FP32_MASTERS, actor_section, model_source, optim_section
 
 from hybridrl.algorithms import logprobs_from_logits
 from hybridrl.training import DataParallelPPOActor
 from hybridrl.training.fsdp import load_hf_model
+from hybridrl.training.micro_batches import UpdateBatches
 from hybridrl.training.moe import RouterTaps, router_settings
 from hybridrl.training.packed_attention import register_varlen_attention
 from hybridrl.training.response_forward import forward_response_logits
@@ -39,11 +41,11 @@ def _grouped(path):
 
 
 def actor_cfg(**kw):
-    cfg = dict(ppo_mini_batch_size=4, ppo_micro_batch_size_per_gpu=2, ppo_epochs=1, clip_ratio=0.2,
-               loss_agg_mode="token-mean", entropy_coeff=0.0, use_kl_loss=False, grad_clip=1e9,
-               use_dynamic_bsz=False)
-    cfg.update(kw)
-    return cfg
+    return actor_section(**{**dict(ppo_epochs=1, clip_ratio=0.2, loss_agg_mode="token-mean", entropy_coeff=0.0,
+                                   use_kl_loss=False, grad_clip=1e9), **kw})
+
+
+BATCHES = UpdateBatches(mini_batch_rows=4, micro_rows=2, max_tokens=None)
 
 
 def _logprobs_and_grads(model, data, packed):
@@ -95,8 +97,8 @@ def test_router_losses_equal_transformers_and_their_gradients_reach_the_routers(
     def step(**coefs):
         model = copy.deepcopy(base)
         before = {n: p.detach().clone() for n, p in model.named_parameters()}
-        actor = DataParallelPPOActor(actor_cfg(ppo_micro_batch_size_per_gpu=4, **coefs), model,
-                                     torch.optim.SGD(model.parameters(), lr=1.0), use_remove_padding=packed)
+        actor = DataParallelPPOActor(actor_cfg(**coefs), model, torch.optim.SGD(model.parameters(), lr=1.0),
+                                     batches=UpdateBatches(4, 4, None), use_remove_padding=packed)
         metrics = actor.update_policy(data)
         return {n: (before[n] - p.detach()).abs().sum() for n, p in model.named_parameters()}, metrics
 
@@ -115,12 +117,12 @@ def test_router_losses_equal_transformers_and_their_gradients_reach_the_routers(
 
 
 def test_router_settings_and_a_dense_model_are_refused():
-    assert router_settings({}) == (False, 0.0, 0.0)
-    assert router_settings({"router_replay": {"mode": "R3"}, "router_z_loss_coef": 1e-3}) == (True, 0.0, 1e-3)
+    assert router_settings(actor_section()) == (False, 0.0, 0.0)
+    assert router_settings(actor_section(router_replay={"mode": "R3"}, router_z_loss_coef=1e-3)) == (True, 0.0, 1e-3)
     with pytest.raises(ValueError, match=r"router_replay.mode='R2' must be one of"):
-        router_settings({"router_replay": {"mode": "R2"}})
+        router_settings(actor_section(router_replay={"mode": "R2"}))
     with pytest.raises(ValueError, match=r"router_aux_loss_coef=-1.0 must be >= 0"):
-        router_settings({"router_aux_loss_coef": -1})
+        router_settings(actor_section(router_aux_loss_coef=-1))
     from _training_tiny import tiny_qwen2_config
 
     dense = transformers.AutoModelForCausalLM.from_config(tiny_qwen2_config())
@@ -135,12 +137,14 @@ def _fsdp_step(rank, world, model_dir, out_file):
     from hybridrl.training import build_fsdp_model, build_optimizer, build_training_mesh
 
     mesh = build_training_mesh(world, -1, "cpu")
-    model = build_fsdp_model({"path": str(model_dir), "use_remove_padding": True}, {"model_dtype": "fp32"}, mesh,
-                             torch.device("cpu"), gradient_checkpointing=True)
-    optim = dict(lr=1e-2, weight_decay=0.0, lr_warmup_steps=0, warmup_style="constant", total_training_steps=1)
+    model = build_fsdp_model(model_source(model_dir), FP32_MASTERS, mesh, torch.device("cpu"),
+                             use_varlen_attention=True, gradient_checkpointing=True)
+    optim = optim_section(lr=1e-2, weight_decay=0.0, lr_warmup_steps=0, warmup_style="constant",
+                          total_training_steps=1)
     actor = DataParallelPPOActor(actor_cfg(router_aux_loss_coef=0.1, router_z_loss_coef=0.01,
                                            router_replay={"mode": "R3"}),
-                                 model, build_optimizer(model.parameters(), optim), use_remove_padding=True)
+                                 model, build_optimizer(model.parameters(), optim), batches=BATCHES,
+                                 use_remove_padding=True)
     data = _replay_batch(model.config)   # every rank the same rows: the mean gradient is one rank's
     metrics = actor.update_policy(data)
     state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))

@@ -3,10 +3,11 @@ size of the optimizer state (the multi-tensor step holds sqrt(exp_avg_sq) of eve
 
 import pytest
 import torch
+from typed_sections import optim_section
 
 from hybridrl.training.optim import build_optimizer
 
-CFG = {"lr": 1e-3, "weight_decay": 0.01}
+CFG = optim_section(lr=1e-3, weight_decay=0.01)
 
 
 def _params(seed):

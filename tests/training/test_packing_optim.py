@@ -4,6 +4,7 @@ import argparse
 
 import pytest
 import torch
+from typed_sections import optim_section
 
 from hybridrl.training.optim import build_lr_scheduler, build_optimizer
 from hybridrl.training.packing import pack_inputs
@@ -33,7 +34,8 @@ def test_pack_inputs_keeps_valid_tokens_and_restarting_positions():
     assert packed.cu_seqlens.tolist() == [0, 3, 5] and packed.max_seqlen == 3
 
 
-def _lrs(cfg, steps):
+def _lrs(values, steps):
+    cfg = optim_section(**values)
     opt = build_optimizer([torch.nn.Parameter(torch.zeros(1))], cfg)
     sched = build_lr_scheduler(opt, cfg)
     out = []

@@ -6,22 +6,25 @@ import copy
 import torch
 import transformers
 from _training_tiny import make_ppo_batch, tiny_qwen2_config
+from typed_sections import actor_section
 
 from hybridrl.config.sections.algorithm import RolloutCorrectionConfig
 from hybridrl.plan.partial_rollout import PartialRolloutPlan, rollout_correction
 from hybridrl.training import DataParallelPPOActor
+from hybridrl.training.micro_batches import UpdateBatches
 from hybridrl.training.packed_attention import register_varlen_attention
 
-CFG = dict(ppo_mini_batch_size=4, ppo_micro_batch_size_per_gpu=2, ppo_epochs=1, clip_ratio=0.2,
-           loss_agg_mode="token-mean", entropy_coeff=0.0, use_kl_loss=False, grad_clip=1e9, use_dynamic_bsz=False,
-           use_remove_padding=True)
+CFG = actor_section(ppo_epochs=1, clip_ratio=0.2, loss_agg_mode="token-mean", entropy_coeff=0.0, use_kl_loss=False,
+                    grad_clip=1e9)
+BATCHES = UpdateBatches(mini_batch_rows=4, micro_rows=2, max_tokens=None)
 
 
 def update(model, data):
     """(the parameter change of one SGD step, the update's metrics)."""
     model = copy.deepcopy(model)
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
-    metrics = DataParallelPPOActor(CFG, model, torch.optim.SGD(model.parameters(), lr=1.0)).update_policy(data)
+    metrics = DataParallelPPOActor(CFG, model, torch.optim.SGD(model.parameters(), lr=1.0), batches=BATCHES,
+                                   use_remove_padding=True).update_policy(data)
     return {n: before[n] - p.detach() for n, p in model.named_parameters()}, metrics
 
 
@@ -37,7 +40,7 @@ def test_carried_tokens_are_weighed_by_truncated_is_and_on_policy_ones_are_not()
     data = make_ppo_batch(batch=4, seed=3)
     data.batch.pop("old_log_probs")  # the plan's default: no old-log-prob pass, the update's own are the proximal ones
     data.meta_info["micro_batch_size"] = 4
-    current = DataParallelPPOActor(CFG, copy.deepcopy(model)).compute_log_prob(data)[0]
+    current = DataParallelPPOActor(CFG, copy.deepcopy(model), use_remove_padding=True).compute_log_prob(data)[0]
     data.meta_info["rollout_is"] = {"level": rc.rollout_is, "threshold": float(rc.rollout_is_threshold)}
 
     plain = data.select([k for k in data.batch])

@@ -7,9 +7,11 @@ import pytest
 import torch
 import transformers
 from _training_tiny import tiny_qwen2_config
+from typed_sections import actor_section, critic_section
 
 from hybridrl.protocol import DataProto
 from hybridrl.training import DataParallelPPOActor
+from hybridrl.training.micro_batches import UpdateBatches
 from hybridrl.training.packed_attention import register_varlen_attention
 from hybridrl.training.packing import pack_inputs
 
@@ -79,7 +81,7 @@ def test_shared_log_probs_and_entropy_equal_unshared_and_padded(model, fused_hea
     out = {}
     for name, kw in {"shared": dict(use_remove_padding=False, share_prompts=True),
                      "packed": dict(use_remove_padding=True), "padded": dict(use_remove_padding=False)}.items():
-        actor = DataParallelPPOActor({"ppo_mini_batch_size": 7}, model, **kw)
+        actor = DataParallelPPOActor(actor_section(), model, **kw)
         actor.fused_head = fused_head
         out[name] = actor.compute_log_prob(data, calculate_entropy=True)
     mask = data.batch["response_mask"].bool()
@@ -91,10 +93,10 @@ def test_shared_log_probs_and_entropy_equal_unshared_and_padded(model, fused_hea
 def _update_grads(model, data, share: bool, micro: int):
     model = copy.deepcopy(model)
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
-    cfg = dict(ppo_mini_batch_size=len(data), ppo_micro_batch_size_per_gpu=micro, ppo_epochs=1, clip_ratio=0.2,
-               loss_agg_mode="token-mean", entropy_coeff=0.01, use_kl_loss=False, grad_clip=1e9,
-               use_dynamic_bsz=False)
-    actor = DataParallelPPOActor(cfg, model, torch.optim.SGD(model.parameters(), lr=1.0), use_remove_padding=True,
+    cfg = actor_section(ppo_epochs=1, clip_ratio=0.2, loss_agg_mode="token-mean", entropy_coeff=0.01,
+                        use_kl_loss=False, grad_clip=1e9)
+    actor = DataParallelPPOActor(cfg, model, torch.optim.SGD(model.parameters(), lr=1.0),
+                                 batches=UpdateBatches(len(data), micro, None), use_remove_padding=True,
                                  share_prompts=share)
     metrics = actor.update_policy(data)
     return {n: before[n] - p.detach() for n, p in model.named_parameters()}, metrics, actor.own_old_log_probs
@@ -144,10 +146,10 @@ def test_dynamic_update_with_shared_prompts_has_the_unshared_gradient(model):
     for share in (True, False):
         m = copy.deepcopy(model)
         before = {n: p.detach().clone() for n, p in m.named_parameters()}
-        cfg = dict(ppo_mini_batch_size=len(data), ppo_epochs=1, clip_ratio=0.2, loss_agg_mode="token-mean",
-                   entropy_coeff=0.0, use_kl_loss=False, grad_clip=1e9, use_dynamic_bsz=True,
-                   ppo_max_token_len_per_gpu=24)
-        actor = DataParallelPPOActor(cfg, m, torch.optim.SGD(m.parameters(), lr=1.0), use_remove_padding=True,
+        cfg = actor_section(ppo_epochs=1, clip_ratio=0.2, loss_agg_mode="token-mean", entropy_coeff=0.0,
+                            use_kl_loss=False, grad_clip=1e9)
+        actor = DataParallelPPOActor(cfg, m, torch.optim.SGD(m.parameters(), lr=1.0),
+                                     batches=UpdateBatches(len(data), None, 24), use_remove_padding=True,
                                      share_prompts=share)
         actor.update_policy(data)
         grads[share] = {n: before[n] - p.detach() for n, p in m.named_parameters()}
@@ -172,9 +174,9 @@ def test_critic_with_shared_prompts_has_the_unshared_values_and_gradient(dynamic
     for share in (True, False):
         model = copy.deepcopy(base)
         before = {n: p.detach().clone() for n, p in model.named_parameters()}
-        ccfg = dict(ppo_mini_batch_size=len(data), ppo_micro_batch_size_per_gpu=3, cliprange_value=100.0,
-                    grad_clip=1e9, loss_agg_mode="token-mean", use_dynamic_bsz=dynamic, ppo_max_token_len_per_gpu=30)
+        ccfg = critic_section(cliprange_value=100.0, grad_clip=1e9, loss_agg_mode="token-mean")
         critic = DataParallelPPOCritic(ccfg, model, torch.optim.SGD(model.parameters(), lr=1.0),
+                                       batches=UpdateBatches(len(data), None if dynamic else 3, 30),
                                        use_remove_padding=True, share_prompts=share)
         values = critic.compute_values(data)
         data.batch["values"] = values

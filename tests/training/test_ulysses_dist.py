@@ -13,9 +13,10 @@ import pytest
 import torch
 import torch.distributed as dist
 import transformers
-from _training_tiny import TINY_ACTOR_CFG, make_ppo_batch, make_tiny_model_dir, run_ranks
+from _training_tiny import TINY_ACTOR_CFG, TINY_BATCHES, make_ppo_batch, make_tiny_model_dir, run_ranks
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from torch.distributed.tensor import DTensor
+from typed_sections import FP32_MASTERS, critic_section, model_source, optim_section
 
 from hybridrl.training import (
     DataParallelPPOActor,
@@ -29,9 +30,8 @@ from hybridrl.training.packed_attention import varlen_attention_forward
 from hybridrl.training.ulysses import SequenceParallel
 
 ACTOR = TINY_ACTOR_CFG
-CRITIC = dict(ppo_mini_batch_size=4, ppo_micro_batch_size_per_gpu=2, cliprange_value=0.5, grad_clip=1.0,
-              loss_agg_mode="token-mean", model={"use_remove_padding": True})
-OPTIM = dict(lr=1e-3, weight_decay=0.01, lr_warmup_steps=0, warmup_style="constant", total_training_steps=10)
+CRITIC = critic_section(cliprange_value=0.5, grad_clip=1.0, loss_agg_mode="token-mean")
+OPTIM = optim_section(lr=1e-3, weight_decay=0.01, lr_warmup_steps=0, warmup_style="constant", total_training_steps=10)
 
 
 def _check_attention(rank, sp, kv_heads):
@@ -61,16 +61,16 @@ def _worker(rank, world, model_dir, other_arch_dirs):
     _check_attention(rank, sp, kv_heads=1)
 
     mesh = build_training_mesh(world, device_type="cpu")
-    model = build_fsdp_model({"path": model_dir, "use_remove_padding": True}, {"model_dtype": "fp32"}, mesh,
-                             torch.device("cpu"))
+    model = build_fsdp_model(model_source(model_dir), FP32_MASTERS, mesh, torch.device("cpu"),
+                             use_varlen_attention=True)
     opt = build_optimizer(model.parameters(), OPTIM)
-    actor = DataParallelPPOActor(ACTOR, model, opt, build_lr_scheduler(opt, OPTIM), use_remove_padding=True,
-                                 sp_group=dist.group.WORLD)
+    actor = DataParallelPPOActor(ACTOR, model, opt, build_lr_scheduler(opt, OPTIM), batches=TINY_BATCHES,
+                                 use_remove_padding=True, sp_group=dist.group.WORLD)
 
     plain_model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     plain_opt = build_optimizer(plain_model.parameters(), OPTIM)
     plain = DataParallelPPOActor(ACTOR, plain_model, plain_opt, build_lr_scheduler(plain_opt, OPTIM),
-                                 use_remove_padding=False)
+                                 batches=TINY_BATCHES, use_remove_padding=False)
 
     data = make_ppo_batch(batch=4, prompt_len=7, resp_len=6, seed=3, temperature=0.9)  # same rows on both ranks
     data.meta_info["micro_batch_size"] = 2
@@ -94,8 +94,8 @@ def _worker(rank, world, model_dir, other_arch_dirs):
 
 
 def _check_log_probs(model_dir, mesh, data):
-    model = build_fsdp_model({"path": model_dir, "use_remove_padding": True}, {"model_dtype": "fp32"}, mesh,
-                             torch.device("cpu"))
+    model = build_fsdp_model(model_source(model_dir), FP32_MASTERS, mesh, torch.device("cpu"),
+                             use_varlen_attention=True)
     actor = DataParallelPPOActor(ACTOR, model, use_remove_padding=True, sp_group=dist.group.WORLD)
     plain = DataParallelPPOActor(ACTOR, transformers.AutoModelForCausalLM.from_pretrained(model_dir,
                                                                                           dtype=torch.float32))
@@ -106,15 +106,16 @@ def _check_log_probs(model_dir, mesh, data):
 
 
 def _check_critic(model_dir, mesh, data):
-    module = build_fsdp_model({"path": model_dir, "use_remove_padding": True}, {"model_dtype": "fp32"}, mesh,
-                              torch.device("cpu"), role="critic")
+    module = build_fsdp_model(model_source(model_dir), FP32_MASTERS, mesh, torch.device("cpu"), role="critic",
+                              use_varlen_attention=True)
     opt = build_optimizer(module.parameters(), OPTIM)
-    critic = DataParallelPPOCritic(CRITIC, module, opt, build_lr_scheduler(opt, OPTIM), sp_group=dist.group.WORLD)
+    critic = DataParallelPPOCritic(CRITIC, module, opt, build_lr_scheduler(opt, OPTIM), batches=TINY_BATCHES,
+                                   use_remove_padding=True, sp_group=dist.group.WORLD)
     plain_module = load_hf_model(model_dir, role="critic")
     plain_module.load_state_dict(get_model_state_dict(module, options=StateDictOptions(full_state_dict=True)))
     plain_opt = build_optimizer(plain_module.parameters(), OPTIM)
     plain = DataParallelPPOCritic(CRITIC, plain_module, plain_opt, build_lr_scheduler(plain_opt, OPTIM),
-                                  use_remove_padding=False)
+                                  batches=TINY_BATCHES, use_remove_padding=False)
     values = critic.compute_values(data)
     torch.testing.assert_close(values, plain.compute_values(copy.deepcopy(data)), atol=1e-5, rtol=1e-5)
     data.meta_info["unshard_once"] = True  # the values pass with the shards gathered once: same values

@@ -12,9 +12,11 @@ import pytest
 import torch
 import transformers
 from _training_tiny import TINY_ACTOR_CFG, make_ppo_batch, tiny_qwen2_config
+from typed_sections import optim_section
 
 import hybridrl
 from hybridrl.training import DataParallelPPOActor, build_optimizer
+from hybridrl.training.micro_batches import UpdateBatches
 from hybridrl.training.packed_attention import register_varlen_attention
 
 PACKAGE = os.path.dirname(hybridrl.__file__) + os.sep
@@ -46,9 +48,10 @@ def _count_syncs(fn) -> int:
 def _syncs(micro: int, own_old: bool, share: bool = False, count=None) -> tuple[int, int]:
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(tiny_qwen2_config(), dtype=torch.float32).cuda()
-    cfg = {**TINY_ACTOR_CFG, "ppo_mini_batch_size": 8, "ppo_micro_batch_size_per_gpu": micro, "entropy_coeff": 0.01}
-    actor = DataParallelPPOActor(cfg, model, build_optimizer(model.parameters(), {"lr": 1e-4}),
-                                 use_remove_padding=False, share_prompts=share)
+    cfg = TINY_ACTOR_CFG.with_value("entropy_coeff", 0.01)
+    actor = DataParallelPPOActor(cfg, model, build_optimizer(model.parameters(), optim_section(lr=1e-4)),
+                                 batches=UpdateBatches(8, micro, None), use_remove_padding=False,
+                                 share_prompts=share)
     data = make_ppo_batch(batch=8, prompt_len=16, resp_len=12)  # on the host, as the workers pass the rows on
     if share:
         model.set_attn_implementation(register_varlen_attention())

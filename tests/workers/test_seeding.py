@@ -85,8 +85,8 @@ def test_validation_uses_val_kwargs_and_the_offset_seed():
 
 def mini_batch_order(seed: int, shuffle: bool = True) -> list[int]:
     data = DataProto.from_dict({"row": torch.arange(16)}, meta_info={"shuffle_seed": seed})
-    cfg = {"ppo_mini_batch_size": 4, "ppo_epochs": 2, "shuffle": shuffle}
-    return [int(x) for mini in iter_mini_batches(data, cfg, "actor") for x in mini.batch["row"]]
+    return [int(x) for mini in iter_mini_batches(data, mini_batch_rows=4, epochs=2, shuffle=shuffle)
+            for x in mini.batch["row"]]
 
 
 def test_mini_batch_shuffle_is_seeded_by_the_step():
