@@ -7,10 +7,11 @@
                      backward skips the entropy term
   entropy_detached_chunk_MB   the same with chunks of MB MiB of fp32 logits (default CHUNK_BYTES = 256)
   triton, triton_entropy_detached   in_gemm and entropy_detached through the Triton kernels
-                     (training/triton_logprob.py), as the update runs them on CUDA
-  triton_entropy_detached_chunk_1024   the same with 4x the default chunk's rows
-  gemm_only          the four GEMMs of each chunk alone (forward, recompute, the two gradients): the floor the
-                     elementwise work sits on
+                     (training/triton_logprob.py), as the update runs them on CUDA, at their own chunk size
+                     (KERNEL_CHUNK_BYTES of 16-bit logits: 4x the torch path's rows)
+  triton_entropy_detached_chunk_128   the same with chunks of 128 MiB of 16-bit logits (the torch path's rows)
+  gemm_only          the four GEMMs of each chunk alone (forward, recompute, the two gradients), at the torch
+                     path's and at the kernel path's chunk rows: the floor the elementwise work sits on
 
 First each variant's log-probs, entropies and gradients are checked against plain PyTorch (fp32 logits,
 log_softmax) on --check-rows rows; then each is timed --repeat times over --rows rows (after a warm-up):
@@ -39,15 +40,16 @@ from grpo_step import device_facts  # noqa: E402
 from hybridrl.algorithms import chunked_logprob as C  # noqa: E402
 from hybridrl.training import fused_logprob as F  # noqa: E402
 
-# name -> (weight-gradient path, chunk bytes or None for the default, entropy carries a gradient, Triton kernels)
+# name -> (weight-gradient path, chunk bytes (the path's own: fp32 or 16-bit logits) or None for the default,
+#          entropy carries a gradient, Triton kernels)
 VARIANTS = {"in_gemm": (F._add_in_gemm, None, True, False), "product": (F._add_product, None, True, False),
             "entropy_detached": (F._add_in_gemm, None, False, False),
             "entropy_detached_chunk_512": (F._add_in_gemm, 512 << 20, False, False),
             "entropy_detached_chunk_1024": (F._add_in_gemm, 1024 << 20, False, False),
             "triton": (F._add_in_gemm, None, True, True),
             "triton_entropy_detached": (F._add_in_gemm, None, False, True),
-            "triton_entropy_detached_chunk_1024": (F._add_in_gemm, 1024 << 20, False, True)}
-ORIGINAL = (F.add_weight_grad, C.CHUNK_BYTES)
+            "triton_entropy_detached_chunk_128": (F._add_in_gemm, 128 << 20, False, True)}
+ORIGINAL = (F.add_weight_grad, C.CHUNK_BYTES, C.KERNEL_CHUNK_BYTES)
 
 
 def inputs(rows: int, hidden: int, vocab: int, seed: int = 0):
@@ -80,7 +82,11 @@ def run(rows: int, hidden: int, vocab: int, variant: str, seed: int = 0):
         out = F.fused_logprob_entropy(h, w, t, 0.8, True, entropy_grad)
         (out * g).sum().backward()
         return out.detach()
-    F.add_weight_grad, C.CHUNK_BYTES = add, chunk_bytes or ORIGINAL[1]
+    F.add_weight_grad = add
+    if kernels:
+        C.KERNEL_CHUNK_BYTES = chunk_bytes or ORIGINAL[2]
+    else:
+        C.CHUNK_BYTES = chunk_bytes or ORIGINAL[1]
     os.environ["HYBRIDRL_FUSED"] = "1" if kernels else "0"
     try:
         if (F._HeadLogits.kernels((h, w)) is not None) != kernels:   # never time the other path under this name
@@ -88,15 +94,16 @@ def run(rows: int, hidden: int, vocab: int, variant: str, seed: int = 0):
         out, seconds, peak = timed(step)
         return out, h.grad, w.grad, seconds, peak
     finally:
-        F.add_weight_grad, C.CHUNK_BYTES = ORIGINAL
+        F.add_weight_grad, C.CHUNK_BYTES, C.KERNEL_CHUNK_BYTES = ORIGINAL
         os.environ.pop("HYBRIDRL_FUSED")
 
 
-def gemm_only(rows: int, hidden: int, vocab: int) -> float:
-    """Seconds of the default chunks' four GEMMs: logits (forward and again in backward), grad_h, grad_w."""
+def gemm_only(rows: int, hidden: int, vocab: int, kernels: bool = False) -> float:
+    """Seconds of the default chunks' four GEMMs (the torch path's or the kernel path's chunk rows): logits
+    (forward and again in backward), grad_h, grad_w."""
     h, w, _, _ = inputs(rows, hidden, vocab)
     h, w = h.detach(), w.detach()
-    step = C.chunk_rows(vocab)
+    step = C.chunk_rows(vocab, kernels=kernels)
     grad_w = torch.zeros(w.shape, dtype=torch.float32, device="cuda")
     grad_h = torch.empty_like(h)
 
@@ -139,7 +146,8 @@ def main() -> None:
     a = ap.parse_args()
     result = {"benchmark": "fused_head", "command": " ".join(["python"] + sys.argv), "device": device_facts(),
               "workload": {"rows": a.rows, "hidden": a.hidden, "vocab": a.vocab, "dtype": "bf16", "entropy": True,
-                           "temperature": 0.8, "default_chunk_rows": C.chunk_rows(a.vocab)}, "variants": {}}
+                           "temperature": 0.8, "default_chunk_rows": C.chunk_rows(a.vocab),
+                           "kernel_chunk_rows": C.chunk_rows(a.vocab, kernels=True)}, "variants": {}}
     for name in VARIANTS:
         entry = {"check": check(a.check_rows, a.hidden, a.vocab, name)}
         run(a.rows, a.hidden, a.vocab, name)  # warm-up
@@ -150,9 +158,10 @@ def main() -> None:
         print(f"[fused_head] {name}: {entry['s_median'] * 1e3:.1f} ms (fwd+bwd, {a.rows} rows), "
               f"+{entry['peak_extra_gb']:.2f} GiB, check {entry['check']}", flush=True)
         torch.cuda.empty_cache()
-    gemm_s = sorted(gemm_only(a.rows, a.hidden, a.vocab) for _ in range(a.repeat))
-    result["gemm_only"] = {"s_each": gemm_s, "s_median": statistics.median(gemm_s)}
-    print(f"[fused_head] gemm_only: {result['gemm_only']['s_median'] * 1e3:.1f} ms", flush=True)
+    for name, kernels in (("gemm_only", False), ("gemm_only_kernel_chunks", True)):
+        gemm_s = sorted(gemm_only(a.rows, a.hidden, a.vocab, kernels) for _ in range(a.repeat))
+        result[name] = {"s_each": gemm_s, "s_median": statistics.median(gemm_s)}
+        print(f"[fused_head] {name}: {result[name]['s_median'] * 1e3:.1f} ms", flush=True)
     v = result["variants"]
     result["in_gemm_over_product"] = v["in_gemm"]["s_median"] / v["product"]["s_median"]
     result["entropy_detached_over_in_gemm"] = v["entropy_detached"]["s_median"] / v["in_gemm"]["s_median"]

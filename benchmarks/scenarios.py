@@ -121,6 +121,12 @@ SMALL = [
                     "--repeat", "2", "--profile-skip", "2", "--profile-micro", "2", "--configs",
                     "full:keep14:tok16384,full:keep13:tok16384:once,full:keep14:tok16384:once,full:keep14:tok16384",
                     "--out", "{out}/update_unshard_once.json"),)),
+    Scenario("fused-head-1.5b", "the update's log-prob head at 16k rows of the 1.5B (vocab 151,936): torch path vs "
+             "Triton kernels, each checked against plain PyTorch first", "nvidia-h200", "long_tail", (
+                 py("benchmarks/fused_head.py", "--rows", "16384", "--hidden", "1536", "--vocab", "151936",
+                    "--out", "{out}/fused_head_triton.json"),
+                 gpu_tests("gpu_tests_triton_head.log", "tests/training/test_triton_logprob.py",
+                           "tests/training/test_fused_logprob.py", "tests/training/test_update_sync_gpu.py"))),
     Scenario("spec-decode", "speculative decoding on vs off: the long-tail 1.5B (32 x 8, <= 4,096), SmolLM2 on a + b "
              "(64 x 8, the recipe's sampling); then its GPU tests", "nvidia-h200", None, (
                  py("benchmarks/spec_decode.py", "--long-tail", "--preset", "qwen2.5-1.5b", "--response-len", "4096",
