@@ -147,7 +147,7 @@ def compute_policy_loss_kl_cov(old_log_prob, log_prob, advantages, response_mask
                                config=None, rollout_is_weights=None):
     _need_config(config, "kl_cov")
     kl_cov_ratio = float(dotted_get(config, "policy_loss.kl_cov_ratio", 0.0002))
-    ppo_kl_coef = float(dotted_get(config, "policy_loss.ppo_kl_coef", 1.0))
+    ppo_kl_coef = float(dotted_get(config, "policy_loss.ppo_kl_coef", 0.1))   # verl's default, as the YAML
     if not kl_cov_ratio > 0:
         raise ValueError(f"actor.policy_loss.kl_cov_ratio={kl_cov_ratio} must be > 0")
     log_ratio, advantages = masked_log_ratio(old_log_prob, log_prob, advantages, response_mask)
