@@ -311,9 +311,9 @@ class ActorBench:
         if cfg.lora_rank:
             set_lora_forward(self.module, cfg.lora_forward)
         return DataParallelPPOActor(self.config.actor, self.module, self.optimizer, self.scheduler,
-                                    batches=UpdateBatches(rows, cfg.micro or None, cfg.max_tokens),
+                                    batches=UpdateBatches(rows, cfg.micro or None, cfg.max_tokens, cfg.unshard_once),
                                     use_remove_padding=bool(self.config.model.use_remove_padding),
-                                    share_prompts=self.share_prompts, unshard_once=cfg.unshard_once)
+                                    share_prompts=self.share_prompts)
 
 
 def set_lora_forward(module, forward: str) -> None:

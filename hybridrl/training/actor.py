@@ -78,10 +78,8 @@ class DataParallelPPOActor(FSDPUpdater):
 
     def __init__(self, config: ActorConfig, module: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None,
                  scheduler=None, batches: UpdateBatches | None = None, use_remove_padding: bool = False,
-                 sp_group=None, activation_offload: bool = False, share_prompts: bool = False,
-                 unshard_once: bool = False):
-        super().__init__(config, module, optimizer, scheduler, batches, use_remove_padding, activation_offload,
-                         unshard_once)
+                 sp_group=None, activation_offload: bool = False, share_prompts: bool = False):
+        super().__init__(config, module, optimizer, scheduler, batches, use_remove_padding, activation_offload)
         self.sp_group = sp_group  # Ulysses: every rank of this group gets the same rows and runs 1/P of the tokens
         self.share_prompts = share_prompts  # the plan's use_prefix_grouper: a micro-batch's rows run each prompt once
         self.fused_head = plain_linear_head(module)

@@ -26,11 +26,12 @@ class UpdateBatches:
     """How an update splits this rank's rows, sizes the run plan derives (never the config's global ones): mini-batches
     of `mini_batch_rows` rows (verl's ppo_mini_batch_size prompts x rollout.n / data-parallel size), each one optimizer
     step, run in micro-batches of `micro_rows` rows or, with `micro_rows` None (use_dynamic_bsz), of at most
-    `max_tokens` tokens."""
+    `max_tokens` tokens; with `unshard_once` every FSDP block stays all-gathered for a whole mini-batch."""
 
     mini_batch_rows: int
     micro_rows: int | None
     max_tokens: int | None
+    unshard_once: bool = False
 
     def __post_init__(self):
         if self.mini_batch_rows <= 0:

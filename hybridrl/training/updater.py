@@ -2,7 +2,7 @@
 optimizer step with gradient clipping; a non-finite gradient norm skips that step and is counted; the lr
 scheduler steps once per training step; metrics are means over micro-batches, prefixed by the role. Where FSDP
 shards over one rank (`fsdp.grads_unsplit`) gradients are reduced once per mini-batch, in its last backward. With
-`unshard_once` (the run plan's choice) the blocks are all-gathered once per mini-batch instead of twice per
+`batches.unshard_once` (the run plan's choice) the blocks are all-gathered once per mini-batch instead of twice per
 micro-batch (forward, and again for backward), for the memory of the model's unsharded compute-dtype copy.
 """
 
@@ -42,8 +42,7 @@ class FSDPUpdater:
     SECTION: type   # the config section class the subclass is built from
 
     def __init__(self, config, module: torch.nn.Module, optimizer: torch.optim.Optimizer | None, scheduler,
-                 batches: UpdateBatches | None, use_remove_padding: bool, activation_offload: bool = False,
-                 unshard_once: bool = False):
+                 batches: UpdateBatches | None, use_remove_padding: bool, activation_offload: bool = False):
         if not isinstance(config, self.SECTION):
             raise TypeError(f"{type(self).__name__}: config must be the typed {self.SECTION.__name__} section (as "
                             f"load_config returns it), got {type(config).__name__}")
@@ -61,7 +60,6 @@ class FSDPUpdater:
         self.device = next(module.parameters()).device
         self.nonfinite_skips = 0
         self.reduce_in_last_backward = grads_unsplit(module)
-        self.unshard_once = unshard_once
 
     def _train_step(self, data: DataProto, role: str, mini_step: Callable[[DataProto, dict], None]) -> dict[str, float]:
         """Run `mini_step(mini_batch, metrics)` (forward/backward over its micro-batches) for every mini-batch, each
@@ -75,7 +73,7 @@ class FSDPUpdater:
         for mini in iter_mini_batches(data, self.batches.mini_batch_rows, cfg.ppo_epochs, cfg.shuffle):
             self.optimizer.zero_grad(set_to_none=True)
             try:   # the unsharded copies are dropped before the optimizer step changes the sharded weights
-                with keep_unsharded(self.module, self.unshard_once, backward=True):
+                with keep_unsharded(self.module, self.batches.unshard_once, backward=True):
                     mini_step(mini, metrics)
             finally:
                 if self.reduce_in_last_backward:

@@ -116,7 +116,7 @@ class ActorRolloutRefWorker(RoleWorker):
                                                                      actor_plan.update),
                                               use_remove_padding=packed, sp_group=self.sp_group,
                                               activation_offload=cfg.model.enable_activation_offload,
-                                              share_prompts=share, unshard_once=actor_plan.update.unshard_once)
+                                              share_prompts=share)
             self._build_rollout(meshes.rollout)
         if self._has_ref and self._has_actor and has_lora(self.actor_module):
             # LoRA: the reference is the actor's own module with its adapters switched off (no second copy)

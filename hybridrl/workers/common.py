@@ -61,8 +61,8 @@ def pick_device(device: str) -> torch.device:
 def update_batches(mini_batch_rows: int, micro) -> UpdateBatches:
     """An update's per-rank sizes (training/micro_batches.py), all the run plan's: `mini_batch_rows` per rank (verl's
     global prompts x n / dp, plan.layout) and the update's `micro` (plan/sizing.py MicroBatching: rows, or a token
-    budget with rows None)."""
-    return UpdateBatches(mini_batch_rows, micro.rows, micro.max_tokens)
+    budget with rows None; whether its blocks stay gathered for a mini-batch)."""
+    return UpdateBatches(mini_batch_rows, micro.rows, micro.max_tokens, micro.unshard_once)
 
 
 def sampling_params_from(rollout_cfg: RolloutConfig, meta: dict, dp_rank: int = 0):

@@ -5,6 +5,7 @@ with the shards all-gathered once per mini-batch == twice per micro-batch (and f
 mesh gradients reduced in the last backward only == in every backward (and fewer reductions).
 One spawn runs all checks (process start-up dominates the cost)."""
 
+from dataclasses import replace
 from functools import partial
 
 import pytest
@@ -77,8 +78,8 @@ def _build(model_dir, mesh, gradient_checkpointing=False, unshard_once=False):
                              use_varlen_attention=True, gradient_checkpointing=gradient_checkpointing)
     assert recompute_on(model) == gradient_checkpointing
     opt = build_optimizer(model.parameters(), OPTIM)
-    return DataParallelPPOActor(ACTOR, model, opt, build_lr_scheduler(opt, OPTIM), batches=TINY_BATCHES,
-                                use_remove_padding=True, unshard_once=unshard_once)
+    return DataParallelPPOActor(ACTOR, model, opt, build_lr_scheduler(opt, OPTIM),
+                                batches=replace(TINY_BATCHES, unshard_once=unshard_once), use_remove_padding=True)
 
 
 def _rank_batch(rank, seed):
