@@ -66,7 +66,7 @@ def _type_cell(ann) -> str:
     parts = [f"list[{type_name(get_args(m)[0])}]" if get_origin(m) is list else type_name(m)
              for m in members(ann) if m is not type(None)]
     name = " | ".join(dict.fromkeys(parts)) + (" or null" if type(None) in members(ann) else "")
-    allowed = allowed_values(ann)
+    allowed = allowed_values(ann, registered=False)
     return name + (": " + ", ".join(f"`{v}`" for v in allowed) if allowed else "")
 
 

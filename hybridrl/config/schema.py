@@ -102,10 +102,11 @@ def _is(value: Any, ann: Any) -> bool:
     return isinstance(value, ann)
 
 
-def allowed_values(ann: Any) -> tuple | None:
+def allowed_values(ann: Any, registered: bool = True) -> tuple | None:
     """The values a field (or each entry of its list) may take, or None when its type alone decides. Names
     registered with register_policy_loss / register_adv_est (e.g. by model.external_lib, which the loader imports
-    before validating) are allowed besides the built-in ones."""
+    before validating) are allowed besides the built-in ones; `registered=False` gives the built-in ones only (the
+    docs, which must not depend on what this process happened to register)."""
     ms = [m for m in members(ann) if m is not type(None)]
     literals = [m for m in ms if get_origin(m) is Literal]
     lists = [get_args(m)[0] for m in ms if get_origin(m) is list]
@@ -115,7 +116,7 @@ def allowed_values(ann: Any) -> tuple | None:
         return None
     values = tuple(dict.fromkeys(v for lit in literals for v in get_args(lit)))
     values += (True, False) if bool in ms else ()
-    return values + _registered(literals[0])
+    return values + (_registered(literals[0]) if registered else ())
 
 
 def _registered(literal: Any) -> tuple[str, ...]:

@@ -120,6 +120,10 @@ def test_losses_and_estimators_registered_by_external_lib_are_valid_config_value
         "@register_adv_est('my_adv')\n"
         "def my_adv(*a, **k):\n    raise NotImplementedError\n")
     monkeypatch.syspath_prepend(str(tmp_path))
+    from hybridrl.algorithms import registry
+
+    for name in ("POLICY_LOSS_REGISTRY", "ADV_ESTIMATOR_REGISTRY"):   # the registrations end with this test
+        monkeypatch.setattr(registry, name, dict(getattr(registry, name)))
     keys = ["actor_rollout_ref.actor.policy_loss.loss_mode=my_clip", "algorithm.adv_estimator=my_adv"]
     with pytest.raises(ConfigError, match="'my_clip' is not one of"):
         load_config(overrides=keys)
