@@ -223,6 +223,14 @@ SMOLLM2 = [
              "nvidia-h200", "smollm2_defaults", (recipe(ARITH, "metrics.jsonl", "smollm2.log",
                                                          "trainer.total_training_steps=20",
                                                          "trainer.default_local_dir={work}/smollm2_run", DATA=ADD),)),
+    Scenario("smollm2-arith-20-seeds", "the 20-step check over three seeds, Triton log-prob head on and off "
+             "(HYBRIDRL_FUSED=0)", "nvidia-h200", "smollm2_defaults/seeds", tuple(
+                 recipe(ARITH, f"m_fused{fused}_seed{seed}.jsonl", f"log_fused{fused}_seed{seed}.log",
+                        "trainer.total_training_steps=20", f"trainer.seed={seed}", f"data.seed={41 + seed}",
+                        "actor_rollout_ref.rollout.gpu_memory_utilization=0.1",
+                        f"trainer.default_local_dir={{work}}/smollm2_run_{fused}_{seed}", DATA=ADD,
+                        HYBRIDRL_FUSED=str(fused))
+                 for seed in (1, 2, 3) for fused in (1, 0))),
     Scenario("smollm2-gsm8k", "SmolLM2-135M on GSM8K-format word problems, strict scorer", "nvidia-h200",
              "smollm2_gsm8k", (recipe("examples/smollm2_gsm8k/run.sh", "hybridrl_metrics.jsonl", "hybridrl_run.log",
                                       "trainer.total_training_steps=60", DATA="{work}/smollm2_gsm8k"),)),
