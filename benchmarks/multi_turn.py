@@ -4,7 +4,9 @@ A scripted agent (no tokenizer, no real tools) ends every assistant turn after -
 --inject fixed tokens (a stand-in tool message) after --tool-ms of wall time on a thread, --turns times. A: one
 `generate(..., agent=...)` call (pause, tools on threads while other sequences decode, resume on the cached KV).
 B: what an engine without continuation does — one `generate` per turn whose prompts are the whole histories so far
-(every turn re-prefills everything, and the tools of a turn wait for the slowest sequence). Greedy, random-weight
+(every turn re-prefills everything, and the tools of a turn wait for the slowest sequence). C: single-turn at the
+same model-token budget (turns x turn-len sampled tokens in one turn, no tools): what multi-turn costs on top.
+Greedy, random-weight
 model of a real shape, bf16 (or `--model tiny --device cpu`, fp32, to check the script). Writes JSON with the device, torch version, sizes and the command.
 
     python benchmarks/multi_turn.py --model 0.5B --prompts 64 --n 4 --out OUT/multi_turn.json
@@ -34,10 +36,13 @@ SHAPES = {"tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=
                        num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True)}
 
 
+MAX_NUM_SEQS = 512
+
+
 class ScriptedTools:
-    def __init__(self, turn_len, turns, inject, tool_s):
+    def __init__(self, turn_len, turns, inject, tool_s, threads):
         self.turn_len, self.turns, self.inject, self.tool_s = turn_len, turns, inject, tool_s
-        self.pool = ThreadPoolExecutor(16)
+        self.pool = ThreadPoolExecutor(threads)  # as the ToolAgent: a thread for every sequence that may wait
         self.lock = threading.Lock()
 
     def ends_turn(self, seq):
@@ -64,7 +69,7 @@ def build(model: str, max_model_len: int, device: str):
     with torch.device(device):
         hf = transformers.AutoModelForCausalLM.from_config(cfg, dtype=dtype)
     kv = None if device == "cuda" else 4096  # on CUDA gpu_memory_utilization sizes the cache
-    config = EngineConfig(dtype=dtype, block_size=16, max_num_seqs=512, num_kv_blocks=kv, max_num_batched_tokens=16384,
+    config = EngineConfig(dtype=dtype, block_size=16, max_num_seqs=MAX_NUM_SEQS, num_kv_blocks=kv, max_num_batched_tokens=16384,
                           max_model_len=max_model_len, gpu_memory_utilization=0.6, enforce_eager=device != "cuda")
     engine = LLMEngine(cfg, config, device=device)
     engine.wake_up(("weights",))
@@ -75,7 +80,7 @@ def build(model: str, max_model_len: int, device: str):
 
 
 def run_continuation(engine, prompts, args):
-    tools = ScriptedTools(args.turn_len, args.turns, [7] * args.inject, args.tool_ms / 1000)
+    tools = ScriptedTools(args.turn_len, args.turns, [7] * args.inject, args.tool_ms / 1000, MAX_NUM_SEQS)
     params = SamplingParams(n=args.n, temperature=0, max_tokens=args.turns * (args.turn_len + args.inject),
                             ignore_eos=True)
     engine.reset_stats()
@@ -86,18 +91,39 @@ def run_continuation(engine, prompts, args):
     return wall, dict(engine.stats), [p + c.token_ids for p, o in zip(prompts, outs) for c in o.outputs]
 
 
+def run_single_turn(engine, prompts, args):
+    """The same prompts, samples and model-token budget (turns x turn_len) in one turn: no tools, nothing injected."""
+    engine.reset_stats()
+    t0 = time.perf_counter()
+    outs = engine.generate(prompts, SamplingParams(n=args.n, temperature=0, max_tokens=args.turns * args.turn_len,
+                                                   ignore_eos=True))
+    wall = time.perf_counter() - t0
+    return wall, dict(engine.stats), [p + c.token_ids for p, o in zip(prompts, outs) for c in o.outputs]
+
+
 def run_reprefill(engine, prompts, args):
+    """The step and token counters summed over the turns' generate calls (the engine's are per call); the KV peak
+    is the largest."""
+    totals = dict.fromkeys(("prefill_tokens_computed", "num_prefill_steps", "num_decode_steps", "kv_blocks_peak"), 0)
+
+    def add(stats):
+        for k in totals:
+            totals[k] = max(totals[k], stats[k]) if k == "kv_blocks_peak" else totals[k] + stats[k]
+
     engine.reset_stats()
     t0 = time.perf_counter()
     first = engine.generate(prompts, SamplingParams(n=args.n, temperature=0, max_tokens=args.turn_len, ignore_eos=True))
+    add(engine.stats)
     hist = [p + c.token_ids for p, o in zip(prompts, first) for c in o.outputs]
     for _ in range(args.turns - 1):
         time.sleep(args.tool_ms / 1000)  # a turn's tools, all trajectories at once, the batch waits for them
         hist = [h + [7] * args.inject for h in hist]
+        engine.reset_stats()
         outs = engine.generate(hist, SamplingParams(temperature=0, max_tokens=args.turn_len, ignore_eos=True))
+        add(engine.stats)
         hist = [h + o.outputs[0].token_ids for h, o in zip(hist, outs)]
     wall = time.perf_counter() - t0
-    return wall, dict(engine.stats), hist
+    return wall, totals, hist
 
 
 def main() -> None:
@@ -120,25 +146,34 @@ def main() -> None:
     vocab = SHAPES[args.model]["vocab_size"]
     prompts = torch.randint(10, vocab, (args.prompts, args.prompt_len), generator=g).tolist()
     run_continuation(engine, prompts[:4], args)  # warm-up: graphs captured, kernels compiled
-    results = {"continuation": [], "reprefill": []}
+    results = {"continuation": [], "reprefill": [], "single_turn": []}
     for _ in range(args.repeats):
-        for name, fn in (("continuation", run_continuation), ("reprefill", run_reprefill)):
+        for name, fn in (("continuation", run_continuation), ("reprefill", run_reprefill),
+                         ("single_turn", run_single_turn)):
             wall, stats, seqs = fn(engine, prompts, args)
             results[name].append({"wall_s": wall, "prefill_tokens_computed": stats["prefill_tokens_computed"],
                                   "prefill_steps": stats["num_prefill_steps"], "decode_steps": stats["num_decode_steps"],
                                   "kv_blocks_peak": stats["kv_blocks_peak"]})
             results[name][-1]["tokens"] = sum(len(s) for s in seqs)
-            results.setdefault(f"{name}_seqs", seqs)
+            if name != "single_turn":
+                results.setdefault(f"{name}_seqs", seqs)
     same = sum(a == b for a, b in zip(results.pop("continuation_seqs"), results.pop("reprefill_seqs")))
     med = {k: sorted(r["wall_s"] for r in v)[len(v) // 2] for k, v in results.items()}
+    trajectories = args.prompts * args.n
     device = torch.cuda.get_device_name() if args.device == "cuda" else "cpu"
     out = {"device": device, "torch": torch.__version__, "model": args.model,
            "args": vars(args), "command": " ".join(sys.argv), "results": results, "median_wall_s": med,
            "speedup_median": med["reprefill"] / med["continuation"], "identical_trajectories": same,
-           "trajectories": args.prompts * args.n}
+           "trajectories": trajectories,
+           "trajectories_per_s_median": {k: trajectories / v for k, v in med.items()},
+           "model_tokens_per_s_median": {k: trajectories * args.turns * args.turn_len / v for k, v in med.items()},
+           # the share of the multi-turn rollout's time that single-turn at the same model tokens does not spend:
+           # tool waits not hidden behind other sequences' decoding, and prefilling the injected tool tokens
+           "multi_turn_extra_share": (med["continuation"] - med["single_turn"]) / med["continuation"]}
     with open(args.out, "w") as f:
         json.dump(out, f, indent=2)
-    print(json.dumps({k: out[k] for k in ("median_wall_s", "speedup_median", "identical_trajectories")}))
+    print(json.dumps({k: out[k] for k in ("median_wall_s", "speedup_median", "identical_trajectories",
+                                          "trajectories_per_s_median", "multi_turn_extra_share")}))
     print({k: v[0]["prefill_tokens_computed"] for k, v in results.items()})
 
 

@@ -56,10 +56,11 @@ def prompt_token_lists(prompts: DataProto) -> list[list[int]]:
     return [row[m].tolist() for row, m in zip(ids, mask)]
 
 
-def build_tool_agent(config: PPOConfig, eos_token_ids):
+def build_tool_agent(config: PPOConfig, eos_token_ids, max_running_seqs: int):
     """The multi-turn agent of `rollout.multi_turn` (None when disabled): the user's agent loop
     (`agent_loop.path`), else the ToolAgent with its tools from tool_config_path and interactions; messages are
-    rendered with the policy's tokenizer and chat template (models/tokenizer.py)."""
+    rendered with the policy's tokenizer and chat template (models/tokenizer.py). `max_running_seqs` (the engine's)
+    sizes the ToolAgent's thread pools: every running sequence may wait on its tools at once."""
     mt = config.actor_rollout_ref.rollout.multi_turn
     if not mt.enable:
         return None
@@ -76,7 +77,7 @@ def build_tool_agent(config: PPOConfig, eos_token_ids):
     tools = load_tool_config(mt.tool_config_path) if mt.tool_config_path else {}
     interactions = load_interactions(mt.interaction_config_path) if mt.interaction_config_path else None
     return ToolAgent(policy_tokenizer(config), tools, MultiTurnSettings.from_config(mt), eos_token_ids=eos_token_ids,
-                     interactions=interactions)
+                     interactions=interactions, max_running_seqs=max_running_seqs)
 
 
 class ActorRolloutRefWorker(RoleWorker):
@@ -165,7 +166,8 @@ class ActorRolloutRefWorker(RoleWorker):
         self.engine = build_rollout_engine(
             rcfg, self.plan, model_path=os.path.expanduser(cfg.model.path), device=self.compute_device,
             tp_group=self.rollout_mesh.get_group("infer_tp") if tp > 1 else None, actor_module=self.actor_module)
-        self.tool_agent = build_tool_agent(self.config, getattr(self.engine, "eos_token_ids", ()))
+        self.tool_agent = build_tool_agent(self.config, getattr(self.engine, "eos_token_ids", ()),
+                                           self.plan.rollout.kv_cache.max_num_seqs)
         self.hybrid = HybridEngine(
             self.actor_module, self.optimizer, self.engine, device=self.compute_device, dtype=dtype,
             hybrid=self.plan.rollout.hybrid,

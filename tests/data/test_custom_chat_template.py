@@ -37,7 +37,7 @@ def test_the_tool_agent_renders_tool_turns_with_the_custom_template(tiny_model_d
     cfg = _config(tiny_model_dir, **{"actor_rollout_ref.rollout.multi_turn.enable": "true",
                                      "actor_rollout_ref.rollout.multi_turn.tool_config_path": tools})
     cfg = cfg.with_value("actor_rollout_ref.model.custom_chat_template", TEMPLATE)
-    agent = build_tool_agent(cfg, eos_token_ids=(1,))
+    agent = build_tool_agent(cfg, eos_token_ids=(1,), max_running_seqs=4)
     assert agent.tokenizer.chat_template == TEMPLATE   # the tiny model's own template renders tools differently
     from hybridrl.rollout.multi_turn import message_ids
 

@@ -147,6 +147,28 @@ def test_tools_of_different_trajectories_run_concurrently(setup, tmp_path):
     assert multi_turn_tools.active["max"] > 1
 
 
+def test_every_running_trajectory_can_wait_on_its_tool_at_once(setup, tmp_path):
+    """The agent's thread pools are sized by the sequences the engine runs at once: 32 trajectories reaching their
+    tool call on the same step all wait together (a fixed pool of 16 made half of them queue for a thread)."""
+    import multi_turn_tools
+
+    tok, model, _ = setup
+    config = EngineConfig(dtype=torch.float32, block_size=16, num_kv_blocks=1024, max_num_seqs=32,
+                          max_num_batched_tokens=4096, max_model_len=1024, enforce_eager=True)
+    engine = LLMEngine(model.config, config, device="cpu")
+    engine.wake_up(("weights",))
+    engine.load_weights(model.state_dict().items())
+    engine.wake_up(("kv_cache",))
+    path = tmp_path / "tools.yaml"
+    path.write_text(yaml.safe_dump({"tools": [custom("slow_square", timeout_s=5)]}))
+    agent = ToolAgent(tok, load_tool_config(path), MultiTurnSettings(max_assistant_turns=2),
+                      eos_token_ids=[tok.eos_token_id], max_running_seqs=32)
+    multi_turn_tools.active.update(now=0, max=0)
+    _, outs = run((tok, model, engine), agent, params=SamplingParams(n=16, temperature=0, max_tokens=160))
+    assert sum(c.turn_stats["tool_calls"] for o in outs for c in o.outputs) == 32
+    assert multi_turn_tools.active["max"] > 16
+
+
 def test_length_budget_cuts_before_the_tool_message(setup, tmp_path):
     """max_tokens leaves room for the call but not for the tool message: the trajectory ends there (length)."""
     tok = setup[0]
