@@ -27,13 +27,18 @@ GREEDY = SamplingParams(n=2, temperature=0, max_tokens=160)
 def setup(tool_model_dir):
     tok = AutoTokenizer.from_pretrained(tool_model_dir)
     model = AutoModelForCausalLM.from_pretrained(tool_model_dir, dtype=torch.float32).eval()
-    config = EngineConfig(dtype=torch.float32, block_size=16, num_kv_blocks=512, max_num_seqs=16,
-                          max_num_batched_tokens=2048, max_model_len=1024, enforce_eager=True)
+    return tok, model, make_engine(model, max_num_seqs=16)
+
+
+def make_engine(model, max_num_seqs):
+    config = EngineConfig(dtype=torch.float32, block_size=16, num_kv_blocks=32 * max_num_seqs,
+                          max_num_seqs=max_num_seqs, max_num_batched_tokens=2048, max_model_len=1024,
+                          enforce_eager=True)
     engine = LLMEngine(model.config, config, device="cpu")
     engine.wake_up(("weights",))
     engine.load_weights(model.state_dict().items())
     engine.wake_up(("kv_cache",))
-    return tok, model, engine
+    return engine
 
 
 def make_agent(tok, tmp_path, entries, **settings):
@@ -153,12 +158,7 @@ def test_every_running_trajectory_can_wait_on_its_tool_at_once(setup, tmp_path):
     import multi_turn_tools
 
     tok, model, _ = setup
-    config = EngineConfig(dtype=torch.float32, block_size=16, num_kv_blocks=1024, max_num_seqs=32,
-                          max_num_batched_tokens=4096, max_model_len=1024, enforce_eager=True)
-    engine = LLMEngine(model.config, config, device="cpu")
-    engine.wake_up(("weights",))
-    engine.load_weights(model.state_dict().items())
-    engine.wake_up(("kv_cache",))
+    engine = make_engine(model, max_num_seqs=32)
     path = tmp_path / "tools.yaml"
     path.write_text(yaml.safe_dump({"tools": [custom("slow_square", timeout_s=5)]}))
     agent = ToolAgent(tok, load_tool_config(path), MultiTurnSettings(max_assistant_turns=2),
