@@ -137,6 +137,12 @@ SMALL = [
                     "--num-prompts", "64", "--n", "8", "--prompt-len", "128", "--max-tokens", "128",
                     "--temperature", "0.8", "--out", "{out}/spec_decode_smollm2_arith.json"),
                  gpu_tests("gpu_tests.log", "tests/rollout/test_rollout_gpu.py"))),
+    # the GPU side of multi-turn-tiny-cpu (benchmarks/multi_turn.py's defaults: random-weight 0.5B shape, 64 x 4
+    # prompts of 512 tokens, 4 turns of 64 tokens, 48-token tool messages after 50 ms); not run yet, its record is
+    # to be benchmarks/results/multi_turn_gpu/
+    Scenario("multi-turn-0.5b", "multi-turn rollout: continuing on the cached KV vs re-prefilling every turn, 0.5B "
+             "shape on one GPU", "nvidia-h200", None,
+             (py("benchmarks/multi_turn.py", "--device", "cuda", "--out", "{out}/multi_turn.json"),)),
     Scenario("rollout-vs-hf", "the rollout engine vs HF generate, n=1 and n=8 with shared prompts, 0.5B-7B",
              "nvidia-h200", "rollout.json", (
                  py("benchmarks/rollout.py", "--models", "7B,0.5B,1.5B", "--ab-unfused", "7B,0.5B",
@@ -247,6 +253,12 @@ SMOLLM2 = [
                         "trainer.total_training_steps=20", "trainer.test_freq=5", DATA="{work}/smollm2_bignum",
                         SFT="{work}/smollm2_tools_sft"),
                  summarize("summarize_tools.py"))),
+    # not run yet; its record is to be benchmarks/results/smollm2_interaction/
+    Scenario("smollm2-interaction", "SmolLM2 learns a + b with a simulated user's feedback and up to two retries "
+             "(verl's interactions): 20 multi-turn GRPO steps", "nvidia-h200", None, (
+                 recipe("examples/smollm2_interaction/run.sh", "metrics.jsonl", "smollm2_interaction.log",
+                        "trainer.total_training_steps=20", "trainer.default_local_dir={work}/smollm2_interaction_run",
+                        DATA="{work}/smollm2_add_interaction"),)),
 ]
 
 SCENARIOS: dict[str, Scenario] = {s.name: s for s in CPU + SMALL + SEVEN_B + TWO_GPUS + SMOLLM2}

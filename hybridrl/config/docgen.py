@@ -173,9 +173,12 @@ with a tiny model, not measured on a GPU yet. Tool config entries: `class_name` 
 `config.type: native`, `config.timeout_s` (default 30), `config.memory_mb` (python). Tool-call formats
 (`multi_turn.format`): `hermes`, `qwen3_coder`, `llama3_json`; calls inside `<think>` blocks are not run. verl's
 interactions (`interaction_config_path`, verl's YAML: a list under `interaction` of `name`, `class_name`, `config`;
-built in: `hybridrl.rollout.interactions.Gsm8kInteraction`, also under verl's class name) answer a turn without a
-tool call with a user message, chosen per sample by `extra_info.interaction_kwargs.name` (its other keys, e.g.
-`ground_truth`, are passed to the interaction); their scores are in each sample's `multi_turn_stats.turn_scores`.
+built in: `hybridrl.rollout.interactions.Gsm8kInteraction`, also under verl's class name; `FILE.py:Class` names a
+class in a file, relative to the YAML) answer a turn without a tool call with a user message, chosen per sample by
+`extra_info.interaction_kwargs.name` (its other keys, e.g. `ground_truth`, are passed to the interaction); their
+scores are in each sample's `multi_turn_stats.turn_scores`. Recipe `examples/smollm2_interaction/run.sh`:
+SmolLM2-135M-Instruct learns a + b with a simulated user that says "incorrect, try again" and allows up to two
+retries (`max_user_turns=2`); run on CPU with a tiny model, not measured on a GPU yet.
 With `tensor_model_parallel_size` > 1 the tools run once per engine, on rank 0 of its TP group, and their answers are
 broadcast over that group with the turn's other decisions, so every rank resumes the same sequences at the same
 step. **Agent loops** (`multi_turn.agent_loop.path` / `.name` / `.kwargs`; example `examples/agent_loop_guess/`):

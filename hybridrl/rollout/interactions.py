@@ -7,6 +7,8 @@ The config is verl's YAML, a list under `interaction`:
       - name: gsm8k                                            # optional; default: the class name
         class_name: hybridrl.rollout.interactions.Gsm8kInteraction   # verl.interactions.* names map here too
         config: {}                                            # passed to the constructor
+      - name: add
+        class_name: feedback.py:AdditionInteraction           # FILE.py:Class: a file, relative to the YAML's folder
 
 A class has verl's `BaseInteraction` shape, its methods plain or `async`:
 `start_interaction(instance_id, **interaction_kwargs)`, `generate_response(instance_id, messages,
@@ -66,13 +68,26 @@ class Gsm8kInteraction:
         self._truth.pop(instance_id, None)
 
 
-def _build(entry, where: str):
-    if not isinstance(entry, dict) or not isinstance(entry.get("class_name"), str):
-        raise ValueError(f"{where}: each interaction needs a class_name (module.Class), got {entry!r}")
-    path = VERL_ALIASES.get(entry["class_name"], entry["class_name"])
+def _import(class_name: str, folder: Path):
+    """(class, where it came from, its name): `module.Class`, or `FILE.py:Class` imported from FILE (a relative
+    path is relative to `folder`, the YAML's: a recipe's interaction can live beside its config)."""
+    if ".py:" in class_name:
+        from hybridrl.rewards.custom import import_from_file
+
+        file, _, cls_name = class_name.rpartition(":")
+        path = (folder / Path(file).expanduser()).resolve()
+        return import_from_file(path, cls_name, key="interaction"), f"{path}:{cls_name}", cls_name
+    path = VERL_ALIASES.get(class_name, class_name)
     module, _, cls_name = path.rpartition(".")
+    return getattr(importlib.import_module(module), cls_name), path, cls_name
+
+
+def _build(entry, where: str, folder: Path = Path(".")):
+    if not isinstance(entry, dict) or not isinstance(entry.get("class_name"), str):
+        raise ValueError(f"{where}: each interaction needs a class_name (module.Class or FILE.py:Class), got "
+                         f"{entry!r}")
     try:
-        cls = getattr(importlib.import_module(module), cls_name)
+        cls, path, cls_name = _import(entry["class_name"], folder)
     except (ImportError, AttributeError, ValueError) as e:
         raise ValueError(f"{where}: class_name {entry['class_name']!r} cannot be imported ({e})") from e
     missing = [m for m in ("start_interaction", "generate_response", "finalize_interaction") if not hasattr(cls, m)]
@@ -91,7 +106,7 @@ def load_interactions(path: str | Path) -> dict:
     entries = yaml_entries(path, KEY, "interaction")
     out = {}
     for i, entry in enumerate(entries):
-        name, instance = _build(entry, f"{path}: interaction[{i}]")
+        name, instance = _build(entry, f"{path}: interaction[{i}]", path.parent)
         if name in out:
             raise ValueError(f"{path}: interaction[{i}]: the name {name!r} is used twice")
         out[name] = instance

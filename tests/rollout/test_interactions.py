@@ -25,6 +25,13 @@ def test_interaction_config_follows_verls_yaml(tmp_path):
         load_interactions(_yaml(tmp_path, [{"class_name": "nowhere.Thing"}]))
     with pytest.raises(ValueError, match="lacks"):
         load_interactions(_yaml(tmp_path, [{"class_name": "multi_turn_tools.crash"}]))
+    # FILE.py:Class: a file relative to the YAML's folder (a recipe's own interaction beside its config)
+    (tmp_path / "mine.py").write_text("from multi_turn_tools import CountdownInteraction as Mine\n")
+    assert load_interactions(_yaml(tmp_path, [{"class_name": "mine.py:Mine", "config": {"tries": 4}}]))["Mine"].tries == 4
+    with pytest.raises(ValueError, match=r"class_name 'nowhere.py:Thing' cannot be imported .*No such file"):
+        load_interactions(_yaml(tmp_path, [{"class_name": "nowhere.py:Thing"}]))
+    with pytest.raises(ValueError, match=r"class_name 'mine.py:Other' cannot be imported .*no such name"):
+        load_interactions(_yaml(tmp_path, [{"class_name": "mine.py:Other"}]))
     with pytest.raises(ValueError, match="used twice"):
         load_interactions(_yaml(tmp_path, [{"name": "a", "class_name": "multi_turn_tools.CountdownInteraction"}] * 2))
 
