@@ -135,11 +135,11 @@ def test_interaction_recipe_rollout_feedback_turns_retries_and_limits(recipe_run
     model = _teach(tiny_model_dir, convos, tmp_path / "taught").eval()
 
     cfg = load_config(overrides=[*args, f"actor_rollout_ref.model.path={tmp_path / 'taught'}"])
-    agent = build_tool_agent(cfg, [eos])
+    engine_config = EngineConfig(dtype=torch.float32, block_size=16, num_kv_blocks=256, max_num_seqs=8,
+                                 max_num_batched_tokens=1024, max_model_len=512, enforce_eager=True)
+    agent = build_tool_agent(cfg, [eos], max_running_seqs=engine_config.max_num_seqs)
     interaction = agent.interactions["add"]
-    engine = LLMEngine(model.config, EngineConfig(dtype=torch.float32, block_size=16, num_kv_blocks=256,
-                                                  max_num_seqs=8, max_num_batched_tokens=1024, max_model_len=512,
-                                                  enforce_eager=True), device="cpu")
+    engine = LLMEngine(model.config, engine_config, device="cpu")
     engine.wake_up(("weights",))
     engine.load_weights(model.state_dict().items())
     engine.wake_up(("kv_cache",))

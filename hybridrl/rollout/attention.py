@@ -5,10 +5,15 @@ Choices:
   context); the decoder only calls `ctx.attend(layer, q, k, v, scale)`.
 - Cache layout per layer: [2, num_blocks, block_size, kv_heads_local, head_dim]; K/V of the step's
   tokens are written with `index_copy_` at `slot_mapping` (block * block_size + offset).
-- Prefill of fresh sequences: SDPA (causal, enable_gqa) straight on the step's q/k/v — one batched
-  call when all sequences have the same length, else one call per sequence. Prefill of a sequence
-  with cached tokens (a re-admitted sample): the simple way — gather its K/V from the cache and run
-  SDPA with an explicit offset-causal mask.
+- Prefill of fresh sequences of one length: SDPA (causal, enable_gqa) straight on the step's q/k/v, one
+  batched call. Any other prefill (lengths that differ, or sequences with cached tokens: a turn resumed after
+  its tool message, a carried sample, a re-admitted one) on CUDA in 16-bit: FlashAttention varlen, one call per
+  layer for a run of sequences (`prefill_chunks`, made by the runner), its keys gathered from the cache by slot
+  (the cache already holds the step's K/V) and the causal mask aligned to each key segment's end, which is the
+  offset-causal mask of a sequence with cached tokens. Elsewhere (CPU, fp32; also the reference) one SDPA call
+  per sequence, with an explicit offset-causal mask over the gathered K/V where tokens are cached: on a GPU that
+  loop cost ~8 kernels per sequence and layer, which made multi-turn rollouts (hundreds of resumed turns per
+  step) several times slower than single-turn.
 - The context also carries the optional routing record of MoE models ([MoE layers, slots, k] expert ids): MoE
   blocks write their tokens' experts at the same `slot_mapping` as the K/V (`record_experts`), inside CUDA graphs
   too.
@@ -23,8 +28,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.nn.functional as F
+
+from hybridrl.models.varlen_attention import varlen_causal_attention
 
 
 def sdpa_gqa(q_BNLD, k_BKSD, v_BKSD, scale, is_causal=False, mask=None):
@@ -55,6 +63,42 @@ def paged_decode_reference(q_BND, k_cache, v_cache, block_tables_BM, context_len
 
 
 @dataclass
+class PrefillChunk:
+    """Consecutive sequences of a prefill step attended in one FlashAttention varlen call: their new tokens are
+    rows [q_lo, q_hi) of the step (query segments `cu_q`); `key_slots` lists each sequence's keys, cached then new,
+    as cache slots (key segments `cu_k`)."""
+    q_lo: int
+    q_hi: int
+    cu_q: torch.Tensor       # [S+1] int32
+    cu_k: torch.Tensor       # [S+1] int32
+    max_q: int
+    max_k: int
+    key_slots: torch.Tensor  # [sum of key lengths] int64
+
+
+def prefill_chunks(lens: list[int], cached: list[int], key_slots: list[np.ndarray], cap: int, device
+                   ) -> list[PrefillChunk]:
+    """A prefill step's sequences (new tokens `lens`, cached tokens `cached`, every position's cache slot
+    `key_slots`) in runs whose keys stay within `cap` tokens (the step's token budget: what one varlen call gathers
+    stays the size of a full prefill step's K/V), one sequence at least per run."""
+    def dev(x, dtype):
+        return torch.from_numpy(np.ascontiguousarray(x, dtype=dtype)).to(device, non_blocking=True)
+
+    chunks, i, q_lo = [], 0, 0
+    while i < len(lens):
+        j, keys = i + 1, cached[i] + lens[i]
+        while j < len(lens) and keys + cached[j] + lens[j] <= cap:
+            keys, j = keys + cached[j] + lens[j], j + 1
+        q = np.asarray(lens[i:j], dtype=np.int64)
+        k = q + np.asarray(cached[i:j], dtype=np.int64)
+        chunks.append(PrefillChunk(q_lo, q_lo + int(q.sum()), dev(np.concatenate([[0], np.cumsum(q)]), np.int32),
+                                   dev(np.concatenate([[0], np.cumsum(k)]), np.int32), int(q.max()), int(k.max()),
+                                   dev(np.concatenate(key_slots[i:j]), np.int64)))
+        q_lo, i = q_lo + int(q.sum()), j
+    return chunks
+
+
+@dataclass
 class AttentionContext:
     kv_caches: list  # per layer [2, num_blocks, block_size, K, D]
     is_prefill: bool
@@ -62,7 +106,8 @@ class AttentionContext:
     # prefill
     seq_lens: list[int] | None = None  # new tokens per sequence
     cached_lens: list[int] | None = None
-    prefill_block_tables: list[torch.Tensor] | None = None  # only when some cached_lens > 0
+    prefill_block_tables: list[torch.Tensor] | None = None  # the per-sequence path, where some cached_lens > 0
+    prefill_chunks: list[PrefillChunk] | None = None  # the varlen path (CUDA, 16-bit), set by the runner
     # decode
     block_tables: torch.Tensor | None = None  # [B, M] int32
     context_lens: torch.Tensor | None = None  # [B] int32
@@ -96,6 +141,8 @@ class AttentionContext:
 
     def _prefill(self, cache, q_TND, k_TKD, v_TKD, scale):
         lens, cached = self.seq_lens, self.cached_lens
+        if self.prefill_chunks is not None:
+            return self._prefill_varlen(cache, q_TND, scale)
         if not any(cached) and len(set(lens)) == 1:
             B, L = len(lens), lens[0]
             q, k, v = (x.view(B, L, x.shape[1], x.shape[2]).transpose(1, 2) for x in (q_TND, k_TKD, v_TKD))
@@ -118,3 +165,11 @@ class AttentionContext:
             outs.append(o.squeeze(0).transpose(0, 1))
             start += n
         return torch.cat(outs, 0)
+
+    def _prefill_varlen(self, cache, q_TND, scale):
+        K, D = cache.shape[-2:]
+        keys, values = cache[0].view(-1, K, D), cache[1].view(-1, K, D)
+        outs = [varlen_causal_attention(q_TND[c.q_lo:c.q_hi], keys.index_select(0, c.key_slots),
+                                        values.index_select(0, c.key_slots), c.cu_q, c.cu_k, c.max_q, c.max_k, scale)
+                for c in self.prefill_chunks]
+        return outs[0] if len(outs) == 1 else torch.cat(outs, 0)

@@ -53,7 +53,8 @@ from hybridrl.models.moe import routing_dtype
 from hybridrl.models.moe_config import moe_config
 from hybridrl.models.rope import cos_sin_cache
 from hybridrl.models.tp_layers import tp_rank_size
-from hybridrl.rollout.attention import AttentionContext
+from hybridrl.models.varlen_attention import flash_available
+from hybridrl.rollout.attention import AttentionContext, prefill_chunks
 from hybridrl.rollout.config import EngineConfig
 from hybridrl.rollout.sampler import sample
 from hybridrl.rollout.scheduler import ScheduledBatch
@@ -117,6 +118,8 @@ class ModelRunner:
         self.use_graphs = self.use_graphs and self.model.cuda_graph_safe(self.device, config.dtype)  # MoE fallback syncs
         attn = self.model.model.layers[0].self_attn
         self.num_kv_heads, self.head_dim = attn.num_kv_heads, head_dim_of(hf_config)
+        # prefills of mixed lengths or over cached tokens: one varlen call per layer (rollout/attention.py)
+        self.prefill_varlen = flash_available(self.device, config.dtype, self.head_dim)
         self.moe = moe_config(hf_config)
         if config.record_routed_experts and (self.moe is None or not self.moe.num_sparse):
             raise ValueError(f"rollout engine: record_routed_experts=True (actor.router_replay.mode=R3) needs an MoE "
@@ -335,20 +338,27 @@ class ModelRunner:
         return self.routing[:, slots.to(self.device, non_blocking=True)].transpose(0, 1)
 
     def _prefill_inputs(self, batch: ScheduledBatch):
-        ids, pos, slots, lens, cached, tables = [], [], [], [], [], []
+        ids, pos, slots, lens, cached, key_slots = [], [], [], [], [], []
         bs = self.config.block_size
         for seq in batch.seqs:
             c, n = seq.num_cached_tokens, len(seq)
             ids.extend(seq.token_ids[c:])
-            p = np.arange(c, n)
-            pos.append(p)
-            slots.append(np.asarray(seq.block_table, dtype=np.int64)[p // bs] * bs + p % bs)
+            p = np.arange(n)
+            keys = np.asarray(seq.block_table, dtype=np.int64)[p // bs] * bs + p % bs  # every position's slot
+            key_slots.append(keys)
+            slots.append(keys[c:])
+            pos.append(p[c:])
             lens.append(n - c)
             cached.append(c)
-            tables.append(torch.tensor(seq.block_table, dtype=torch.int32, device=self.device) if c else None)
         t = lambda x: torch.from_numpy(x).to(self.device, non_blocking=True)  # noqa: E731
+        varlen = self.prefill_varlen and (any(cached) or len(set(lens)) > 1)
+        tables = None if varlen or not any(cached) else [
+            torch.tensor(s.block_table, dtype=torch.int32, device=self.device) if c else None
+            for s, c in zip(batch.seqs, cached)]
         ctx = AttentionContext(self.kv_caches, True, t(np.concatenate(slots)), seq_lens=lens, cached_lens=cached,
-                               prefill_block_tables=tables, routed_experts=self.routing)
+                               prefill_block_tables=tables, routed_experts=self.routing,
+                               prefill_chunks=prefill_chunks(lens, cached, key_slots, self.config.max_num_batched_tokens,
+                                                             self.device) if varlen else None)
         last = t(np.cumsum(lens) - 1)
         return t(np.asarray(ids, dtype=np.int64)), t(np.concatenate(pos)), ctx, last
 

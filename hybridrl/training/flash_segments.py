@@ -13,27 +13,22 @@ The layout is index arithmetic with data-dependent sizes, made on the host with 
 moved to the device with it.
 
 Choices:
-- The kernel runs where it can (CUDA, bf16/fp16, head dim <= 256, torch's varlen_attn present); otherwise the caller
-  keeps its FlexAttention / SDPA path. `HYBRIDRL_PACKED_ATTENTION=flex` forces the Flex path (for A/B runs).
-- torch's varlen_attn has changed its signature between releases (`is_causal` vs `window_size`, `enable_gqa`
-  present or not): the call adapts to what the installed version takes, repeating K/V heads when it has no GQA.
+- The kernel runs where it can (models/varlen_attention.py: CUDA, bf16/fp16, head dim <= 256, torch's varlen_attn
+  present); otherwise the caller keeps its FlexAttention / SDPA path. `HYBRIDRL_PACKED_ATTENTION=flex` forces the
+  Flex path (for A/B runs).
 """
 
 from __future__ import annotations
 
-import functools
-import inspect
-import os
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
+from hybridrl.models.varlen_attention import flash_available, varlen_causal_attention
 from hybridrl.training.transfer import to_device
 
 __all__ = ["FlashSegments", "flash_segments", "flash_usable", "flash_varlen_attention"]
-
-MAX_HEAD_DIM = 256
 
 
 @dataclass
@@ -90,36 +85,14 @@ def flash_segments(cu_seqlens: torch.Tensor, segment: torch.Tensor | None = None
                          _ranges(starts, lengths))
 
 
-@functools.cache
-def _varlen():
-    try:
-        from torch.nn.attention.varlen import varlen_attn
-    except ImportError:
-        return None
-    return varlen_attn, set(inspect.signature(varlen_attn).parameters)
-
-
 def flash_usable(query: torch.Tensor) -> bool:
-    return (query.is_cuda and query.dtype in (torch.bfloat16, torch.float16) and query.shape[-1] <= MAX_HEAD_DIM
-            and os.environ.get("HYBRIDRL_PACKED_ATTENTION", "flash") != "flex" and _varlen() is not None)
+    return flash_available(query.device, query.dtype, query.shape[-1])
 
 
 def flash_varlen_attention(query, key, value, seg: FlashSegments, scaling) -> torch.Tensor:
     """query [1, H, T, D], key/value [1, Hkv, T, D] -> [1, H, T, D] (the Flex path's layout)."""
-    fn, params = _varlen()
     q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))       # [T, heads, D]
     if seg.kv_index is not None:
         k, v = k.index_select(0, seg.kv_index), v.index_select(0, seg.kv_index)
-    kwargs = {"scale": scaling}
-    if "window_size" in params:
-        kwargs["window_size"] = (-1, 0)
-    else:
-        kwargs["is_causal"] = True
-    if q.shape[1] != k.shape[1]:
-        if "enable_gqa" in params:
-            kwargs["enable_gqa"] = True
-        else:
-            rep = q.shape[1] // k.shape[1]
-            k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
-    out = fn(q, k.contiguous(), v.contiguous(), seg.cu_q, seg.cu_k, seg.max_q, seg.max_k, **kwargs)
+    out = varlen_causal_attention(q, k, v, seg.cu_q, seg.cu_k, seg.max_q, seg.max_k, scaling)
     return out.transpose(0, 1).unsqueeze(0)
