@@ -138,11 +138,15 @@ SMALL = [
                     "--temperature", "0.8", "--out", "{out}/spec_decode_smollm2_arith.json"),
                  gpu_tests("gpu_tests.log", "tests/rollout/test_rollout_gpu.py"))),
     # the GPU side of multi-turn-tiny-cpu (benchmarks/multi_turn.py's defaults: random-weight 0.5B shape, 64 x 4
-    # prompts of 512 tokens, 4 turns of 64 tokens, 48-token tool messages after 50 ms); not run yet, its record is
-    # to be benchmarks/results/multi_turn_gpu/
-    Scenario("multi-turn-0.5b", "multi-turn rollout: continuing on the cached KV vs re-prefilling every turn, 0.5B "
-             "shape on one GPU", "nvidia-h200", None,
-             (py("benchmarks/multi_turn.py", "--device", "cuda", "--out", "{out}/multi_turn.json"),)),
+    # prompts of 512 tokens, 4 turns of 64 tokens, 48-token tool messages after 50 ms)
+    Scenario("multi-turn-0.5b", "multi-turn rollout: continuing on the cached KV vs re-prefilling every turn vs "
+             "single-turn at the same token budget, 0.5B shape on one GPU", "nvidia-h200", "multi_turn_gpu",
+             (py("benchmarks/multi_turn.py", "--device", "cuda", "--out", "{out}/multi_turn.json"),
+              gpu_tests("gpu_tests_prefill_varlen.log", "tests/rollout/test_prefill_varlen.py",
+                        "tests/rollout/test_rollout_gpu.py"))),
+    Scenario("moe-experts", "MoE experts of a Qwen3-30B-A3B layer: CUDA-graph safety, engine tokens with graphs, "
+             "grouped GEMMs vs HF's grouped_mm and per-expert loop", "nvidia-h200", "moe_experts",
+             (py("benchmarks/moe_experts.py", "--out", "{out}/moe_experts.json", log="moe_experts.log"),)),
     Scenario("rollout-vs-hf", "the rollout engine vs HF generate, n=1 and n=8 with shared prompts, 0.5B-7B",
              "nvidia-h200", "rollout.json", (
                  py("benchmarks/rollout.py", "--models", "7B,0.5B,1.5B", "--ab-unfused", "7B,0.5B",
@@ -253,12 +257,20 @@ SMOLLM2 = [
                         "trainer.total_training_steps=20", "trainer.test_freq=5", DATA="{work}/smollm2_bignum",
                         SFT="{work}/smollm2_tools_sft"),
                  summarize("summarize_tools.py"))),
-    # not run yet; its record is to be benchmarks/results/smollm2_interaction/
     Scenario("smollm2-interaction", "SmolLM2 learns a + b with a simulated user's feedback and up to two retries "
-             "(verl's interactions): 20 multi-turn GRPO steps", "nvidia-h200", None, (
+             "(verl's interactions): 20 multi-turn GRPO steps", "nvidia-h200", "smollm2_interaction", (
                  recipe("examples/smollm2_interaction/run.sh", "metrics.jsonl", "smollm2_interaction.log",
                         "trainer.total_training_steps=20", "trainer.default_local_dir={work}/smollm2_interaction_run",
                         DATA="{work}/smollm2_add_interaction"),)),
+    Scenario("smollm2-arith-20-partial", "the 20-step a + b check with partial rollouts (64 new tokens per sample "
+             "per step), three seeds", "nvidia-h200", "smollm2_defaults/partial_rollout", (MAKE_ADD, *(
+                 recipe(ARITH, f"m_partial_seed{seed}.jsonl", f"log_partial_seed{seed}.log",
+                        "trainer.total_training_steps=20", f"trainer.seed={seed}", f"data.seed={41 + seed}",
+                        "actor_rollout_ref.rollout.partial_rollout.enable=true",
+                        "actor_rollout_ref.rollout.partial_rollout.max_new_tokens_per_step=64",
+                        "actor_rollout_ref.rollout.gpu_memory_utilization=0.1",
+                        f"trainer.default_local_dir={{work}}/smollm2_partial_{seed}", DATA=ADD)
+                 for seed in (1, 2, 3)))),
 ]
 
 SCENARIOS: dict[str, Scenario] = {s.name: s for s in CPU + SMALL + SEVEN_B + TWO_GPUS + SMOLLM2}
