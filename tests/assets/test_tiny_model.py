@@ -98,3 +98,103 @@ def test_cli_builds_model(tmp_path):
     args.func(args)
     cfg = AutoConfig.from_pretrained(tmp_path)
     assert cfg.model_type == "llama" and cfg.num_hidden_layers == 1 and cfg.hidden_size == 32
+
+
+TINY_MOE = dict(arch="qwen3_moe", hidden=32, layers=2, heads=4, kv_heads=2, head_dim=16, intermediate=64, experts=4,
+                experts_per_token=2, expert_intermediate=24, norm_topk_prob=True, vocab_size=512, rope_theta=1e6,
+                tie=False, rms_norm_eps=1e-6, max_position=256)
+
+
+def test_moe_config_loads_in_transformers():
+    from hybridrl.models.moe_config import moe_config
+
+    spec = dict(TINY_MOE)
+    cfg = make_config(spec.pop("arch"), **spec)
+    model = AutoModelForCausalLM.from_config(cfg)
+    assert model.config.model_type == "qwen3_moe"
+    assert model.model.layers[0].self_attn.q_proj.weight.shape == (4 * 16, 32)  # head_dim, not hidden // heads
+    assert model.model.layers[0].mlp.experts.down_proj.shape == (4, 32, 24)
+    out = model(input_ids=torch.tensor([[1, 2, 3]]))
+    assert out.logits.shape == (1, 3, 512)
+    moe = moe_config(cfg.to_dict())  # what the engine reads from config.json
+    assert (moe.num_experts, moe.top_k, moe.intermediate, moe.norm_topk_prob, moe.sparse_layers) == (
+        4, 2, 24, True, (True, True))
+
+
+def test_moe_keywords_refused_for_dense_archs():
+    dense = dict(hidden=32, layers=1, heads=4, kv_heads=2, intermediate=64, vocab_size=512)
+    with pytest.raises(ValueError, match="arch='qwen2' is dense: experts, experts_per_token"):
+        make_config("qwen2", **dense, experts=4, experts_per_token=2)
+    with pytest.raises(ValueError, match="norm_topk_prob"):
+        make_config("llama", **dense, norm_topk_prob=True)
+    with pytest.raises(ValueError, match="experts and experts_per_token are required"):
+        make_config("qwen3_moe", **dense)
+    with pytest.raises(ValueError, match="experts_per_token=5"):
+        make_config("qwen3_moe", **dense, experts=4, experts_per_token=5)
+    with pytest.raises(ValueError, match="build_tiny_model builds one of"):
+        build_tiny_model("/nonexistent", arch="qwen3_moe")
+
+
+def _shrink_to_tiny_moe(monkeypatch, shard_bytes):
+    monkeypatch.setitem(tiny_model.SIZE_PRESETS, "tiny-moe", dict(TINY_MOE))
+    monkeypatch.setattr(tiny_model, "SHARD_BYTES", shard_bytes)
+
+
+def test_moe_size_preset_writes_loadable_shards(tmp_path, monkeypatch):
+    _shrink_to_tiny_moe(monkeypatch, 8_000)
+    path = write_size_preset(tmp_path, "tiny-moe")
+    index = json.loads((path / "model.safetensors.index.json").read_text())
+    files = set(index["weight_map"].values())
+    assert len(files) > 2 and files == {f.name for f in path.glob("*.safetensors")}
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16)
+    params = dict(model.named_parameters())
+    assert set(index["weight_map"]) == set(params)
+    assert index["metadata"]["total_size"] == sum(p.numel() * 2 for p in params.values())
+    assert model.config.model_type == "qwen3_moe" and model.config.num_experts == 4
+    norms = [n for n in params if n.endswith("norm.weight")]
+    assert len(norms) == 2 * 4 + 1  # per layer: input, post-attention, q, k; and the final norm
+    for n in norms:
+        assert torch.equal(params[n], torch.ones_like(params[n])), n
+    experts = model.model.layers[1].mlp.experts.gate_up_proj
+    assert experts.float().std().item() == pytest.approx(0.02, rel=0.1) and experts.float().abs().sum() > 0
+
+
+def test_shards_are_written_as_they_fill(tmp_path, monkeypatch):
+    """Each shard is saved before the next shard's tensors are generated (the old writer generated every tensor
+    first): at every save, the tensors made so far are exactly those saved so far, this shard's included."""
+    _shrink_to_tiny_moe(monkeypatch, 8_000)
+    made, saved, at_save = [0], [0], []
+    random_tensor, save = tiny_model._random_tensor, tiny_model.save_file
+
+    def counting_random_tensor(*args, **kwargs):
+        made[0] += 1
+        return random_tensor(*args, **kwargs)
+
+    def recording_save(tensors, filename, **kwargs):
+        saved[0] += len(tensors)
+        at_save.append((made[0], saved[0], sum(t.numel() * 2 for t in tensors.values())))
+        save(tensors, filename, **kwargs)
+
+    monkeypatch.setattr(tiny_model, "_random_tensor", counting_random_tensor)
+    monkeypatch.setattr(tiny_model, "save_file", recording_save)
+    write_size_preset(tmp_path, "tiny-moe")
+    assert len(at_save) > 2
+    assert all(m == s for m, s, _ in at_save), at_save
+    largest = max(2 * torch.Size(p.shape).numel() for p in AutoModelForCausalLM.from_pretrained(tmp_path).parameters())
+    assert all(nbytes <= max(8_000, largest) for _, _, nbytes in at_save)
+
+
+def test_real_moe_presets_parameter_counts():
+    """On the meta device only: the 30B preset is never materialised."""
+    counts = {}
+    for size in ("qwen3-30b-a3b", "qwen3-moe-7b-a1b"):
+        spec = dict(SIZE_PRESETS[size])
+        cfg = make_config(spec.pop("arch"), **spec, dtype="bfloat16")
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(cfg)
+        total = sum(p.numel() for p in model.parameters())
+        expert = sum(p.numel() for n, p in model.named_parameters() if ".mlp.experts." in n)
+        counts[size] = total, total - expert + expert * spec["experts_per_token"] // spec["experts"]
+    total, active = counts["qwen3-30b-a3b"]
+    assert total == pytest.approx(30.5e9, rel=0.01) and active == pytest.approx(3.3e9, rel=0.03)
+    assert counts["qwen3-moe-7b-a1b"] == (7_335_385_088, 1_698_240_512)
