@@ -4,7 +4,8 @@ Entry (hybrid, scheme B):
   1. drop gradients (set_to_none) — they are dead between update and next backward;
   2. optimizer state → CPU if optimizer_offload;
   3. engine weights wake (empty), FSDP shards are streamed into them tensor by tensor (see reshard.py) — so no moment
-     holds a second full copy of the model beyond the tensor in flight;
+     holds a second full copy of the model beyond the tensor in flight; with `borrow_weights` the tensors the actor
+     already holds whole in the engine's dtype are not allocated at all: the engine uses them in place;
   4. FSDP params → CPU if param_offload (after the stream, which reads them);
   5. KV cache allocated last: weights first, then KV, the order that avoids the well-known wake-up OOM.
 The switch is timed both ways: `timing_s/switch_to_rollout` (end of training to an engine ready to prefill:
@@ -42,11 +43,15 @@ def _empty_cache(device: torch.device):
 class HybridEngine:
     def __init__(self, module, optimizer, engine, *, device: torch.device, dtype: torch.dtype,
                  hybrid: bool = True, param_offload: bool = False, optimizer_offload: bool = False,
-                 reshard_strategy: str = "slice"):
+                 reshard_strategy: str = "slice", borrow_weights: bool = False):
+        if borrow_weights and (not hybrid or param_offload):
+            raise ValueError("HybridEngine: borrow_weights needs the hybrid scheme without param_offload (a resident "
+                             "engine must hold copies; offloaded parameters leave the GPU during the rollout)")
         self.module, self.optimizer, self.engine = module, optimizer, engine
         self.device, self.hybrid = device, hybrid
         self.param_offload, self.optimizer_offload = param_offload, optimizer_offload
-        self.resharder = FSDPToTPResharder(module, engine, dtype, device, strategy=reshard_strategy)
+        self.resharder = FSDPToTPResharder(module, engine, dtype, device, strategy=reshard_strategy,
+                                           borrow=borrow_weights)
         self._resident_ready = False
         self._weights_stale = True
         self._optimizer_on_cpu = False
@@ -95,7 +100,7 @@ class HybridEngine:
             offload_optimizer(self.optimizer)
             self._optimizer_on_cpu = True
         _empty_cache(self.device)
-        self.engine.wake_up(tags=("weights",))
+        self.engine.wake_up(tags=("weights",), borrowed=self.resharder.borrowed_names())
         metrics.update(self.resharder.reshard().metrics())
         if self.param_offload:
             from hybridrl.training.offload import offload_fsdp_params

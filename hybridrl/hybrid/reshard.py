@@ -16,6 +16,11 @@ HF's fused [E, 2I, H] experts tensor).
 Everything is cast to the engine dtype BEFORE communication, so bf16 rollout moves half the bytes of fp32 masters.
 With LoRA (training/lora.py) the engine gets merged weights under their HF names: each rank merges its own rows
 of a targeted weight (W + scaling·B·A) before the cast, so the exchange is the same as without adapters.
+Borrowing (`borrow=True`, the plan's `rollout.borrow_weights`): a tensor this rank already holds whole, in the
+engine's dtype and on its device, that the engine holds whole in HF's layout (embeddings, norms, o_proj / down_proj,
+routers and MoE experts at TP = 1 without FSDP sharding) and that needs no LoRA merge — a LoRA run's frozen bf16
+base, or bf16 masters — is handed to the engine as it is: no copy, no engine memory. Safe because the engine only
+reads it and sleeps before the optimizer next writes it (hybrid scheme only; a resident engine keeps copies).
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ SliceSpec = tuple[int, int, int] | tuple[int, int, int, int] | None  # (dim, sta
 class ReshardStats:
     seconds: float = 0.0
     bytes_received: int = 0  # bytes this rank received from other ranks
+    bytes_borrowed: int = 0  # bytes the engine uses in place (the actor's own tensors)
     tensors: int = 0
     strategy: str = ""
 
@@ -48,6 +54,7 @@ class ReshardStats:
             "reshard/bytes_received_gb": gb,
             "reshard/bandwidth_gb_s": gb / self.seconds if self.seconds > 0 else 0.0,
             "reshard/tensors": float(self.tensors),
+            "reshard/borrowed_gb": self.bytes_borrowed / 1e9,
         }
 
 
@@ -102,13 +109,32 @@ class FSDPToTPResharder:
     since the TP layout does not change between steps.
     """
 
-    def __init__(self, module: torch.nn.Module, engine, dtype: torch.dtype, device: torch.device, strategy: str = "slice"):
+    def __init__(self, module: torch.nn.Module, engine, dtype: torch.dtype, device: torch.device, strategy: str = "slice",
+                 borrow: bool = False):
         if strategy not in ("slice", "gather"):
             raise ValueError(f"reshard strategy must be 'slice' or 'gather', got {strategy!r}")
         self.module, self.engine, self.dtype, self.device = module, engine, dtype, device
-        self.strategy = strategy
+        self.strategy, self.borrow = strategy, borrow
         self._specs: dict[str, list[SliceSpec]] | None = None
+        self._borrowed: frozenset[str] | None = None
         self.last = ReshardStats(strategy=strategy)
+
+    # -------------------------------------------------------------------- borrowing
+    def _whole_here(self, p: torch.Tensor) -> torch.Tensor | None:
+        """This rank's tensor of `p` when it is the whole parameter in the engine's dtype and device, else None."""
+        local = p.to_local() if isinstance(p, DTensor) else p
+        whole = local.shape == p.shape and local.dtype == self.dtype and local.device == self.device
+        return local.detach() if whole and local.is_contiguous() else None
+
+    def borrowed_names(self) -> frozenset[str]:
+        """HF names of the tensors the engine uses in place (empty unless `borrow`); fixed for the run, since
+        layouts, dtypes and devices do not change between steps."""
+        if self._borrowed is None:
+            self._borrowed = frozenset(
+                name for name, p, merge in engine_parameters(self.module)
+                if self.borrow and merge is None and self._whole_here(p) is not None
+                and self.engine.weight_borrowable(name, tuple(p.shape)))
+        return self._borrowed
 
     # -------------------------------------------------------------------- specs
     def _exchange_specs(self) -> dict[str, list[SliceSpec]]:
@@ -136,7 +162,14 @@ class FSDPToTPResharder:
             self._specs = self._exchange_specs()
         stats = ReshardStats(strategy=self.strategy)
         self.last = stats
+        borrowed = self.borrowed_names()
         for name, p, merge in engine_parameters(self.module):
+            if name in borrowed:
+                tensor = self._whole_here(p)
+                stats.bytes_borrowed += tensor.numel() * tensor.element_size()
+                stats.tensors += 1
+                yield name, tensor
+                continue
             if isinstance(p, DTensor):
                 local = p.to_local().detach()
                 # LoRA: merge this rank's rows in the master dtype, before the cast and the exchange

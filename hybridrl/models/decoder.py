@@ -253,13 +253,41 @@ class TPDecoderForCausalLM(nn.Module):
         spec = getattr(module, "shard_spec", None)
         return None if spec is None else spec(param_name, shard_id)
 
-    @torch.no_grad()
-    def load_hf_weight(self, hf_name: str, tensor: torch.Tensor):
-        """Copy one HF tensor into its (shard of a) parameter; returns (our name, shard id), None if ignored."""
+    def borrowable(self, hf_name: str, full_shape) -> str | None:
+        """Our name of the parameter that is the whole HF tensor `hf_name` in HF's layout on this rank (not fused
+        with a sibling, not sliced by TP), which the engine can therefore use in place; None otherwise."""
         resolved = self.resolve_hf_name(hf_name)
         if resolved is None:
             return None
         name, param, module, param_name, shard_id = resolved
+        spec = getattr(module, "shard_spec", None)
+        whole = shard_id is None and (spec is None or spec(param_name, shard_id) is None)
+        return name if whole and tuple(param.shape) == tuple(full_shape) else None
+
+    def _borrow(self, hf_name: str, name: str, module, param_name: str, tensor: torch.Tensor) -> None:
+        param = self.get_parameter(name)
+        device = self.rope_cache.device   # set by the runner's wake, on the engine's device
+        if (tuple(tensor.shape), tensor.dtype, tensor.device) != (tuple(param.shape), param.dtype, device) or \
+                not tensor.is_contiguous():
+            raise ValueError(f"load_weights: {hf_name} was woken as borrowed, so it must arrive as the engine's own "
+                             f"tensor: shape {tuple(param.shape)}, {param.dtype} on {device}, contiguous (got "
+                             f"{tuple(tensor.shape)}, {tensor.dtype} on {tensor.device}, "
+                             f"contiguous={tensor.is_contiguous()})")
+        module._parameters[param_name] = nn.Parameter(tensor.detach(), requires_grad=False)
+        if self.tie_word_embeddings and name == "model.embed_tokens.weight":
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    @torch.no_grad()
+    def load_hf_weight(self, hf_name: str, tensor: torch.Tensor):
+        """Copy one HF tensor into its (shard of a) parameter, or use it in place where that parameter was left
+        unallocated for borrowing (ModelRunner.wake_weights); returns (our name, shard id), None if ignored."""
+        resolved = self.resolve_hf_name(hf_name)
+        if resolved is None:
+            return None
+        name, param, module, param_name, shard_id = resolved
+        if param.is_meta:
+            self._borrow(hf_name, name, module, param_name, tensor)
+            return name, shard_id
         loader = getattr(module, "load", None)
         if loader is None:
             if tuple(tensor.shape) != tuple(param.shape):

@@ -107,6 +107,18 @@ class ModelShape:
         """Parameters one token runs through (equal to num_params for a dense model)."""
         return self.decoder_active_params + self.embed_params * (1 if self.tied else 2) + self.hidden
 
+    def engine_whole_params(self, lora_targets: tuple[str, ...] = ()) -> int:
+        """Parameters the rollout engine holds at TP = 1 as whole tensors in HF's layout — embeddings, the LM head,
+        norms, o_proj, the dense down_proj, routers and experts (q/k/v and gate/up are fused there) — less the
+        LoRA-targeted linears among them, which reach the engine merged (models/decoder.py `borrowable`)."""
+        h, q = self.hidden, self.heads * self.head_dim
+        norms = 2 * h + (2 * self.head_dim if self.qk_norm else 0)
+        o_proj = 0 if "o_proj" in lora_targets else q * h
+        down = 0 if "down_proj" in lora_targets else self.intermediate * h
+        moe = self.experts * h + self.experts * 3 * h * self.expert_intermediate
+        return (self.layers * (norms + o_proj) + self.dense_layers * down + self.moe_layers * moe
+                + self.embed_params * (1 if self.tied else 2) + h)
+
     @property
     def token_mlp_width(self) -> int:
         """The MLP activation width of one token: the dense intermediate or the k experts' together, the wider."""

@@ -52,6 +52,11 @@ class RolloutPlan:
     hybrid: bool                        # scheme B (engine sleeps between rollouts) or A (resident engine)
     reshard_strategy: str
     record_routed_experts: bool         # actor.router_replay.mode=R3: the engine records each token's experts
+    borrowed_params: int = 0            # weights the hybrid engine uses in place from the actor (no engine copy)
+
+    @property
+    def borrow_weights(self) -> bool:
+        return self.borrowed_params > 0
 
     def engine_config(self, rollout: RolloutConfig, eos_token_ids: tuple[int, ...] | None = None) -> EngineConfig:
         """The native rollout engine's config: its sizes, dtype and scheduling from this plan, the rest from the
@@ -75,6 +80,8 @@ class RolloutPlan:
                 + ("launched ahead (async scheduling)" if self.async_scheduling else "one at a time")
                 + "; per step it logs the tail's share of its time and its bandwidth floor",
                 f"speculative     {_describe_speculative(self.speculative)}",
+                *([f"engine weights  {self.borrowed_params / 1e9:.3f}B parameters used in place from the actor's "
+                   "own tensors (no engine copy): the engine holds only the rest"] if self.borrow_weights else []),
                 *([str(self.partial)] if self.partial is not None else [])]
 
 
@@ -165,7 +172,8 @@ def plan_rollout(sizing: Sizing, kv_cache: KvCachePlan, dtype: str) -> RolloutPl
         async_scheduling=device.type != "cpu" if is_auto(async_scheduling) else bool(async_scheduling),
         speculative=speculative, partial=partial, hybrid=sizing.residency.hybrid,
         reshard_strategy=os.environ.get("HYBRIDRL_RESHARD", "slice"),
-        record_routed_experts=sizing.residency.routing_record)
+        record_routed_experts=sizing.residency.routing_record,
+        borrowed_params=sizing.residency.engine_borrowed_params)
 
 
 def resolve_speculative(section: SpeculativeDecodingConfig, device: DeviceSpec, choices: list[str],

@@ -34,7 +34,7 @@ from hybridrl.plan.rollout_plan import ROLLOUT, RolloutPlan, plan_kv_cache, plan
 from hybridrl.plan.shape import Parallelism
 from hybridrl.plan.sizing import MODEL, DeviceSpec, Sizing
 from hybridrl.training.fsdp import resolve_dtype
-from hybridrl.training.lora import adapter_param_count
+from hybridrl.training.lora import adapter_param_count, lora_target_names
 
 
 @dataclass(frozen=True)
@@ -161,6 +161,7 @@ def _residency(get, layout: Layout, device: DeviceSpec, shape: ModelShape, rm_sh
     """What each GPU holds in each phase, for the memory model."""
     par = layout.parallel
     has_critic = layout.critic_mini_batch_per_gpu is not None
+    hybrid = bool(get("actor_rollout_ref.hybrid_engine") and get(f"{ROLLOUT}.free_cache_engine"))
     return Residency(
         shard=par.actor_fsdp,
         master_bytes=_dtype_bytes(master_dtype),
@@ -171,8 +172,7 @@ def _residency(get, layout: Layout, device: DeviceSpec, shape: ModelShape, rm_sh
         critic=shape if has_critic else None, critic_shard=par.critic_fsdp if has_critic else par.world_size,
         critic_param_offload=get("critic.model.fsdp_config.param_offload"),
         critic_optimizer_offload=get("critic.model.fsdp_config.optimizer_offload"),
-        hybrid=bool(get("actor_rollout_ref.hybrid_engine") and get(f"{ROLLOUT}.free_cache_engine")),
-        rollout_tp=par.rollout_tp,
+        hybrid=hybrid, rollout_tp=par.rollout_tp,
         sort_sampling=any(get(f"{section}.top_k") > 0 or get(f"{section}.top_p") < 1
                           for section in (ROLLOUT, f"{ROLLOUT}.val_kwargs")),
         # 'auto' is planned with checkpointing first; plan_actor_recompute / plan_critic_recompute may turn it off
@@ -187,7 +187,21 @@ def _residency(get, layout: Layout, device: DeviceSpec, shape: ModelShape, rm_sh
         rm_param_offload=bool(get("reward_model.model.fsdp_config.param_offload")),
         rm_param_bytes=2 if device.type == "cuda" else 4,
         router_aux_loss=get(f"{ACTOR}.router_aux_loss_coef") > 0, router_z_loss=get(f"{ACTOR}.router_z_loss_coef") > 0,
-        routing_record=get(f"{ACTOR}.router_replay.mode") == "R3")
+        routing_record=get(f"{ACTOR}.router_replay.mode") == "R3",
+        engine_borrowed_params=_engine_borrowed_params(get, par, shape, hybrid, device,
+                                                       lora_base_dtype or master_dtype))
+
+
+def _engine_borrowed_params(get, par, shape: ModelShape, hybrid: bool, device: DeviceSpec, stored_dtype: str) -> int:
+    """Parameters the hybrid engine uses in place from the actor instead of copying them (hybrid/reshard.py): those
+    the actor holds whole (no FSDP sharding), in the engine's dtype (a LoRA run's frozen base, or bf16 masters) and
+    on the GPU (no param_offload) that the engine holds whole in HF's layout (TP = 1), except LoRA-merged ones."""
+    engine_dtype = "fp32" if device.type == "cpu" else _dtype_name(get(f"{ROLLOUT}.dtype"))
+    if not (hybrid and par.actor_fsdp == 1 and par.rollout_tp == 1 and stored_dtype == engine_dtype
+            and not get(f"{ACTOR}.fsdp_config.param_offload")):
+        return 0
+    targets = lora_target_names(get(f"{MODEL}.target_modules")) if get(f"{MODEL}.lora_rank") else []
+    return shape.engine_whole_params(tuple(targets))
 
 
 def reward_model_hf_config(config: PPOConfig):

@@ -124,14 +124,25 @@ class LLMEngine:
         self.stats.update(self.runner.timing)
 
     # ------------------------------------------------------------------ memory phases
-    def wake_up(self, tags=("weights", "kv_cache"), num_kv_blocks: int | None = None) -> None:
+    def wake_up(self, tags=("weights", "kv_cache"), num_kv_blocks: int | None = None,
+                borrowed: Iterable[str] = ()) -> None:
         """Allocate the engine's weights and/or KV cache. `num_kv_blocks`: this wake's cache size (a hybrid engine
-        allocates each call's need); None: the config's. Either is capped on GPUs by gpu_memory_utilization."""
+        allocates each call's need); None: the config's. Either is capped on GPUs by gpu_memory_utilization.
+        `borrowed`: HF names of weights the caller will pass in the engine's layout and dtype and keep unchanged
+        until `sleep` (each must be `borrowable`); they are used in place, not copied."""
         unknown = set(tags) - {"weights", "kv_cache"}
         if unknown:
             raise ValueError(f"wake_up: tags {sorted(unknown)} unknown (allowed: 'weights', 'kv_cache')")
         if "weights" in tags and not self.runner.weights_awake:
-            self.runner.wake_weights()
+            ours, model = set(), self.runner.model
+            for hf_name in borrowed:
+                resolved = model.resolve_hf_name(hf_name)
+                name = None if resolved is None else model.borrowable(hf_name, resolved[1].shape)
+                if name is None:
+                    raise ValueError(f"wake_up: {hf_name!r} cannot be borrowed: the engine holds it fused with "
+                                     "another tensor or sliced by tensor parallelism")
+                ours.add(name)
+            self.runner.wake_weights(frozenset(ours))
             self._loaded = set()
         if "kv_cache" in tags:
             if not self.runner.weights_awake:
@@ -149,6 +160,11 @@ class LLMEngine:
     # ------------------------------------------------------------------ weights
     def weight_shard_spec(self, hf_name: str, full_shape) -> tuple[int, int, int] | None:
         return self.runner.model.hf_weight_shard_spec(hf_name, tuple(full_shape))
+
+    def weight_borrowable(self, hf_name: str, full_shape) -> bool:
+        """Whether the engine holds the HF tensor whole in HF's layout, so a caller holding it in the engine's dtype
+        and device can lend it (`wake_up(borrowed=...)`) instead of having it copied."""
+        return self.runner.model.borrowable(hf_name, tuple(full_shape)) is not None
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> int:
         if not self.runner.weights_awake:

@@ -4,6 +4,11 @@ Choices:
 - The decoder is built once on the meta device; `wake_weights` materialises it (`to_empty`) and
   `sleep` sends it back to meta, so engine weights exist only during rollout and
   torch.cuda.memory_allocated() returns to its pre-wake level (caller-owned tensors aside).
+- Borrowed weights: a parameter the caller holds whole in the engine's layout and dtype (the hybrid engine's
+  actor tensors at TP = 1 without FSDP sharding, hybrid/reshard.py) is not allocated on wake; the parameter is
+  pointed at the caller's tensor instead of a copy, and sleep drops the reference. The caller guarantees the
+  tensor is neither freed nor written while the engine is awake. The KV budget charges the engine only for the
+  weights it allocated; the decode floor counts every weight it reads.
 - One KV tensor [layers, 2, num_blocks + 1, block_size, K, D]; the extra last block is a scratch block
   that padded CUDA-graph rows write to and read from. Size: `num_kv_blocks` (the run plan's need) capped on
   GPUs by the ceiling `kv_budget_bytes` (vLLM's per-instance meaning of `gpu_memory_utilization`: the
@@ -46,6 +51,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+from torch import nn
 
 from hybridrl.models import fused
 from hybridrl.models.decoder import TPDecoderForCausalLM, head_dim_of
@@ -135,13 +141,20 @@ class ModelRunner:
         self.last_capture_s = 0.0
         self.activation_reserve = None
         self.weights_awake = False
+        self.borrowed: frozenset[str] = frozenset()   # parameters that are the caller's tensors while awake
         self.decode_step_floor_s = None   # set on KV wake where the GPU's peaks are known
 
     # ------------------------------------------------------------------ memory phases
-    def wake_weights(self) -> None:
+    def wake_weights(self, borrowed: frozenset[str] = frozenset()) -> None:
+        """Allocate the weights, except the parameters named in `borrowed` (our names): they stay on the meta
+        device until `load_hf_weight` points them at the caller's own tensors."""
         if self.weights_awake:
             return
+        held = [(module, leaf, module._parameters.pop(leaf)) for module, leaf in map(self._owner, borrowed)]
         self.model.to_empty(device=self.device)
+        for module, leaf, param in held:
+            module._parameters[leaf] = param
+        self.borrowed = borrowed
         if self.model.tie_word_embeddings:
             self.model.lm_head.weight = self.model.model.embed_tokens.weight
         self.model.rope_cache = cos_sin_cache(self.hf_config, self.head_dim, self.config.max_model_len, self.device)
@@ -176,8 +189,15 @@ class ModelRunner:
         if self.use_graphs:
             self._set_graph_buckets()
 
-    def _weight_bytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (*self.model.parameters(), *self.model.buffers()))
+    def _owner(self, name: str) -> tuple[nn.Module, str]:
+        module_name, _, leaf = name.rpartition(".")
+        return self.model.get_submodule(module_name), leaf
+
+    def _weight_bytes(self, own: bool = False) -> int:
+        """Bytes of the weights a decode step reads; `own`: only those the engine allocated (not borrowed)."""
+        skip = {id(self.model.get_parameter(n)) for n in self.borrowed} if own else set()
+        return sum(t.numel() * t.element_size() for t in (*self.model.parameters(), *self.model.buffers())
+                   if id(t) not in skip)
 
     def _decode_floor_fn(self):
         """(total context of a step's sequences) -> the seconds a decode step cannot beat on this GPU: its weights read
@@ -197,7 +217,7 @@ class ModelRunner:
         if self.activation_reserve is None:
             self.activation_reserve = self._measure_activation_peak()
         free, total = torch.cuda.mem_get_info(self.device)
-        weights = self._weight_bytes()
+        weights = self._weight_bytes(own=True)   # borrowed weights are the caller's memory (see kv_budget_bytes)
         blocks = kv_budget_bytes(utilization, total, free, weights, self.activation_reserve) // self.block_bytes()
         if blocks < 1:
             gib = 2**30
@@ -246,7 +266,7 @@ class ModelRunner:
             if self.model.tie_word_embeddings:
                 self.model.lm_head.weight = self.model.model.embed_tokens.weight
             self.model.rope_cache = None
-            self.weights_awake = False
+            self.weights_awake, self.borrowed = False, frozenset()
         if self.is_cuda:
             torch.cuda.synchronize(self.device)
             clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)

@@ -30,7 +30,7 @@ from torch.distributed.tensor import DTensor
 from hybridrl.training.lora_linear import use_fused_forward
 
 __all__ = ["LoraSettings", "lora_settings", "apply_lora", "has_lora", "adapters_disabled", "engine_parameters",
-           "merge_lora_state", "adapter_param_count", "LINEAR_TARGETS"]
+           "merge_lora_state", "adapter_param_count", "lora_target_names", "LINEAR_TARGETS"]
 
 ADAPTER = "default"   # peft's name of the single adapter
 # the decoder linears of the architectures the rollout engine runs (Qwen2/2.5, Llama 3, Qwen3)
@@ -85,16 +85,16 @@ def lora_settings(model_cfg) -> LoraSettings | None:
 
 def apply_lora(model: torch.nn.Module, settings: LoraSettings, adapter_dtype: torch.dtype | None = None
                ) -> torch.nn.Module:
-    """Inject the adapters into `model` (in place, before FSDP); base weights are frozen and keep the dtype the
-    model was loaded in. The adapters are stored in `adapter_dtype` (None: the base's dtype, or fp32 where peft
+    """Inject the adapters into `model` (in place, before FSDP) on the decoder linears `settings.target_modules`
+    names ('all-linear': LINEAR_TARGETS; an MoE layer's router and experts are not targeted); base weights are
+    frozen and keep the dtype the model was loaded in. The adapters are stored in `adapter_dtype` (None: the base's dtype, or fp32 where peft
     upcasts a half-precision base's adapters). Dropout is 0 so that log-probs are deterministic (the old
     log-probs and the update's must agree). The linears compute through `lora_linear.lora_linear` (one GEMM
     accumulates the scaled adapter product into the base output) wherever that is the same function."""
     from peft import LoraConfig, inject_adapter_in_model
 
-    targets = settings.target_modules
     config = LoraConfig(r=settings.rank, lora_alpha=settings.alpha, lora_dropout=0.0, bias="none",
-                        target_modules=targets if isinstance(targets, str) else list(targets))
+                        target_modules=_linear_targets(model, settings.target_modules))
     model = inject_adapter_in_model(config, model, adapter_name=ADAPTER)
     use_fused_forward(_lora_layers(model).values())
     if adapter_dtype is not None:
@@ -103,6 +103,23 @@ def apply_lora(model: torch.nn.Module, settings: LoraSettings, adapter_dtype: to
             layer.lora_B.to(adapter_dtype)
     model.hybridrl_lora = settings   # read by checkpoints (merge needs the scaling)
     return model
+
+
+def _linear_targets(model: torch.nn.Module, target_modules) -> list[str]:
+    """The target names that are nn.Linear modules of `model`. 'all-linear' means LINEAR_TARGETS, not peft's
+    every-nn.Linear: peft would also wrap an MoE router and, through its names gate_proj / up_proj / down_proj,
+    the 3-D expert tensors, which neither the plan's counts nor the engine's merge handle; an explicit name that
+    is not a linear of this model (an MoE model's expert projections) is refused."""
+    linears = {name.rpartition(".")[2] for name, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
+    names = lora_target_names(target_modules)
+    if target_modules == "all-linear":
+        return [n for n in names if n in linears]
+    missing = [n for n in names if n not in linears]
+    if missing:
+        raise ValueError(f"'actor_rollout_ref.model.target_modules' = {list(names)}: {missing} are not linear layers "
+                         f"of this model (its linears: {sorted(linears)}); LoRA on mixture-of-experts experts is not "
+                         "supported — target the attention projections")
+    return names
 
 
 def _lora_layers(module: torch.nn.Module) -> dict[str, torch.nn.Module]:
@@ -198,6 +215,12 @@ def adapter_param_count(shape, rank: int, target_modules) -> int:
     q, kv, h, i = shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim, shape.hidden, shape.intermediate
     dims = {"q_proj": (h, q), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (q, h),
             "gate_proj": (h, i), "up_proj": (h, i), "down_proj": (i, h)}
-    names = LINEAR_TARGETS if target_modules == "all-linear" else [target_modules] if isinstance(
+    # MoE layers have no dense MLP linears (their experts are 3-D tensors, which LoRA does not target)
+    layers = {n: shape.dense_layers if n in ("gate_proj", "up_proj", "down_proj") else shape.layers for n in dims}
+    return sum(layers[n] * rank * sum(dims[n]) for n in lora_target_names(target_modules))
+
+
+def lora_target_names(target_modules) -> list[str]:
+    """The decoder linears a `target_modules` value names ('all-linear': every one of LINEAR_TARGETS)."""
+    return list(LINEAR_TARGETS) if target_modules == "all-linear" else [target_modules] if isinstance(
         target_modules, str) else list(target_modules)
-    return shape.layers * sum(rank * sum(dims[n]) for n in names)

@@ -173,7 +173,7 @@ class ActorRolloutRefWorker(RoleWorker):
             hybrid=self.plan.rollout.hybrid,
             param_offload=cfg.actor.fsdp_config.param_offload,
             optimizer_offload=cfg.actor.fsdp_config.optimizer_offload,
-            reshard_strategy=self.plan.rollout.reshard_strategy)
+            reshard_strategy=self.plan.rollout.reshard_strategy, borrow_weights=self.plan.rollout.borrow_weights)
 
     # ------------------------------------------------------------------ rollout
     @register(dispatch_mode=make_mesh_dispatch("rollout"))

@@ -105,3 +105,21 @@ def test_without_adapters_engine_parameters_are_the_module_parameters():
     ids = torch.randint(0, 64, (1, 5))
     with adapters_disabled(model):   # a no-op without adapters
         assert torch.equal(model(ids).logits, model(ids).logits)
+
+
+def test_lora_on_an_moe_model_targets_its_linears_only():
+    import transformers
+
+    from hybridrl.training.lora import LoraSettings, apply_lora, engine_parameters
+
+    config = transformers.Qwen3MoeConfig(hidden_size=64, intermediate_size=128, moe_intermediate_size=32,
+                                         num_experts=8, num_experts_per_tok=2, num_hidden_layers=1,
+                                         num_attention_heads=4, num_key_value_heads=2, head_dim=16, vocab_size=96)
+    model = apply_lora(transformers.AutoModelForCausalLM.from_config(config), LoraSettings(4, 8, "all-linear"))
+    adapted = {n.partition(".lora_")[0] for n, _ in model.named_parameters() if ".lora_" in n}
+    assert adapted == {f"model.layers.0.self_attn.{p}" for p in ("q_proj", "k_proj", "v_proj", "o_proj")}
+    # every weight reaches the engine under its HF name (experts and router untouched by peft)
+    hf = {n for n, _ in transformers.AutoModelForCausalLM.from_config(config).named_parameters()}
+    assert {n for n, _, _ in engine_parameters(model)} == hf
+    with pytest.raises(ValueError, match=r"target_modules.*\['down_proj'\] are not linear layers"):
+        apply_lora(transformers.AutoModelForCausalLM.from_config(config), LoraSettings(4, 8, ("q_proj", "down_proj")))

@@ -1,0 +1,57 @@
+"""End to end on one Ray CPU worker: GRPO with LoRA on a tiny Qwen3-MoE model through the native engine, whose
+frozen base (experts, router, embeddings, norms) the engine uses in place from the actor instead of copying it."""
+
+import math
+
+import pytest
+import test_e2e_runs
+import torch
+from test_e2e_runs import overrides, train_metrics
+
+from hybridrl.config.loader import load_config
+from hybridrl.plan.model_shape import ModelShape
+from hybridrl.trainer.launch import run_ppo
+from hybridrl.training.lora import LINEAR_TARGETS
+
+pytestmark = pytest.mark.slow
+arith_dir = test_e2e_runs.arith_dir   # the module-scoped data fixture of the other e2e runs
+
+
+def _tiny_moe(out_dir, tokenizer_dir):
+    import shutil
+
+    import transformers
+
+    from hybridrl.assets.tiny_model import make_config
+
+    out_dir.mkdir(parents=True)
+    for f in tokenizer_dir.iterdir():
+        if f.name.startswith(("tokenizer", "special_tokens", "vocab", "merges", "chat_template", "generation")):
+            shutil.copyfile(f, out_dir / f.name)
+    base = transformers.AutoConfig.from_pretrained(tokenizer_dir)
+    config = make_config("qwen3_moe", hidden=64, layers=2, heads=4, kv_heads=2, intermediate=128, head_dim=16,
+                         vocab_size=base.vocab_size, experts=8, experts_per_token=2, expert_intermediate=32, tie=False,
+                         token_ids={"bos_token_id": None, "eos_token_id": base.eos_token_id,
+                                    "pad_token_id": base.pad_token_id})
+    torch.manual_seed(0)
+    transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32).save_pretrained(out_dir)
+    return out_dir
+
+
+def test_grpo_moe_lora_on_one_worker_borrows_the_frozen_base(ray_local, tiny_model_dir, arith_dir, tmp_path):
+    model = _tiny_moe(tmp_path / "moe", tiny_model_dir)
+    cfg = load_config(overrides=overrides(
+        model, arith_dir, tmp_path / "run", "actor_rollout_ref.model.lora_rank=4", "actor_rollout_ref.model.lora_alpha=8",
+        "actor_rollout_ref.actor.optim.lr=1e-2", "actor_rollout_ref.actor.entropy_coeff=0.01",
+        "trainer.n_gpus_per_node=1", "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
+        "trainer.total_training_steps=2"))
+    result = run_ppo(cfg)
+    steps = train_metrics(result["history"])
+    assert [h["training/global_step"] for h in steps] == [1, 2]
+    # the base's experts, routers, norms, embeddings and LM head (o_proj is LoRA-targeted: merged), fp32 on the CPU
+    import transformers
+
+    shape = ModelShape.from_hf_config(transformers.AutoConfig.from_pretrained(model))
+    for h in steps:
+        assert h["reshard/borrowed_gb"] == pytest.approx(4 * shape.engine_whole_params(LINEAR_TARGETS) / 1e9)
+        assert math.isfinite(h["actor/grad_norm"]) and h["actor/grad_norm"] > 0
