@@ -7,9 +7,12 @@ the plan lets fewer sequences decode at once (the rest wait their turn). What th
 sequences decode at once — the rollout's throughput — and the longest response that fits at all. For each model
 preset, response length and scheme (64 prompts x 8 by default, the defaults otherwise: gradient checkpointing, fp32
 masters, prompt sharing): the sequences at once (0 = the plan refuses), and the longest response (multiples of 256
-tokens, found by bisection).
+tokens, found by bisection), with the predicted peak and the parameters the hybrid engine borrows from the actor
+instead of copying (plan.rollout.borrowed_params). `--set KEY=VALUE` (repeatable) adds config keys to every plan,
+e.g. LoRA or bf16 masters.
 
   python benchmarks/plan_capacity.py --out benchmarks/results/plan_capacity.json
+  python benchmarks/plan_capacity.py --presets qwen3-30b-a3b --set actor_rollout_ref.model.lora_rank=32 --out OUT.json
 """
 
 from __future__ import annotations
@@ -25,8 +28,8 @@ from hybridrl.plan.memory import GiB
 SCHEMES = (("hybrid", True), ("scheme_a", False))
 
 
-def plan_or_none(hf, prompts: int, n: int, prompt_len: int, response_len: int, hybrid: bool, device):
-    keys = [f"data.train_batch_size={prompts}", f"actor_rollout_ref.actor.ppo_mini_batch_size={prompts}",
+def plan_or_none(hf, prompts: int, n: int, prompt_len: int, response_len: int, hybrid: bool, device, extra=()):
+    keys = [*extra, f"data.train_batch_size={prompts}", f"actor_rollout_ref.actor.ppo_mini_batch_size={prompts}",
             f"actor_rollout_ref.rollout.n={n}", f"data.max_prompt_length={prompt_len}",
             f"data.max_response_length={response_len}", "trainer.n_gpus_per_node=1",
             f"actor_rollout_ref.hybrid_engine={str(hybrid).lower()}"]
@@ -36,12 +39,12 @@ def plan_or_none(hf, prompts: int, n: int, prompt_len: int, response_len: int, h
         return None
 
 
-def longest_response(hf, prompts, n, prompt_len, hybrid, device, step: int = 256) -> int:
+def longest_response(hf, prompts, n, prompt_len, hybrid, device, extra=(), step: int = 256) -> int:
     """Longest response (a multiple of `step`, within the model's positions) the plan accepts; 0 if none."""
     lo, hi = 0, (hf.max_position_embeddings - prompt_len) // step
     while lo < hi:
         mid = (lo + hi + 1) // 2
-        if plan_or_none(hf, prompts, n, prompt_len, mid * step, hybrid, device) is not None:
+        if plan_or_none(hf, prompts, n, prompt_len, mid * step, hybrid, device, extra) is not None:
             lo = mid
         else:
             hi = mid - 1
@@ -56,6 +59,7 @@ def main() -> None:
     p.add_argument("--n", type=int, default=8)
     p.add_argument("--prompt-len", type=int, default=256)
     p.add_argument("--gpu-memory-gb", type=float, default=139.8, help="GiB per GPU (H200: 139.8)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a config key for every plan")
     p.add_argument("--out")
     a = p.parse_args()
     device = DeviceSpec("cuda", f"{a.gpu_memory_gb} GiB GPU", int(a.gpu_memory_gb * GiB))
@@ -65,16 +69,22 @@ def main() -> None:
         hf = make_config(spec.pop("arch"), **spec)
         row = {"preset": preset, "prompts": a.prompts, "n": a.n, "prompt_len": a.prompt_len}
         for scheme, hybrid in SCHEMES:
-            row[f"{scheme}_longest_response"] = longest_response(hf, a.prompts, a.n, a.prompt_len, hybrid, device)
+            row[f"{scheme}_longest_response"] = longest_response(hf, a.prompts, a.n, a.prompt_len, hybrid, device,
+                                                                 a.set)
             for r in (int(x) for x in a.response_lens.split(",")):
-                plan = plan_or_none(hf, a.prompts, a.n, a.prompt_len, r, hybrid, device)
+                plan = plan_or_none(hf, a.prompts, a.n, a.prompt_len, r, hybrid, device, a.set)
                 row[f"{scheme}_seqs_at_once_r{r}"] = plan.rollout.kv_cache.max_num_seqs if plan else 0
+                if plan:
+                    row[f"{scheme}_peak_gib_r{r}"] = round(max(pm.total for pm in plan.predicted.values()) / GiB, 2)
+                    row[f"{scheme}_gen_gib_r{r}"] = round(plan.predicted["gen"].total / GiB, 2)
+                    row[f"{scheme}_borrowed_params_r{r}"] = plan.rollout.borrowed_params
         rows.append(row)
         print(json.dumps(row), flush=True)
     result = {"what": "predicted by the run plan's memory model (not measured)", "device": str(device),
               "command": "python benchmarks/plan_capacity.py " + " ".join(
-                  f"--{k.replace('_', '-')} {v}" for k, v in vars(a).items() if k != "out"),
-              "defaults": "gradient checkpointing, fp32 masters, prompt sharing, one GPU", "rows": rows}
+                  f"--{k.replace('_', '-')} {v}" for k, v in vars(a).items() if k not in ("out", "set"))
+              + "".join(f" --set {kv}" for kv in a.set),
+              "defaults": "gradient checkpointing, fp32 masters, prompt sharing, one GPU", "set": a.set, "rows": rows}
     if a.out:
         with open(a.out, "w") as f:
             json.dump(result, f, indent=2)

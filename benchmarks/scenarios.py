@@ -34,6 +34,17 @@ CPU = [
              (py("benchmarks/plan_capacity.py", "--presets", "qwen2.5-0.5b,qwen2.5-1.5b,qwen2.5-7b",
                  "--response-lens", "1024,4096,16384", "--prompts", "64", "--n", "8", "--prompt-len", "256",
                  "--gpu-memory-gb", "139.8", "--out", "{out}/plan_capacity.json"),)),
+    Scenario("moe-plan", "what fits on one H200 for MoE shapes: Qwen3-30B-A3B LoRA with the engine borrowing the "
+             "frozen base vs copying it, a 7B-A1B shape fully fine-tuned", "cpu", "moe_plan", tuple(
+                 py("benchmarks/plan_capacity.py", "--presets", preset, *(a for kv in sets for a in ("--set", kv)),
+                    "--out", f"{{out}}/{name}.json")
+                 for name, preset, sets in (
+                     ("lora_30b_borrowed", "qwen3-30b-a3b", ("actor_rollout_ref.model.lora_rank=32",)),
+                     ("lora_30b_copied", "qwen3-30b-a3b", ("actor_rollout_ref.model.lora_rank=32",
+                                                           "actor_rollout_ref.rollout.dtype=float16")),
+                     ("full_7b_a1b_bf16_masters", "qwen3-moe-7b-a1b",
+                      ("actor_rollout_ref.actor.fsdp_config.model_dtype=bf16",)),
+                     ("full_7b_a1b_fp32_masters", "qwen3-moe-7b-a1b", ())))),
     Scenario("logprob-unshard-cpu", "log-prob pass with blocks all-gathered once vs per micro-batch, 2 gloo ranks",
              "cpu", "logprob_unshard_cpu.json",
              (py("benchmarks/logprob_unshard.py", "--tiny", "--device", "cpu", "--ranks", "2", "--rows", "16",
