@@ -23,13 +23,14 @@ REF = "actor_rollout_ref.ref"
 
 
 @dataclass(frozen=True)
-class RefConfig(Section):
-    """`actor_rollout_ref.ref`."""
+class LogProbPassConfig(Section):
+    """The batch keys of a log-prob pass, first in the two sections that run one: `actor_rollout_ref.ref` (the
+    reference's) and `actor_rollout_ref.rollout` (the old log-probs')."""
 
     log_prob_micro_batch_size: int | None
     """deprecated global form; use the _per_gpu key"""
     log_prob_micro_batch_size_per_gpu: Auto | int | None
-    """samples per reference log-prob forward per GPU; auto = the run plan's choice"""
+    """samples per log-prob forward per GPU (each result goes to the host at once); auto = the run plan's choice"""
     log_prob_use_dynamic_bsz: Auto | bool
     """micro-batches by token count instead of rows; auto as actor.use_dynamic_bsz, for
     log_prob_micro_batch_size_per_gpu"""
@@ -38,26 +39,32 @@ class RefConfig(Section):
     log_prob_unshard_once: Auto | bool
     """all-gather FSDP shards once per pass, not per micro-batch (true|false|auto: if the bf16 model <= 25% of GPU
     memory)"""
-    fsdp_config: RefFSDPConfig
 
-    def check_sizes(self, found: Findings) -> None:
-        found.positive_or_unset(self, REF, LOG_PROB_SIZES)
-
-    def check(self, cfg, found: Findings) -> None:
-        check_log_prob_batches(self, REF, cfg, found)
+    def check_log_prob_batches(self, prefix: str, cfg, found: Findings) -> None:
+        """A log-prob pass needs a token budget that holds one sequence, or a micro-batch size without one."""
+        if self.log_prob_use_dynamic_bsz is not False:
+            check_token_len(f"{prefix}.log_prob_max_token_len_per_gpu", self.log_prob_max_token_len_per_gpu, cfg,
+                            found)
+        elif self.log_prob_micro_batch_size_per_gpu is None and self.log_prob_micro_batch_size is None:
+            found.errors.append(f"'{prefix}.log_prob_micro_batch_size_per_gpu' is null: set it (or "
+                                "log_prob_use_dynamic_bsz)")
 
 
 # the log-prob passes' batch keys (the reference's and the rollout's old-log-prob pass)
 LOG_PROB_SIZES = ("log_prob_max_token_len_per_gpu", "log_prob_micro_batch_size_per_gpu", "log_prob_micro_batch_size")
 
 
-def check_log_prob_batches(section, prefix: str, cfg, found: Findings) -> None:
-    """A log-prob pass needs a token budget that holds one sequence, or a micro-batch size without one."""
-    if section.log_prob_use_dynamic_bsz is not False:
-        check_token_len(f"{prefix}.log_prob_max_token_len_per_gpu", section.log_prob_max_token_len_per_gpu, cfg, found)
-    elif section.log_prob_micro_batch_size_per_gpu is None and section.log_prob_micro_batch_size is None:
-        found.errors.append(f"'{prefix}.log_prob_micro_batch_size_per_gpu' is null: set it (or "
-                            "log_prob_use_dynamic_bsz)")
+@dataclass(frozen=True)
+class RefConfig(LogProbPassConfig):
+    """`actor_rollout_ref.ref`."""
+
+    fsdp_config: RefFSDPConfig
+
+    def check_sizes(self, found: Findings) -> None:
+        found.positive_or_unset(self, REF, LOG_PROB_SIZES)
+
+    def check(self, cfg, found: Findings) -> None:
+        self.check_log_prob_batches(REF, cfg, found)
 
 
 @dataclass(frozen=True)

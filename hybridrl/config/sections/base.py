@@ -55,13 +55,15 @@ def field_types(cls: type[Section]) -> dict[str, Any]:
 
 @cache
 def field_docs(cls: type[Section]) -> dict[str, str]:
-    """Field name -> the string literal right below its declaration, its lines joined (fields without one are left
-    out)."""
-    body = ast.parse(textwrap.dedent(inspect.getsource(cls))).body[0].body
+    """Field name -> the string literal right below its declaration (in `cls` or the Section it extends), its lines
+    joined (fields without one are left out)."""
     docs = {}
-    for stmt, after in zip(body, body[1:]):
-        if isinstance(stmt, ast.AnnAssign) and isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant):
-            docs[stmt.target.id] = " ".join(after.value.value.split())
+    for owner in reversed([c for c in cls.__mro__ if issubclass(c, Section) and c is not Section]):
+        body = ast.parse(textwrap.dedent(inspect.getsource(owner))).body[0].body
+        for stmt, after in zip(body, body[1:]):
+            if isinstance(stmt, ast.AnnAssign) and isinstance(after, ast.Expr) and isinstance(after.value,
+                                                                                            ast.Constant):
+                docs[stmt.target.id] = " ".join(after.value.value.split())
     return docs
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from hybridrl.config.sections.actor import LOG_PROB_SIZES, check_log_prob_batches
+from hybridrl.config.sections.actor import LOG_PROB_SIZES, LogProbPassConfig
 from hybridrl.config.sections.base import Section
 from hybridrl.config.sections.multi_turn import MultiTurnConfig
 from hybridrl.config.sections.rules import Findings, world_text
@@ -15,7 +15,7 @@ ROLLOUT = "actor_rollout_ref.rollout"
 
 
 @dataclass(frozen=True)
-class RolloutConfig(Section):
+class RolloutConfig(LogProbPassConfig):
     """`actor_rollout_ref.rollout`."""
 
     name: Literal["native", "hf"]
@@ -64,18 +64,6 @@ class RolloutConfig(Section):
     """native engine: launch decode step t+1 before reading step t (hides the host's per-step work behind the GPU); auto
     = on on GPUs, off on CPU (where the synchronous loop is the reference)"""
     speculative: SpeculativeDecodingConfig
-    log_prob_micro_batch_size: int | None
-    """deprecated global form; use the _per_gpu key"""
-    log_prob_micro_batch_size_per_gpu: Auto | int | None
-    """samples per old-log-prob forward per GPU (results go to CPU at once); auto = the run plan's choice"""
-    log_prob_use_dynamic_bsz: Auto | bool
-    """micro-batches by token count instead of rows; auto as actor.use_dynamic_bsz, for
-    log_prob_micro_batch_size_per_gpu"""
-    log_prob_max_token_len_per_gpu: Auto | int
-    """token budget with log_prob_use_dynamic_bsz; auto = the run plan's choice"""
-    log_prob_unshard_once: Auto | bool
-    """all-gather FSDP shards once per pass, not per micro-batch (true|false|auto: if the bf16 model <= 25% of GPU
-    memory)"""
     seed: int
     """sampling seed, mixed with trainer.seed and the step, offset by the rollout dp rank (TP ranks of a group share
     it)"""
@@ -112,7 +100,7 @@ class RolloutConfig(Section):
         if self.name == "native":  # the model's heads bound the TP degree (the hf backend runs TP=1 anyway)
             tp_error = model_tp_error(cfg.actor_rollout_ref.model.path, tp)
             found.errors += [tp_error] if tp_error else []
-        check_log_prob_batches(self, ROLLOUT, cfg, found)
+        self.check_log_prob_batches(ROLLOUT, cfg, found)
         self.multi_turn.check(self.name, found)
         self.speculative.check(self, found)
         self.partial_rollout.check(cfg, found)
