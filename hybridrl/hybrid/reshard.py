@@ -113,6 +113,8 @@ class FSDPToTPResharder:
                  borrow: bool = False):
         if strategy not in ("slice", "gather"):
             raise ValueError(f"reshard strategy must be 'slice' or 'gather', got {strategy!r}")
+        if device.type == "cuda" and device.index is None:  # compared with tensors' devices, which carry an index
+            device = torch.device("cuda", torch.cuda.current_device())
         self.module, self.engine, self.dtype, self.device = module, engine, dtype, device
         self.strategy, self.borrow = strategy, borrow
         self._specs: dict[str, list[SliceSpec]] | None = None
@@ -135,6 +137,11 @@ class FSDPToTPResharder:
                 if self.borrow and merge is None and self._whole_here(p) is not None
                 and self.engine.weight_borrowable(name, tuple(p.shape)))
         return self._borrowed
+
+    def borrowed_params(self) -> int:
+        """Parameters the engine uses in place (what the plan predicts as `rollout.borrowed_params`)."""
+        names = self.borrowed_names()
+        return sum(p.numel() for name, p, _ in engine_parameters(self.module) if name in names)
 
     # -------------------------------------------------------------------- specs
     def _exchange_specs(self) -> dict[str, list[SliceSpec]]:

@@ -193,12 +193,12 @@ def _residency(get, layout: Layout, device: DeviceSpec, shape: ModelShape, rm_sh
 
 
 def _engine_borrowed_params(get, par, shape: ModelShape, hybrid: bool, device: DeviceSpec, stored_dtype: str) -> int:
-    """Parameters the hybrid engine uses in place from the actor instead of copying them (hybrid/reshard.py): those
-    the actor holds whole (no FSDP sharding), in the engine's dtype (a LoRA run's frozen base, or bf16 masters) and
+    """Parameters the native hybrid engine uses in place from the actor instead of copying them (hybrid/reshard.py):
+    those the actor holds whole (no FSDP sharding), in the engine's dtype (a LoRA run's frozen base, or bf16 masters) and
     on the GPU (no param_offload) that the engine holds whole in HF's layout (TP = 1), except LoRA-merged ones."""
     engine_dtype = "fp32" if device.type == "cpu" else _dtype_name(get(f"{ROLLOUT}.dtype"))
-    if not (hybrid and par.actor_fsdp == 1 and par.rollout_tp == 1 and stored_dtype == engine_dtype
-            and not get(f"{ACTOR}.fsdp_config.param_offload")):
+    if not (hybrid and get(f"{ROLLOUT}.name") == "native" and par.actor_fsdp == 1 and par.rollout_tp == 1
+            and stored_dtype == engine_dtype and not get(f"{ACTOR}.fsdp_config.param_offload")):
         return 0
     targets = lora_target_names(get(f"{MODEL}.target_modules")) if get(f"{MODEL}.lora_rank") else []
     return shape.engine_whole_params(tuple(targets))

@@ -174,6 +174,11 @@ class ActorRolloutRefWorker(RoleWorker):
             param_offload=cfg.actor.fsdp_config.param_offload,
             optimizer_offload=cfg.actor.fsdp_config.optimizer_offload,
             reshard_strategy=self.plan.rollout.reshard_strategy, borrow_weights=self.plan.rollout.borrow_weights)
+        borrowed = self.hybrid.resharder.borrowed_params() if self.plan.rollout.borrow_weights else 0
+        if borrowed != self.plan.rollout.borrowed_params:
+            logger.warning("the rollout engine borrows %d of the actor's parameters where the plan predicted %d: "
+                           "its memory prediction is off by %.2f GiB", borrowed, self.plan.rollout.borrowed_params,
+                           (self.plan.rollout.borrowed_params - borrowed) * 2 / 2**30)
 
     # ------------------------------------------------------------------ rollout
     @register(dispatch_mode=make_mesh_dispatch("rollout"))

@@ -94,6 +94,7 @@ def test_plan_borrows_only_whole_tensors_in_the_engine_dtype_under_the_hybrid_sc
     assert lent == [copied - 2 * p.rollout.borrowed_params for p in (bf16, lora)]
     assert "used in place from the actor" in str(bf16) and "used in place" not in str(fp32_masters)
     for unsafe in ([f"{A}.fsdp_config.param_offload=true"],        # the actor's tensors leave the GPU in the rollout
+                   [f"{R}.name=hf"],                                # HF generate runs on the actor's module itself
                    ["actor_rollout_ref.hybrid_engine=false"],       # a resident engine outlives the optimizer step
                    ["trainer.n_gpus_per_node=2"],                   # FSDP-sharded: no rank holds a tensor whole
                    ["trainer.n_gpus_per_node=2", f"{R}.tensor_model_parallel_size=2"]):   # TP slices
