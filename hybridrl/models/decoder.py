@@ -253,19 +253,19 @@ class TPDecoderForCausalLM(nn.Module):
         spec = getattr(module, "shard_spec", None)
         return None if spec is None else spec(param_name, shard_id)
 
-    def borrowable(self, hf_name: str, full_shape) -> str | None:
+    def borrowable(self, hf_name: str, full_shape=None) -> str | None:
         """Our name of the parameter that is the whole HF tensor `hf_name` in HF's layout on this rank (not fused
-        with a sibling, not sliced by TP), which the engine can therefore use in place; None otherwise."""
+        with a sibling, not sliced by TP; of `full_shape` where given), which the engine can therefore use in place;
+        None otherwise."""
         resolved = self.resolve_hf_name(hf_name)
         if resolved is None:
             return None
         name, param, module, param_name, shard_id = resolved
         spec = getattr(module, "shard_spec", None)
         whole = shard_id is None and (spec is None or spec(param_name, shard_id) is None)
-        return name if whole and tuple(param.shape) == tuple(full_shape) else None
+        return name if whole and (full_shape is None or tuple(param.shape) == tuple(full_shape)) else None
 
-    def _borrow(self, hf_name: str, name: str, module, param_name: str, tensor: torch.Tensor) -> None:
-        param = self.get_parameter(name)
+    def _borrow(self, hf_name: str, name: str, param, module, param_name: str, tensor: torch.Tensor) -> None:
         device = self.rope_cache.device   # set by the runner's wake, on the engine's device
         if (tuple(tensor.shape), tensor.dtype, tensor.device) != (tuple(param.shape), param.dtype, device) or \
                 not tensor.is_contiguous():
@@ -286,7 +286,7 @@ class TPDecoderForCausalLM(nn.Module):
             return None
         name, param, module, param_name, shard_id = resolved
         if param.is_meta:
-            self._borrow(hf_name, name, module, param_name, tensor)
+            self._borrow(hf_name, name, param, module, param_name, tensor)
             return name, shard_id
         loader = getattr(module, "load", None)
         if loader is None:

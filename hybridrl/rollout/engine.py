@@ -134,10 +134,9 @@ class LLMEngine:
         if unknown:
             raise ValueError(f"wake_up: tags {sorted(unknown)} unknown (allowed: 'weights', 'kv_cache')")
         if "weights" in tags and not self.runner.weights_awake:
-            ours, model = set(), self.runner.model
+            ours = set()
             for hf_name in borrowed:
-                resolved = model.resolve_hf_name(hf_name)
-                name = None if resolved is None else model.borrowable(hf_name, resolved[1].shape)
+                name = self.runner.model.borrowable(hf_name)
                 if name is None:
                     raise ValueError(f"wake_up: {hf_name!r} cannot be borrowed: the engine holds it fused with "
                                      "another tensor or sliced by tensor parallelism")

@@ -14,6 +14,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import transformers
+from test_hybrid_engine import actor_update, make_model_dir
 from typed_sections import FP32_MASTERS, model_source
 
 from hybridrl.config import load_config
@@ -118,9 +119,7 @@ def _one_rank_run(store: str, borrow: bool):
 
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
     try:
-        model_dir = Path(store).parent / "model"
-        torch.manual_seed(0)
-        transformers.AutoModelForCausalLM.from_config(qwen2(tied=False), dtype=torch.float32).save_pretrained(model_dir)
+        model_dir = make_model_dir(Path(store).parent / "model")   # a qwen2(tied=False) model
         module = build_fsdp_model(model_source(model_dir), FP32_MASTERS, build_training_mesh(1, -1, "cpu"),
                                   torch.device("cpu"))
         optimizer = torch.optim.SGD(module.parameters(), lr=5.0)
@@ -144,11 +143,7 @@ def _one_rank_run(store: str, borrow: bool):
 
         before, metrics = rollout()
         first = dict(seen)
-        ids = torch.tensor([[1, 2, 3, 4, 5, 6, 7, 8]])
-        loss = -torch.log_softmax(module(input_ids=ids).logits.float(), -1)[0, :-1].gather(1, ids[0, 1:, None]).mean()
-        loss.backward()
-        optimizer.step()
-        hybrid.after_update()
+        actor_update(module, optimizer, hybrid)
         after, _ = rollout()
         held = [p for p in engine.runner.model.parameters() if not p.is_meta]
         return before, after, metrics, first, hybrid.resharder.borrowed_names(), held

@@ -46,6 +46,15 @@ def hf_greedy(model, prompts):
     return out
 
 
+def actor_update(module, optimizer, hybrid) -> None:
+    """One actor update: push the log-prob of arbitrary tokens up, with a step large enough to change greedy paths."""
+    ids = torch.tensor([[1, 2, 3, 4, 5, 6, 7, 8]])
+    loss = -torch.log_softmax(module(input_ids=ids).logits.float(), -1)[0, :-1].gather(1, ids[0, 1:, None]).mean()
+    loss.backward()
+    optimizer.step()
+    hybrid.after_update()
+
+
 def _worker(rank, world, port, model_dir, q):
     import transformers
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
@@ -86,12 +95,7 @@ def _worker(rank, world, port, model_dir, q):
         want_before = hf_greedy(full_model(), PROMPTS)
         awake_after_sleep = engine.runner.weights_awake
 
-        # one actor update: push the log-prob of arbitrary tokens up, with a step large enough to change greedy paths
-        ids = torch.tensor([[1, 2, 3, 4, 5, 6, 7, 8]])
-        loss = -torch.log_softmax(module(input_ids=ids).logits.float(), -1)[0, :-1].gather(1, ids[0, 1:, None]).mean()
-        loss.backward()
-        optimizer.step()
-        hybrid.after_update()
+        actor_update(module, optimizer, hybrid)
 
         after, _ = rollout()
         want_after = hf_greedy(full_model(), PROMPTS)
