@@ -93,11 +93,12 @@ def summarize(history: list[dict], n_rows: int) -> dict:
             if k.startswith("memory/") or k.startswith("perf/max_memory"):
                 peaks[k] = max(peaks.get(k, 0.0), v)
     keep = ("timing_s/", "memory/", "perf/", "reshard/", "rollout/", "response_length/", "actor/grad_norm",
-            "plan/", "floor/")
+            "actor/early_update_frac", "plan/", "floor/")
     return {
         "steps_run": len(steps),
         "step_s": mean("timing_s/step"), "gen_s": mean("timing_s/gen"), "reshard_s": mean("timing_s/reshard"),
         "old_log_prob_s": mean("timing_s/old_log_prob"), "update_actor_s": mean("timing_s/update_actor"),
+        "update_after_gen_s": mean("timing_s/update_after_gen"), "early_update_frac": mean("actor/early_update_frac"),
         "generated_tok_per_s": sum(gen_tokens) / sum(gen_times) if gen_times else None,
         "reshard_gb_per_rank": mean("reshard/bytes_received_gb"),
         "peak_memory_gb": peaks,

@@ -58,10 +58,11 @@ class HybridEngine:
 
     # ------------------------------------------------------------------ phases
     @contextmanager
-    def rollout(self, metrics: dict, num_kv_blocks: int | None = None):
+    def rollout(self, metrics: dict, num_kv_blocks: int | None = None, beside_training: bool = False):
         """Yields the awake engine; fills `metrics` with reshard timing/bytes and per-phase memory.
         `num_kv_blocks`: this rollout's KV need, which the hybrid scheme allocates per rollout; the resident one
-        keeps the cache of its first wake, the engine config's (sized for the largest call)."""
+        keeps the cache of its first wake, the engine config's (sized for the largest call). `beside_training`: the
+        actor trains on another thread meanwhile (the early update), so the sleep leaves it cuBLAS's workspaces."""
         if getattr(self.engine, "shares_actor_weights", False):
             # the `hf` backend generates with the actor's own module: nothing to reshard, offload or sleep
             metrics["timing_s/reshard"] = 0.0
@@ -82,7 +83,7 @@ class HybridEngine:
         finally:
             t0 = time.perf_counter()
             if self.hybrid:
-                self.engine.sleep()
+                self.engine.sleep(clear_workspaces=not beside_training)
                 _empty_cache(self.device)
                 if self.param_offload:
                     from hybridrl.training.offload import load_fsdp_params

@@ -38,12 +38,15 @@ class ActorPlan:
     use_liger: bool                     # Liger's fused kernels in the actor's / reference's training graph
     lora_base_dtype: str | None         # LoRA: the frozen base weights, the frozen dtype unless model_dtype is
                                         # narrower (adapters stay in model_dtype); None: no LoRA
+    early_update: bool = False          # the update trains finished groups while the rollout goes on
+                                        # (early_update.py)
 
     def describe(self) -> str:
         """The actor's line of `hybridrl config check`."""
         old = str(self.old_log_prob) if self.old_log_prob_pass else "none (on-policy)"
         return (f"micro-batches   per GPU: update {self.update}, old log-prob {old}, reference {self.ref_log_prob}"
-                f"{', packed' if self.remove_padding or self.share_prompts else ', padded'}")
+                f"{', packed' if self.remove_padding or self.share_prompts else ', padded'}"
+                f"{'; the update starts on finished groups during the rollout' if self.early_update else ''}")
 
 
 def plan_actor(sizing: Sizing, kv_cache: KvCachePlan, share_prompts: bool, lora_base_dtype: str | None) -> ActorPlan:

@@ -26,6 +26,7 @@ from hybridrl.plan.actor_plan import (
     resolve_prefix_grouper,
 )
 from hybridrl.plan.critic_plan import CriticPlan, plan_critic, plan_critic_recompute
+from hybridrl.plan.early_update import plan_early_update
 from hybridrl.plan.layout import Layout, derive_layout
 from hybridrl.plan.memory import GiB, MemoryModel, Residency
 from hybridrl.plan.model_shape import ModelShape
@@ -136,6 +137,7 @@ def make_plan(config: PPOConfig, hf_config, device: DeviceSpec, val_prompts: int
     actor = plan_actor_recompute(sizing, kv_cache, actor)
     critic = plan_critic_recompute(sizing, kv_cache, critic) if critic is not None else None
     rollout = plan_rollout(sizing, kv_cache, "fp32" if device.type == "cpu" else _dtype_name(get(f"{ROLLOUT}.dtype")))
+    actor = plan_early_update(sizing, actor)
 
     update_rows = actor.update.rows
     layout = replace(layout, ppo_micro_batch_per_gpu=update_rows, log_prob_micro_batch_per_gpu=actor.old_log_prob.rows,

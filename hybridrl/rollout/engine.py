@@ -151,9 +151,10 @@ class LLMEngine:
             self.stats["num_kv_blocks"] = self.runner.num_blocks
             self.stats["cuda_graph_capture_s"] = self.runner.last_capture_s
 
-    def sleep(self, level: int = 1) -> None:
-        """Free KV cache, CUDA graphs and engine weights (level is accepted for vLLM parity)."""
-        self.runner.sleep()
+    def sleep(self, level: int = 1, clear_workspaces: bool = True) -> None:
+        """Free KV cache, CUDA graphs and engine weights (level is accepted for vLLM parity); `clear_workspaces`
+        false keeps cuBLAS's workspaces (another thread may be training with them)."""
+        self.runner.sleep(clear_workspaces)
         self._loaded = set()
 
     # ------------------------------------------------------------------ weights
@@ -201,14 +202,31 @@ class LLMEngine:
                 raise ValueError(f"prompt {i} has token ids outside [0, vocab_size={V})")
 
     def generate(self, prompt_token_ids: list[list[int]], sampling_params: SamplingParams,
-                 agent=None, continuations: list[Continuation] = ()) -> list[RequestOutput]:
+                 agent=None, continuations: list[Continuation] = (), on_group_done=None) -> list[RequestOutput]:
         """Generate `sampling_params.n` samples per prompt; with `agent`, multi-turn (see the module docstring).
         `continuations` (partial rollouts): samples of earlier calls to go on from, one sample each, returned after
-        the prompts' outputs with their earlier tokens and log-probs included."""
+        the prompts' outputs with their earlier tokens and log-probs included. `on_group_done(output)`: called in
+        this thread, between steps, with a prompt's (or continuation's) RequestOutput as soon as all its samples
+        have finished, while the others still decode; the returned list holds every output all the same."""
+        if on_group_done is not None and agent is not None:
+            raise ValueError("generate: on_group_done does not go with a multi-turn agent (its branches can add "
+                             "samples to a group after the group's samples have finished)")
         call = self._start(prompt_token_ids, sampling_params, agent, continuations)
+        call.on_group_done = on_group_done
         while not call.done():
             self._step(call)
+            self._report_done_groups(call)
         return self._outputs(call)
+
+    def _report_done_groups(self, call: _Call) -> None:
+        """Hand each group whose samples have all finished since the last step to the call's on_group_done."""
+        while call.done_groups:
+            rid = call.done_groups.pop(0)
+            if call.on_group_done is not None:
+                group = call.groups[rid]
+                experts = self._routed_experts(call, group)
+                call.on_group_done(RequestOutput(rid, list(call.prompts[rid]),
+                                                 [self._completion(s, None, experts.get(s.seq_id)) for s in group]))
 
     def _validate_continuations(self, continuations: list[Continuation], params: SamplingParams, agent) -> None:
         if continuations and agent is not None:
@@ -252,12 +270,18 @@ class LLMEngine:
         spec = self.config.speculative
         drafter = NgramDrafter(groups, spec) if spec.enable and agent is None else None
         experts: dict = {}
-        record = None
-        if self.config.record_routed_experts:
-            def record(seq):
+        unfinished = [len(g) for g in groups]
+        done_groups: list[int] = []
+
+        def finished(seq):   # before the scheduler frees its blocks: the routing record is read from them
+            if self.config.record_routed_experts:
                 experts[seq.seq_id] = self.runner.experts_of(seq)
+            unfinished[seq.request_id] -= 1
+            if unfinished[seq.request_id] == 0:
+                done_groups.append(seq.request_id)
         sched = Scheduler(BlockManager(self.runner.num_blocks, self.config.block_size), self.config,
-                          turn_end=agent.ends_turn if agent is not None else None, drafter=drafter, on_finish=record)
+                          turn_end=agent.ends_turn if agent is not None else None, drafter=drafter,
+                          on_finish=finished)
         for group in groups:
             sched.add_group(group)
         gen = torch.Generator(device=self.runner.device)
@@ -265,7 +289,7 @@ class LLMEngine:
         return _Call(sched, params, gen, groups,
                      _TailClock(sum(map(len, groups)), self.runner.decode_step_floor_s),
                      agent, TurnSync(self.runner.tp_group) if agent is not None else None, experts=experts,
-                     prompts=[*prompts, *(c.prompt_token_ids for c in continuations)])
+                     prompts=[*prompts, *(c.prompt_token_ids for c in continuations)], done_groups=done_groups)
 
     def _step(self, call: _Call) -> None:
         """One step, as nano-vllm's: schedule a batch, run it on the model runner, postprocess its tokens.
@@ -348,7 +372,7 @@ class LLMEngine:
     def _outputs(self, call: _Call) -> list[RequestOutput]:
         """A finished call's counters folded into `stats`; each prompt's, then each continuation's, output."""
         self._record_stats(call)
-        experts = self._routed_experts(call)
+        experts = self._routed_experts(call, [s for g in call.groups for s in g])
         turn_stats = self._turn_stats(call)
         return [RequestOutput(rid, list(call.prompts[rid]),
                               [self._completion(s, turn_stats, experts.get(s.seq_id)) for s in group])
@@ -389,12 +413,12 @@ class LLMEngine:
                 stats[s.call_key]["cut"] = "max_model_len" if len(s) >= self.config.max_model_len else "max_tokens"
         return stats
 
-    def _routed_experts(self, call: _Call) -> dict:
-        """seq_id -> [len(seq), MoE layers, k] on the host (one copy for the whole call); the last row, a token
-        never run through the model, holds the 'not recorded' id."""
-        if not call.experts:
+    def _routed_experts(self, call: _Call, seqs: list[Sequence]) -> dict:
+        """seq_id -> [len(seq), MoE layers, k] on the host for `seqs` (one copy for all of them); the last row, a
+        token never run through the model, holds the 'not recorded' id."""
+        ids = [s.seq_id for s in seqs if s.seq_id in call.experts]
+        if not ids:
             return {}
-        ids = list(call.experts)
         parts = [call.experts[i] for i in ids]
         host = torch.cat([F.pad(p, (0, 0, 0, 0, 0, 1), value=not_routed(self.runner.moe.num_experts))
                           for p in parts]).cpu()
@@ -427,6 +451,8 @@ class _Call:
     experts: dict = field(default_factory=dict)     # seq_id -> its routing record on the device, as it finished
     prompts: list = field(default_factory=list)     # per group, its prompt's token ids
     ahead: _Launched | None = None      # async scheduling: a step launched by the step before, not read yet
+    done_groups: list = field(default_factory=list)  # indices of groups finished since the last report
+    on_group_done: object = None        # generate's on_group_done, or None
 
     def __post_init__(self):
         self.num_seqs = 0

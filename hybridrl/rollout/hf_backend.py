@@ -29,7 +29,7 @@ class HFRolloutEngine:
     def wake_up(self, tags=("weights", "kv_cache"), num_kv_blocks=None) -> None:
         return None
 
-    def sleep(self, level: int = 1) -> None:
+    def sleep(self, level: int = 1, clear_workspaces: bool = True) -> None:
         return None
 
     def weight_shard_spec(self, hf_name, full_shape):

@@ -255,7 +255,9 @@ class ModelRunner:
         torch.cuda.empty_cache()
         return int(peak * 1.1) + (256 << 20)
 
-    def sleep(self) -> None:
+    def sleep(self, clear_workspaces: bool = True) -> None:
+        """Free the KV cache, graphs and weights; `clear_workspaces` false keeps cuBLAS's workspaces, which another
+        thread training meanwhile may be using (the early update)."""
         self.graphs, self.graph_pool, self.graph_out, self.graph_sizes = {}, None, None, []
         self._param_cache = None
         self._free_step_buffers()
@@ -269,7 +271,7 @@ class ModelRunner:
             self.weights_awake, self.borrowed = False, frozenset()
         if self.is_cuda:
             torch.cuda.synchronize(self.device)
-            clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+            clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None) if clear_workspaces else None
             if clear is not None:  # cuBLAS workspaces live in the caching allocator (incl. the capture stream's)
                 clear()
             torch.cuda.empty_cache()
@@ -327,7 +329,9 @@ class ModelRunner:
         ids, pos, ctx = self._decode_args(bs)
         self.graph_out[:bs] = self.model(ids, pos, ctx)  # warm-up
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, self.graph_pool):
+        # thread_local: the early update may be training on another thread meanwhile, whose CUDA calls must not
+        # count as this capture's (global mode would fail the capture on them)
+        with torch.cuda.graph(graph, self.graph_pool, capture_error_mode="thread_local"):
             self.graph_out[:bs] = self.model(ids, pos, ctx)
         if self.graph_pool is None:
             self.graph_pool = graph.pool()

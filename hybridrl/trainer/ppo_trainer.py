@@ -9,7 +9,9 @@ until enough prompt groups with signal are collected (with KL in the reward, old
 as verl). `algorithm.rollout_correction` weighs (and optionally rejects) tokens by the rollout-vs-trainer
 probability ratio in adv, from the old log-probs, or inside the update when there is no old-log-prob pass.
 With partial rollouts (trainer/partial_rollout.py) gen continues the groups in flight and the step trains the
-groups it completed — none in a step that completed none, which then only generates.
+groups it completed — none in a step that completed none, which then only generates. With the early update
+(trainer/early_update.py) reward → ref → adv → update_actor run on each part of the rollout's finished groups while
+the rest still generate, and the optimizer steps after the last part.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from hybridrl.protocol import DataProto
 from hybridrl.rewards.error_guard import RewardErrorGuard
 from hybridrl.seeding import derive_seed, shuffle_seed, step_sampling_seed, validation_sampling_seed
 from hybridrl.trainer.dynamic_sampling import GroupCollector, merge_reward_metrics, sample_metric
+from hybridrl.trainer.early_update import early_update_step
 from hybridrl.trainer.metrics import (
     compute_data_metrics,
     compute_floor_metrics,
@@ -100,10 +103,11 @@ def assign_uids(batch: DataProto) -> None:
     batch.non_tensor_batch["uid"] = np.array([str(uuid.uuid4()) for _ in range(len(batch))], dtype=object)
 
 
-def attach_rollout(batch: DataProto, out: DataProto, n: int) -> DataProto:
+def attach_rollout(batch: DataProto, out: DataProto, n: int, by_uid: bool = False) -> DataProto:
     """Prompt rows × their samples (adjacent), with the prompt-only tensors replaced by the full sequences of `out`.
-    n per prompt, or, where an agent loop forked branches, as many as `out` holds under the prompt's uid."""
-    if len(out) == n * len(batch) or "uid" not in out.non_tensor_batch:
+    n per prompt in the batch's order, or, where an agent loop forked branches or `by_uid` (some prompts' groups, in
+    any order), as many as `out` holds under each prompt's uid."""
+    if not by_uid and (len(out) == n * len(batch) or "uid" not in out.non_tensor_batch):
         batch = batch.repeat(n, interleave=True)
     else:
         row = {uid: i for i, uid in enumerate(batch.non_tensor_batch["uid"])}
@@ -445,9 +449,12 @@ class RayPPOTrainer:
                 worker_metrics.setdefault(k, []).extend(v if isinstance(v, list) else [v])
 
         with marked_timer("step", timing):
-            batch = self._collect_batch(batch, more_batches or iter(()), metrics, timing, absorb)
-            if batch is not None:  # None: partial rollouts with no group complete yet
-                batch = self._train_on(batch, metrics, timing, absorb)
+            if self.plan is not None and self.plan.actor.early_update:   # the update starts during the rollout
+                batch = early_update_step(self, batch, metrics, timing, absorb)
+            else:
+                batch = self._collect_batch(batch, more_batches or iter(()), metrics, timing, absorb)
+                if batch is not None:  # None: partial rollouts with no group complete yet
+                    batch = self._train_on(batch, metrics, timing, absorb)
         for k, v in reduce_metrics(worker_metrics).items():
             if k.startswith(("perf/max_memory", "memory/")):
                 metrics[k] = max(worker_metrics[k])  # the peak over ranks, not the mean

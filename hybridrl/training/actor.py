@@ -44,7 +44,9 @@ Choices:
 
 from __future__ import annotations
 
+from collections import defaultdict
 from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass, field
 
 import torch
 
@@ -60,7 +62,7 @@ from hybridrl.config.sections.actor import ActorConfig
 from hybridrl.protocol import DataProto
 from hybridrl.training.fsdp import keep_unsharded, should_keep_unsharded
 from hybridrl.training.fused_logprob import fused_logprob_entropy, plain_linear_head
-from hybridrl.training.micro_batches import UpdateBatches, loss_scales, make_micro_batches
+from hybridrl.training.micro_batches import UpdateBatches, loss_scales, make_micro_batches, normaliser_count
 from hybridrl.training.moe import RouterTaps, load_balancing_loss, router_settings, router_z_loss
 from hybridrl.training.response_forward import forward_response_logits
 from hybridrl.training.token_bins import restore_order
@@ -71,6 +73,32 @@ __all__ = ["DataParallelPPOActor"]
 
 # what the forward reads (and moves to the device itself, packed or not); the loss's own tensors are the rest
 FORWARD_INPUTS = ("responses", "input_ids", "attention_mask", "position_ids")
+
+
+@dataclass(frozen=True)
+class _LossSettings:
+    """How an update's loss is made: the rollout temperature, the aggregation of the loss (and of the policy loss,
+    which a loss such as gspo fixes itself), its regularisers, and whether the update's own log-probs are the old
+    ones (with the rollout-correction level and threshold it then applies itself)."""
+    temperature: float
+    mode: str
+    pg_mode: str
+    entropy_coeff: float
+    use_kl_loss: bool
+    own_old: bool
+    rollout_is: dict | None
+
+
+@dataclass
+class _StreamState:
+    """A streamed update in progress: the policy loss's aggregation, the provisional normaliser every part's loss
+    was scaled by, the true one summed so far (a device tensor), metrics, and the lr and skip count at its start."""
+    pg_mode: str
+    provisional: float
+    count: torch.Tensor
+    lr: float
+    skips_before: int
+    metrics: dict = field(default_factory=lambda: defaultdict(list))
 
 
 class DataParallelPPOActor(FSDPUpdater):
@@ -86,6 +114,7 @@ class DataParallelPPOActor(FSDPUpdater):
         self.own_old_log_probs: torch.Tensor | None = None  # [B, R] on CPU after an update without old_log_probs
         self.replay, self.router_aux_coef, self.router_z_coef = router_settings(config)
         self.routing = None   # the MoE router hooks of the trained policy (training/moe.py)
+        self._stream: _StreamState | None = None   # a streamed update in progress (begin_streamed_update)
         if optimizer is not None and (self.replay or self.router_aux_coef or self.router_z_coef):
             self.routing = RouterTaps(module, replay=self.replay,
                                       collect_logits=bool(self.router_aux_coef or self.router_z_coef))
@@ -156,14 +185,13 @@ class DataParallelPPOActor(FSDPUpdater):
         return restore_order(log_probs, bins).cpu(), (restore_order(entropies, bins).cpu() if entropies else None)
 
     # ------------------------------------------------------------------ update
-    def update_policy(self, data: DataProto) -> dict[str, float]:
+    def _loss_settings(self, data: DataProto) -> tuple[DataProto, _LossSettings]:
+        """What an update reads of `data` (selected) and how its loss is made from it."""
         cfg = self.config
         if self.optimizer is None:
             raise ValueError("update_policy needs an optimizer (this actor was built for log-probs only)")
         if "temperature" not in data.meta_info:
             raise ValueError("update_policy: meta_info['temperature'] is required (the rollout temperature)")
-        temperature = float(data.meta_info["temperature"])
-        use_kl_loss = cfg.use_kl_loss
         # without 'old_log_probs' (no old-log-prob pass: one on-policy mini-batch) the update's own log-probs,
         # detached, are the old ones: ratio 1, the same gradient, one forward pass less per step
         keys = [*self._forward_inputs(data), "response_mask", "advantages"]
@@ -177,24 +205,98 @@ class DataParallelPPOActor(FSDPUpdater):
         rollout_is = data.meta_info.get("rollout_is") if own_old else None
         if rollout_is is not None and "rollout_log_probs" not in data.batch:
             raise ValueError("algorithm.rollout_correction.rollout_is is set but the batch has no 'rollout_log_probs'")
-        if use_kl_loss:
+        if cfg.use_kl_loss:
             if "ref_log_prob" not in data.batch:
                 raise ValueError("actor.use_kl_loss=true needs 'ref_log_prob' in the batch (enable the reference "
                                  "policy)")
             keys.append("ref_log_prob")
         data = data.select(keys)
-        mode = cfg.loss_agg_mode
-        entropy_coeff = float(cfg.entropy_coeff)
-        self.own_old_log_probs = None
         if own_old:  # shuffling and dynamic micro-batches reorder rows: the index puts the log-probs back
             data.batch["row_index"] = torch.arange(len(data), device=data.batch["responses"].device)
+        mode = cfg.loss_agg_mode
+        return data, _LossSettings(float(data.meta_info["temperature"]), mode,
+                                   getattr(self._policy_loss_fn(), "loss_agg_mode", mode), float(cfg.entropy_coeff),
+                                   cfg.use_kl_loss, own_old, rollout_is)
+
+    def update_policy(self, data: DataProto) -> dict[str, float]:
+        data, loss = self._loss_settings(data)
+        self.own_old_log_probs = None
+        if loss.own_old:
             self.own_old_log_probs = torch.zeros(data.batch["responses"].shape, dtype=torch.float32,
                                                  device=self.device)
-        out = self._train_step(data, "actor", lambda mini, metrics: self._update_mini_batch(
-            mini, temperature, mode, entropy_coeff, use_kl_loss, own_old, rollout_is, metrics))
-        if own_old:
+        out = self._train_step(data, "actor", lambda mini, metrics: self._update_mini_batch(mini, loss, metrics))
+        if loss.own_old:
             self.own_old_log_probs = self.own_old_log_probs.cpu()
         return out
+
+    # ------------------------------------------------------------------ streamed update
+    def begin_streamed_update(self, rows: int, response_length: int) -> None:
+        """Start one optimizer step's update whose rows arrive in parts (`accumulate`), `rows` in all, each with at
+        most `response_length` response tokens; `finish_streamed_update` steps. The loss of every part is scaled by
+        a fixed provisional normaliser (`rows`, times `response_length` for token-mean) and the gradient by the
+        provisional over the true one at the end, so the result equals `update_policy` on all the rows at once:
+        one mini-batch, one epoch, as the plan's early update requires."""
+        if self.optimizer is None:
+            raise ValueError("begin_streamed_update needs an optimizer (this actor was built for log-probs only)")
+        cfg = self.config
+        if cfg.ppo_epochs != 1:
+            raise ValueError(f"a streamed update is one pass over the rows: actor.ppo_epochs={cfg.ppo_epochs} must be 1")
+        pg_mode = getattr(self._policy_loss_fn(), "loss_agg_mode", cfg.loss_agg_mode)
+        regularised = cfg.entropy_coeff != 0 or cfg.use_kl_loss or self.router_aux_coef or self.router_z_coef
+        if pg_mode != cfg.loss_agg_mode and regularised:
+            raise ValueError(f"a streamed update scales its gradient once at the end: the policy loss aggregates "
+                             f"with {pg_mode!r}, its regularisers with actor.loss_agg_mode={cfg.loss_agg_mode!r}")
+        provisional = float(rows * (response_length if pg_mode == "token-mean" else 1))
+        self._stream = _StreamState(pg_mode, provisional, torch.zeros((), device=self.device),
+                                    self.optimizer.param_groups[0]["lr"], self.nonfinite_skips)
+        self._offload_stats = {}
+        self.module.train()
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def accumulate(self, data: DataProto) -> torch.Tensor | None:
+        """Forward and backward over one part of a streamed update; returns its rows' own old log-probs [B, R] on
+        the CPU (no old-log-prob pass) or None."""
+        st = self._stream
+        if st is None:
+            raise RuntimeError("accumulate: no streamed update begun (begin_streamed_update)")
+        data, loss = self._loss_settings(data)
+        if loss.pg_mode != st.pg_mode:
+            raise ValueError(f"accumulate: the policy loss aggregates with {loss.pg_mode!r}, the update began with "
+                             f"{st.pg_mode!r}")
+        sizes = self.batches
+        micros, _ = make_micro_batches(data, sizes.dynamic, sizes.micro_rows, sizes.max_tokens,
+                                       share_prompts=self.share_prompts)
+        counts = [normaliser_count(m.batch["response_mask"], st.pg_mode).to(self.device) for m in micros]
+        st.count = st.count + torch.stack(counts).sum()
+        self.own_old_log_probs = None
+        if loss.own_old:
+            self.own_old_log_probs = torch.zeros(data.batch["responses"].shape, dtype=torch.float32,
+                                                 device=self.device)
+        scale = [c / st.provisional if st.pg_mode != "seq-mean-token-sum-norm" else 1.0 for c in counts]
+        try:
+            with keep_unsharded(self.module, sizes.unshard_once, backward=True):
+                self._micro_steps(micros, scale, scale, loss, st.metrics)
+        finally:
+            if self.reduce_in_last_backward:
+                self.module.set_requires_gradient_sync(True)
+        own, self.own_old_log_probs = self.own_old_log_probs, None
+        return None if own is None else own.cpu()
+
+    def finish_streamed_update(self) -> dict[str, float]:
+        """The streamed update's gradient put on the true normaliser, clipped and applied; its metrics."""
+        st, self._stream = self._stream, None
+        if st is None:
+            raise RuntimeError("finish_streamed_update: no streamed update begun (begin_streamed_update)")
+        if st.pg_mode != "seq-mean-token-sum-norm":
+            count = float(st.count.item())
+            factor = st.provisional / count if count > 0 else 0.0
+            for p in self.module.parameters():
+                if p.grad is not None:
+                    p.grad.mul_(factor)
+        self._optimizer_step(st.metrics)
+        if self.scheduler is not None:
+            self.scheduler.step()
+        return self._step_metrics("actor", st.metrics, st.lr, st.skips_before)
 
     def _collecting(self):
         """Around the forward whose router logits the router losses read (not the recomputation in backward)."""
@@ -231,29 +333,33 @@ class DataParallelPPOActor(FSDPUpdater):
     def _policy_loss_fn(self):
         return get_policy_loss_fn(self.config.policy_loss.loss_mode)
 
-    def _update_mini_batch(self, mini: DataProto, temperature, mode, entropy_coeff, use_kl_loss, own_old,
-                           rollout_is, metrics):
-        cfg, sizes = self.config, self.batches
+    def _update_mini_batch(self, mini: DataProto, loss: _LossSettings, metrics):
+        sizes = self.batches
         micros, _ = make_micro_batches(mini, sizes.dynamic, sizes.micro_rows, sizes.max_tokens,
                                        share_prompts=self.share_prompts)
-        policy_loss_fn = self._policy_loss_fn()
-        pg_mode = getattr(policy_loss_fn, "loss_agg_mode", mode)
-        scales = zip(loss_scales(micros, pg_mode), loss_scales(micros, mode))
+        self._micro_steps(micros, loss_scales(micros, loss.pg_mode), loss_scales(micros, loss.mode), loss, metrics)
+
+    def _micro_steps(self, micros: list[DataProto], pg_scales, scales, loss: _LossSettings, metrics) -> None:
+        """Forward and backward of each micro-batch, its policy loss times `pg_scales[i]` and its regularisers
+        times `scales[i]`; the last backward completes the gradients."""
+        cfg, policy_loss_fn = self.config, self._policy_loss_fn()
+        mode, entropy_coeff, own_old = loss.mode, loss.entropy_coeff, loss.own_old
         # metrics stay 0-d device tensors until the update ends: no host sync between micro-batches
-        for i, (micro, (pg_scale, scale)) in enumerate(zip(micros, scales)):
+        for i, (micro, pg_scale, scale) in enumerate(zip(micros, pg_scales, scales)):
             b = {k: to_device(v, self.device) for k, v in micro.batch.items() if k not in self._forward_inputs()}
             mask = b["response_mask"]
             with self._routed():  # the router hooks act on this micro-batch's forward and its recomputation
                 # entropy is part of the loss with entropy_coeff, and the step's metric when no old-log-prob pass
                 # made it
                 with self.training_forward(), self._collecting():
-                    log_prob, entropy = self._forward_micro_batch(micro, temperature,
+                    log_prob, entropy = self._forward_micro_batch(micro, loss.temperature,
                                                                   calculate_entropy=entropy_coeff != 0 or own_old,
                                                                   entropy_grad=entropy_coeff != 0)
                 old_log_prob = log_prob.detach() if own_old else b["old_log_probs"]
                 is_weights = b.get("rollout_is_weights")
                 if own_old:
                     self.own_old_log_probs[b["row_index"]] = old_log_prob.float()
+                    rollout_is = loss.rollout_is
                     if rollout_is is not None:  # per token or per row: the same weights a whole-batch pass gives
                         is_weights = truncated_is_weights(old_log_prob - b["rollout_log_probs"], mask,
                                                           rollout_is["level"], float(rollout_is["threshold"]))
@@ -266,13 +372,13 @@ class DataParallelPPOActor(FSDPUpdater):
                     if entropy_coeff != 0:
                         regularisers = regularisers - entropy_coeff * entropy_loss
                     metrics["entropy"].append(entropy_loss.detach())
-                if use_kl_loss:
+                if loss.use_kl_loss:
                     kld = kl_penalty(log_prob, b["ref_log_prob"], cfg.kl_loss_type)
                     kl_loss = agg_loss(kld, mask, mode)
                     regularisers = regularisers + float(cfg.kl_loss_coef) * kl_loss
                     metrics["kl_loss"].append(kl_loss.detach())
-                loss = pg_loss * pg_scale + regularisers * scale
-                self.backward(loss, last=i == len(micros) - 1)
+                total = pg_loss * pg_scale + regularisers * scale
+                self.backward(total, last=i == len(micros) - 1)
             metrics["pg_loss"].append(pg_loss.detach())
             for key, value in pg_metrics.items():  # verl's actor/pg_clipfrac, actor/ppo_kl, ...: prefixed by the updater
                 metrics[key.removeprefix("actor/")].append(value)

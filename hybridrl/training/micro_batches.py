@@ -18,7 +18,8 @@ from hybridrl.seeding import derive_seed
 from hybridrl.training.packing import prompt_groups
 from hybridrl.training.token_bins import rearrange_micro_batches, rearrange_prompt_groups
 
-__all__ = ["UpdateBatches", "make_micro_batches", "iter_mini_batches", "loss_scale", "loss_scales", "normaliser"]
+__all__ = ["UpdateBatches", "make_micro_batches", "iter_mini_batches", "loss_scale", "loss_scales", "normaliser",
+           "normaliser_count"]
 
 
 @dataclass(frozen=True)
@@ -45,7 +46,7 @@ class UpdateBatches:
         return self.micro_rows is None
 
 
-def _count(response_mask: torch.Tensor, loss_agg_mode: str) -> torch.Tensor:
+def normaliser_count(response_mask: torch.Tensor, loss_agg_mode: str) -> torch.Tensor:
     """The normaliser as a 0-d tensor on the mask's device (no host sync)."""
     if loss_agg_mode == "token-mean":
         return response_mask.sum().float()
@@ -57,7 +58,7 @@ def _count(response_mask: torch.Tensor, loss_agg_mode: str) -> torch.Tensor:
 
 
 def normaliser(response_mask: torch.Tensor, loss_agg_mode: str) -> float:
-    return float(_count(response_mask, loss_agg_mode).item())
+    return float(normaliser_count(response_mask, loss_agg_mode).item())
 
 
 def loss_scale(micro_mask: torch.Tensor, mini_norm: float, loss_agg_mode: str) -> float:
@@ -73,7 +74,7 @@ def loss_scales(micros: list[DataProto], loss_agg_mode: str) -> list[float]:
     the GPU runs this one."""
     if loss_agg_mode == "seq-mean-token-sum-norm":
         return [1.0] * len(micros)
-    counts = torch.stack([_count(m.batch["response_mask"], loss_agg_mode) for m in micros]).tolist()
+    counts = torch.stack([normaliser_count(m.batch["response_mask"], loss_agg_mode) for m in micros]).tolist()
     total = sum(counts)
     return [c / total if total > 0 else 0.0 for c in counts]
 

@@ -81,6 +81,11 @@ class FSDPUpdater:
             self._optimizer_step(metrics)
         if self.scheduler is not None:
             self.scheduler.step()
+        return self._step_metrics(role, metrics, lr, skips_before)
+
+    def _step_metrics(self, role: str, metrics: dict, lr: float, skips_before: int) -> dict[str, float]:
+        """A training step's `{role}/...` metrics: the means over micro-batches, the lr it used, its skipped
+        optimizer steps and offloaded activations."""
         out = {f"{role}/{k}": v for k, v in _mean(metrics).items()}
         out[f"{role}/lr"] = lr
         out[f"{role}/grad_norm_nonfinite_skips"] = float(self.nonfinite_skips - skips_before)

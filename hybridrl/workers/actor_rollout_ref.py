@@ -35,6 +35,7 @@ from hybridrl.workers.common import (
     sampling_params_from,
     update_batches,
 )
+from hybridrl.workers.early_update import EarlyUpdateWorker
 
 logger = logging.getLogger("hybridrl.workers")
 
@@ -80,7 +81,7 @@ def build_tool_agent(config: PPOConfig, eos_token_ids, max_running_seqs: int):
                      interactions=interactions, max_running_seqs=max_running_seqs)
 
 
-class ActorRolloutRefWorker(RoleWorker):
+class ActorRolloutRefWorker(EarlyUpdateWorker, RoleWorker):
     def __init__(self, config: PPOConfig, plan, role: str = "actor_rollout_ref"):
         super().__init__(config, plan)  # plan: shape, micro-batches, KV blocks, unshard and reshard choices
         setup_worker_logging()
@@ -213,12 +214,13 @@ class ActorRolloutRefWorker(RoleWorker):
         out.meta_info["metrics"] = metric_lists(metrics)
         return out
 
-    def _generate(self, prompts: list[list[int]], params, num_kv_blocks: int, **kwargs):
+    def _generate(self, prompts: list[list[int]], params, num_kv_blocks: int, beside_training: bool = False,
+                  **kwargs):
         """(the engine's outputs, this rollout's metrics): one generate call between the hybrid engine's wake-up
-        (weights resharded in, KV allocated) and its sleep."""
+        (weights resharded in, KV allocated) and its sleep; `beside_training`: the early update trains meanwhile."""
         metrics: dict = {}
         t0 = time.perf_counter()
-        with self.hybrid.rollout(metrics, num_kv_blocks=num_kv_blocks) as engine:
+        with self.hybrid.rollout(metrics, num_kv_blocks=num_kv_blocks, beside_training=beside_training) as engine:
             tg = time.perf_counter()
             outputs = engine.generate(prompts, params, **kwargs)
             metrics["timing_s/gen_engine"] = time.perf_counter() - tg

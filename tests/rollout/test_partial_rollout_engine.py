@@ -88,3 +88,28 @@ def test_bad_continuations_are_refused(cont, match):
 def test_token_budget_must_be_positive():
     with pytest.raises(ValueError, match="token_budget"):
         SamplingParams(token_budget=0)
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_on_group_done_reports_each_group_once_as_it_finishes(async_scheduling):
+    """Many eos tokens: samples stop after varied lengths. Each group is reported once, between steps, as soon as its
+    longest sample ends (so in the order of its longest sample), with the outputs generate returns."""
+    engine = make_engine(tiny_hf_model("qwen2"), eos_token_ids=tuple(range(3, 120)), async_scheduling=async_scheduling)
+    prompts = [[i + 1, i + 2, i + 3] for i in range(8)]
+    reported = []
+    outs = engine.generate(prompts, SamplingParams(n=3, temperature=1.0, max_tokens=30, seed=1),
+                           on_group_done=reported.append)
+    assert sorted(o.request_id for o in reported) == list(range(len(prompts)))
+    for o in reported:
+        final = outs[o.request_id]
+        assert o.prompt_token_ids == final.prompt_token_ids
+        assert [(c.token_ids, c.logprobs, c.finish_reason) for c in o.outputs] == \
+               [(c.token_ids, c.logprobs, c.finish_reason) for c in final.outputs]
+    longest = [max(len(c.token_ids) for c in o.outputs) for o in reported]
+    assert longest == sorted(longest) and longest[0] < longest[-1]
+
+
+def test_on_group_done_is_refused_with_an_agent():
+    engine = make_engine(tiny_hf_model("qwen2"))
+    with pytest.raises(ValueError, match="on_group_done"):
+        engine.generate([[1, 2]], SamplingParams(max_tokens=2), agent=object(), on_group_done=print)

@@ -55,7 +55,7 @@ def generate_seed(dp_rank: int, tp_rank: int, meta: dict) -> int:
             raise StopIteration  # stop before outputs are converted: the seed is all this test needs
 
     class Hybrid:
-        def rollout(self, metrics, num_kv_blocks):
+        def rollout(self, metrics, num_kv_blocks, beside_training=False):
             import contextlib
             return contextlib.nullcontext(Engine())
 

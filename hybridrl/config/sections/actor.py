@@ -133,6 +133,13 @@ class ActorConfig(Section):
     old_log_prob_pass: Auto | bool
     """auto = skipped when the update is one on-policy mini-batch (1 epoch, mini-batch = batch, no KL in reward): old
     log-probs are then the update's own, detached (ratio exactly 1) | true | false"""
+    early_update: Auto | bool
+    """start the update on the prompt groups whose samples have all finished while the others still generate: their
+    forward and backward run beside the decode tail, at the weights that sampled them, and the one optimizer step
+    comes after the last group (the same update, its gradient put on the whole batch's normaliser). auto = the run
+    plan's choice: on on a GPU where the update is exact that way and fits beside the rollout (one on-policy
+    mini-batch, advantages from each group's own rewards, one training rank, see docs/architecture.md); off on CPU |
+    true (refused where it is not exact) | false"""
     shuffle: bool
     """shuffle samples between mini-batches (seeded by trainer.seed and the step)"""
     use_prefix_grouper: Auto | bool

@@ -1,0 +1,110 @@
+"""The driver's step with the early update (plan: `actor.early_update`, plan/early_update.py says where it is on).
+
+The rollout streams its finished prompt groups (workers/early_update.py); the driver scores each batch of them —
+rewards, the reference's log-probs, advantages from the group's own rewards — and sends it to the actor, which
+accumulates its gradients while the other groups still decode. After the last group the actor puts the gradient on
+the whole batch's normaliser and steps once: the same update as the step that waits for the whole rollout, started
+during the rollout's tail instead of after it.
+
+Metrics beside the usual ones: `actor/early_update_frac` (the share of the step's samples whose forward and backward
+ran before the rollout ended) and `timing_s/update_after_gen` (how long the step waited for the update after the
+rollout; `timing_s/update_actor` is the whole update's time, part of it hidden behind the rollout).
+"""
+
+from __future__ import annotations
+
+import time
+
+from hybridrl.algorithms import compute_advantage
+from hybridrl.algorithms.rollout_correction import apply_rollout_correction
+from hybridrl.protocol import DataProto
+from hybridrl.seeding import step_sampling_seed
+from hybridrl.trainer.dynamic_sampling import merge_reward_metrics
+from hybridrl.trainer.reward_phase import RM_COUNTS, compute_reward
+from hybridrl.trainer.timer import marked_timer
+
+PARTS_PER_STEP = 8   # the rollout's finished groups are scored and trained in about this many parts (and the rest)
+
+
+def early_update_step(trainer, batch: DataProto, metrics: dict, timing: dict, absorb) -> DataProto:
+    """Generate, score and train `batch` with the update running beside the rollout; returns the batch as
+    trained on (its groups in the order they finished)."""
+    from hybridrl.trainer.ppo_trainer import (
+        assign_uids,
+        attach_rollout,
+        generation_inputs,
+        rollout_probs_diff,
+    )
+
+    cfg, wg = trainer.config, trainer.actor_rollout_wg
+    n = cfg.actor_rollout_ref.rollout.n
+    assign_uids(batch)
+    gen = generation_inputs(batch)
+    gen.meta_info = {**trainer._meta(), "seed": step_sampling_seed(cfg.trainer.seed, cfg.actor_rollout_ref.rollout.seed,
+                                                                   trainer.global_steps)}
+    rows = len(batch) * n
+    wg.begin_early_update(rows)
+    start = time.perf_counter()
+    wg.start_rollout_stream(gen)
+    parts, reward_metrics = [], []
+    trained_early, gen_end = 0, None
+    while gen_end is None:
+        taken = [o for o in wg.take_rollout_stream(max(n, rows // PARTS_PER_STEP)) if o is not None]
+        ended = [o.meta_info.pop("done") for o in taken]
+        if all(ended):
+            gen_end = time.perf_counter() - max(o.meta_info.pop("seconds_since_end") for o in taken)
+            timing["gen"] = gen_end - start
+        for o in taken:
+            absorb(o)
+            o.meta_info.pop("seconds_since_end", None)
+        taken = [o for o in taken if len(o)]
+        if not taken:
+            continue
+        part = _score(trainer, attach_rollout(batch, DataProto.concat(taken), n, by_uid=True), metrics, timing,
+                      absorb, reward_metrics)
+        with marked_timer("update_actor", timing):
+            out = wg.accumulate_actor(part)
+            absorb(out)
+        if "old_log_probs" in out.batch:   # the update's own, for the rollout-vs-trainer metrics below
+            part.batch["old_log_probs"] = out.batch["old_log_probs"]
+        trained_early += len(part) if gen_end is None else 0
+        parts.append(part)
+    metrics.update(merge_reward_metrics(reward_metrics))
+    # failed samples were scored 0; past the configured share the run stops before the optimizer step uses them
+    metrics["reward/failed_fraction"] = trainer.reward_guard.check(trainer.global_steps, metrics)
+    with marked_timer("update_actor", timing):
+        for out in wg.finish_early_update():
+            absorb(out)
+    timing["update_after_gen"] = time.perf_counter() - gen_end
+    metrics["actor/early_update_frac"] = trained_early / rows
+    batch = DataProto.concat(parts)
+    batch.meta_info["global_token_num"] = batch.batch["attention_mask"].sum(-1).tolist()
+    if "old_log_probs" in batch.batch and "rollout_log_probs" in batch.batch:
+        metrics.update(rollout_probs_diff(batch))
+        metrics.update(apply_rollout_correction(batch, trainer.rollout_correction))
+    return batch
+
+
+def _score(trainer, part: DataProto, metrics: dict, timing: dict, absorb, reward_metrics: list) -> DataProto:
+    """Rewards, the reference's log-probs (KL loss) and the advantages of finished groups."""
+    cfg, algo = trainer.config, trainer.config.algorithm
+    with marked_timer("reward", timing):
+        result, rm_metrics, rm_worker = compute_reward(part, trainer.reward_fn, trainer.reward_model)
+        absorb(DataProto(meta_info={"metrics": rm_worker}))
+        for key, value in rm_metrics.items():   # counts add up over the parts
+            metrics[key] = metrics.get(key, 0.0) + value if key in RM_COUNTS else value
+        reward_metrics.append(result.get("metrics", {}))
+        part.batch["token_level_scores"] = result["reward_tensor"]
+        part.batch["token_level_rewards"] = result["reward_tensor"]
+    if trainer.use_reference:
+        with marked_timer("ref", timing):
+            ref = trainer.actor_rollout_wg.compute_ref_log_prob(part)
+            absorb(ref)
+            part.union(ref)
+    with marked_timer("adv", timing):
+        rc = trainer.rollout_correction
+        if rc.rollout_is is not None:   # the actor weighs with its own log-probs (no old-log-prob pass)
+            part.meta_info["rollout_is"] = {"level": rc.rollout_is, "threshold": float(rc.rollout_is_threshold)}
+        return compute_advantage(part, algo.adv_estimator, gamma=algo.gamma, lam=algo.lam,
+                                 num_repeat=cfg.actor_rollout_ref.rollout.n,
+                                 norm_adv_by_std_in_grpo=algo.norm_adv_by_std_in_grpo)
