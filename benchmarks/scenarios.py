@@ -99,6 +99,14 @@ SMALL = [
                  py("benchmarks/long_tail.py", "--preset", "qwen2.5-1.5b", "--response-len", "4096", "--mean-len",
                     "1000", "--workdir", "{work}/long_tail", "--defaults", "--gpus", "1", "--prompts", "32", "--n",
                     "8", "--steps", "3", "--variants", "hybrid", "--repeat", "3", "--out", "{out}/defaults.json"),)),
+    Scenario("long-tail-1.5b-early-update", "the long-tail 1.5B at the defaults (the early update on, the plan's "
+             "choice) beside the same with actor.early_update=false, runs of each interleaved as listed",
+             "nvidia-h200", "long_tail", (
+                 py("benchmarks/long_tail.py", "--preset", "qwen2.5-1.5b", "--response-len", "4096", "--mean-len",
+                    "1000", "--workdir", "{work}/long_tail", "--defaults", "--gpus", "1", "--prompts", "32", "--n",
+                    "8", "--steps", "3", "--variants",
+                    "hybrid,hybrid_waited:actor_rollout_ref.actor.early_update=false", "--repeat", "2",
+                    "--out", "{out}/early_update.json"),)),
     Scenario("long-tail-1.5b-levers", "the long-tail 1.5B with speculative decoding on (2 runs) and with partial "
              "rollouts of 1,024 new tokens per sample and step (2 runs of 5 steps)", "nvidia-h200", "long_tail", (
                  py("benchmarks/long_tail.py", "--preset", "qwen2.5-1.5b", "--response-len", "4096", "--mean-len",
@@ -158,16 +166,16 @@ SMALL = [
     Scenario("moe-experts", "MoE experts of a Qwen3-30B-A3B layer: CUDA-graph safety, engine tokens with graphs, "
              "grouped GEMMs vs HF's grouped_mm and per-expert loop", "nvidia-h200", "moe_experts",
              (py("benchmarks/moe_experts.py", "--out", "{out}/moe_experts.json", log="moe_experts.log"),)),
-    # MoE GRPO on one GPU; not run yet (each writes its random-weight model under {work}: 57 GiB for the 30B-A3B
-    # shape, so run them on separate machines or remove {work}/models between them). Records to be moe_grpo/.
+    # MoE GRPO on one GPU (each writes its random-weight model under {work}: 57 GiB for the 30B-A3B shape, so run
+    # them on separate machines or remove {work}/models between them)
     Scenario("moe-grpo-30b-lora", "Qwen3-30B-A3B shape with LoRA r32 on one GPU, the engine borrowing the frozen "
-             "base: step, phases, predicted vs measured peaks", "nvidia-h200", None,
+             "base: step, phases, predicted vs measured peaks", "nvidia-h200", "moe_grpo",
              (grpo("grpo_qwen3-30b-a3b_lora32.json", "--preset", "qwen3-30b-a3b", *ONE_GPU, "--prompts", "32",
                    "--steps", "3", "--variants", "lora32:actor_rollout_ref.model.lora_rank=32"),)),
     Scenario("moe-grpo-7b-a1b", "Qwen3-MoE 7B-A1B shape, full fine-tuning on one GPU with bf16 masters (the engine "
-             "borrows its whole tensors) and fp32 masters (it copies)", "nvidia-h200", None,
+             "borrows its whole tensors) and fp32 masters (it copies), one run each", "nvidia-h200", "moe_grpo",
              (grpo("grpo_qwen3-moe-7b-a1b.json", "--preset", "qwen3-moe-7b-a1b", *ONE_GPU, "--steps", "3",
-                   "--repeat", "3", "--variants", f"fp32_masters,bf16_masters:{BF16}"),)),
+                   "--repeat", "1", "--variants", f"bf16_masters:{BF16},fp32_masters"),)),
     Scenario("rollout-vs-hf", "the rollout engine vs HF generate, n=1 and n=8 with shared prompts, 0.5B-7B",
              "nvidia-h200", "rollout.json", (
                  py("benchmarks/rollout.py", "--models", "7B,0.5B,1.5B", "--ab-unfused", "7B,0.5B",
