@@ -23,6 +23,7 @@ from scenarios_7b import SEVEN_B
 
 ARITH = "examples/smollm2_arith/run.sh"
 ONE_GPU = ("--gpus", "1", "--defaults")
+EARLY = "actor_rollout_ref.actor.early_update"
 MAKE_ADD = py("examples/smollm2_arith/make_data.py", "--out", ADD, "--train", "3000", "--test", "200", "--seed", "0",
               log="make_data.log")
 
@@ -99,13 +100,12 @@ SMALL = [
                  py("benchmarks/long_tail.py", "--preset", "qwen2.5-1.5b", "--response-len", "4096", "--mean-len",
                     "1000", "--workdir", "{work}/long_tail", "--defaults", "--gpus", "1", "--prompts", "32", "--n",
                     "8", "--steps", "3", "--variants", "hybrid", "--repeat", "3", "--out", "{out}/defaults.json"),)),
-    Scenario("long-tail-1.5b-early-update", "the long-tail 1.5B at the defaults (the early update on, the plan's "
-             "choice) beside the same with actor.early_update=false, runs of each interleaved as listed",
-             "nvidia-h200", "long_tail", (
+    Scenario("long-tail-1.5b-early-update", "the long-tail 1.5B with the early update (actor.early_update=auto: on) "
+             "beside the same with it off, two runs of each, interleaved", "nvidia-h200", "long_tail", (
                  py("benchmarks/long_tail.py", "--preset", "qwen2.5-1.5b", "--response-len", "4096", "--mean-len",
                     "1000", "--workdir", "{work}/long_tail", "--defaults", "--gpus", "1", "--prompts", "32", "--n",
-                    "8", "--steps", "3", "--variants",
-                    "hybrid,hybrid_waited:actor_rollout_ref.actor.early_update=false", "--repeat", "2",
+                    "8", "--steps", "3", "--variants", ",".join([f"hybrid:{EARLY}=auto", f"hybrid_waited:{EARLY}=false"]
+                                                                  * 2), "--repeat", "1",
                     "--out", "{out}/early_update.json"),)),
     Scenario("long-tail-1.5b-levers", "the long-tail 1.5B with speculative decoding on (2 runs) and with partial "
              "rollouts of 1,024 new tokens per sample and step (2 runs of 5 steps)", "nvidia-h200", "long_tail", (
@@ -291,6 +291,12 @@ SMOLLM2 = [
                  recipe("examples/smollm2_interaction/run.sh", "metrics.jsonl", "smollm2_interaction.log",
                         "trainer.total_training_steps=20", "trainer.default_local_dir={work}/smollm2_interaction_run",
                         DATA="{work}/smollm2_add_interaction"),)),
+    Scenario("smollm2-arith-20-early-update", "the 20-step a + b check with the early update on (seed 1; the other "
+             "seeds not run)", "nvidia-h200", "smollm2_defaults/early_update", (MAKE_ADD, recipe(
+                 ARITH, "m_early_seed1.jsonl", "log_early_seed1.log", "trainer.total_training_steps=20",
+                 "trainer.seed=1", "data.seed=42", f"{EARLY}=true",
+                 "actor_rollout_ref.rollout.gpu_memory_utilization=0.1",
+                 "trainer.default_local_dir={work}/smollm2_early_1", DATA=ADD))),
     Scenario("smollm2-arith-20-partial", "the 20-step a + b check with partial rollouts (64 new tokens per sample "
              "per step), three seeds", "nvidia-h200", "smollm2_defaults/partial_rollout", (MAKE_ADD, *(
                  recipe(ARITH, f"m_partial_seed{seed}.jsonl", f"log_partial_seed{seed}.log",

@@ -21,6 +21,7 @@ from hybridrl.protocol import DataProto
 from hybridrl.seeding import step_sampling_seed
 from hybridrl.trainer.dynamic_sampling import merge_reward_metrics
 from hybridrl.trainer.reward_phase import RM_COUNTS, compute_reward
+from hybridrl.trainer.rollout_batch import assign_uids, attach_rollout, generation_inputs, rollout_probs_diff
 from hybridrl.trainer.timer import marked_timer
 
 PARTS_PER_STEP = 8   # the rollout's finished groups are scored and trained in about this many parts (and the rest)
@@ -29,13 +30,6 @@ PARTS_PER_STEP = 8   # the rollout's finished groups are scored and trained in a
 def early_update_step(trainer, batch: DataProto, metrics: dict, timing: dict, absorb) -> DataProto:
     """Generate, score and train `batch` with the update running beside the rollout; returns the batch as
     trained on (its groups in the order they finished)."""
-    from hybridrl.trainer.ppo_trainer import (
-        assign_uids,
-        attach_rollout,
-        generation_inputs,
-        rollout_probs_diff,
-    )
-
     cfg, wg = trainer.config, trainer.actor_rollout_wg
     n = cfg.actor_rollout_ref.rollout.n
     assign_uids(batch)

@@ -20,7 +20,6 @@ import itertools
 import json
 import logging
 import sys
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -51,22 +50,16 @@ from hybridrl.trainer.partial_rollout import STATE_FILE as PARTIAL_STATE_FILE
 from hybridrl.trainer.partial_rollout import PartialRolloutBuffer
 from hybridrl.trainer.resume_check import check_resume_config, save_resolved_config
 from hybridrl.trainer.reward_phase import RM_COUNTS, compute_reward
+from hybridrl.trainer.rollout_batch import (
+    assign_uids,
+    attach_rollout,
+    generation_inputs,
+    rollout_probs_diff,
+)
 from hybridrl.trainer.timer import marked_timer
 from hybridrl.trainer.tracking import make_progress_bar
 
 logger = logging.getLogger("hybridrl.trainer")
-
-GEN_KEYS = ["input_ids", "attention_mask", "position_ids"]
-# what the rollout reads of a prompt (an agent loop sees the row: messages, data source, ground truth, extra info;
-# the uid goes out with each sample, branches included, so attach_rollout finds its prompt)
-GEN_NON_TENSOR_KEYS = ["raw_prompt_ids", "interaction_kwargs", "raw_prompt", "data_source", "reward_model",
-                       "extra_info", "uid"]
-
-
-def generation_inputs(batch: DataProto) -> DataProto:
-    """The part of a prompt batch the rollout reads: the prompt tensors and those of GEN_NON_TENSOR_KEYS present."""
-    return batch.select(GEN_KEYS, [k for k in GEN_NON_TENSOR_KEYS if k in batch.non_tensor_batch])
-
 
 def need_critic(config: PPOConfig) -> bool:
     return config.algorithm.adv_estimator == "gae"
@@ -96,38 +89,6 @@ def balance_batch(batch: DataProto, world_size: int, group_size: int = 1) -> dic
         loads[k] += units[i]
     batch.reorder(torch.tensor([u * group_size + j for p in parts for u in p for j in range(group_size)]))
     return {"training/seqlen_balance_max_over_min": max(loads) / max(1, min(loads))}
-
-
-def assign_uids(batch: DataProto) -> None:
-    """One group id per prompt; `repeat` copies it to the prompt's n samples (GRPO/RLOO group by it)."""
-    batch.non_tensor_batch["uid"] = np.array([str(uuid.uuid4()) for _ in range(len(batch))], dtype=object)
-
-
-def attach_rollout(batch: DataProto, out: DataProto, n: int, by_uid: bool = False) -> DataProto:
-    """Prompt rows × their samples (adjacent), with the prompt-only tensors replaced by the full sequences of `out`.
-    n per prompt in the batch's order, or, where an agent loop forked branches or `by_uid` (some prompts' groups, in
-    any order), as many as `out` holds under each prompt's uid."""
-    if not by_uid and (len(out) == n * len(batch) or "uid" not in out.non_tensor_batch):
-        batch = batch.repeat(n, interleave=True)
-    else:
-        row = {uid: i for i, uid in enumerate(batch.non_tensor_batch["uid"])}
-        batch = batch.select_idxs(np.array([row[uid] for uid in out.non_tensor_batch["uid"]]))
-    for k in GEN_KEYS:
-        batch.batch.pop(k)
-    return batch.union(out)
-
-
-def rollout_probs_diff(batch: DataProto) -> dict:
-    """verl's check that the engine and the actor agree: |p_rollout - p_actor| per response token. A large value
-    means the rollout sampled from a different distribution than the one being trained (weights, temperature,
-    numerics), which silently turns on-policy PPO/GRPO off-policy."""
-    if "rollout_log_probs" not in batch.batch:
-        return {}
-    mask = batch.batch["response_mask"].bool()
-    diff = (batch.batch["rollout_log_probs"].float().exp() - batch.batch["old_log_probs"].float().exp()).abs()[mask]
-    if diff.numel() == 0:
-        return {}
-    return {"training/rollout_probs_diff_mean": diff.mean().item(), "training/rollout_probs_diff_max": diff.max().item()}
 
 
 class RayPPOTrainer:

@@ -32,6 +32,7 @@ from hybridrl.workers.common import (
     RoleWorker,
     build_fsdp_model,
     metric_lists,
+    prompt_token_lists,
     sampling_params_from,
     update_batches,
 )
@@ -47,14 +48,6 @@ def setup_worker_logging():
     if level:
         logging.basicConfig(level=level.upper(), format="%(name)s: %(message)s")
         logger.setLevel(level.upper())
-
-
-def prompt_token_lists(prompts: DataProto) -> list[list[int]]:
-    """Unpadded prompt ids: `raw_prompt_ids` when the dataset kept them, else the unmasked part of input_ids."""
-    if "raw_prompt_ids" in prompts.non_tensor_batch:
-        return [list(map(int, ids)) for ids in prompts.non_tensor_batch["raw_prompt_ids"]]
-    ids, mask = prompts.batch["input_ids"], prompts.batch["attention_mask"].bool()
-    return [row[m].tolist() for row, m in zip(ids, mask)]
 
 
 def build_tool_agent(config: PPOConfig, eos_token_ids, max_running_seqs: int):

@@ -13,6 +13,7 @@ from hybridrl.config.sections.optim import OptimConfig
 from hybridrl.config.sections.rollout import RolloutConfig
 from hybridrl.controller import Worker
 from hybridrl.hybrid.meshes import format_mesh
+from hybridrl.protocol import DataProto
 from hybridrl.training.fsdp import FSDPDtypes, ModelSource
 from hybridrl.training.micro_batches import UpdateBatches
 
@@ -46,6 +47,14 @@ def metric_lists(metrics: dict) -> dict:
     """A worker's metrics as the driver collects them: each value a list (a scalar becomes [value]; lists, e.g. one
     entry per micro-batch, stay)."""
     return {k: (v if isinstance(v, list) else [v]) for k, v in metrics.items()}
+
+
+def prompt_token_lists(prompts: DataProto) -> list[list[int]]:
+    """Unpadded prompt ids: `raw_prompt_ids` when the dataset kept them, else the unmasked part of input_ids."""
+    if "raw_prompt_ids" in prompts.non_tensor_batch:
+        return [list(map(int, ids)) for ids in prompts.non_tensor_batch["raw_prompt_ids"]]
+    ids, mask = prompts.batch["input_ids"], prompts.batch["attention_mask"].bool()
+    return [row[m].tolist() for row, m in zip(ids, mask)]
 
 
 def pick_device(device: str) -> torch.device:

@@ -18,7 +18,7 @@ import numpy as np
 from hybridrl.controller import Dispatch, make_mesh_dispatch, register
 from hybridrl.hybrid.memory import track_phase
 from hybridrl.protocol import DataProto
-from hybridrl.workers.common import metric_lists, sampling_params_from
+from hybridrl.workers.common import metric_lists, prompt_token_lists, sampling_params_from
 from hybridrl.workers.rollout_stream import RolloutStream
 
 
@@ -37,8 +37,6 @@ class EarlyUpdateWorker:
     @register(dispatch_mode=make_mesh_dispatch("rollout"))
     def start_rollout_stream(self, prompts: DataProto) -> None:
         """Start generating `prompts` on a background thread; finished groups wait for take_rollout_stream."""
-        from hybridrl.workers.actor_rollout_ref import prompt_token_lists
-
         if self._rollout_stream is not None:
             raise RuntimeError("start_rollout_stream: the previous early update was not finished")
         rcfg = self.config.actor_rollout_ref.rollout

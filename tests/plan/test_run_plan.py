@@ -16,8 +16,7 @@ STEP = ["data.train_batch_size=64", f"{R}.n=8", f"{A}.ppo_mini_batch_size=64", "
         f"{A}.use_prefix_grouper=false",   # the tests below without shared prompts: the rows' whole lengths
         # ... and with micro-batches of fixed rows (token budgets: test_token_budgets_*)
         f"{A}.use_dynamic_bsz=false", f"{R}.log_prob_use_dynamic_bsz=false",
-        "actor_rollout_ref.ref.log_prob_use_dynamic_bsz=false",
-        f"{A}.early_update=false"]   # each phase's peak alone (tests/plan/test_early_update_plan.py: both at once)
+        "actor_rollout_ref.ref.log_prob_use_dynamic_bsz=false"]
 
 
 def qwen(hidden, inter, layers, heads, kv, tied):
