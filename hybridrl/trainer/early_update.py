@@ -7,7 +7,7 @@ the whole batch's normaliser and steps once: the same update as the step that wa
 during the rollout's tail instead of after it.
 
 Metrics beside the usual ones: `actor/early_update_frac` (the share of the step's samples whose forward and backward
-ran before the rollout ended) and `timing_s/update_after_gen` (how long the step waited for the update after the
+began before the rollout ended) and `timing_s/update_after_gen` (how long the step waited for the update after the
 rollout; `timing_s/update_actor` is the whole update's time, part of it hidden behind the rollout).
 """
 
@@ -61,7 +61,7 @@ def early_update_step(trainer, batch: DataProto, metrics: dict, timing: dict, ab
             absorb(out)
         if "old_log_probs" in out.batch:   # the update's own, for the rollout-vs-trainer metrics below
             part.batch["old_log_probs"] = out.batch["old_log_probs"]
-        trained_early += len(part) if gen_end is None else 0
+        trained_early += len(part) if out.meta_info.get("during_rollout") else 0
         parts.append(part)
     metrics.update(merge_reward_metrics(reward_metrics))
     # failed samples were scored 0; past the configured share the run stops before the optimizer step uses them

@@ -80,16 +80,16 @@ class EarlyUpdateWorker:
     @register(dispatch_mode=make_mesh_dispatch("actor"))
     def accumulate_actor(self, data: DataProto) -> DataProto:
         """The update's forward and backward over scored rows; returns their own old log-probs (no old-log-prob
-        pass). Memory is tracked as its own phase only once the rollout has ended (before, the rollout's phase
-        covers both)."""
+        pass) and meta_info["during_rollout"]: whether the rollout was still running when this part began. Memory
+        is tracked as its own phase only once the rollout has ended (before, the rollout's phase covers both)."""
         metrics: dict = {}
         data.meta_info.setdefault("temperature", self.config.actor_rollout_ref.rollout.temperature)
         stream = self._rollout_stream
-        tracked = (track_phase("update_actor", metrics, self.compute_device) if stream is None or stream.ended
-                   else nullcontext())
-        with tracked:
+        during = stream is not None and not stream.ended
+        with nullcontext() if during else track_phase("update_actor", metrics, self.compute_device):
             own = self.actor.accumulate(data)
-        return DataProto({} if own is None else {"old_log_probs": own}, meta_info={"metrics": metric_lists(metrics)})
+        return DataProto({} if own is None else {"old_log_probs": own},
+                         meta_info={"metrics": metric_lists(metrics), "during_rollout": during})
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def finish_early_update(self) -> DataProto:
