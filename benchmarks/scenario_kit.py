@@ -37,7 +37,6 @@ LORA64 = f"{A}.model.lora_rank=64;{A}.model.lora_alpha=128"
 BF16 = f"{A}.actor.fsdp_config.model_dtype=bf16"
 ONE_GPU_7B = ("--preset", "qwen2.5-7b", "--gpus", "1", "--defaults", "--steps", "3")
 TWO_GPU_WORKLOAD = ("--prompts", "64", "--n", "8", "--prompt-len", "256", "--response-len", "256", "--gpus", "2")
-PROMPTS = "{work}/data/prompts_256x256.parquet"   # what grpo_step.py writes for 64 prompts of 256 tokens
 ADD = "{work}/smollm2_add"
 
 
@@ -50,13 +49,16 @@ def grpo(out: str, *args: str) -> Cmd:
     return py("benchmarks/grpo_step.py", *args, "--workdir", "{work}", "--out", "{out}/" + out)
 
 
-def trl(out: str, preset: str, steps: int, weights: str = "bf16", lora: int | None = None) -> Cmd:
-    """benchmarks/trl_grpo.py on the model and prompts a grpo() of the same preset wrote (64 × 8, 256 + 256)."""
-    extra = () if lora is None else ("--lora-rank", str(lora), "--lora-alpha", "128")
-    return py("benchmarks/trl_grpo.py", "--model", f"{{work}}/models/{preset}", "--prompts", PROMPTS,
-              "--steps", str(steps), "--batch-prompts", "64", "--n", "8", "--max-prompt-len", "256",
+def trl(out: str, preset: str, steps: int, weights: str = "bf16", lora: int | None = None, prompts: int = 64,
+        extra: tuple[str, ...] = ()) -> Cmd:
+    """benchmarks/trl_grpo.py on the model and prompts a grpo() of the same preset wrote (`prompts` × 8, 256 + 256;
+    grpo() writes 4 × its prompts rows); `extra`: more trl_grpo.py arguments."""
+    lora_args = () if lora is None else ("--lora-rank", str(lora), "--lora-alpha", "128")
+    return py("benchmarks/trl_grpo.py", "--model", f"{{work}}/models/{preset}",
+              "--prompts", f"{{work}}/data/prompts_{4 * prompts}x256.parquet",
+              "--steps", str(steps), "--batch-prompts", str(prompts), "--n", "8", "--max-prompt-len", "256",
               "--max-new-tokens", "256", "--weights", weights, "--gradient-checkpointing", "--ignore-eos",
-              "--reward", "last_int", *extra, "--out", "{out}/" + out)
+              "--reward", "last_int", *lora_args, *extra, "--out", "{out}/" + out)
 
 
 def gpu_tests(log: str, *paths: str) -> Cmd:

@@ -172,6 +172,12 @@ SMALL = [
              "base: step, phases, predicted vs measured peaks", "nvidia-h200", "moe_grpo",
              (grpo("grpo_qwen3-30b-a3b_lora32.json", "--preset", "qwen3-30b-a3b", *ONE_GPU, "--prompts", "32",
                    "--steps", "3", "--variants", "lora32:actor_rollout_ref.model.lora_rank=32"),)),
+    Scenario("moe-trl-30b-lora", "the moe-grpo-30b-lora step beside TRL's GRPOTrainer with peft LoRA r32 on the same "
+             "attention projections, same model, prompts and lengths (not run yet)", "nvidia-h200", None, (
+                 grpo("grpo_qwen3-30b-a3b_lora32.json", "--preset", "qwen3-30b-a3b", *ONE_GPU, "--prompts", "32",
+                      "--steps", "3", "--variants", "lora32:actor_rollout_ref.model.lora_rank=32"),
+                 trl("trl_qwen3-30b-a3b_lora32.json", "qwen3-30b-a3b", 2, lora=32, prompts=32,
+                     extra=("--lora-targets", "q_proj,k_proj,v_proj,o_proj", "--micro-batch", "16")))),
     Scenario("moe-grpo-7b-a1b", "Qwen3-MoE 7B-A1B shape, full fine-tuning on one GPU with bf16 masters (the engine "
              "borrows its whole tensors) and fp32 masters (it copies), one run each", "nvidia-h200", "moe_grpo",
              (grpo("grpo_qwen3-moe-7b-a1b.json", "--preset", "qwen3-moe-7b-a1b", *ONE_GPU, "--steps", "3",

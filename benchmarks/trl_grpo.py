@@ -84,6 +84,9 @@ def parse_args(argv=None):
     p.add_argument("--val-batch", type=int, default=256, help="prompts per validation generate call")
     p.add_argument("--lora-rank", type=int, default=0, help="> 0: train peft LoRA adapters (all linear layers)")
     p.add_argument("--lora-alpha", type=int, default=16)
+    p.add_argument("--lora-targets", default="all-linear",
+                   help="peft target_modules: all-linear, or comma-separated module names (e.g. q_proj,k_proj,v_proj,"
+                        "o_proj: attention only, as hybridrl's LoRA on an MoE model)")
     p.add_argument("--out", required=True, help="result JSON path")
     a = p.parse_args(argv)
     total = a.batch_prompts * a.n
@@ -198,7 +201,8 @@ def main(argv=None):
     if args.lora_rank > 0:
         from peft import LoraConfig
 
-        peft_config = LoraConfig(r=args.lora_rank, lora_alpha=args.lora_alpha, target_modules="all-linear",
+        targets = args.lora_targets if args.lora_targets == "all-linear" else args.lora_targets.split(",")
+        peft_config = LoraConfig(r=args.lora_rank, lora_alpha=args.lora_alpha, target_modules=targets,
                                  task_type="CAUSAL_LM")
 
     generation_kwargs = {"min_new_tokens": args.max_new_tokens} if args.ignore_eos else None
