@@ -105,6 +105,9 @@ class LLMEngine:
         self.runner = ModelRunner(hf_config, self.config, tp_group=tp_group, device=device)
         self._loaded: set = set()
         self.stats: dict = {}
+        # the running call's samples and those not finished yet, 0 between calls (read by other threads: the early
+        # update waits for the rollout's tail); an agent's branches are not counted
+        self.call_seqs = self.unfinished_seqs = 0
         self.reset_stats()
 
     @property
@@ -216,6 +219,7 @@ class LLMEngine:
         while not call.done():
             self._step(call)
             self._report_done_groups(call)
+        self.call_seqs = self.unfinished_seqs = 0
         return self._outputs(call)
 
     def _report_done_groups(self, call: _Call) -> None:
@@ -276,12 +280,14 @@ class LLMEngine:
         def finished(seq):   # before the scheduler frees its blocks: the routing record is read from them
             if self.config.record_routed_experts:
                 experts[seq.seq_id] = self.runner.experts_of(seq)
+            self.unfinished_seqs -= 1
             unfinished[seq.request_id] -= 1
             if unfinished[seq.request_id] == 0:
                 done_groups.append(seq.request_id)
         sched = Scheduler(BlockManager(self.runner.num_blocks, self.config.block_size), self.config,
                           turn_end=agent.ends_turn if agent is not None else None, drafter=drafter,
                           on_finish=finished)
+        self.call_seqs = self.unfinished_seqs = sum(map(len, groups))
         for group in groups:
             sched.add_group(group)
         gen = torch.Generator(device=self.runner.device)

@@ -3,6 +3,10 @@ trainer/early_update.py): the rollout runs on a background thread (workers/rollo
 finished prompt groups, while the worker's own thread accumulates the update's gradients over the groups the driver
 has scored; one optimizer step follows the last group (training/actor.py, the streamed update).
 
+The finished groups are handed out only once the rollout has reached its tail (fewer than TAIL_FRACTION of its
+samples still running): before that, a decode step keeps the GPU busy and an update beside it slows the rollout by
+as much as it hides.
+
 Order of calls, every one on every rank: begin_early_update (the update's rows, its gradients zeroed) →
 start_rollout_stream (the prompts) → take_rollout_stream / accumulate_actor, repeated until a take says the rollout
 has ended → finish_early_update (the gradient put on the whole batch's normaliser, clipped, applied).
@@ -18,6 +22,7 @@ import numpy as np
 from hybridrl.controller import Dispatch, make_mesh_dispatch, register
 from hybridrl.hybrid.memory import track_phase
 from hybridrl.protocol import DataProto
+from hybridrl.rollout.engine import TAIL_FRACTION
 from hybridrl.workers.common import metric_lists, prompt_token_lists, sampling_params_from
 from hybridrl.workers.rollout_stream import RolloutStream
 
@@ -44,10 +49,14 @@ class EarlyUpdateWorker:
         token_lists = prompt_token_lists(prompts)
         kv_blocks = self.plan.rollout.kv_cache.blocks_for(len(prompts), params.n)
         self._stream_prompts = prompts
+        engine = self.engine
         self._rollout_stream = RolloutStream(
             lambda on_group_done: self._generate(token_lists, params, kv_blocks, beside_training=True,
                                                  on_group_done=on_group_done),
-            self.compute_device)
+            self.compute_device,
+            # before the tail a decode step keeps the GPU busy: an update beside it only slows it as much as it
+            # hides (benchmarks/results/long_tail); in the tail the few running sequences leave the GPU idle
+            in_tail=lambda: engine.unfinished_seqs < TAIL_FRACTION * engine.call_seqs)
         self._rollout_stream.start()
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)

@@ -2,8 +2,9 @@
 
 `RolloutStream(run, device)` runs `run(on_group_done)` — the worker's generate call between the hybrid engine's
 wake-up and sleep — on a background thread; every group the engine reports finished is queued, and `take` returns
-the queued groups once enough samples are waiting (or the rollout has ended). Meanwhile the worker's own thread
-trains on groups taken earlier (training/streamed_update.py).
+the queued groups once enough samples are waiting (and, with `in_tail`, the rollout has reached its tail), or once
+it has ended. Meanwhile the worker's own thread trains on groups taken earlier (training/actor.py, the streamed
+update).
 
 Why a thread and a second CUDA stream: the decode tail runs a few sequences per step, latency-bound, leaving most of
 the GPU idle, and the update's forward/backward can fill it only if its kernels can run beside the decode steps. On
@@ -23,13 +24,15 @@ from collections.abc import Callable
 import torch
 
 SWITCH_INTERVAL_S = 0.0005   # Python's default is 0.005: a decode step's host work would wait that long
+TAIL_POLL_S = 0.02
 
 
 class RolloutStream:
-    """`run(on_group_done)` -> (outputs, metrics), run on a background thread from `start()`."""
+    """`run(on_group_done)` -> (outputs, metrics), run on a background thread from `start()`. `in_tail()`, if given,
+    says whether the rollout has reached its tail: `take` hands out nothing before (the groups wait)."""
 
-    def __init__(self, run: Callable, device: torch.device):
-        self._run, self.device = run, device
+    def __init__(self, run: Callable, device: torch.device, in_tail: Callable[[], bool] | None = None):
+        self._run, self.device, self._in_tail = run, device, in_tail
         self._ready: list = []          # RequestOutputs finished and not taken yet
         self._cond = threading.Condition()
         self._done = False
@@ -77,16 +80,21 @@ class RolloutStream:
 
     def take(self, min_samples: int, timeout_s: float | None = None) -> tuple[list, bool]:
         """(the finished groups not taken yet, whether the rollout has ended), once at least `min_samples` samples
-        are waiting or it has ended. Raises the rollout's own exception if it failed, TimeoutError after
-        `timeout_s`."""
+        are waiting (and the rollout is in its tail, with `in_tail`) or it has ended. Raises the rollout's own
+        exception if it failed, TimeoutError after `timeout_s`."""
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
+
+        def ready() -> bool:
+            return (sum(len(o.outputs) for o in self._ready) >= min_samples
+                    and (self._in_tail is None or self._in_tail()))
         with self._cond:
-            while not self._done and sum(len(o.outputs) for o in self._ready) < min_samples:
+            while not self._done and not ready():
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
                     raise TimeoutError(f"the rollout stream had no {min_samples} finished samples within "
                                        f"{timeout_s} s")
-                self._cond.wait(left)
+                # the tail begins without a group finishing: look again every TAIL_POLL_S
+                self._cond.wait(left if self._in_tail is None else min(left or TAIL_POLL_S, TAIL_POLL_S))
             ready, self._ready = self._ready, []
             done, error = self._done, self._error
         if done and self._switch is not None:   # once, by the first take that sees the end

@@ -96,9 +96,17 @@ def test_on_group_done_reports_each_group_once_as_it_finishes(async_scheduling):
     longest sample ends (so in the order of its longest sample), with the outputs generate returns."""
     engine = make_engine(tiny_hf_model("qwen2"), eos_token_ids=tuple(range(3, 120)), async_scheduling=async_scheduling)
     prompts = [[i + 1, i + 2, i + 3] for i in range(8)]
-    reported = []
+    reported, unfinished = [], []
+
+    def on_group_done(output):   # the samples not finished yet, as other threads read them meanwhile
+        reported.append(output)
+        unfinished.append((engine.unfinished_seqs, engine.call_seqs))
     outs = engine.generate(prompts, SamplingParams(n=3, temperature=1.0, max_tokens=30, seed=1),
-                           on_group_done=reported.append)
+                           on_group_done=on_group_done)
+    assert all(total == 24 for _, total in unfinished) and unfinished[-1][0] == 0
+    assert [u for u, _ in unfinished] == sorted((u for u, _ in unfinished), reverse=True)
+    assert all(u <= 24 - 3 * (i + 1) for i, (u, _) in enumerate(unfinished))   # at least the reported groups' samples
+    assert (engine.unfinished_seqs, engine.call_seqs) == (0, 0)    # between calls
     assert sorted(o.request_id for o in reported) == list(range(len(prompts)))
     for o in reported:
         final = outs[o.request_id]

@@ -60,3 +60,24 @@ def test_take_times_out_and_the_switch_interval_comes_back():
     release.set()
     assert stream.take(min_samples=1, timeout_s=10) == ([], True)
     assert sys.getswitchinterval() == before
+
+
+def test_groups_wait_for_the_rollouts_tail():
+    """With in_tail, finished groups are held until the rollout reaches its tail, which can begin without a group
+    finishing (the stream looks again on its own)."""
+    tail, release = threading.Event(), threading.Event()
+
+    def run(on_group_done):
+        on_group_done(group(0))
+        assert release.wait(10)
+        return [], {}
+
+    stream = RolloutStream(run, torch.device("cpu"), in_tail=tail.is_set)
+    stream.start()
+    with pytest.raises(TimeoutError):
+        stream.take(min_samples=1, timeout_s=0.2)     # one group done, but not in the tail yet
+    threading.Timer(0.1, tail.set).start()
+    got, done = stream.take(min_samples=1, timeout_s=10)
+    assert [o.request_id for o in got] == [0] and not done
+    release.set()
+    assert stream.take(min_samples=1, timeout_s=10) == ([], True)
