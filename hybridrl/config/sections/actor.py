@@ -137,8 +137,9 @@ class ActorConfig(Section):
     """start the update on the prompt groups whose samples have all finished while the others still generate: their
     forward and backward run beside the decode tail, at the weights that sampled them, and the one optimizer step
     comes after the last group (the same update, its gradient put on the whole batch's normaliser). false (the
-    default: on the long-tail 1.5B on one H200 most samples went to the update during the rollout, but the rollout
-    slowed by as much, 17.94 s a step against 17.91, for a 78.5 GiB peak against 48.9) | auto = on on a GPU where the
+    default: on the long-tail 1.5B on one H200, handing each group to the update as it finished, the rollout slowed
+    by as much as the update hid, 17.94 s a step against 17.91, for a 78.5 GiB peak against 48.9; the update now
+    waits for the rollout's tail, not measured yet) | auto = on on a GPU where the
     update is exact that way and fits beside the rollout (one on-policy mini-batch, advantages from each group's own
     rewards, one training rank; docs/architecture.md); off on CPU | true (refused where it is not exact)"""
     shuffle: bool
