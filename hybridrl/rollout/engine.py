@@ -59,6 +59,10 @@ Choices:
   `spec_drafted_seqs`, `spec_emitted_tokens`, `spec_discarded_tokens` (emitted past a stop or length end),
   `spec_probe_steps` (steps read before the next only to ask the drafter again) and derives `spec_acceptance_rate`,
   `spec_mean_acceptance_length` (tokens emitted per drafted sequence and step) and `spec_tokens_per_verify_step`.
+- Finished groups as they finish (the early update, workers/early_update.py): `generate(..., on_group_done=fn)`
+  calls fn between steps with each prompt's RequestOutput once all its samples have finished (the scheduler's
+  `on_finish` counts them per group), and `unfinished_seqs` / `call_seqs` say how many of the call's samples are
+  still running, for a thread that waits for the rollout's tail.
 - Partial rollouts: `SamplingParams.token_budget` stops a sequence after that many new tokens in the call
   (finish_reason BUDGET, reported like a finished one); `generate(..., continuations=...)` goes on from such samples:
   each is prefilled whole (prompt + its earlier tokens; the KV of the earlier call did not survive it, and the
