@@ -180,9 +180,10 @@ def _expert_targets(model: torch.nn.Module, target_parameters) -> list[str]:
     experts = [n for n, p in model.named_parameters() if p.dim() == 3]
     missing = [t for t in names if not any(n.endswith(f".{t}") for n in experts)]
     if missing:
+        model_type = getattr(getattr(model, "config", None), "model_type", None)
         raise ValueError(f"'actor_rollout_ref.model.target_parameters' = {names}: {missing} match no 3-D expert "
-                         f"tensor of this model (model_type {getattr(model.config, 'model_type', None)!r}); expert "
-                         "adapters need a mixture-of-experts model with fused experts (Qwen3-MoE, Mixtral)")
+                         f"tensor of this model (model_type {model_type!r}); expert adapters need a "
+                         "mixture-of-experts model with fused experts (Qwen3-MoE, Mixtral)")
     return names
 
 
