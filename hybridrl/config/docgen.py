@@ -113,13 +113,16 @@ command-line overrides:
 mesh divisibility) and prints the device layout; `hybridrl config show` prints the resolved YAML.
 
 **LoRA** (`actor_rollout_ref.model.lora_rank` > 0; needs `pip install -e '.[lora]'`): peft adapters on the
-`target_modules` of the actor (`all-linear`: q/k/v/o and gate/up/down projections), injected before FSDP. Only the
+`target_modules` of the actor (`all-linear`: q/k/v/o and gate/up/down projections) and, on a mixture-of-experts
+model, the expert tensors `target_parameters` names (`[experts.gate_up_proj, experts.down_proj]`: peft's
+ParamWrapper, a rank-r A and B per expert), injected before FSDP. Only the
 adapters are trained and kept in optimizer state (the run plan counts gradients and AdamW state for them alone);
 they are stored in `fsdp_config.model_dtype`, while the frozen base is stored in the compute dtype (bf16 on GPUs,
 fp32 on CPU; never wider than `model_dtype`), since FSDP's `mixed_precision.param_dtype` casts it to that anyway.
 The reference policy (KL) is the actor's module with its
 adapters switched off, so no reference copy is built. Each rollout streams merged weights W + (lora_alpha /
-lora_rank)·B·A to the engine, summed in fp32 per tensor on each rank's own rows. Checkpoints hold base and adapters (exact
+lora_rank)·B·A to the engine (per expert for expert tensors, which are therefore never used in place from
+the actor), summed in fp32 per tensor on each rank's own rows. Checkpoints hold base and adapters (exact
 resume); `hybridrl merge` writes the merged model and the adapter in peft's format under `adapter/`. Measured at
 7B on one H200 (docs/benchmarks.md §0d) and on the real model (§0b). Not done: QLoRA (a quantized frozen base);
 verl's `use_shm` and `layered_summon` are refused as unknown keys (the engine always receives the merged weights

@@ -40,6 +40,8 @@ class Residency:
     lora_params: int = 0        # actor LoRA adapter parameters; 0 = full fine-tuning. With LoRA only the adapters
                                 # have grads and AdamW state, and the reference is the actor's base (no copy)
     lora_base_bytes: int = 0    # LoRA: bytes per frozen base parameter (2: bf16 on GPUs; adapters: master_bytes)
+    lora_expert_bytes: int = 0  # LoRA on experts: one MoE layer's adapted expert tensors in bf16, which peft's
+                                # forward rebuilds as W + scale·B·A (the update's backward keeps that copy)
     reward_model: ModelShape | None = None   # sequence-classification reward model (reward_model.style=model)
     rm_shard: int = 1
     rm_param_offload: bool = True   # its shards on the GPU only in the reward_model phase
@@ -198,6 +200,8 @@ class MemoryModel:
         parts["unsharded params"] = self._fsdp_working(s, unshard_once, backward=False)
         parts["activations"] = (micro_rows * seq_len if tokens is None else tokens) * s.infer_act_bytes_per_token
         parts["log-prob head"] = self._logprob_head(micro_rows * response_len, grad=False)
+        if r.lora_expert_bytes and phase != "ref":   # the reference runs with the adapters off: no rebuilt copies
+            parts["expert LoRA copies"] = 2 * r.lora_expert_bytes   # a layer's update B·A and W + it, in its forward
         return PhaseMemory(phase, parts)
 
     def update_actor(self, micro_rows: int, seq_len: int, response_len: int, kv_bytes: int,
@@ -226,7 +230,20 @@ class MemoryModel:
                                                                frozen=lora)}
         parts.update(max(head_moment, layer_moment, key=lambda m: sum(m.values())))
         parts["optimizer step"] = self._optimizer_step(r.lora_params or s.num_params, r.master_bytes, r.shard)
+        if r.lora_expert_bytes:
+            parts["expert LoRA copies"] = self._expert_lora_copies(s)
         return PhaseMemory("update_actor", parts)
+
+    def _expert_lora_copies(self, s: ModelShape) -> int:
+        """The update's rebuilt expert tensors (LoRA on experts): autograd keeps each MoE layer's W + scale·B·A for
+        the experts' backward (tests/plan/test_moe_memory.py). Every MoE layer's copy without recompute, plus the
+        layer at work's gradient of it; with recompute, those of the last layers that keep their activations (at
+        most every MoE layer), plus two in the layer being rebuilt: B·A and W + B·A in its forward, the copy and its
+        gradient in its backward."""
+        r = self.r
+        if not r.gradient_checkpointing:
+            return (s.moe_layers + 1) * r.lora_expert_bytes
+        return (min(r.kept_layers, s.moe_layers) + 2) * r.lora_expert_bytes
 
     def _optimizer_step(self, trained: int, master_bytes: int, shard: int) -> int:
         """Temporaries of the AdamW step beyond the state it updates (the step follows the last backward, whose

@@ -24,6 +24,9 @@ from dataclasses import dataclass
 
 from hybridrl.models.moe_config import moe_config
 
+# transformers 5's fused expert tensors (their names as LoRA targets) -> their size in units of E·h·Ie
+EXPERT_TENSORS = {"experts.gate_up_proj": 2, "experts.down_proj": 1}
+
 
 @dataclass(frozen=True)
 class ModelShape:
@@ -110,14 +113,21 @@ class ModelShape:
     def engine_whole_params(self, lora_targets: tuple[str, ...] = ()) -> int:
         """Parameters the rollout engine holds at TP = 1 as whole tensors in HF's layout — embeddings, the LM head,
         norms, o_proj, the dense down_proj, routers and experts (q/k/v and gate/up are fused there) — less the
-        LoRA-targeted linears among them, which reach the engine merged (models/decoder.py `borrowable`)."""
+        LoRA-targeted linears and expert tensors (`experts.gate_up_proj`, `experts.down_proj`) among them, which
+        reach the engine merged (models/decoder.py `borrowable`, hybrid/reshard.py)."""
         h, q = self.hidden, self.heads * self.head_dim
         norms = 2 * h + (2 * self.head_dim if self.qk_norm else 0)
         o_proj = 0 if "o_proj" in lora_targets else q * h
         down = 0 if "down_proj" in lora_targets else self.intermediate * h
-        moe = self.experts * h + self.experts * 3 * h * self.expert_intermediate
+        whole_experts = [n for n in EXPERT_TENSORS if n not in lora_targets]
+        moe = self.experts * h + self.expert_tensor_params(whole_experts)
         return (self.layers * (norms + o_proj) + self.dense_layers * down + self.moe_layers * moe
                 + self.embed_params * (1 if self.tied else 2) + h)
+
+    def expert_tensor_params(self, names) -> int:
+        """Parameters of one MoE layer's fused expert tensors among `names` (EXPERT_TENSORS: gate_up_proj
+        [E, 2·Ie, h], down_proj [E, h, Ie])."""
+        return sum(EXPERT_TENSORS[n] * self.experts * self.hidden * self.expert_intermediate for n in names)
 
     @property
     def token_mlp_width(self) -> int:

@@ -114,6 +114,7 @@ def make_plan(config: PPOConfig, hf_config, device: DeviceSpec, val_prompts: int
 
     shape = ModelShape.from_hf_config(hf_config)
     _check_router_keys(get, shape, hf_config)
+    _check_expert_lora(get, shape, hf_config)
     rm_shape = _reward_model_shape(config.reward_model, rm_hf_config)
     master_dtype = _dtype_name(get(f"{ACTOR}.fsdp_config.model_dtype"))
     lora_rank = get(f"{MODEL}.lora_rank")
@@ -158,6 +159,22 @@ def _check_router_keys(get, shape: ModelShape, hf_config) -> None:
                            for k in router_keys])
 
 
+def _check_expert_lora(get, shape: ModelShape, hf_config) -> None:
+    """Expert adapters (`target_parameters`) are refused for a model without mixture-of-experts layers."""
+    experts = get(f"{MODEL}.target_parameters")
+    if experts and get(f"{MODEL}.lora_rank") and not shape.moe_layers:
+        raise ConfigError([f"'{MODEL}.target_parameters' = {list(experts)!r} adapts mixture-of-experts experts; "
+                           f"model_type {getattr(hf_config, 'model_type', None)!r} has no MoE layers (set it to "
+                           "null and name its linears in target_modules)"])
+
+
+def _lora_targets(get) -> tuple[str, ...]:
+    """The linears and expert tensors that carry adapters (empty without LoRA)."""
+    if not get(f"{MODEL}.lora_rank"):
+        return ()
+    return (*lora_target_names(get(f"{MODEL}.target_modules")), *(get(f"{MODEL}.target_parameters") or ()))
+
+
 def _residency(get, layout: Layout, device: DeviceSpec, shape: ModelShape, rm_shape: ModelShape | None,
                master_dtype: str, lora_base_dtype: str | None, fused_optimizer: bool, use_liger: bool) -> Residency:
     """What each GPU holds in each phase, for the memory model."""
@@ -182,8 +199,11 @@ def _residency(get, layout: Layout, device: DeviceSpec, shape: ModelShape, rm_sh
         critic_gradient_checkpointing=get("critic.model.enable_gradient_checkpointing") is not False,
         activation_offload=bool(get(f"{MODEL}.enable_activation_offload")),
         critic_activation_offload=bool(get("critic.model.enable_activation_offload")),
-        lora_params=adapter_param_count(shape, get(f"{MODEL}.lora_rank"), get(f"{MODEL}.target_modules")),
+        lora_params=adapter_param_count(shape, get(f"{MODEL}.lora_rank"), get(f"{MODEL}.target_modules"),
+                                        get(f"{MODEL}.target_parameters")),
         lora_base_bytes=_dtype_bytes(lora_base_dtype) if lora_base_dtype else 0,
+        lora_expert_bytes=2 * shape.expert_tensor_params(get(f"{MODEL}.target_parameters") or ())
+        if get(f"{MODEL}.lora_rank") else 0,
         fused_optimizer=fused_optimizer, liger=use_liger,
         reward_model=rm_shape, rm_shard=par.reward_fsdp,
         rm_param_offload=bool(get("reward_model.model.fsdp_config.param_offload")),
@@ -197,13 +217,13 @@ def _residency(get, layout: Layout, device: DeviceSpec, shape: ModelShape, rm_sh
 def _engine_borrowed_params(get, par, shape: ModelShape, hybrid: bool, device: DeviceSpec, stored_dtype: str) -> int:
     """Parameters the native hybrid engine uses in place from the actor instead of copying them (hybrid/reshard.py):
     those the actor holds whole (no FSDP sharding), in the engine's dtype (a LoRA run's frozen base, or bf16 masters) and
-    on the GPU (no param_offload) that the engine holds whole in HF's layout (TP = 1), except LoRA-merged ones."""
+    on the GPU (no param_offload) that the engine holds whole in HF's layout (TP = 1), except LoRA-merged ones (linears
+    and expert tensors with adapters)."""
     engine_dtype = "fp32" if device.type == "cpu" else _dtype_name(get(f"{ROLLOUT}.dtype"))
     if not (hybrid and get(f"{ROLLOUT}.name") == "native" and par.actor_fsdp == 1 and par.rollout_tp == 1
             and stored_dtype == engine_dtype and not get(f"{ACTOR}.fsdp_config.param_offload")):
         return 0
-    targets = lora_target_names(get(f"{MODEL}.target_modules")) if get(f"{MODEL}.lora_rank") else []
-    return shape.engine_whole_params(tuple(targets))
+    return shape.engine_whole_params(_lora_targets(get))
 
 
 def reward_model_hf_config(config: PPOConfig):

@@ -229,7 +229,7 @@ def save_hf_model(module, out_dir, *, hf_config=None, tokenizer=None, role: str 
         if lora is not None:   # the HF directory holds the merged weights
             from hybridrl.training.lora import merge_lora_state
 
-            full = merge_lora_state(full, lora.scaling)[0]
+            full = merge_lora_state(full, lora.scaling, lora.target_parameters)[0]
         cfg = hf_config if hf_config is not None else module.config
         write_hf_model(full, cfg, role, out_dir, dtype=dtype, tokenizer=tokenizer)
     _barrier()

@@ -1,4 +1,5 @@
-"""LoRA on the actor (peft), with verl's keys `actor_rollout_ref.model.lora_rank` / `lora_alpha` / `target_modules`.
+"""LoRA on the actor (peft), with verl's keys `actor_rollout_ref.model.lora_rank` / `lora_alpha` / `target_modules`,
+and peft's `target_parameters` for the 3-D expert tensors of a mixture-of-experts model.
 
 How it fits the hybrid engine:
 - The adapters are injected into the plain HF model (`peft.inject_adapter_in_model`) before FSDP is applied, so
@@ -12,6 +13,14 @@ How it fits the hybrid engine:
   rank's own FSDP rows (`engine_parameters`): FSDP shards W and B on the same rows, so a rank's rows of the merged
   W need only its rows of B and the whole (small) A. The sum is taken in fp32 (a bf16 W would round a small
   update away) and cast to the engine dtype after. The module itself is never merged in place.
+- Experts (`target_parameters`: experts.gate_up_proj, experts.down_proj): peft's `ParamWrapper` adapts the fused
+  [E, out, in] tensor with lora_A [E·r, in] (expert e's rows e·r .. e·r+r-1) and lora_B [out, r·E] (expert e's
+  columns e, e+E, .. : peft reshapes it to [out, r, E]); expert e's update is scaling·B_e·A_e, applied in the
+  training forward as a parametrization of the base tensor (W never changes; autograd keeps the rebuilt
+  W + scaling·B·A for backward: the plan's `expert LoRA copies`). The engine's merge gathers both
+  factors whole (E·r·(in + out): small) and adds the update of this rank's FSDP rows of W, which are whole experts.
+  Several targets on one experts module nest (the module's first parameter innermost), so a weight's HF name is its
+  module path with every `.base_layer` dropped.
 - Checkpoints hold the module's own state dict (base weights and adapters, each in its stored dtype), so a
   resume is exact;
   `merge_lora_state` turns such a state dict into the merged HF weights and a peft adapter.
@@ -30,11 +39,13 @@ from torch.distributed.tensor import DTensor
 from hybridrl.training.lora_linear import use_fused_forward
 
 __all__ = ["LoraSettings", "lora_settings", "apply_lora", "has_lora", "adapters_disabled", "engine_parameters",
-           "merge_lora_state", "adapter_param_count", "lora_target_names", "LINEAR_TARGETS"]
+           "merge_lora_state", "adapter_param_count", "lora_target_names", "LINEAR_TARGETS", "EXPERT_TARGETS"]
 
 ADAPTER = "default"   # peft's name of the single adapter
 # the decoder linears of the architectures the rollout engine runs (Qwen2/2.5, Llama 3, Qwen3)
 LINEAR_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+# the fused expert tensors of transformers 5's MoE experts modules (Qwen3-MoE, Mixtral), as peft's target_parameters
+EXPERT_TARGETS = ("experts.gate_up_proj", "experts.down_proj")
 _LORA_PARAM = re.compile(r"\.lora_(A|B)\." + ADAPTER + r"\.weight$")
 
 
@@ -42,7 +53,8 @@ _LORA_PARAM = re.compile(r"\.lora_(A|B)\." + ADAPTER + r"\.weight$")
 class LoraSettings:
     rank: int
     alpha: float
-    target_modules: tuple[str, ...] | str   # "all-linear" or module names
+    target_modules: tuple[str, ...] | str   # "all-linear" or module names (empty: experts only)
+    target_parameters: tuple[str, ...] = ()  # EXPERT_TARGETS names: the MoE experts' 3-D tensors
 
     @property
     def scaling(self) -> float:
@@ -51,51 +63,70 @@ class LoraSettings:
     def to_json(self) -> dict:
         targets = self.target_modules
         return {"rank": self.rank, "alpha": self.alpha,
-                "target_modules": targets if isinstance(targets, str) else list(targets)}
+                "target_modules": targets if isinstance(targets, str) else list(targets),
+                "target_parameters": list(self.target_parameters)}
 
 
-def check_lora_keys(rank, alpha, targets, prefix: str = "actor_rollout_ref.model") -> list[str]:
-    """Errors of the three LoRA keys, each naming the key, the value and the rule (empty when valid)."""
+def check_lora_keys(rank, alpha, targets, parameters=None, prefix: str = "actor_rollout_ref.model") -> list[str]:
+    """Errors of the LoRA keys, each naming the key, the value and the rule (empty when valid). `parameters` is
+    `target_parameters` (None or empty: no expert adapters); with expert targets, `target_modules` may be empty."""
     errors = []
     if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
         errors.append(f"'{prefix}.lora_rank' = {rank!r}: must be an integer >= 0 (0 = no LoRA)")
     if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not alpha > 0:
         errors.append(f"'{prefix}.lora_alpha' = {alpha!r}: must be a number > 0 (the update is scaled by "
                       "lora_alpha / lora_rank)")
+    experts = list(parameters or [])
+    if parameters is not None and not (isinstance(parameters, (list, tuple))
+                                       and all(n in EXPERT_TARGETS for n in parameters)
+                                       and len(set(experts)) == len(experts)):
+        errors.append(f"'{prefix}.target_parameters' = {parameters!r}: use null or a list of distinct "
+                      f"{', '.join(EXPERT_TARGETS)} (the mixture-of-experts experts' fused tensors)")
+    elif experts and rank == 0:
+        errors.append(f"'{prefix}.target_parameters' = {parameters!r}: needs '{prefix}.lora_rank' > 0 (expert "
+                      "adapters are LoRA adapters)")
     names = [targets] if isinstance(targets, str) else targets
-    if not (targets == "all-linear" or (isinstance(names, (list, tuple)) and names
+    if not (targets == "all-linear" or (isinstance(names, (list, tuple)) and (names or experts)
                                         and all(n in LINEAR_TARGETS for n in names))):
-        errors.append(f"'{prefix}.target_modules' = {targets!r}: use 'all-linear' or a non-empty list of "
-                      f"{', '.join(LINEAR_TARGETS)}")
+        errors.append(f"'{prefix}.target_modules' = {targets!r}: use 'all-linear' or a list of "
+                      f"{', '.join(LINEAR_TARGETS)}, non-empty unless '{prefix}.target_parameters' names experts")
     return errors
 
 
 def lora_settings(model_cfg) -> LoraSettings | None:
     """The actor's LoRA settings from the typed `actor_rollout_ref.model` section (ModelConfig: lora_rank,
-    lora_alpha, target_modules), or None when `lora_rank` is 0 (full fine-tuning)."""
+    lora_alpha, target_modules, target_parameters), or None when `lora_rank` is 0 (full fine-tuning)."""
     rank, alpha, targets = model_cfg.lora_rank, model_cfg.lora_alpha, model_cfg.target_modules
+    parameters = model_cfg.target_parameters
     targets = targets if isinstance(targets, str) else list(targets)
-    errors = check_lora_keys(rank, alpha, targets)
+    parameters = None if parameters is None else list(parameters)
+    errors = check_lora_keys(rank, alpha, targets, parameters)
     if errors:
         raise ValueError("; ".join(errors))
     if rank == 0:
         return None
-    return LoraSettings(int(rank), float(alpha), targets if isinstance(targets, str) else tuple(targets))
+    return LoraSettings(int(rank), float(alpha), targets if isinstance(targets, str) else tuple(targets),
+                        tuple(parameters or ()))
 
 
 def apply_lora(model: torch.nn.Module, settings: LoraSettings, adapter_dtype: torch.dtype | None = None
                ) -> torch.nn.Module:
     """Inject the adapters into `model` (in place, before FSDP) on the decoder linears `settings.target_modules`
-    names ('all-linear': LINEAR_TARGETS; an MoE layer's router and experts are not targeted); base weights are
-    frozen and keep the dtype the model was loaded in. The adapters are stored in `adapter_dtype` (None: the base's dtype, or fp32 where peft
+    names ('all-linear': LINEAR_TARGETS; an MoE layer's router is never targeted) and on the expert tensors
+    `settings.target_parameters` names (peft's ParamWrapper); base weights are frozen and keep the dtype the model
+    was loaded in. The adapters are stored in `adapter_dtype` (None: the base's dtype, or fp32 where peft
     upcasts a half-precision base's adapters). Dropout is 0 so that log-probs are deterministic (the old
     log-probs and the update's must agree). The linears compute through `lora_linear.lora_linear` (one GEMM
     accumulates the scaled adapter product into the base output) wherever that is the same function."""
     from peft import LoraConfig, inject_adapter_in_model
 
+    linears = _linear_targets(model, settings.target_modules)
+    experts = _expert_targets(model, settings.target_parameters)
+    # target_modules=[] when only experts are targeted: None would be peft's default linears of the model type
     config = LoraConfig(r=settings.rank, lora_alpha=settings.alpha, lora_dropout=0.0, bias="none",
-                        target_modules=_linear_targets(model, settings.target_modules))
-    model = inject_adapter_in_model(config, model, adapter_name=ADAPTER)
+                        target_modules=linears, target_parameters=experts or None)
+    with _targets_as_given():
+        model = inject_adapter_in_model(config, model, adapter_name=ADAPTER)
     use_fused_forward(_lora_layers(model).values())
     if adapter_dtype is not None:
         for layer in _lora_layers(model).values():
@@ -105,11 +136,31 @@ def apply_lora(model: torch.nn.Module, settings: LoraSettings, adapter_dtype: to
     return model
 
 
+@contextmanager
+def _targets_as_given():
+    """Inside: peft injects into exactly the targets it is given. On transformers >= 5 peft otherwise rewrites, for
+    MoE model types, the transformers-4 expert names gate_proj / up_proj / down_proj among target_modules into
+    target_parameters on the fused experts (gate_up at twice the rank), to load adapters trained on the old per-expert
+    linears: on a model with dense MLP layers too (Qwen3-MoE's mlp_only_layers) that would move the dense layers'
+    adapters onto the experts unasked. Our targets are already in transformers 5's terms."""
+    try:
+        from peft.utils import transformers_weight_conversion as conversion
+    except ImportError:   # a peft without the conversion
+        yield
+        return
+    convert = conversion.convert_peft_config_for_transformers
+    conversion.convert_peft_config_for_transformers = lambda *args, **kwargs: None
+    try:
+        yield
+    finally:
+        conversion.convert_peft_config_for_transformers = convert
+
+
 def _linear_targets(model: torch.nn.Module, target_modules) -> list[str]:
     """The target names that are nn.Linear modules of `model`. 'all-linear' means LINEAR_TARGETS, not peft's
-    every-nn.Linear: peft would also wrap an MoE router and, through its names gate_proj / up_proj / down_proj,
-    the 3-D expert tensors, which neither the plan's counts nor the engine's merge handle; an explicit name that
-    is not a linear of this model (an MoE model's expert projections) is refused."""
+    every-nn.Linear: peft would also wrap an MoE router, which neither the plan's counts nor the engine's merge
+    handle; an explicit name that is not a linear of this model (an MoE model's expert projections, which are
+    3-D tensors: `target_parameters`) is refused."""
     linears = {name.rpartition(".")[2] for name, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
     names = lora_target_names(target_modules)
     if target_modules == "all-linear":
@@ -117,8 +168,22 @@ def _linear_targets(model: torch.nn.Module, target_modules) -> list[str]:
     missing = [n for n in names if n not in linears]
     if missing:
         raise ValueError(f"'actor_rollout_ref.model.target_modules' = {list(names)}: {missing} are not linear layers "
-                         f"of this model (its linears: {sorted(linears)}); LoRA on mixture-of-experts experts is not "
-                         "supported — target the attention projections")
+                         f"of this model (its linears: {sorted(linears)}); a mixture-of-experts model's experts are "
+                         f"3-D tensors: name them in 'actor_rollout_ref.model.target_parameters' ({EXPERT_TARGETS})")
+    return names
+
+
+def _expert_targets(model: torch.nn.Module, target_parameters) -> list[str]:
+    """`target_parameters` as peft gets them, each checked to name a 3-D parameter of this model (peft matches a
+    name against the end of a parameter's name)."""
+    names = list(target_parameters)
+    experts = [n for n, p in model.named_parameters() if p.dim() == 3]
+    missing = [t for t in names if not any(n.endswith(f".{t}") for n in experts)]
+    if missing:
+        model_type = getattr(getattr(model, "config", None), "model_type", None)
+        raise ValueError(f"'actor_rollout_ref.model.target_parameters' = {names}: {missing} match no 3-D expert "
+                         f"tensor of this model (model_type {model_type!r}); expert adapters need a "
+                         "mixture-of-experts model with fused experts (Qwen3-MoE, Mixtral)")
     return names
 
 
@@ -167,30 +232,86 @@ def _merge_fn(layer):
     return merge
 
 
+def _expert_factors(a: torch.Tensor, b: torch.Tensor, experts: int, out_first: bool = True
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(lhs, rhs) with expert e's update = lhs[e] @ rhs[e] (unscaled), from peft's ParamWrapper factors a
+    [E·r, in] and b [out, r·E] (peft's `get_delta_factors`): [E, out, r] @ [E, r, in] for the transformers-5 layout
+    [E, out, in] (`out_first`), else the transposes for a [E, in, out] tensor."""
+    a_Eri = a.reshape(experts, -1, a.shape[-1])
+    b_Eor = b.reshape(b.shape[0], -1, experts).permute(2, 0, 1)
+    return (b_Eor, a_Eri) if out_first else (a_Eri.transpose(-2, -1), b_Eor.transpose(-2, -1))
+
+
+def _merged_experts(w: torch.Tensor, lhs: torch.Tensor, rhs: torch.Tensor, scaling: float) -> torch.Tensor:
+    """w [El, ..] + scaling·lhs·rhs per expert, summed in fp32, returned in fp32."""
+    return torch.baddbmm(w.float(), lhs.float(), rhs.float(), alpha=scaling)
+
+
+def _first_row(p: torch.Tensor) -> int:
+    """The global index of this rank's first row of `p` (FSDP2 shards dim 0 with torch.chunk semantics over the
+    last mesh dim); 0 for a whole tensor."""
+    if not isinstance(p, DTensor):
+        return 0
+    mesh = p.device_mesh
+    size, rank = mesh.size(mesh.ndim - 1), mesh.get_local_rank(mesh.ndim - 1)
+    return min(p.shape[0], rank * -(-p.shape[0] // size))
+
+
+def _expert_merge_fn(layer, param: torch.Tensor):
+    """W_rows -> W_rows + scaling·B_e·A_e for this rank's experts of a ParamWrapper-adapted expert tensor. FSDP
+    shards W by experts but the factors by their own rows, which do not line up with W's: both factors are
+    gathered whole (E·r·(in + out) elements) and the rank's experts taken from them."""
+    first = _first_row(param)
+
+    def merge(w: torch.Tensor) -> torch.Tensor:
+        a, b = (t.full_tensor() if isinstance(t, DTensor) else t
+                for t in (layer.lora_A[ADAPTER].weight, layer.lora_B[ADAPTER].weight))
+        lhs, rhs = _expert_factors(a.detach(), b.detach(), layer.num_experts, layer._did_swap_in_out_features)
+        rows = slice(first, first + w.shape[0])
+        return _merged_experts(w, lhs[rows], rhs[rows], layer.scaling[ADAPTER])
+    return merge
+
+
+def _hf_name(name: str) -> str:
+    """A parameter's HF name: its peft name without the `base_layer` levels (nested for several expert targets)."""
+    return ".".join(part for part in name.split(".") if part != "base_layer")
+
+
 def engine_parameters(module: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor, object]]:
     """(HF name, parameter, merge or None) for every weight the rollout engine loads. Without adapters: the
     module's parameters as they are. With adapters: adapter tensors are skipped, `x.base_layer.weight` is named
-    `x.weight` and comes with the function that merges this rank's rows of it."""
+    `x.weight` (an expert tensor `experts[.base_layer..].gate_up_proj` is named `experts.gate_up_proj`) and a
+    targeted one comes with the function that merges this rank's rows of it."""
     layers = _lora_layers(module)
+    if not layers:
+        yield from ((name, p, None) for name, p in module.named_parameters())
+        return
+    from peft.tuners.lora.layer import ParamWrapper
+
+    linears = {name: m for name, m in layers.items() if not isinstance(m, ParamWrapper)}
+    experts = {f"{_hf_name(name)}.{m.parameter_name}": m for name, m in layers.items() if isinstance(m, ParamWrapper)}
     for name, p in module.named_parameters():
-        if not layers:
-            yield name, p, None
-            continue
         if _LORA_PARAM.search(name):
             continue
-        owner, _, leaf = name.rpartition(".base_layer.")
-        if owner in layers:
-            yield f"{owner}.{leaf}", p, _merge_fn(layers[owner]) if leaf == "weight" else None
+        hf = _hf_name(name)
+        owner, _, leaf = hf.rpartition(".")
+        if hf in experts:
+            yield hf, p, _expert_merge_fn(experts[hf], p)
+        elif owner in linears and leaf == "weight":
+            yield hf, p, _merge_fn(linears[owner])
         else:
-            yield name, p, None
+            yield hf, p, None
 
 
-def merge_lora_state(state: Mapping[str, torch.Tensor], scaling: float) -> tuple[dict, dict]:
-    """A module state dict with adapters -> (merged HF state dict, peft adapter state dict).
+def merge_lora_state(state: Mapping[str, torch.Tensor], scaling: float, target_parameters=()) -> tuple[dict, dict]:
+    """A module state dict with adapters -> (merged HF state dict, peft adapter state dict). `target_parameters`:
+    the run's expert targets (LoraSettings.target_parameters), which say which adapter wraps which expert tensor.
 
-    Merged: `x.weight` = base + scaling·B·A, summed in fp32 and kept in the wider of the base's and the adapters'
-    dtypes (a bf16 base with fp32 adapters gives fp32: the update is not rounded to bf16 here). Adapter keys follow peft's saved
-    format (`base_model.model.<x>.lora_A.weight`), which `PeftModel.from_pretrained` loads onto the base model."""
+    Merged: `x.weight` = base + scaling·B·A (an expert tensor: + scaling·B_e·A_e per expert), summed in fp32 and
+    kept in the wider of the base's and the adapters' dtypes (a bf16 base with fp32 adapters gives fp32: the update
+    is not rounded to bf16 here). Adapter keys follow peft's saved format (`base_model.model.<x>.lora_A.weight`), which
+    `PeftModel.from_pretrained` loads onto the base model."""
+    wrappers = _expert_wrappers(state, target_parameters)
     merged, adapter = {}, {}
     for key, value in state.items():
         m = _LORA_PARAM.search(key)
@@ -198,26 +319,45 @@ def merge_lora_state(state: Mapping[str, torch.Tensor], scaling: float) -> tuple
             adapter[f"base_model.model.{key[:m.start()]}.lora_{m.group(1)}.weight"] = value
             continue
         owner, _, leaf = key.rpartition(".base_layer.")
-        if not owner:
-            merged[key] = value
-            continue
-        if leaf == "weight":
+        if key in wrappers:
+            a, b = state[f"{wrappers[key]}.lora_A.{ADAPTER}.weight"], state[f"{wrappers[key]}.lora_B.{ADAPTER}.weight"]
+            lhs, rhs = _expert_factors(a, b, value.shape[0])
+            value = _merged_experts(value, lhs, rhs, scaling).to(torch.promote_types(value.dtype, b.dtype))
+        elif owner and leaf == "weight" and f"{owner}.lora_A.{ADAPTER}.weight" in state:
             a, b = state[f"{owner}.lora_A.{ADAPTER}.weight"], state[f"{owner}.lora_B.{ADAPTER}.weight"]
             value = _merged(value, b, a, scaling).to(torch.promote_types(value.dtype, b.dtype))
-        merged[f"{owner}.{leaf}"] = value
+        merged[_hf_name(key)] = value
     return merged, adapter
 
 
-def adapter_param_count(shape, rank: int, target_modules) -> int:
-    """Adapter parameters of a decoder of this `ModelShape` (plan/model_shape.py): rank·(in + out) per target."""
+def _expert_wrappers(state: Mapping[str, torch.Tensor], target_parameters) -> dict[str, str]:
+    """State-dict key of each adapted expert tensor -> the key prefix of its adapter. peft nests one ParamWrapper
+    per targeted tensor of a module in the module's parameter order (the first innermost), so of n targeted tensors
+    under `m.base_layer`×n the i-th (0-based) is wrapped at `m` + `.base_layer`×(n-1-i)."""
+    by_module: dict[str, list[str]] = {}
+    for key in state:
+        hf = _hf_name(key)
+        if "." in hf and any(hf.endswith(f".{t}") for t in target_parameters):
+            by_module.setdefault(key.partition(".base_layer.")[0], []).append(key)
+    return {key: module + ".base_layer" * (len(keys) - 1 - i)
+            for module, keys in by_module.items() for i, key in enumerate(keys)}
+
+
+def adapter_param_count(shape, rank: int, target_modules, target_parameters=()) -> int:
+    """Adapter parameters of a decoder of this `ModelShape` (plan/model_shape.py): rank·(in + out) per targeted
+    linear, and per targeted expert tensor of each MoE layer rank·(in + out) per expert (peft's lora_A [E·r, in],
+    lora_B [out, r·E])."""
     if not rank:
         return 0
     q, kv, h, i = shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim, shape.hidden, shape.intermediate
     dims = {"q_proj": (h, q), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (q, h),
             "gate_proj": (h, i), "up_proj": (h, i), "down_proj": (i, h)}
-    # MoE layers have no dense MLP linears (their experts are 3-D tensors, which LoRA does not target)
+    # MoE layers have no dense MLP linears (their experts are 3-D tensors: target_parameters)
     layers = {n: shape.dense_layers if n in ("gate_proj", "up_proj", "down_proj") else shape.layers for n in dims}
-    return sum(layers[n] * rank * sum(dims[n]) for n in lora_target_names(target_modules))
+    ie = shape.expert_intermediate
+    expert_dims = {"experts.gate_up_proj": (h, 2 * ie), "experts.down_proj": (ie, h)}
+    return (sum(layers[n] * rank * sum(dims[n]) for n in lora_target_names(target_modules))
+            + sum(shape.moe_layers * shape.experts * rank * sum(expert_dims[n]) for n in target_parameters or ()))
 
 
 def lora_target_names(target_modules) -> list[str]:

@@ -6,7 +6,7 @@ to learn the state-dict keys, shapes and dtypes; the loaded tensors are then ass
 with `save_pretrained` (safetensors, sharded by HF when large, tied weights handled by HF). Output dtype is
 bf16 by default (what inference wants), fp32 on request. Tokenizer and generation-config files are copied.
 A LoRA checkpoint (its meta has `lora`) is read in its stored dtypes (a bf16 base, fp32 adapters) and merged
-(W + lora_alpha / lora_rank · B·A, summed in fp32 before the output cast), and its adapters are also written as a peft directory in `out_dir/adapter`.
+(W + lora_alpha / lora_rank · B·A, per expert for expert adapters, summed in fp32 before the output cast), and its adapters are also written as a peft directory in `out_dir/adapter`.
 """
 
 from __future__ import annotations
@@ -70,11 +70,13 @@ def write_lora_adapter(state: dict, lora: dict, adapter_dir: Path, dtype: str) -
     from hybridrl.training.fsdp import resolve_dtype
     from hybridrl.training.lora import merge_lora_state
 
-    merged, adapter = merge_lora_state(state, lora["alpha"] / lora["rank"])
+    experts = lora.get("target_parameters") or []   # absent in checkpoints from before expert adapters
+    merged, adapter = merge_lora_state(state, lora["alpha"] / lora["rank"], experts)
     adapter_dir.mkdir(parents=True, exist_ok=True)
     out = resolve_dtype(dtype, "merge dtype")
     save_file({k: v.to(out).contiguous() for k, v in adapter.items()}, str(adapter_dir / "adapter_model.safetensors"))
     LoraConfig(r=lora["rank"], lora_alpha=lora["alpha"], target_modules=lora["target_modules"],
+               target_parameters=experts or None,
                lora_dropout=0.0, bias="none", task_type="CAUSAL_LM").save_pretrained(str(adapter_dir))
     return merged
 

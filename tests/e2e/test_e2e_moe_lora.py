@@ -1,5 +1,6 @@
 """End to end on one Ray CPU worker: GRPO with LoRA on a tiny Qwen3-MoE model through the native engine, whose
-frozen base (experts, router, embeddings, norms) the engine uses in place from the actor instead of copying it."""
+frozen base (experts, router, embeddings, norms) the engine uses in place from the actor instead of copying it;
+with LoRA on the experts too (`target_parameters`), the engine copies the merged experts and borrows the rest."""
 
 import math
 
@@ -11,7 +12,7 @@ from test_e2e_runs import overrides, train_metrics
 from hybridrl.config.loader import load_config
 from hybridrl.plan.model_shape import ModelShape
 from hybridrl.trainer.launch import run_ppo
-from hybridrl.training.lora import LINEAR_TARGETS
+from hybridrl.training.lora import EXPERT_TARGETS, LINEAR_TARGETS
 
 pytestmark = pytest.mark.slow
 arith_dir = test_e2e_runs.arith_dir   # the module-scoped data fixture of the other e2e runs
@@ -38,20 +39,24 @@ def _tiny_moe(out_dir, tokenizer_dir):
     return out_dir
 
 
-def test_grpo_moe_lora_on_one_worker_borrows_the_frozen_base(ray_local, tiny_model_dir, arith_dir, tmp_path):
+@pytest.mark.parametrize("experts", [(), EXPERT_TARGETS], ids=["attention", "attention+experts"])
+def test_grpo_moe_lora_on_one_worker_borrows_the_frozen_base(ray_local, tiny_model_dir, arith_dir, tmp_path, experts):
     model = _tiny_moe(tmp_path / "moe", tiny_model_dir)
     cfg = load_config(overrides=overrides(
         model, arith_dir, tmp_path / "run", "actor_rollout_ref.model.lora_rank=4", "actor_rollout_ref.model.lora_alpha=8",
+        f"actor_rollout_ref.model.target_parameters=[{','.join(experts)}]",
         "actor_rollout_ref.actor.optim.lr=1e-2", "actor_rollout_ref.actor.entropy_coeff=0.01",
         "trainer.n_gpus_per_node=1", "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
         "trainer.total_training_steps=2"))
     result = run_ppo(cfg)
     steps = train_metrics(result["history"])
     assert [h["training/global_step"] for h in steps] == [1, 2]
-    # the base's experts, routers, norms, embeddings and LM head (o_proj is LoRA-targeted: merged), fp32 on the CPU
+    # the base's routers, norms, embeddings, LM head and the experts without adapters (o_proj is LoRA-targeted:
+    # merged), fp32 on the CPU
     import transformers
 
     shape = ModelShape.from_hf_config(transformers.AutoConfig.from_pretrained(model))
+    borrowed = shape.engine_whole_params((*LINEAR_TARGETS, *experts))
     for h in steps:
-        assert h["reshard/borrowed_gb"] == pytest.approx(4 * shape.engine_whole_params(LINEAR_TARGETS) / 1e9)
+        assert h["reshard/borrowed_gb"] == pytest.approx(4 * borrowed / 1e9)
         assert math.isfinite(h["actor/grad_norm"]) and h["actor/grad_norm"] > 0

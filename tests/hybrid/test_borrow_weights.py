@@ -1,7 +1,8 @@
 """Borrowed engine weights: where the actor holds a tensor whole in the engine's dtype and the engine holds it whole
 in HF's layout, the hybrid engine uses the actor's tensor in place instead of a copy.
 
-Checks: the plan's count of borrowed parameters equals what the resharder borrows (dense and MoE, full and LoRA);
+Checks: the plan's count of borrowed parameters equals what the resharder borrows (dense and MoE, full and LoRA, LoRA
+on the experts, whose tensors are then merged copies);
 the plan borrows only where it is safe (no FSDP sharding, TP = 1, equal dtypes, hybrid scheme, no param offload);
 on one gloo rank the engine's parameters are the actor's storage, its own allocation shrinks by exactly those
 bytes, the greedy tokens equal the copying engine's, the next rollout after an optimizer step follows the update,
@@ -25,7 +26,13 @@ from hybridrl.plan.model_shape import ModelShape
 from hybridrl.rollout.config import EngineConfig
 from hybridrl.rollout.engine import LLMEngine
 from hybridrl.rollout.sampling_params import SamplingParams
-from hybridrl.training.lora import LoraSettings, apply_lora, lora_target_names
+from hybridrl.training.lora import (
+    EXPERT_TARGETS,
+    LoraSettings,
+    apply_lora,
+    engine_parameters,
+    lora_target_names,
+)
 
 A, R, M = "actor_rollout_ref.actor", "actor_rollout_ref.rollout", "actor_rollout_ref.model"
 PROMPTS = [[5, 17, 33, 2, 9], [44, 3, 12], [7, 7, 7, 7, 7, 7, 7]]
@@ -51,22 +58,25 @@ def engine_for(hf_config, dtype=torch.float32):
     return LLMEngine(hf_config, config, device="cpu")
 
 
-@pytest.mark.parametrize("hf_config, targets", [
-    (qwen2(tied=False), None), (qwen2(tied=True), "all-linear"), (qwen2(tied=False), ("q_proj", "o_proj")),
-    (qwen3_moe(), None), (qwen3_moe(), "all-linear")], ids=["dense", "tied-lora", "lora-q-o", "moe", "moe-lora"])
-def test_plan_counts_what_the_resharder_borrows(hf_config, targets):
+@pytest.mark.parametrize("hf_config, targets, experts", [
+    (qwen2(tied=False), None, ()), (qwen2(tied=True), "all-linear", ()), (qwen2(tied=False), ("q_proj", "o_proj"), ()),
+    (qwen3_moe(), None, ()), (qwen3_moe(), "all-linear", ()), (qwen3_moe(), "all-linear", ("experts.down_proj",)),
+    (qwen3_moe(), (), EXPERT_TARGETS)],
+    ids=["dense", "tied-lora", "lora-q-o", "moe", "moe-lora", "moe-lora-down-experts", "moe-experts-lora"])
+def test_plan_counts_what_the_resharder_borrows(hf_config, targets, experts):
     torch.manual_seed(0)
     module = transformers.AutoModelForCausalLM.from_config(hf_config, dtype=torch.float32)
     if targets is not None:
-        module = apply_lora(module, LoraSettings(rank=4, alpha=8, target_modules=targets), torch.float32)
+        module = apply_lora(module, LoraSettings(4, 8, targets, experts), torch.float32)
     resharder = FSDPToTPResharder(module, engine_for(hf_config), torch.float32, torch.device("cpu"), borrow=True)
-    params = dict(module.named_parameters())
+    params = {n: p for n, p, _ in engine_parameters(module)}   # under HF names
     borrowed = resharder.borrowed_names()
-    runtime = sum(params.get(n, params.get(n.replace(".weight", ".base_layer.weight"))).numel() for n in borrowed)
+    runtime = sum(params[n].numel() for n in borrowed)
     want = ModelShape.from_hf_config(hf_config).engine_whole_params(
-        tuple(lora_target_names(targets)) if targets is not None else ())
-    assert borrowed and runtime == want
+        (*lora_target_names(targets), *experts) if targets is not None else ())
+    assert borrowed and runtime == want == resharder.borrowed_params()
     assert not any(f".{k}." in n for n in borrowed for k in ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj"))
+    assert not any(n.endswith(experts) for n in borrowed) if experts else True   # merged experts are copies
     # nothing is borrowed without the plan's consent, nor in another dtype than the engine's
     assert not FSDPToTPResharder(module, engine_for(hf_config), torch.float32, torch.device("cpu")).borrowed_names()
     assert not FSDPToTPResharder(module, engine_for(hf_config, torch.bfloat16), torch.bfloat16, torch.device("cpu"),

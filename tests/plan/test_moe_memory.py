@@ -1,6 +1,7 @@
 """The memory model's MoE terms against what torch really holds (CPU, bf16, tiny models of both families): the
 bytes autograd saves per token in an MoE block's grouped-GEMM forward, the bytes the router losses keep until
-backward, and a KV block's bytes with the routing record as the engine allocates it."""
+backward, the expert tensors LoRA on the experts rebuilds and autograd keeps, and a KV block's bytes with the
+routing record as the engine allocates it."""
 
 import sys
 import weakref
@@ -11,9 +12,10 @@ import torch
 import transformers
 
 from hybridrl.plan.memory import MemoryModel, Residency
-from hybridrl.plan.model_shape import ModelShape
+from hybridrl.plan.model_shape import EXPERT_TENSORS, ModelShape
 from hybridrl.rollout.config import EngineConfig
 from hybridrl.rollout.model_runner import ModelRunner
+from hybridrl.training.lora import EXPERT_TARGETS, LoraSettings, apply_lora
 from hybridrl.training.moe import RouterTaps, load_balancing_loss, router_z_loss
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "training"))
@@ -99,3 +101,44 @@ def test_a_kv_block_with_the_routing_record_is_what_the_engine_allocates():
         plan = MemoryModel(shape, Residency(**{**res.__dict__, "routing_record": record})).kv_block_bytes(16)
         assert plan == runner.block_bytes()
     assert shape.routing_record_bytes_per_token == 2 * 2   # 2 MoE layers x top 2, uint8
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("experts", [EXPERT_TARGETS, ("experts.down_proj",)])
+def test_expert_lora_keeps_one_rebuilt_copy_of_the_adapted_experts_per_layer(kind, experts):
+    """peft's ParamWrapper computes the experts with W + scale·B·A, which autograd keeps for backward: per MoE layer
+    the adapted tensors once more in bf16 (the plan's `lora_expert_bytes`). Against the frozen base, an adapted
+    grouped GEMM also keeps its input (gathered rows for gate|up, the activation product for down), which the
+    per-token terms already count (they model trained experts); the adapters' own bytes are negligible."""
+    model = _model(kind).requires_grad_(False)
+    shape = ModelShape.from_hf_config(model.config)
+    x = torch.randn(1, T, shape.hidden, dtype=torch.bfloat16, requires_grad=True)
+    frozen, _ = _saved_bytes(lambda: model.model.layers[0].mlp(x), [x, *model.parameters()])
+    apply_lora(model, LoraSettings(4, 8.0, (), experts), torch.bfloat16)
+    with_lora, _ = _saved_bytes(lambda: model.model.layers[0].mlp(x), [x, *model.parameters()])
+    k = shape.experts_per_token
+    inputs = {"experts.gate_up_proj": T * k * shape.hidden * 2,
+              "experts.down_proj": T * k * shape.expert_intermediate * 2}
+    assert EXPERT_TARGETS == tuple(EXPERT_TENSORS)
+    assert with_lora - frozen - sum(inputs[n] for n in experts) == 2 * shape.expert_tensor_params(experts)
+
+
+def test_the_plan_counts_the_rebuilt_expert_copies():
+    from hybridrl.config import load_config
+    from hybridrl.plan import DeviceSpec, make_plan
+    from hybridrl.plan.memory import GiB
+
+    cfg = tiny_moe_config("qwen3_moe")
+    shape = ModelShape.from_hf_config(cfg)
+    base = ["data.train_batch_size=8", "actor_rollout_ref.rollout.n=2", "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+            "trainer.n_gpus_per_node=1", "actor_rollout_ref.model.lora_rank=4"]
+    h200 = DeviceSpec("cuda", "H200", int(139.8 * GiB))
+    copy = 2 * shape.expert_tensor_params(EXPERT_TARGETS)
+    for recompute, copies in (("false", shape.moe_layers + 1), ("true", 2)):
+        plan = make_plan(load_config(overrides=[
+            *base, f"actor_rollout_ref.model.enable_gradient_checkpointing={recompute}",
+            f"actor_rollout_ref.model.target_parameters=[{','.join(EXPERT_TARGETS)}]"]), cfg, h200)
+        assert plan.predicted["update_actor"].parts["expert LoRA copies"] == copies * copy
+        assert plan.predicted["old_log_prob"].parts["expert LoRA copies"] == 2 * copy
+    plain = make_plan(load_config(overrides=base), cfg, h200)
+    assert "expert LoRA copies" not in plain.predicted["update_actor"].parts

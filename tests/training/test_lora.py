@@ -2,6 +2,8 @@
 grads and AdamW state for the adapters only and no reference copy; the adapter count matches peft's; a model
 without adapters streams its parameters unchanged."""
 
+import copy
+
 import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
@@ -18,6 +20,7 @@ from hybridrl.training.lora import (
     apply_lora,
     engine_parameters,
     lora_settings,
+    lora_target_names,
 )
 
 M = "actor_rollout_ref.model"
@@ -123,3 +126,106 @@ def test_lora_on_an_moe_model_targets_its_linears_only():
     assert {n for n, _, _ in engine_parameters(model)} == hf
     with pytest.raises(ValueError, match=r"target_modules.*\['down_proj'\] are not linear layers"):
         apply_lora(transformers.AutoModelForCausalLM.from_config(config), LoraSettings(4, 8, ("q_proj", "down_proj")))
+
+
+EXPERTS = ["experts.gate_up_proj", "experts.down_proj"]
+
+
+@pytest.mark.parametrize("overrides, key, rule", [
+    ([f"{M}.lora_rank=4", f"{M}.target_parameters=[experts.up_proj]"], "target_parameters", "experts.gate_up_proj"),
+    ([f"{M}.lora_rank=4", f"{M}.target_parameters=experts.down_proj"], "target_parameters", "must be list"),
+    ([f"{M}.lora_rank=4", f"{M}.target_parameters=[experts.down_proj,experts.down_proj]"], "target_parameters",
+     "distinct"),
+    ([f"{M}.target_parameters=[experts.down_proj]"], "target_parameters", "lora_rank' > 0"),
+    ([f"{M}.lora_rank=4", f"{M}.target_modules=[]"], "target_modules", "non-empty unless"),
+])
+def test_bad_expert_lora_keys_are_refused_naming_key_value_and_rule(overrides, key, rule):
+    with pytest.raises(ConfigError) as e:
+        load_config(overrides=overrides).validate()
+    assert f"'{M}.{key}'" in str(e.value) and rule in str(e.value)
+
+
+def test_expert_lora_keys_pass_and_reach_the_settings():
+    load_config(overrides=[f"{M}.lora_rank=4", f"{M}.target_modules=[]",
+                           f"{M}.target_parameters=[experts.down_proj]"]).validate()
+    s = lora_settings(model_section(lora_rank=4, target_modules=[], target_parameters=EXPERTS))
+    assert (s.target_modules, s.target_parameters) == ((), tuple(EXPERTS))
+    assert s.to_json()["target_parameters"] == EXPERTS
+    assert lora_settings(model_section(lora_rank=4)).target_parameters == ()   # default: null, no expert adapters
+
+
+def _moe(kind):
+    from _training_tiny import tiny_moe_config
+
+    torch.manual_seed(0)
+    cfg = tiny_moe_config(kind, vocab_size=96)
+    return cfg, AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+
+
+def test_expert_adapters_are_refused_for_a_dense_model():
+    with pytest.raises(ConfigError, match=rf"'{M}.target_parameters' = \['experts.down_proj'\].*no MoE layers"):
+        make_plan(load_config(overrides=[*STEP, f"{M}.lora_rank=8", f"{M}.target_parameters=[experts.down_proj]"]),
+                  Q7, H200)
+    with pytest.raises(ValueError, match=rf"'{M}.target_parameters'.*match no 3-D expert tensor.*'qwen2'"):
+        apply_lora(_tiny()[1], LoraSettings(4, 8.0, "all-linear", ("experts.down_proj",)))
+
+
+@pytest.mark.parametrize("kind", ["qwen3_moe", "mixtral"])
+@pytest.mark.parametrize("targets, experts", [((), EXPERTS), ("all-linear", ["experts.gate_up_proj"])])
+def test_expert_adapter_count_matches_peft_and_the_plan(kind, targets, experts):
+    cfg, model = _moe(kind)
+    shape = ModelShape.from_hf_config(cfg)
+    apply_lora(model, LoraSettings(4, 8.0, targets, tuple(experts)))
+    trainable = {n: p.numel() for n, p in model.named_parameters() if p.requires_grad}
+    assert sum(trainable.values()) == adapter_param_count(shape, 4, targets, experts) > 0
+    assert any(".experts." in n for n in trainable)
+    plan = make_plan(load_config(overrides=[*STEP, f"{M}.lora_rank=4", f"{M}.target_modules={list(targets)}"
+                                            if targets != "all-linear" else f"{M}.target_modules=all-linear",
+                                            f"{M}.target_parameters=[{','.join(experts)}]",
+                                            "actor_rollout_ref.actor.fsdp_config.model_dtype=bf16"]), cfg, H200)
+    adapters = adapter_param_count(shape, 4, targets, experts)
+    assert plan.predicted["update_actor"].parts["actor grads"] == adapters * 2
+    assert plan.rollout.borrowed_params == shape.engine_whole_params((*lora_target_names(targets), *experts))
+    assert plan.rollout.borrowed_params < shape.engine_whole_params(tuple(lora_target_names(targets)))
+
+
+@pytest.mark.parametrize("kind, targets", [("qwen3_moe", ("q_proj",)), ("mixtral", ())])
+def test_expert_lora_merge_and_adapter_equal_peft(tmp_path, kind, targets):
+    """merge_lora_state (checkpoints, `hybridrl merge`) gives peft's merge_and_unload weights, and the adapter
+    directory `write_lora_adapter` writes loads into peft with the same outputs."""
+    from peft import LoraConfig, PeftModel, get_peft_model
+
+    from hybridrl.training.merge import write_lora_adapter
+
+    cfg, base = _moe(kind)
+    settings = LoraSettings(4, 8.0, targets, tuple(EXPERTS))
+    model = apply_lora(copy.deepcopy(base), settings)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if ".lora_B." in name:
+                p.normal_(0, 0.1)
+    peft = get_peft_model(copy.deepcopy(base), LoraConfig(r=4, lora_alpha=8.0, target_modules=list(targets),
+                                                          target_parameters=EXPERTS))
+    peft.base_model.model.load_state_dict(model.state_dict())
+    want = peft.merge_and_unload().state_dict()
+    merged = write_lora_adapter(model.state_dict(), settings.to_json(), tmp_path / "adapter", "float32")
+    assert merged.keys() == want.keys()
+    for k in want:
+        torch.testing.assert_close(merged[k], want[k], atol=1e-6, rtol=1e-6, msg=k)
+    ids = torch.randint(0, 96, (2, 7))
+    loaded = PeftModel.from_pretrained(copy.deepcopy(base), tmp_path / "adapter")
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(ids).logits, model(ids).logits, atol=1e-5, rtol=1e-5)
+        assert (model(ids).logits - base(ids).logits).abs().max() > 1e-3
+
+
+def test_lora_on_an_moe_model_with_dense_layers_keeps_their_mlp_adapters():
+    """peft on transformers 5 would turn gate_proj / up_proj / down_proj targets of an MoE model type into adapters
+    on the experts (its conversion of transformers-4 adapters); the dense layer's linears must keep them."""
+    cfg, model = _moe("qwen3_moe")   # layer 1 is dense (mlp_only_layers)
+    apply_lora(model, LoraSettings(4, 8.0, "all-linear"))
+    trainable = {n: p.numel() for n, p in model.named_parameters() if p.requires_grad}
+    adapted = {n.partition(".lora_")[0] for n in trainable}
+    assert {f"model.layers.1.mlp.{p}" for p in ("gate_proj", "up_proj", "down_proj")} <= adapted
+    assert not any(".experts" in n for n in adapted)
+    assert sum(trainable.values()) == adapter_param_count(ModelShape.from_hf_config(cfg), 4, "all-linear")

@@ -48,7 +48,13 @@ class ModelConfig(Section):
     """LoRA scale: the update is (lora_alpha / lora_rank) * B @ A"""
     target_modules: str | list[str]
     """linears that get adapters: all-linear or a list of q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj,
-    down_proj"""
+    down_proj (may be [] when target_parameters names experts)"""
+    target_parameters: list[str] | None
+    """mixture-of-experts expert tensors that get adapters (with lora_rank > 0): null (none) or a list of
+    experts.gate_up_proj, experts.down_proj. peft's own LoraConfig key: transformers 5 holds a layer's experts as fused
+    3-D tensors, not linears, so target_modules cannot name them; peft adapts each with per-expert A and B
+    (ParamWrapper). Refused for a model without MoE layers. Targeted experts reach the rollout engine merged (W_e +
+    scale * B_e @ A_e), so they are copied, never used in place from the actor"""
 
     def check(self, found: Findings) -> None:
         from hybridrl.models.tokenizer import resolve_chat_template
@@ -59,7 +65,7 @@ class ModelConfig(Section):
         except ValueError as e:
             found.errors.append(str(e))
         check_activation_offload(self, "actor_rollout_ref.model", found)
-        found.errors += check_lora_keys(self.lora_rank, self.lora_alpha, self.target_modules)
+        found.errors += check_lora_keys(self.lora_rank, self.lora_alpha, self.target_modules, self.target_parameters)
 
 
 def check_activation_offload(model, prefix: str, found: Findings) -> None:
