@@ -21,6 +21,10 @@ engine's dtype and on its device, that the engine holds whole in HF's layout (em
 routers and MoE experts at TP = 1 without FSDP sharding) and that needs no LoRA merge — a LoRA run's frozen bf16
 base, or bf16 masters — is handed to the engine as it is: no copy, no engine memory. Safe because the engine only
 reads it and sleeps before the optimizer next writes it (hybrid scheme only; a resident engine keeps copies).
+An expert tensor with LoRA adapters (peft's ParamWrapper) is borrowed too where its base can be: the engine is told
+once (`set_expert_adapters`) to add the update unmerged, and each reshard sends, after the borrowed base, its whole
+per-expert factors A [E, r, in] and B [E, out, r] in the engine's dtype (E·r·(in + out): small). Where borrowing
+does not apply (TP > 1, FSDP sharding, another dtype, offload, scheme A) it is merged as above.
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
-from hybridrl.training.lora import engine_parameters
+from hybridrl.training.lora import ExpertMerge, engine_parameters
 
 SliceSpec = tuple[int, int, int] | tuple[int, int, int, int] | None  # (dim, start, length[, blocks]); None = whole
 
@@ -119,6 +123,7 @@ class FSDPToTPResharder:
         self.strategy, self.borrow = strategy, borrow
         self._specs: dict[str, list[SliceSpec]] | None = None
         self._borrowed: frozenset[str] | None = None
+        self._unmerged: dict[str, tuple[str, str]] = {}   # borrowed expert tensor -> its factors' engine names
         self.last = ReshardStats(strategy=strategy)
 
     # -------------------------------------------------------------------- borrowing
@@ -130,13 +135,26 @@ class FSDPToTPResharder:
 
     def borrowed_names(self) -> frozenset[str]:
         """HF names of the tensors the engine uses in place (empty unless `borrow`); fixed for the run, since
-        layouts, dtypes and devices do not change between steps."""
+        layouts, dtypes and devices do not change between steps. On the first call, adapted expert tensors among
+        them are set up in the engine to add their LoRA update unmerged (`set_expert_adapters`)."""
         if self._borrowed is None:
-            self._borrowed = frozenset(
-                name for name, p, merge in engine_parameters(self.module)
-                if self.borrow and merge is None and self._whole_here(p) is not None
-                and self.engine.weight_borrowable(name, tuple(p.shape)))
+            names, adapters = set(), {}
+            unmerged = self.borrow and hasattr(self.engine, "set_expert_adapters")
+            for name, p, merge in engine_parameters(self.module):
+                if not (self.borrow and (merge is None or (unmerged and isinstance(merge, ExpertMerge)))
+                        and self._whole_here(p) is not None and self.engine.weight_borrowable(name, tuple(p.shape))):
+                    continue
+                names.add(name)
+                if merge is not None:
+                    adapters[name] = (merge.rank, merge.scaling)
+            self._unmerged = self.engine.set_expert_adapters(adapters) if adapters else {}
+            self._borrowed = frozenset(names)
         return self._borrowed
+
+    def unmerged_experts(self) -> frozenset[str]:
+        """HF names of the adapted expert tensors the engine borrows and adds the LoRA update to unmerged."""
+        self.borrowed_names()
+        return frozenset(self._unmerged)
 
     def borrowed_params(self) -> int:
         """Parameters the engine uses in place (what the plan predicts as `rollout.borrowed_params`)."""
@@ -176,6 +194,11 @@ class FSDPToTPResharder:
                 stats.bytes_borrowed += tensor.numel() * tensor.element_size()
                 stats.tensors += 1
                 yield name, tensor
+                if name in self._unmerged:   # the LoRA factors beside the borrowed base: B_e·A_e unmerged
+                    lhs, rhs = merge.factors()
+                    for factor_name, factor in zip(self._unmerged[name], (rhs, lhs)):
+                        stats.tensors += 1
+                        yield factor_name, factor.to(self.device, self.dtype).contiguous()
                 continue
             if isinstance(p, DTensor):
                 local = p.to_local().detach()

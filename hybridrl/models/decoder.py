@@ -13,6 +13,8 @@ Choices:
 - Only the last token's hidden state of each prefill sequence reaches the LM head (`logits_index`).
 - HF names map to fused parameters in `load_hf_weight`: q/k/v_proj -> qkv_proj, gate/up_proj -> gate_up_proj;
   the MoE block keeps HF's names (`mlp.gate.weight`, `mlp.experts.gate_up_proj`, `mlp.experts.down_proj`).
+- LoRA on the experts at TP = 1 can stay unmerged: `add_expert_adapter` gives an experts tensor its factors
+  (`<hf name>_lora_A` / `_lora_B`), which the block adds beside the (borrowed) base tensor (moe.py).
 - MoE blocks record each token's experts in the step's context when it holds a routing record (moe.py).
 - CUDA graphs: a model whose MoE blocks would take the host-synchronising fallback on the device (moe.py) says so
   through `cuda_graph_safe(device, dtype)`, and the runner then decodes eagerly.
@@ -29,7 +31,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from hybridrl.models import fused
-from hybridrl.models.moe import SparseMoeBlock
+from hybridrl.models.moe import Experts, SparseMoeBlock
 from hybridrl.models.moe_config import moe_config
 from hybridrl.models.rope import apply_rope, inv_frequencies
 from hybridrl.models.tp_layers import (
@@ -264,6 +266,17 @@ class TPDecoderForCausalLM(nn.Module):
         spec = getattr(module, "shard_spec", None)
         whole = shard_id is None and (spec is None or spec(param_name, shard_id) is None)
         return name if whole and (full_shape is None or tuple(param.shape) == tuple(full_shape)) else None
+
+    def add_expert_adapter(self, hf_name: str, rank: int, scaling: float) -> tuple[str, str]:
+        """Have the experts tensor `hf_name` (`...mlp.experts.gate_up_proj` / `.down_proj`) add a LoRA update
+        unmerged (moe.py `Experts.add_adapter`); -> the HF names under which its factors A [E, r, in] and
+        B [E, out, r] are then loaded."""
+        resolved = self.resolve_hf_name(hf_name)
+        module = None if resolved is None else resolved[2]
+        if not isinstance(module, Experts):
+            raise ValueError(f"add_expert_adapter: {hf_name!r} is not a fused expert tensor of this model")
+        module.add_adapter(resolved[3], rank, scaling)
+        return f"{hf_name}_lora_A", f"{hf_name}_lora_B"
 
     def _borrow(self, hf_name: str, name: str, param, module, param_name: str, tensor: torch.Tensor) -> None:
         device = self.rope_cache.device   # set by the runner's wake, on the engine's device

@@ -33,6 +33,13 @@ Choices:
   The per-expert names of older checkpoints (`experts.<e>.gate_proj.weight`) are refused with that explanation:
   weights reach the engine from the actor's transformers-5 state dict, which has the fused layout.
 
+- LoRA on the experts, unmerged (TP = 1 only: `add_adapter`): beside a base tensor W [E, out, in] (borrowed from the
+  actor, hybrid/reshard.py) the block holds expert e's factors A_e [r, in] and B_e [out, r] as `<name>_lora_A`
+  [E, r, in] and `<name>_lora_B` [E, out, r], and computes y = x W_e^T + scaling·(x A_e^T) B_e^T with the same
+  grouped GEMMs over the same sorted slices (two more per adapted tensor, the same backend: CUDA-graph safety is
+  unchanged). The rank is zero-padded to a multiple of 16 bytes (`padded_rank`), the grouped kernel's row-stride
+  requirement; the padded rows and columns add nothing.
+
 - Routing record (rollout routing replay): given the step's context, a block writes each token's k expert ids into
   the context's per-slot record (rollout/attention.py `record_experts`), at the token's KV-cache slot, so the record
   follows the KV cache: shared prompt blocks, copy-on-write, preemption and multi-turn continuations need nothing
@@ -54,6 +61,12 @@ from hybridrl.models.tp_layers import ShardSpec, copy_shard, tp_rank_size
 
 BACKENDS = ("auto", "grouped_mm", "sorted")
 _grouped_mm = getattr(F, "grouped_mm", None) or getattr(torch, "_grouped_mm", None)
+
+
+def padded_rank(rank: int, itemsize: int) -> int:
+    """An unmerged expert adapter's rank as the engine holds it: rounded up to rows of a multiple of 16 bytes."""
+    per = max(1, 16 // itemsize)
+    return -(-rank // per) * per
 
 
 def routing_dtype(num_experts: int) -> torch.dtype:
@@ -118,8 +131,28 @@ class Experts(nn.Module):
         self.gate_up_proj = nn.Parameter(torch.empty(El, 2 * Il, hidden), requires_grad=False)
         self.down_proj = nn.Parameter(torch.empty(El, hidden, Il), requires_grad=False)
         self.backend = "auto"
+        self.adapters: dict[str, tuple[int, float]] = {}   # adapted tensor -> (rank received, scaling): unmerged LoRA
 
     # ------------------------------------------------------------------ weights
+    def add_adapter(self, param_name: str, rank: int, scaling: float) -> None:
+        """Hold LoRA factors for `param_name` (gate_up_proj or down_proj) and add their update unmerged (see the
+        module docstring); they are parameters `<param_name>_lora_A` [E, r', in] and `_lora_B` [E, out, r'] (r' =
+        padded_rank), created on the base tensor's device (meta while the engine sleeps) and loaded each wake."""
+        if param_name not in ("gate_up_proj", "down_proj"):
+            raise ValueError(f"experts.add_adapter: {param_name!r} is not an expert tensor (gate_up_proj, down_proj)")
+        if self.tp_size != 1:
+            raise ValueError("experts.add_adapter: unmerged expert adapters need the experts whole on one rank (TP = 1)")
+        if self.adapters.get(param_name, (rank, scaling)) != (rank, scaling):
+            raise ValueError(f"experts.add_adapter: {param_name} already holds an adapter of rank "
+                             f"{self.adapters[param_name][0]}, scaling {self.adapters[param_name][1]}")
+        base = getattr(self, param_name)
+        E, out, inp = base.shape
+        r = padded_rank(rank, base.dtype.itemsize)
+        for suffix, shape in (("lora_A", (E, r, inp)), ("lora_B", (E, out, r))):
+            self.register_parameter(f"{param_name}_{suffix}", nn.Parameter(
+                torch.empty(shape, dtype=base.dtype, device=base.device), requires_grad=False))
+        self.adapters[param_name] = (rank, float(scaling))
+
     def shard_spec(self, param_name, shard_id) -> ShardSpec | None:
         if self.tp_size == 1:
             return None
@@ -131,6 +164,18 @@ class Experts(nn.Module):
 
     def load(self, param_name: str, tensor: torch.Tensor, shard_id=None) -> None:
         param = getattr(self, param_name)
+        base, _, factor = param_name.partition("_lora_")
+        if factor:   # an adapter factor of rank r into its zero-padded parameter
+            dim = 1 if factor == "A" else 2
+            rank = self.adapters[base][0]
+            want = list(param.shape)
+            want[dim] = rank
+            if list(tensor.shape) != want:
+                raise ValueError(f"load_weights: experts.{param_name} must have shape {tuple(want)} (got "
+                                 f"{tuple(tensor.shape)})")
+            param.data.zero_()
+            param.data.narrow(dim, 0, rank).copy_(tensor)
+            return
         if tensor.dim() != 3:
             raise ValueError(f"load_weights: experts.{param_name} must be the fused 3-D tensor of all experts "
                              f"(got shape {tuple(tensor.shape)})")
@@ -142,7 +187,7 @@ class Experts(nn.Module):
             raise ValueError(f"Experts.backend={self.backend!r}: must be one of {BACKENDS}")
         if self.backend != "auto":
             return self.backend
-        # the kernel needs 16-byte aligned row strides in all three operands
+        # the kernel needs 16-byte aligned row strides in all three operands (adapter factors: padded_rank)
         aligned = all(n * dtype.itemsize % 16 == 0 for n in (self.hidden, self.local_inter))
         return "grouped_mm" if aligned and grouped_mm_available(device, dtype) else "sorted"
 
@@ -161,18 +206,27 @@ class Experts(nn.Module):
         sorted_S, perm_S = torch.sort(ids_S, stable=True)
         ends_E = torch.searchsorted(sorted_S, torch.arange(El, device=ids_S.device), right=True).to(torch.int32)
         x_SH = x_TH.index_select(0, perm_S // k)
-        gu_S2I = self._grouped(x_SH, self.gate_up_proj, ends_E, backend)
+        gu_S2I = self._adapted(x_SH, "gate_up_proj", ends_E, backend)
         if use_fused:
             act_SI = fused.silu_mul(gu_S2I)
         else:
             gate, up = gu_S2I.chunk(2, dim=-1)
             act_SI = F.silu(gate) * up
-        y_SH = self._grouped(act_SI, self.down_proj, ends_E, backend)
+        y_SH = self._adapted(act_SI, "down_proj", ends_E, backend)
         if outside_S is not None:  # rows past the last offset are left unwritten by grouped_mm: may hold NaN
             y_SH = y_SH.masked_fill(outside_S.index_select(0, perm_S).unsqueeze(-1), 0.0)
         y_SH = y_SH * weights_Tk.reshape(-1).index_select(0, perm_S).unsqueeze(-1)
         unsorted = torch.empty_like(y_SH).index_copy_(0, perm_S, y_SH)
         return unsorted.view(T, k, -1).sum(dim=1).to(x_TH.dtype)
+
+    def _adapted(self, x_SD, name, ends_E, backend):
+        """x @ W_e^T for each expert's rows, plus scaling·(x A_e^T) B_e^T where `name` holds an unmerged adapter."""
+        y = self._grouped(x_SD, getattr(self, name), ends_E, backend)
+        if name not in self.adapters:
+            return y
+        t_Sr = self._grouped(x_SD, getattr(self, f"{name}_lora_A"), ends_E, backend)
+        return y.add_(self._grouped(t_Sr, getattr(self, f"{name}_lora_B"), ends_E, backend),
+                      alpha=self.adapters[name][1])
 
     @staticmethod
     def _grouped(x_SD, w_EOD, ends_E, backend):

@@ -58,6 +58,7 @@ class Residency:
     router_z_loss: bool = False     # MoE: the router z-loss is on
     routing_record: bool = False    # MoE routing replay: the engine records each token's experts beside its K/V
     engine_borrowed_params: int = 0  # parameters the hybrid engine uses in place from the actor (no engine copy)
+    engine_adapter_params: int = 0   # LoRA on experts, unmerged: the engine's own per-expert factors (padded rank)
 
 
 @dataclass(frozen=True)
@@ -104,7 +105,8 @@ class MemoryModel:
         return parts
 
     def engine_weights(self) -> int:
-        return int((self.s.num_params - self.r.engine_borrowed_params) * 2 / self.r.rollout_tp)
+        return int((self.s.num_params - self.r.engine_borrowed_params + self.r.engine_adapter_params) * 2
+                   / self.r.rollout_tp)
 
     def kv_block_bytes(self, block_size: int) -> int:
         """One KV block on one TP rank (the heads split over TP; replicated when TP exceeds the KV heads)."""

@@ -112,9 +112,10 @@ class ModelShape:
 
     def engine_whole_params(self, lora_targets: tuple[str, ...] = ()) -> int:
         """Parameters the rollout engine holds at TP = 1 as whole tensors in HF's layout — embeddings, the LM head,
-        norms, o_proj, the dense down_proj, routers and experts (q/k/v and gate/up are fused there) — less the
-        LoRA-targeted linears and expert tensors (`experts.gate_up_proj`, `experts.down_proj`) among them, which
-        reach the engine merged (models/decoder.py `borrowable`, hybrid/reshard.py)."""
+        norms, o_proj, the dense down_proj, routers and experts (q/k/v and gate/up are fused there) — less those
+        named in `lora_targets`, which reach the engine merged (models/decoder.py `borrowable`, hybrid/reshard.py).
+        A borrowing engine gets LoRA-targeted linears merged but not expert tensors (`experts.gate_up_proj`,
+        `experts.down_proj`): it borrows their base and adds the update unmerged, so the plan passes linears only."""
         h, q = self.hidden, self.heads * self.head_dim
         norms = 2 * h + (2 * self.head_dim if self.qk_norm else 0)
         o_proj = 0 if "o_proj" in lora_targets else q * h

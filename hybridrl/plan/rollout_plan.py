@@ -53,6 +53,9 @@ class RolloutPlan:
     reshard_strategy: str
     record_routed_experts: bool         # actor.router_replay.mode=R3: the engine records each token's experts
     borrowed_params: int = 0            # weights the hybrid engine uses in place from the actor (no engine copy)
+    expert_lora: str | None = None      # LoRA on MoE experts in the engine: 'unmerged' (base borrowed, the engine
+                                        # adds the low-rank term), 'merged' (its own merged copies); None: none
+    engine_adapter_params: int = 0      # 'unmerged': the engine's per-expert factors (rank padded to 16 bytes)
 
     @property
     def borrow_weights(self) -> bool:
@@ -82,7 +85,17 @@ class RolloutPlan:
                 f"speculative     {_describe_speculative(self.speculative)}",
                 *([f"engine weights  {self.borrowed_params / 1e9:.3f}B parameters used in place from the actor's "
                    "own tensors (no engine copy): the engine holds only the rest"] if self.borrow_weights else []),
+                *([_describe_expert_lora(self.expert_lora, self.engine_adapter_params)] if self.expert_lora else []),
                 *([str(self.partial)] if self.partial is not None else [])]
+
+
+def _describe_expert_lora(mode: str, adapter_params: int) -> str:
+    if mode == "unmerged":
+        return (f"experts         base borrowed, LoRA applied unmerged: the engine holds only the adapters' factors "
+                f"({adapter_params / 1e6:.2f}M parameters) and adds scaling·(x A_e^T) B_e^T beside x W_e^T")
+    return ("experts         LoRA merged: the engine holds its own W + scaling·B·A of each adapted expert tensor "
+            "(unmerged needs the engine to borrow the base: hybrid scheme, TP = 1, one actor rank, the engine's dtype, "
+            "no param_offload)")
 
 
 def kv_need(prompts: int, n: int, prompt_len: int, response_len: int, block_size: int, sharing: bool,
@@ -173,7 +186,10 @@ def plan_rollout(sizing: Sizing, kv_cache: KvCachePlan, dtype: str) -> RolloutPl
         speculative=speculative, partial=partial, hybrid=sizing.residency.hybrid,
         reshard_strategy=os.environ.get("HYBRIDRL_RESHARD", "slice"),
         record_routed_experts=sizing.residency.routing_record,
-        borrowed_params=sizing.residency.engine_borrowed_params)
+        borrowed_params=sizing.residency.engine_borrowed_params,
+        expert_lora=None if not sizing.residency.lora_expert_bytes or get(f"{ROLLOUT}.name") != "native"
+        else "unmerged" if sizing.residency.engine_borrowed_params else "merged",
+        engine_adapter_params=sizing.residency.engine_adapter_params)
 
 
 def resolve_speculative(section: SpeculativeDecodingConfig, device: DeviceSpec, choices: list[str],

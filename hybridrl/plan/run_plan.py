@@ -16,6 +16,7 @@ from hybridrl.config.errors import ConfigError
 from hybridrl.config.sections import PPOConfig
 from hybridrl.config.sections.reward_model import RewardModelConfig
 from hybridrl.dotted import dotted_get
+from hybridrl.models.moe import padded_rank
 from hybridrl.plan.actor_plan import (
     ACTOR,
     REF,
@@ -35,7 +36,7 @@ from hybridrl.plan.rollout_plan import ROLLOUT, RolloutPlan, plan_kv_cache, plan
 from hybridrl.plan.shape import Parallelism
 from hybridrl.plan.sizing import MODEL, DeviceSpec, Sizing
 from hybridrl.training.fsdp import resolve_dtype
-from hybridrl.training.lora import adapter_param_count, lora_target_names
+from hybridrl.training.lora import EXPERT_TARGETS, adapter_param_count, lora_target_names
 
 
 @dataclass(frozen=True)
@@ -210,20 +211,33 @@ def _residency(get, layout: Layout, device: DeviceSpec, shape: ModelShape, rm_sh
         rm_param_bytes=2 if device.type == "cuda" else 4,
         router_aux_loss=get(f"{ACTOR}.router_aux_loss_coef") > 0, router_z_loss=get(f"{ACTOR}.router_z_loss_coef") > 0,
         routing_record=get(f"{ACTOR}.router_replay.mode") == "R3",
-        engine_borrowed_params=_engine_borrowed_params(get, par, shape, hybrid, device,
-                                                       lora_base_dtype or master_dtype))
+        engine_borrowed_params=(borrowed := _engine_borrowed_params(get, par, shape, hybrid, device,
+                                                                    lora_base_dtype or master_dtype)),
+        engine_adapter_params=_engine_adapter_params(get, shape, device) if borrowed else 0)
 
 
 def _engine_borrowed_params(get, par, shape: ModelShape, hybrid: bool, device: DeviceSpec, stored_dtype: str) -> int:
     """Parameters the native hybrid engine uses in place from the actor instead of copying them (hybrid/reshard.py):
     those the actor holds whole (no FSDP sharding), in the engine's dtype (a LoRA run's frozen base, or bf16 masters) and
-    on the GPU (no param_offload) that the engine holds whole in HF's layout (TP = 1), except LoRA-merged ones (linears
-    and expert tensors with adapters)."""
+    on the GPU (no param_offload) that the engine holds whole in HF's layout (TP = 1), except LoRA-merged linears.
+    Expert tensors with adapters are borrowed too: the engine adds their low-rank update unmerged
+    (`_engine_adapter_params`)."""
     engine_dtype = "fp32" if device.type == "cpu" else _dtype_name(get(f"{ROLLOUT}.dtype"))
     if not (hybrid and get(f"{ROLLOUT}.name") == "native" and par.actor_fsdp == 1 and par.rollout_tp == 1
             and stored_dtype == engine_dtype and not get(f"{ACTOR}.fsdp_config.param_offload")):
         return 0
-    return shape.engine_whole_params(_lora_targets(get))
+    return shape.engine_whole_params(tuple(t for t in _lora_targets(get) if t not in EXPERT_TARGETS))
+
+
+def _engine_adapter_params(get, shape: ModelShape, device: DeviceSpec) -> int:
+    """The per-expert LoRA factors a borrowing engine holds to add the update unmerged (models/moe.py): E·r'·(in + out)
+    per adapted tensor of each MoE layer, r' the rank padded to rows of 16 bytes in the engine's dtype."""
+    experts = get(f"{MODEL}.target_parameters") or ()
+    rank = get(f"{MODEL}.lora_rank")
+    if not (rank and experts):
+        return 0
+    itemsize = _dtype_bytes("fp32" if device.type == "cpu" else _dtype_name(get(f"{ROLLOUT}.dtype")))
+    return adapter_param_count(shape, padded_rank(rank, itemsize), (), experts)
 
 
 def reward_model_hf_config(config: PPOConfig):

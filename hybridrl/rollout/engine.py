@@ -173,6 +173,16 @@ class LLMEngine:
         and device can lend it (`wake_up(borrowed=...)`) instead of having it copied."""
         return self.runner.model.borrowable(hf_name, tuple(full_shape)) is not None
 
+    def set_expert_adapters(self, adapters: dict[str, tuple[int, float]]) -> dict[str, tuple[str, str]]:
+        """LoRA on MoE experts computed unmerged: each experts tensor named (HF name -> (rank, scaling)) keeps its
+        base as loaded (borrowed, typically) and adds scaling·(x A_e^T) B_e^T beside it (models/moe.py). -> HF name ->
+        the names its factors A [E, r, in] and B [E, out, r] must be loaded under, with every wake's weights.
+        Called while the weights sleep (the factors are allocated with the rest at wake); idempotent."""
+        if self.runner.weights_awake:
+            raise RuntimeError("set_expert_adapters while the engine's weights are awake: call it before wake_up")
+        return {name: self.runner.model.add_expert_adapter(name, rank, scaling)
+                for name, (rank, scaling) in adapters.items()}
+
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> int:
         if not self.runner.weights_awake:
             raise RuntimeError("load_weights before wake_up(('weights',))")

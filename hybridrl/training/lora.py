@@ -17,8 +17,10 @@ How it fits the hybrid engine:
   [E, out, in] tensor with lora_A [E·r, in] (expert e's rows e·r .. e·r+r-1) and lora_B [out, r·E] (expert e's
   columns e, e+E, .. : peft reshapes it to [out, r, E]); expert e's update is scaling·B_e·A_e, applied in the
   training forward as a parametrization of the base tensor (W never changes; autograd keeps the rebuilt
-  W + scaling·B·A for backward: the plan's `expert LoRA copies`). The engine's merge gathers both
-  factors whole (E·r·(in + out): small) and adds the update of this rank's FSDP rows of W, which are whole experts.
+  W + scaling·B·A for backward: the plan's `expert LoRA copies`). The engine's merge (`ExpertMerge`) gathers both
+  factors whole (E·r·(in + out): small) and adds the update of this rank's FSDP rows of W, which are whole experts;
+  where the engine borrows W instead (TP = 1, one rank: hybrid/reshard.py) it gets those factors (`factors()`) and
+  adds the update unmerged (models/moe.py).
   Several targets on one experts module nest (the module's first parameter innermost), so a weight's HF name is its
   module path with every `.base_layer` dropped.
 - Checkpoints hold the module's own state dict (base weights and adapters, each in its stored dtype), so a
@@ -257,19 +259,27 @@ def _first_row(p: torch.Tensor) -> int:
     return min(p.shape[0], rank * -(-p.shape[0] // size))
 
 
-def _expert_merge_fn(layer, param: torch.Tensor):
-    """W_rows -> W_rows + scaling·B_e·A_e for this rank's experts of a ParamWrapper-adapted expert tensor. FSDP
-    shards W by experts but the factors by their own rows, which do not line up with W's: both factors are
-    gathered whole (E·r·(in + out) elements) and the rank's experts taken from them."""
-    first = _first_row(param)
+class ExpertMerge:
+    """W_rows -> W_rows + scaling·B_e·A_e for this rank's experts of a ParamWrapper-adapted expert tensor (called
+    like a linear's merge function). FSDP shards W by experts but the factors by their own rows, which do not line
+    up with W's: both factors are gathered whole (E·r·(in + out) elements) and the rank's experts taken from them.
+    `factors()` gives the same factors unmerged, for an engine that computes the update beside a borrowed W."""
 
-    def merge(w: torch.Tensor) -> torch.Tensor:
+    def __init__(self, layer, param: torch.Tensor):
+        self.layer, self.first = layer, _first_row(param)
+        self.scaling, self.rank = layer.scaling[ADAPTER], layer.r[ADAPTER]
+
+    def factors(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(lhs [E, out, r], rhs [E, r, in]) whole, in their stored dtype: expert e's update is
+        scaling·lhs[e]·rhs[e] in the layout of the adapted tensor."""
         a, b = (t.full_tensor() if isinstance(t, DTensor) else t
-                for t in (layer.lora_A[ADAPTER].weight, layer.lora_B[ADAPTER].weight))
-        lhs, rhs = _expert_factors(a.detach(), b.detach(), layer.num_experts, layer._did_swap_in_out_features)
-        rows = slice(first, first + w.shape[0])
-        return _merged_experts(w, lhs[rows], rhs[rows], layer.scaling[ADAPTER])
-    return merge
+                for t in (self.layer.lora_A[ADAPTER].weight, self.layer.lora_B[ADAPTER].weight))
+        return _expert_factors(a.detach(), b.detach(), self.layer.num_experts, self.layer._did_swap_in_out_features)
+
+    def __call__(self, w: torch.Tensor) -> torch.Tensor:
+        lhs, rhs = self.factors()
+        rows = slice(self.first, self.first + w.shape[0])
+        return _merged_experts(w, lhs[rows], rhs[rows], self.scaling)
 
 
 def _hf_name(name: str) -> str:
@@ -281,7 +291,8 @@ def engine_parameters(module: torch.nn.Module) -> Iterator[tuple[str, torch.Tens
     """(HF name, parameter, merge or None) for every weight the rollout engine loads. Without adapters: the
     module's parameters as they are. With adapters: adapter tensors are skipped, `x.base_layer.weight` is named
     `x.weight` (an expert tensor `experts[.base_layer..].gate_up_proj` is named `experts.gate_up_proj`) and a
-    targeted one comes with the function that merges this rank's rows of it."""
+    targeted one comes with the function that merges this rank's rows of it (an `ExpertMerge` for expert tensors,
+    which also gives the factors unmerged)."""
     layers = _lora_layers(module)
     if not layers:
         yield from ((name, p, None) for name, p in module.named_parameters())
@@ -296,7 +307,7 @@ def engine_parameters(module: torch.nn.Module) -> Iterator[tuple[str, torch.Tens
         hf = _hf_name(name)
         owner, _, leaf = hf.rpartition(".")
         if hf in experts:
-            yield hf, p, _expert_merge_fn(experts[hf], p)
+            yield hf, p, ExpertMerge(experts[hf], p)
         elif owner in linears and leaf == "weight":
             yield hf, p, _merge_fn(linears[owner])
         else:

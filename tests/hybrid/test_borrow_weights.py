@@ -2,7 +2,8 @@
 in HF's layout, the hybrid engine uses the actor's tensor in place instead of a copy.
 
 Checks: the plan's count of borrowed parameters equals what the resharder borrows (dense and MoE, full and LoRA, LoRA
-on the experts, whose tensors are then merged copies);
+on the experts, whose base tensors are borrowed too while the engine holds their factors and adds the update
+unmerged: the plan counts those factors, and says which way the experts go);
 the plan borrows only where it is safe (no FSDP sharding, TP = 1, equal dtypes, hybrid scheme, no param offload);
 on one gloo rank the engine's parameters are the actor's storage, its own allocation shrinks by exactly those
 bytes, the greedy tokens equal the copying engine's, the next rollout after an optimizer step follows the update,
@@ -20,6 +21,7 @@ from typed_sections import FP32_MASTERS, model_source
 
 from hybridrl.config import load_config
 from hybridrl.hybrid.reshard import FSDPToTPResharder
+from hybridrl.models.moe import padded_rank
 from hybridrl.plan import DeviceSpec, make_plan
 from hybridrl.plan.memory import GiB
 from hybridrl.plan.model_shape import ModelShape
@@ -29,6 +31,7 @@ from hybridrl.rollout.sampling_params import SamplingParams
 from hybridrl.training.lora import (
     EXPERT_TARGETS,
     LoraSettings,
+    adapter_param_count,
     apply_lora,
     engine_parameters,
     lora_target_names,
@@ -72,11 +75,14 @@ def test_plan_counts_what_the_resharder_borrows(hf_config, targets, experts):
     params = {n: p for n, p, _ in engine_parameters(module)}   # under HF names
     borrowed = resharder.borrowed_names()
     runtime = sum(params[n].numel() for n in borrowed)
-    want = ModelShape.from_hf_config(hf_config).engine_whole_params(
-        (*lora_target_names(targets), *experts) if targets is not None else ())
+    shape = ModelShape.from_hf_config(hf_config)
+    want = shape.engine_whole_params(tuple(lora_target_names(targets)) if targets is not None else ())
     assert borrowed and runtime == want == resharder.borrowed_params()
     assert not any(f".{k}." in n for n in borrowed for k in ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj"))
-    assert not any(n.endswith(experts) for n in borrowed) if experts else True   # merged experts are copies
+    adapted = {n for n in borrowed if n.endswith(experts)} if experts else set()
+    assert resharder.unmerged_experts() == adapted and len(adapted) == shape.moe_layers * len(experts)
+    factors = sum(p.numel() for n, p in resharder.engine.runner.model.named_parameters() if "_lora_" in n)
+    assert factors == adapter_param_count(shape, padded_rank(4, 4), (), experts)   # what the plan counts
     # nothing is borrowed without the plan's consent, nor in another dtype than the engine's
     assert not FSDPToTPResharder(module, engine_for(hf_config), torch.float32, torch.device("cpu")).borrowed_names()
     assert not FSDPToTPResharder(module, engine_for(hf_config, torch.bfloat16), torch.bfloat16, torch.device("cpu"),
@@ -110,6 +116,27 @@ def test_plan_borrows_only_whole_tensors_in_the_engine_dtype_under_the_hybrid_sc
                    ["trainer.n_gpus_per_node=2"],                   # FSDP-sharded: no rank holds a tensor whole
                    ["trainer.n_gpus_per_node=2", f"{R}.tensor_model_parallel_size=2"]):   # TP slices
         assert plan(f"{A}.fsdp_config.model_dtype=bf16", *unsafe).rollout.borrowed_params == 0, unsafe
+
+
+def test_plan_borrows_adapted_experts_and_counts_the_engines_factors():
+    """LoRA on the experts: where the engine borrows, the plan counts the adapted expert tensors among the borrowed
+    (the engine adds their update unmerged) and the factors the engine holds (rank padded to 8 in bf16) among its
+    weights, and says so; where it does not (FSDP over 2 ranks), the experts are merged copies and it says that."""
+    cfg = qwen3_moe()
+    shape = ModelShape.from_hf_config(cfg)
+    lora = [f"{M}.lora_rank=4", f"{M}.target_modules=[q_proj]",
+            f"{M}.target_parameters=[{','.join(EXPERT_TARGETS)}]"]
+    plain, lent = (make_plan(load_config(overrides=[*STEP, *extra]), cfg, H200) for extra in ([], lora))
+    factors = adapter_param_count(shape, 8, (), EXPERT_TARGETS)
+    assert lent.rollout.borrowed_params == shape.engine_whole_params(("q_proj",))
+    assert lent.rollout.borrowed_params > shape.engine_whole_params(("q_proj", *EXPERT_TARGETS))
+    assert lent.rollout.engine_adapter_params == factors and lent.rollout.expert_lora == "unmerged"
+    assert (lent.predicted["gen"].parts["engine weights"]
+            == 2 * (shape.num_params - lent.rollout.borrowed_params + factors))
+    assert "base borrowed, LoRA applied unmerged" in str(lent) and "experts  " not in str(plain)
+    sharded = make_plan(load_config(overrides=[*STEP, *lora, "trainer.n_gpus_per_node=2"]), cfg, H200)
+    assert sharded.rollout.borrowed_params == 0 and sharded.rollout.engine_adapter_params == 0
+    assert sharded.rollout.expert_lora == "merged" and "LoRA merged" in str(sharded)
 
 
 def test_engine_refuses_fused_borrows_and_mismatched_arrivals():

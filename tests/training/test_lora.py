@@ -185,8 +185,12 @@ def test_expert_adapter_count_matches_peft_and_the_plan(kind, targets, experts):
                                             "actor_rollout_ref.actor.fsdp_config.model_dtype=bf16"]), cfg, H200)
     adapters = adapter_param_count(shape, 4, targets, experts)
     assert plan.predicted["update_actor"].parts["actor grads"] == adapters * 2
-    assert plan.rollout.borrowed_params == shape.engine_whole_params((*lora_target_names(targets), *experts))
-    assert plan.rollout.borrowed_params < shape.engine_whole_params(tuple(lora_target_names(targets)))
+    # the adapted experts' base is borrowed too (the engine adds their update unmerged from its own factors, the
+    # rank padded to 8 in bf16)
+    assert plan.rollout.borrowed_params == shape.engine_whole_params(tuple(lora_target_names(targets)))
+    assert plan.rollout.borrowed_params > shape.engine_whole_params((*lora_target_names(targets), *experts))
+    assert plan.rollout.expert_lora == "unmerged"
+    assert plan.rollout.engine_adapter_params == adapter_param_count(shape, 8, (), experts)
 
 
 @pytest.mark.parametrize("kind, targets", [("qwen3_moe", ("q_proj",)), ("mixtral", ())])
