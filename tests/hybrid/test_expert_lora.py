@@ -16,10 +16,9 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 import transformers
 from test_borrow_weights import GREEDY, PROMPTS, engine_for
-from test_hybrid_engine import actor_update, free_port, hf_greedy
+from test_hybrid_engine import actor_update, hf_greedy, run_two_ranks
 
 from hybridrl.hybrid.engine import HybridEngine
 from hybridrl.training.lora import (
@@ -256,18 +255,10 @@ def _fsdp_worker(rank, world, port, model_dir, q):
 
 
 def test_fsdp_actor_and_tp_engine_generate_with_the_merged_experts():
-    ctx = mp.get_context("spawn")
-    q = ctx.Queue()
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = Path(tmp) / "model"
         tiny_hf_model("qwen3_moe").save_pretrained(model_dir)
-        port = free_port()
-        procs = [ctx.Process(target=_fsdp_worker, args=(r, 2, port, model_dir, q)) for r in range(2)]
-        for p in procs:
-            p.start()
-        results = sorted((q.get(timeout=240) for _ in procs), key=lambda r: r[0])
-        for p in procs:
-            p.join(timeout=60)
+        results = run_two_ranks(_fsdp_worker, model_dir, timeout_s=240)
         for rank, *_, err in results:
             assert err is None, f"rank {rank}:\n{err}"
         base = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()

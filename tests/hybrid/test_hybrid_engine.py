@@ -24,6 +24,22 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def run_two_ranks(worker, arg, timeout_s: float = 120) -> list:
+    """worker(rank, 2, port, arg, queue) on 2 spawned processes; their queued results sorted by rank (each rank's
+    result waited for at most `timeout_s`)."""
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    port = free_port()
+    procs = [ctx.Process(target=worker, args=(r, 2, port, arg, q)) for r in range(2)]
+    for p in procs:
+        p.start()
+    results = sorted((q.get(timeout=timeout_s) for _ in procs), key=lambda r: r[0])
+    for p in procs:
+        p.join(timeout=60)
+        assert p.exitcode == 0
+    return results
+
+
 def make_model_dir(path: Path) -> Path:
     import transformers
 
@@ -110,17 +126,8 @@ def _worker(rank, world, port, model_dir, q):
 
 
 def test_hybrid_engine_reshards_and_follows_updates():
-    ctx = mp.get_context("spawn")
-    q = ctx.Queue()
     with tempfile.TemporaryDirectory() as tmp:
-        model_dir = make_model_dir(Path(tmp) / "model")
-        port = free_port()
-        procs = [ctx.Process(target=_worker, args=(r, 2, port, model_dir, q)) for r in range(2)]
-        for p in procs:
-            p.start()
-        results = sorted((q.get(timeout=240) for _ in procs), key=lambda r: r[0])
-        for p in procs:
-            p.join(timeout=60)
+        results = run_two_ranks(_worker, make_model_dir(Path(tmp) / "model"), timeout_s=240)
     for rank, before, want_before, after, want_after, metrics, awake, err in results:
         assert err is None, f"rank {rank}:\n{err}"
         assert before == want_before, f"rank {rank}: engine after resharding differs from the unsharded actor"

@@ -1,19 +1,11 @@
 """Resharding FSDP → TP on 2 gloo ranks: every rank receives exactly its TP slice of every tensor."""
 
-import socket
-
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+from test_hybrid_engine import run_two_ranks
 from torch import nn
 from tp_slicing_engine import SlicingEngine
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def fake_engine(rank, world):
@@ -56,21 +48,6 @@ def _worker(rank, world, port, strategy, q):
             errors.append(f"{name}: got {tuple(got.shape)} want {tuple(want.shape)}")
     q.put((rank, errors, stats.bytes_received, stats.tensors))
     dist.destroy_process_group()
-
-
-def run_two_ranks(worker, arg) -> list:
-    """worker(rank, 2, port, arg, queue) on 2 spawned processes; their queued results sorted by rank."""
-    ctx = mp.get_context("spawn")
-    q = ctx.Queue()
-    port = free_port()
-    procs = [ctx.Process(target=worker, args=(r, 2, port, arg, q)) for r in range(2)]
-    for p in procs:
-        p.start()
-    results = sorted(q.get(timeout=120) for _ in procs)
-    for p in procs:
-        p.join(timeout=60)
-        assert p.exitcode == 0
-    return results
 
 
 @pytest.mark.parametrize("strategy", ["slice", "gather"])
