@@ -15,12 +15,10 @@ from __future__ import annotations
 
 import time
 
-from hybridrl.algorithms import compute_advantage
 from hybridrl.algorithms.rollout_correction import apply_rollout_correction
 from hybridrl.protocol import DataProto
 from hybridrl.seeding import step_sampling_seed
 from hybridrl.trainer.dynamic_sampling import merge_reward_metrics
-from hybridrl.trainer.reward_phase import RM_COUNTS, compute_reward
 from hybridrl.trainer.rollout_batch import assign_uids, attach_rollout, generation_inputs, rollout_probs_diff
 from hybridrl.trainer.timer import marked_timer
 
@@ -80,25 +78,9 @@ def early_update_step(trainer, batch: DataProto, metrics: dict, timing: dict, ab
 
 
 def _score(trainer, part: DataProto, metrics: dict, timing: dict, absorb, reward_metrics: list) -> DataProto:
-    """Rewards, the reference's log-probs (KL loss) and the advantages of finished groups."""
-    cfg, algo = trainer.config, trainer.config.algorithm
-    with marked_timer("reward", timing):
-        result, rm_metrics, rm_worker = compute_reward(part, trainer.reward_fn, trainer.reward_model)
-        absorb(DataProto(meta_info={"metrics": rm_worker}))
-        for key, value in rm_metrics.items():   # counts add up over the parts
-            metrics[key] = metrics.get(key, 0.0) + value if key in RM_COUNTS else value
-        reward_metrics.append(result.get("metrics", {}))
-        part.batch["token_level_scores"] = result["reward_tensor"]
-        part.batch["token_level_rewards"] = result["reward_tensor"]
-    if trainer.use_reference:
-        with marked_timer("ref", timing):
-            ref = trainer.actor_rollout_wg.compute_ref_log_prob(part)
-            absorb(ref)
-            part.union(ref)
-    with marked_timer("adv", timing):
-        rc = trainer.rollout_correction
-        if rc.rollout_is is not None:   # the actor weighs with its own log-probs (no old-log-prob pass)
-            part.meta_info["rollout_is"] = {"level": rc.rollout_is, "threshold": float(rc.rollout_is_threshold)}
-        return compute_advantage(part, algo.adv_estimator, gamma=algo.gamma, lam=algo.lam,
-                                 num_repeat=cfg.actor_rollout_ref.rollout.n,
-                                 norm_adv_by_std_in_grpo=algo.norm_adv_by_std_in_grpo)
+    """Rewards, the reference's log-probs (KL loss; the plan runs no old-log-prob pass here) and the advantages of
+    finished groups, through the trainer's own phases."""
+    reward_metrics.append(trainer._score(part, metrics, timing, absorb).get("metrics", {}))
+    part.batch["token_level_rewards"] = part.batch["token_level_scores"]
+    part = trainer._old_and_ref_log_probs(part, timing, absorb)
+    return trainer._advantages(part, metrics, timing)

@@ -273,12 +273,7 @@ class RayPPOTrainer:
             batch = attach_rollout(batch, out, n)
         if balance:
             self._balance(batch, metrics)
-        with marked_timer("reward", timing):
-            result, rm_metrics, rm_worker = compute_reward(batch, self.reward_fn, self.reward_model)
-            absorb(DataProto(meta_info={"metrics": rm_worker}))
-            for key, value in rm_metrics.items():  # counts add up over generation batches (dynamic sampling)
-                metrics[key] = metrics.get(key, 0.0) + value if key in RM_COUNTS else value
-            batch.batch["token_level_scores"] = result["reward_tensor"]
+        result = self._score(batch, metrics, timing, absorb)
         if cfg.algorithm.use_kl_in_reward:
             batch = self._old_and_ref_log_probs(batch, timing, absorb)
             with marked_timer("adv", timing):
@@ -287,6 +282,17 @@ class RayPPOTrainer:
         else:
             batch.batch["token_level_rewards"] = batch.batch["token_level_scores"]
         return batch, result
+
+    def _score(self, batch: DataProto, metrics: dict, timing: dict, absorb) -> dict:
+        """The reward phase: `token_level_scores` in the batch, the reward manager's result returned; reward-model
+        counts add up over calls (generation batches of dynamic sampling, parts of an early update)."""
+        with marked_timer("reward", timing):
+            result, rm_metrics, rm_worker = compute_reward(batch, self.reward_fn, self.reward_model)
+            absorb(DataProto(meta_info={"metrics": rm_worker}))
+            for key, value in rm_metrics.items():
+                metrics[key] = metrics.get(key, 0.0) + value if key in RM_COUNTS else value
+            batch.batch["token_level_scores"] = result["reward_tensor"]
+        return result
 
     def _partial_rollout(self, batch: DataProto, meta: dict, metrics: dict, timing: dict, absorb) -> DataProto | None:
         """Partial rollouts: the new prompts join the groups in flight, every unfinished sample generates up to the
@@ -361,7 +367,6 @@ class RayPPOTrainer:
         """The step's phases after the rollout and rewards: old and reference log-probs, values, advantages (with
         the rollout correction), the critic's and the actor's updates. Returns the batch as trained on."""
         cfg = self.config
-        n = cfg.actor_rollout_ref.rollout.n
         rc = self.rollout_correction
         batch.meta_info["global_token_num"] = batch.batch["attention_mask"].sum(-1).tolist()
         batch.meta_info["shuffle_seed"] = shuffle_seed(cfg.trainer.seed, self.global_steps)
@@ -375,16 +380,7 @@ class RayPPOTrainer:
                 values = self.critic_wg.compute_values(batch)
                 absorb(values)
                 batch.union(values)
-        with marked_timer("adv", timing):
-            if "old_log_probs" in batch.batch and "rollout_log_probs" in batch.batch:
-                metrics.update(rollout_probs_diff(batch))
-                # IS weights and rejection (verl's decoupled mode) change the batch before the advantages
-                metrics.update(apply_rollout_correction(batch, rc))
-            elif rc.rollout_is is not None:  # no old-log-prob pass: the actor weighs with its own log-probs
-                batch.meta_info["rollout_is"] = {"level": rc.rollout_is, "threshold": float(rc.rollout_is_threshold)}
-            batch = compute_advantage(batch, cfg.algorithm.adv_estimator, gamma=cfg.algorithm.gamma,
-                                      lam=cfg.algorithm.lam, num_repeat=n,
-                                      norm_adv_by_std_in_grpo=cfg.algorithm.norm_adv_by_std_in_grpo)
+        batch = self._advantages(batch, metrics, timing)
         if self.use_critic:
             with marked_timer("update_critic", timing):
                 absorb(self.critic_wg.update_critic(batch))
@@ -398,6 +394,21 @@ class RayPPOTrainer:
                 metrics.update(rollout_probs_diff(batch))
                 metrics.update(apply_rollout_correction(batch, rc))
         return batch
+
+    def _advantages(self, batch: DataProto, metrics: dict, timing: dict) -> DataProto:
+        """The adv phase: the rollout correction (from the old log-probs, or handed to the actor without them),
+        then the estimator's advantages and returns."""
+        algo, rc = self.config.algorithm, self.rollout_correction
+        with marked_timer("adv", timing):
+            if "old_log_probs" in batch.batch and "rollout_log_probs" in batch.batch:
+                metrics.update(rollout_probs_diff(batch))
+                # IS weights and rejection (verl's decoupled mode) change the batch before the advantages
+                metrics.update(apply_rollout_correction(batch, rc))
+            elif rc.rollout_is is not None:  # no old-log-prob pass: the actor weighs with its own log-probs
+                batch.meta_info["rollout_is"] = {"level": rc.rollout_is, "threshold": float(rc.rollout_is_threshold)}
+            return compute_advantage(batch, algo.adv_estimator, gamma=algo.gamma, lam=algo.lam,
+                                     num_repeat=self.config.actor_rollout_ref.rollout.n,
+                                     norm_adv_by_std_in_grpo=algo.norm_adv_by_std_in_grpo)
 
     def train_step(self, batch: DataProto, more_batches: Iterator[DataProto] | None = None) -> dict:
         """One PPO/GRPO step on `batch`; dynamic sampling draws further generation batches from `more_batches`."""
