@@ -119,6 +119,33 @@ if triton is not None:
         tl.store(VC + cbase + d2, v2, mask=mk)
 
     @triton.jit
+    def rope_store_head_kernel(Q, K, V, COS, SIN, KC, VC, SLOT, s_qt, s_qh, s_kt, s_kh, s_vt, s_vh, s_cos,
+                               s_cs, s_ch, NQ, HALF: tl.constexpr):
+        """rope_store_kernel with one program per (token, head): q heads first, then kv heads."""
+        t = tl.program_id(0).to(tl.int64)
+        h = tl.program_id(1)
+        d1 = tl.arange(0, HALF)
+        d2 = d1 + HALF
+        m = d1 < HALF
+        C = COS + t * s_cos
+        S = SIN + t * s_cos
+        if h < NQ:
+            o1, o2 = _rot(Q, C, S, t * s_qt, h * s_qh, d1, d2, m)
+            tl.store(Q + t * s_qt + h * s_qh + d1, o1)
+            tl.store(Q + t * s_qt + h * s_qh + d2, o2)
+        else:
+            hk = h - NQ
+            k1, k2 = _rot(K, C, S, t * s_kt, hk * s_kh, d1, d2, m)
+            tl.store(K + t * s_kt + hk * s_kh + d1, k1)
+            tl.store(K + t * s_kt + hk * s_kh + d2, k2)
+            slot = tl.load(SLOT + t).to(tl.int64)
+            cbase = slot * s_cs + hk * s_ch
+            tl.store(KC + cbase + d1, k1)
+            tl.store(KC + cbase + d2, k2)
+            tl.store(VC + cbase + d1, tl.load(V + t * s_vt + hk * s_vh + d1))
+            tl.store(VC + cbase + d2, tl.load(V + t * s_vt + hk * s_vh + d2))
+
+    @triton.jit
     def silu_mul_kernel(GU, Y, s_g, s_y, I, BLOCK: tl.constexpr):
         row = tl.program_id(0).to(tl.int64)
         cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
@@ -148,15 +175,29 @@ def add_rmsnorm(x_TH, residual_TH, weight_H, eps: float):
     return y, r
 
 
-def rope_store_kv(q_TND, k_TKD, v_TKD, cos_TD, sin_TD, k_cache, v_cache, slots_T):
+PER_HEAD_MAX_TOKENS = 128   # rope_store_kv: one program per (token, head) up to this many tokens
+
+
+def rope_store_kv(q_TND, k_TKD, v_TKD, cos_TD, sin_TD, k_cache, v_cache, slots_T, per_head: bool | None = None):
     """RoPE on q and k in place (any row/head strides, head_dim contiguous), then k and v stored at
-    `slots` of the paged caches [num_blocks, block_size, K, D]."""
+    `slots` of the paged caches [num_blocks, block_size, K, D]. per_head: one program per (token, head) instead
+    of one per token; None = per head for decode-sized steps (<= PER_HEAD_MAX_TOKENS tokens), where one program
+    per token leaves the GPU mostly idle (H200, 1.5B's 12 + 2 heads, 28 layers on their own buffers: 2.05 vs
+    2.48 us at 8 tokens, 2.22 vs 2.59 at 64; 3.53 vs 3.38 at 256: benchmarks/results/long_tail/
+    decode_kernels.json)."""
     triton, _, kernel, _ = _kernels()
     T, N, D = q_TND.shape
     K = k_TKD.shape[1]
     if D & (D - 1) or q_TND.stride(2) != 1 or k_TKD.stride(2) != 1 or v_TKD.stride(2) != 1:
         raise ValueError(f"rope_store_kv needs a power-of-two, contiguous head_dim; got D={D}")
-    if T:
+    if per_head is None:
+        per_head = T <= PER_HEAD_MAX_TOKENS
+    if T and per_head:
+        rope_store_head_kernel[(T, N + K)](
+            q_TND, k_TKD, v_TKD, cos_TD, sin_TD, k_cache, v_cache, slots_T, q_TND.stride(0), q_TND.stride(1),
+            k_TKD.stride(0), k_TKD.stride(1), v_TKD.stride(0), v_TKD.stride(1), cos_TD.stride(0), k_cache.stride(1),
+            k_cache.stride(2), N, HALF=D // 2, num_warps=1)
+    elif T:
         kernel[(T,)](q_TND, k_TKD, v_TKD, cos_TD, sin_TD, k_cache, v_cache, slots_T,
                      q_TND.stride(0), q_TND.stride(1), k_TKD.stride(0), k_TKD.stride(1), v_TKD.stride(0),
                      v_TKD.stride(1), cos_TD.stride(0), k_cache.stride(1), k_cache.stride(2), N, K,
@@ -164,14 +205,16 @@ def rope_store_kv(q_TND, k_TKD, v_TKD, cos_TD, sin_TD, k_cache, v_cache, slots_T
                      num_warps=4)
 
 
-def silu_mul(gate_up_TI2):
-    """silu(gate) * up for gate_up = cat(gate, up) along the last dim."""
+def silu_mul(gate_up_TI2, block: int = 512, num_warps: int = 4):
+    """silu(gate) * up for gate_up = cat(gate, up) along the last dim; `block` columns per program. 512 x 4 warps
+    was within 0.1 us of the best launch at 1-256 rows of the 1.5B's 8,960 columns (H200: 1.53 vs 3.59 us with 4,096
+    columns a program at 8 rows, 4.98 vs 7.05 at 256; benchmarks/results/long_tail/decode_kernels.json)."""
     triton, _, _, kernel = _kernels()
     T, I2 = gate_up_TI2.shape
     I = I2 // 2  # noqa: E741
     y = torch.empty(T, I, dtype=gate_up_TI2.dtype, device=gate_up_TI2.device)
-    block = min(4096, triton.next_power_of_2(I))
+    block = min(block, triton.next_power_of_2(I))
     if T:
         kernel[(T, triton.cdiv(I, block))](gate_up_TI2, y, gate_up_TI2.stride(0), y.stride(0), I, BLOCK=block,
-                                           num_warps=4)
+                                           num_warps=num_warps)
     return y

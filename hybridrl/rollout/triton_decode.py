@@ -11,8 +11,13 @@ Choices (gathering the paged cache then SDPA costs ~10x the K/V read):
   at 4k-16k tokens. `num_splits` programs then share a sequence's context (each ctx/num_splits tokens, rounded
   to BLOCK_N; splits past the end store an empty partial) and write unnormalised partial outputs with their
   running max and sum; a second kernel merges them (the exact softmax: partials rescaled to the common max).
-  `decode_splits` picks the count from the batch size so that programs fill the SMs about twice; 1 = the
-  single-pass kernel writes the output directly.
+  `decode_splits` picks the count from the batch size so that programs fill the SMs four times over, in splits
+  of at least 64 tokens, and none once the batch alone fills every SM twice; 1 = the single-pass kernel writes the
+  output directly. Swept on an H200 (benchmarks/results/long_tail/decode_kernels.json, each layer on its own
+  K/V): against twice over in splits of at least 256 tokens, 14.7 vs 16.1 us a layer at 8 sequences x 3.7k
+  tokens, 69.9 vs 80.2 at 64 x 4k, 37.4 vs 43.3 at 8 x 16k, 7.5 vs 11.8 at 1 x 4k; a split batch of 256 x 1k
+  was slower (78 vs 73 us), hence no split there. Tiles other than 64 tokens x 4 warps x 2 stages won by
+  at most 1-2 us and on some shapes only.
 - Trip counts come from `context_lens` read on the device and the split count is fixed per batch size, so the
   kernels are CUDA-graph safe (a graph bucket is captured at one batch size).
 - Imported lazily: CPU machines without triton never import this module.
@@ -28,7 +33,8 @@ import torch
 import triton
 import triton.language as tl
 
-MIN_SPLIT_TOKENS = 256   # a split streams at least this many tokens (else the merge costs more than it gains)
+MIN_SPLIT_TOKENS = 64    # a split streams at least this many tokens (else the merge costs more than it gains)
+PROGRAMS_PER_SM = 4      # split until the programs fill every SM this many times
 
 
 @triton.jit
@@ -101,18 +107,22 @@ def num_sms(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
-def decode_splits(batch: int, kv_heads: int, max_context: int, num_sms: int, block_n: int = 64) -> int:
-    """Context splits per (sequence, kv head): enough programs to fill every SM about twice, each split at least
-    MIN_SPLIT_TOKENS of the longest possible context; 1 when the batch alone fills the GPU."""
-    want = -(-2 * num_sms // max(1, batch * kv_heads))
-    most = max(1, max_context // max(MIN_SPLIT_TOKENS, block_n))
+def decode_splits(batch: int, kv_heads: int, max_context: int, num_sms: int, block_n: int = 64,
+                  programs_per_sm: int = PROGRAMS_PER_SM, min_split_tokens: int = MIN_SPLIT_TOKENS) -> int:
+    """Context splits per (sequence, kv head): enough programs to fill every SM `programs_per_sm` times, each split
+    at least `min_split_tokens` of the longest possible context; 1 when the batch alone fills every SM twice."""
+    if batch * kv_heads >= 2 * num_sms:
+        return 1
+    want = -(-programs_per_sm * num_sms // max(1, batch * kv_heads))
+    most = max(1, max_context // max(min_split_tokens, block_n))
     return int(max(1, min(want, most)))
 
 
 def paged_decode_triton(q_BND, k_cache, v_cache, block_tables_BM, context_lens_B, scale, block_n: int = 64,
-                        num_splits: int | None = None):
+                        num_splits: int | None = None, num_warps: int = 4, num_stages: int = 2):
     """Attention of one query per sequence over its paged K/V. num_splits: context splits (None: decode_splits
-    for this batch and the block table's capacity)."""
+    for this batch and the block table's capacity); block_n / num_warps / num_stages: the kernel's tile and launch
+    (benchmarks/decode_kernels.py sweeps them)."""
     B, N, D = q_BND.shape
     page, K = k_cache.shape[1], k_cache.shape[2]
     if k_cache.stride(3) != 1 or q_BND.stride(2) != 1 or D & (D - 1):
@@ -136,7 +146,7 @@ def paged_decode_triton(q_BND, k_cache, v_cache, block_tables_BM, context_lens_B
         bt.stride(0), dst.stride(0), dst.stride(1), s_op, s_mb, s_mh,
         GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), D=D, PAGE=page, BLOCK_N=block_n,
         SPLITS=num_splits, PRECISION="ieee" if q_BND.dtype == torch.float32 else "tf32",
-        num_warps=4, num_stages=2,
+        num_warps=num_warps, num_stages=num_stages,
     )
     if num_splits > 1:
         _merge_splits_kernel[(B, N)](part, mx, sm, out, part.stride(0), part.stride(1), part.stride(2),

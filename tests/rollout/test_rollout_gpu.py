@@ -39,7 +39,8 @@ def test_decode_splits_fill_the_gpu_and_respect_the_minimum_split():
 
     assert decode_splits(256, 2, 4096, 132) == 1            # 512 programs already fill 132 SMs
     assert decode_splits(4, 2, 4096, 132) == 4096 // MIN_SPLIT_TOKENS
-    assert decode_splits(4, 2, 65536, 132) == 33            # 2 x 132 programs
+    assert decode_splits(4, 2, 65536, 132) == 66            # 4 x 132 programs
+    assert decode_splits(132, 2, 65536, 132) == 1           # 264 programs fill every SM twice
     assert decode_splits(1, 1, 100, 132) == 1               # too short to split
 
 
@@ -113,19 +114,21 @@ def test_fused_decoder_ops_match_torch_bf16():
     torch.testing.assert_close(y, norm(x + r), atol=2e-2, rtol=1e-2)  # fp32 sum order only
     assert (y != norm(x + r)).float().mean() < 0.01
     N, K, D = 28, 4, 128
-    qkv = torch.randn(T, (N + 2 * K) * D, device=dev, dtype=dt)
-    q, k, v = (t.view(T, -1, D) for t in qkv.split([N * D, K * D, K * D], -1))
-    ang = torch.outer(torch.randint(0, 4000, (T,), device=dev).float(), torch.rand(D // 2, device=dev))
-    cos, sin = torch.cat([ang, ang], -1).cos().to(dt), torch.cat([ang, ang], -1).sin().to(dt)
-    rq, rk, rv = apply_rope(q, cos, sin), apply_rope(k, cos, sin), v.clone()
-    kc, vc = torch.zeros(2, 64, 16, K, D, device=dev, dtype=dt)
-    slots = torch.randperm(64 * 16, device=dev)[:T]
-    fused.rope_store_kv(q, k, v, cos, sin, kc, vc, slots)
-    assert torch.equal(q, rq) and torch.equal(k, rk)
-    assert torch.equal(kc.view(-1, K, D)[slots], rk) and torch.equal(vc.view(-1, K, D)[slots], rv)
-    gu = torch.randn(T, 2 * 4864, device=dev, dtype=dt)
-    g, u = gu.chunk(2, -1)
-    torch.testing.assert_close(fused.silu_mul(gu), F.silu(g) * u, atol=0, rtol=8e-3)
+    for per_head in (False, True, None):   # one program per token, per (token, head), and the size-based choice
+        qkv = torch.randn(T, (N + 2 * K) * D, device=dev, dtype=dt)
+        q, k, v = (t.view(T, -1, D) for t in qkv.split([N * D, K * D, K * D], -1))
+        ang = torch.outer(torch.randint(0, 4000, (T,), device=dev).float(), torch.rand(D // 2, device=dev))
+        cos, sin = torch.cat([ang, ang], -1).cos().to(dt), torch.cat([ang, ang], -1).sin().to(dt)
+        rq, rk, rv = apply_rope(q, cos, sin), apply_rope(k, cos, sin), v.clone()
+        kc, vc = torch.zeros(2, 64, 16, K, D, device=dev, dtype=dt)
+        slots = torch.randperm(64 * 16, device=dev)[:T]
+        fused.rope_store_kv(q, k, v, cos, sin, kc, vc, slots, per_head=per_head)
+        assert torch.equal(q, rq) and torch.equal(k, rk)
+        assert torch.equal(kc.view(-1, K, D)[slots], rk) and torch.equal(vc.view(-1, K, D)[slots], rv)
+    for rows, block in ((T, 512), (T, 4096), (3, 512)):
+        gu = torch.randn(rows, 2 * 4864, device=dev, dtype=dt)
+        g, u = gu.chunk(2, -1)
+        torch.testing.assert_close(fused.silu_mul(gu, block), F.silu(g) * u, atol=0, rtol=8e-3)
 
 
 @pytest.mark.parametrize("B", [1, 3, 64])
