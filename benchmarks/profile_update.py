@@ -160,12 +160,26 @@ def summarize_window(prof, wall_s: float, host_s: float, micro_batches: int, gpu
     if gpu:
         busy = busy_seconds(intervals)
         top = sorted(by_kernel.items(), key=lambda kv: -kv[1][0])[:60]
+        out["top_ops"] = top_ops(prof, per)
         out.update(gpu_busy_s=busy, gpu_idle_s=max(wall_s - busy, 0.0), kernels=len(intervals),
                    kernel_s_by_category=dict(by_cat),
                    per_micro_batch={"wall_s": wall_s / per, "gpu_busy_s": busy / per, "kernels": len(intervals) / per,
                                     "kernel_s_by_category": {k: v / per for k, v in by_cat.items()}},
                    top_kernels=[{"name": k[:160], "s": v[0], "calls": v[1]} for k, v in top])
     return out
+
+
+def top_ops(prof, per: int, count: int = 40) -> list[dict]:
+    """The torch ops that launched the window's GPU time, grouped by op and input shapes: GPU ms (its own kernels,
+    not its children's) and calls per micro-batch. Which Python code issues many small kernels shows up here as
+    an op with a high call count (a cast, a copy, an add) and its shapes."""
+    rows = []
+    for ev in prof.key_averages(group_by_input_shape=True):
+        gpu_us = getattr(ev, "self_device_time_total", 0) or 0
+        if gpu_us > 0 and ev.device_type == torch.autograd.DeviceType.CPU:
+            rows.append({"op": ev.key, "shapes": str(ev.input_shapes)[:160], "gpu_ms": gpu_us / 1e3 / per,
+                         "calls": ev.count / per})
+    return sorted(rows, key=lambda r: -r["gpu_ms"])[:count]
 
 
 class ProfileWindow:
@@ -202,7 +216,7 @@ class ProfileWindow:
 
     def _begin(self):
         self._sync()
-        self.prof = profile(activities=self.activities)
+        self.prof = profile(activities=self.activities, record_shapes=True)
         self.prof.start()
         self.t0 = time.perf_counter()
 

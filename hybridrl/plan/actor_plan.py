@@ -12,7 +12,6 @@ from hybridrl.plan.rollout_plan import ROLLOUT, KvCachePlan
 from hybridrl.plan.sizing import (
     LOGPROB_TOKENS_TARGET,
     MODEL,
-    UPDATE_TOKENS_TARGET,
     MicroBatching,
     Sizing,
     divisors_desc,
@@ -59,13 +58,13 @@ def plan_actor(sizing: Sizing, kv_cache: KvCachePlan, share_prompts: bool, lora_
 
     update_key = f"{ACTOR}.ppo_micro_batch_size_per_gpu"
     if not sizing.dynamic(f"{ACTOR}.use_dynamic_bsz", update_key):
-        rows = sizing.pick(update_key, divisors_desc(layout.ppo_mini_batch_per_gpu), UPDATE_TOKENS_TARGET,
+        rows = sizing.pick(update_key, divisors_desc(layout.ppo_mini_batch_per_gpu), sizing.update_tokens_target,
                            lambda m: memory.update_actor(m, seq_len, response_len, kv_bytes, tokens_of(m)),
                            tokens=tokens_of)
         update = MicroBatching(rows=rows)
         predicted["update_actor"] = memory.update_actor(rows, seq_len, response_len, kv_bytes, tokens_of(rows))
     else:
-        tokens = sizing.pick_tokens(f"{ACTOR}.ppo_max_token_len_per_gpu", UPDATE_TOKENS_TARGET,
+        tokens = sizing.pick_tokens(f"{ACTOR}.ppo_max_token_len_per_gpu", sizing.update_tokens_target,
                                     lambda t: memory.update_actor(1, t, response_len, kv_bytes))
         update = MicroBatching(max_tokens=tokens)
         predicted["update_actor"] = memory.update_actor(1, tokens, response_len, kv_bytes)
@@ -124,9 +123,12 @@ def _resolve_old_log_prob_pass(sizing: Sizing) -> bool:
     return old_pass
 
 
-def plan_actor_recompute(sizing: Sizing, kv_cache: KvCachePlan, actor: ActorPlan) -> ActorPlan:
-    """The actor update's memory-for-time choices settled against every other phase's predicted peak: gradient
-    checkpointing 'auto', then its weights gathered once per mini-batch (`plan_update_unshard`)."""
+def plan_actor_recompute(sizing: Sizing, kv_cache: KvCachePlan, actor: ActorPlan, fits=None,
+                         within: str | None = None) -> ActorPlan:
+    """The actor update's memory-for-time choices, settled once every other phase is planned: gradient
+    checkpointing 'auto', then its weights gathered once per mini-batch (`plan_update_unshard`). `fits(update
+    memory) -> bool` and its words `within` replace the device budget (the early update trains beside the
+    rollout: early_update.py)."""
     key = f"{MODEL}.enable_gradient_checkpointing"
     tokens_of = None if actor.update.rows is None else sizing.micro_tokens(actor.share_prompts)
 
@@ -138,20 +140,20 @@ def plan_actor_recompute(sizing: Sizing, kv_cache: KvCachePlan, actor: ActorPlan
 
     if is_auto(sizing.get(key)):
         on, kept = resolve_checkpointing(key, sizing.residency.activation_offload, sizing, actor.update, peak,
-                                         "update_actor")
+                                         "update_actor", fits, within)
         actor = replace(actor, gradient_checkpointing=on, recompute_kept_layers=kept)
-    return plan_update_unshard(sizing, actor, peak)
+    return plan_update_unshard(sizing, actor, peak, fits, within)
 
 
-def plan_update_unshard(sizing: Sizing, actor: ActorPlan, peak) -> ActorPlan:
+def plan_update_unshard(sizing: Sizing, actor: ActorPlan, peak, fits=None, within: str | None = None) -> ActorPlan:
     """Whether the update keeps every block unsharded for a whole mini-batch: one all-gather per block per
     mini-batch instead of two per micro-batch (fewer copies and less host work: 2.6% of a 1.5B update with
     16k-token micro-batches, benchmarks/results/long_tail), for the model's compute-dtype copy. Considered where
-    log-prob passes would unshard once too (`Sizing.auto_unshard`); chosen where it fits within the run's predicted
-    peak as planned so far, or in place of one layer that checkpointing let keep its activations (on that 1.5B
-    update one kept layer saved 0.8%); never where it would take more, and it never raises the peak. Off on a CPU.
+    log-prob passes would unshard once too (`Sizing.auto_unshard`); chosen where it fits within the device budget,
+    or in place of one layer that checkpointing let keep its activations (on that 1.5B update one kept layer saved
+    0.8%); never where it would take more. Off on a CPU.
     `actor.update_unshard_once` true / false overrides the choice (true is refused where it exceeds the device).
-    `peak(rows, tokens, kept, once)`: the update's memory as in `resolve_checkpointing`."""
+    `peak(rows, tokens, kept, once)`, `fits`, `within`: as in `resolve_checkpointing`."""
     key = f"{ACTOR}.update_unshard_once"
     value = sizing.get(key)
     update, on, kept = actor.update, actor.gradient_checkpointing, actor.recompute_kept_layers
@@ -165,35 +167,36 @@ def plan_update_unshard(sizing: Sizing, actor: ActorPlan, peak) -> ActorPlan:
         return replace(actor, update=replace(update, unshard_once=True))
     if value is False or sizing.budget is None or not sizing.auto_unshard(sizing.shape):
         return actor
-    ceiling = max(p.total for p in sizing.predicted.values())
+    fits, within = fits or (lambda pm: pm.total <= sizing.budget), within or sizing.budget_words
     extra = f"+{sizing.shape.num_params * 2 / GiB:.1f} GiB unsharded"
     for k in (kept, kept - 1) if on and kept else (kept,):
         once = peak(rows, tokens, k if on else None, once=True)
-        if once.total <= ceiling:
+        if fits(once):
             sizing.predicted["update_actor"] = once
             fewer = f", one kept layer fewer: {sizing.shape.layers - k} of {sizing.shape.layers} recompute" \
                 if k < kept else ""
             sizing.choices.append(f"{key} = true (weights gathered once per mini-batch, {extra}{fewer}: "
-                                  f"predicted update_actor peak {once.total / GiB:.1f} GiB, within the run's "
-                                  f"{ceiling / GiB:.1f} GiB)")
+                                  f"predicted update_actor peak {once.total / GiB:.1f} GiB, within {within})")
             return replace(actor, recompute_kept_layers=k, update=replace(update, unshard_once=True))
-    sizing.choices.append(f"{key} = false (gathered once per mini-batch, {extra}, the update would peak over the "
-                          f"run's {ceiling / GiB:.1f} GiB)")
+    sizing.choices.append(f"{key} = false (gathered once per mini-batch, {extra}, the update would peak over "
+                          f"{within})")
     return actor
 
 
-def resolve_checkpointing(key: str, offload: bool, sizing: Sizing, update: MicroBatching, peak, phase: str
-                          ) -> tuple[bool, int]:
+def resolve_checkpointing(key: str, offload: bool, sizing: Sizing, update: MicroBatching, peak, phase: str,
+                          fits=None, within: str | None = None) -> tuple[bool, int]:
     """Gradient checkpointing 'auto' -> (checkpointing, kept_layers). Off (backward without recomputing each
     layer's forward: one forward fewer per micro-batch) where the micro-batch chosen with it — or the token
-    budget — also fits without it within the run's predicted peak, the largest phase with checkpointing (e.g. a
-    rollout holding a long-response KV cache). Else on, but with as many of the last decoder layers as fit
-    under that peak keeping their activations (each one kept saves its share of the recompute). Lean first: it
-    never raises the peak. It never shrinks the micro-batch to fit either: on a 7B LoRA update, 128 micro-batches
-    of 2048 tokens without recompute took 1.54x the time of 16 of 16384 with it (docs/benchmarks.md). On a CPU (no
-    memory model) it is off. Updates `sizing.predicted[phase]` unless fully on.
+    budget — also fits without it within the device budget (SAFETY of the GPU's memory). Else on, but with as many
+    of the last decoder layers as fit keeping their activations (each one kept saves its share of the recompute).
+    Time first, within the device: memory the run would leave unused buys no speed (the 1.5B long-tail update, 32k-
+    token micro-batches: 5.65 s without recompute at a 94 GiB peak, 6.80 s with half the layers recomputed at 16k
+    and 45 GiB; benchmarks/results/long_tail/update_ops.json); `enable_gradient_checkpointing: true` keeps the lean
+    choice. It never shrinks the micro-batch to fit: on a 7B LoRA update, 128 micro-batches of 2048 tokens without
+    recompute took 1.54x the time of 16 of 16384 with it (docs/benchmarks.md). On a CPU (no memory model) it is
+    off. Updates `sizing.predicted[phase]` unless fully on.
     `peak(rows, tokens, kept)`: the phase's memory with `kept` layers not recomputed, without checkpointing for
-    kept=None."""
+    kept=None; `fits(phase memory) -> bool` (default: within the device budget) and its words `within`."""
     choices, predicted, layers = sizing.choices, sizing.predicted, sizing.shape.layers
     if offload:
         choices.append(f"{key} = true (activation offload moves the inputs checkpointing keeps)")
@@ -201,23 +204,23 @@ def resolve_checkpointing(key: str, offload: bool, sizing: Sizing, update: Micro
     if sizing.budget is None:
         choices.append(f"{key} = false (no device memory to plan against: recompute would only cost time)")
         return False, 0
-    ceiling = max(p.total for p in predicted.values())
+    fits, within = fits or (lambda pm: pm.total <= sizing.budget), within or sizing.budget_words
     rows, tokens = (1, update.max_tokens) if update.rows is None else (update.rows, sizing.seq_len)
     without = peak(rows, tokens)
-    if without.total <= ceiling:
+    if fits(without):
         predicted[phase] = without
         choices.append(f"{key} = false (no recompute: predicted {phase} peak {without.total / GiB:.1f} GiB, within "
-                       f"the run's {ceiling / GiB:.1f} GiB)")
+                       f"{within})")
         return False, 0
-    kept = next((k for k in range(layers - 1, 0, -1) if peak(rows, tokens, k).total <= ceiling), 0)
+    kept = next((k for k in range(layers - 1, 0, -1) if fits(peak(rows, tokens, k))), 0)
     if kept:
         predicted[phase] = peak(rows, tokens, kept)
         choices.append(f"{key} = true for the first {layers - kept} of {layers} decoder layers (the last {kept} keep "
                        f"their activations: predicted {phase} peak {predicted[phase].total / GiB:.1f} GiB, within "
-                       f"the run's {ceiling / GiB:.1f} GiB; without recompute {without.total / GiB:.1f} GiB)")
+                       f"{within}; without recompute {without.total / GiB:.1f} GiB)")
         return True, kept
     choices.append(f"{key} = true (without it the {phase} micro-batch would peak at {without.total / GiB:.1f} "
-                   f"GiB, over the run's predicted {ceiling / GiB:.1f} GiB)")
+                   f"GiB, over {within})")
     return True, 0
 
 

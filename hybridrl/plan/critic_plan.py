@@ -11,7 +11,6 @@ from hybridrl.plan.memory import MemoryModel
 from hybridrl.plan.rollout_plan import KvCachePlan
 from hybridrl.plan.sizing import (
     LOGPROB_TOKENS_TARGET,
-    UPDATE_TOKENS_TARGET,
     MicroBatching,
     Sizing,
     divisors_desc,
@@ -53,7 +52,7 @@ def plan_critic(sizing: Sizing, kv_cache: KvCachePlan, actor: ActorPlan) -> Crit
     dynamic = sizing.dynamic("critic.use_dynamic_bsz", "critic.ppo_micro_batch_size_per_gpu")
     if dynamic:  # the values pass follows the update's choice, with the log-prob target (no gradients)
         key = "critic.ppo_max_token_len_per_gpu"
-        update_tokens = sizing.pick_tokens(key, UPDATE_TOKENS_TARGET, lambda t: update_peak(1, t))
+        update_tokens = sizing.pick_tokens(key, sizing.update_tokens_target, lambda t: update_peak(1, t))
         values_tokens = sizing.pick_tokens(key, LOGPROB_TOKENS_TARGET, lambda t: values_peak(1, t))
         predicted["values"] = values_peak(1, values_tokens)
         predicted["update_critic"] = update_peak(1, update_tokens)
@@ -61,7 +60,7 @@ def plan_critic(sizing: Sizing, kv_cache: KvCachePlan, actor: ActorPlan) -> Crit
         values = MicroBatching(max_tokens=values_tokens, unshard_once=unshard_once)
     else:
         update_rows = sizing.pick("critic.ppo_micro_batch_size_per_gpu",
-                                  divisors_desc(layout.critic_mini_batch_per_gpu), UPDATE_TOKENS_TARGET,
+                                  divisors_desc(layout.critic_mini_batch_per_gpu), sizing.update_tokens_target,
                                   lambda m: update_peak(m, row_tokens=tokens_of(m)), tokens=tokens_of)
         values_rows = sizing.pick("critic.forward_micro_batch_size_per_gpu",
                                   list(range(layout.samples_per_train_rank, 0, -1)),

@@ -27,7 +27,7 @@ from hybridrl.plan.actor_plan import (
     resolve_prefix_grouper,
 )
 from hybridrl.plan.critic_plan import CriticPlan, plan_critic, plan_critic_recompute
-from hybridrl.plan.early_update import plan_early_update
+from hybridrl.plan.early_update import plan_early_update, update_fits_beside_rollout
 from hybridrl.plan.layout import Layout, derive_layout
 from hybridrl.plan.memory import GiB, MemoryModel, Residency
 from hybridrl.plan.model_shape import ModelShape
@@ -136,7 +136,7 @@ def make_plan(config: PPOConfig, hf_config, device: DeviceSpec, val_prompts: int
     has_critic = layout.critic_mini_batch_per_gpu is not None
     critic = plan_critic(sizing, kv_cache, actor) if has_critic else None
     reward_model = plan_reward_model(sizing, kv_cache, rm_shape) if rm_shape is not None else None
-    actor = plan_actor_recompute(sizing, kv_cache, actor)
+    actor = plan_actor_recompute(sizing, kv_cache, actor, *(update_fits_beside_rollout(sizing, actor) or ()))
     critic = plan_critic_recompute(sizing, kv_cache, critic) if critic is not None else None
     rollout = plan_rollout(sizing, kv_cache, "fp32" if device.type == "cpu" else _dtype_name(get(f"{ROLLOUT}.dtype")))
     actor = plan_early_update(sizing, actor)

@@ -22,6 +22,13 @@ from hybridrl.training.fsdp import AUTO_UNSHARD_MAX_FRACTION
 
 SAFETY = 0.9                    # fraction of a GPU's memory a phase may be planned to use
 UPDATE_TOKENS_TARGET = 16384    # tokens per training micro-batch where an H200's GEMMs saturate
+# A training micro-batch launches a fixed number of kernels per layer whatever its size, and the host needs about
+# as long to launch them as a 1.5B's GPU needs for 16k tokens: on an H200 the 1.5B's update left the GPU idle 24%
+# of the time at 16,384-token micro-batches and 5% at 32,768 (benchmarks/results/long_tail/update_ops.json). So on
+# GPUs a micro-batch is given at least the work of 32k tokens of a 1.5B (training FLOPs 6 x params x tokens), up
+# to MAX_UPDATE_TOKENS_TARGET for small models.
+UPDATE_MICRO_FLOPS = 6 * 1.54e9 * 32768
+MAX_UPDATE_TOKENS_TARGET = 65536
 LOGPROB_TOKENS_TARGET = 32768   # tokens per no-grad log-prob micro-batch
 MODEL = "actor_rollout_ref.model"
 
@@ -122,6 +129,18 @@ class Sizing:
     def budget(self) -> float | None:
         return None if self.device.total_bytes is None else SAFETY * self.device.total_bytes
 
+    @property
+    def update_tokens_target(self) -> int:
+        """Tokens a training micro-batch aims for: UPDATE_TOKENS_TARGET, raised on GPUs to the power of two that
+        gives it UPDATE_MICRO_FLOPS of work (at most MAX_UPDATE_TOKENS_TARGET) so the GPU's work hides the host's."""
+        params = self.shape.active_params   # what one token runs through (an MoE's routed experts only)
+        if self.device.type != "cuda" or params <= 0:
+            return UPDATE_TOKENS_TARGET
+        tokens = UPDATE_TOKENS_TARGET
+        while tokens < MAX_UPDATE_TOKENS_TARGET and 6 * params * tokens < UPDATE_MICRO_FLOPS:
+            tokens *= 2
+        return tokens
+
     def micro_tokens(self, shared: bool) -> Callable[[int], int]:
         """rows -> tokens of a micro-batch, each prompt once with shared prompts."""
         if shared:
@@ -139,6 +158,11 @@ class Sizing:
 
     def dynamic(self, key: str, micro_key: str) -> bool:
         return resolve_dynamic_bsz(self.get(key), self.get(micro_key), self.device.type, key, micro_key, self.choices)
+
+    @property
+    def budget_words(self) -> str:
+        """The budget as the plan's messages name it."""
+        return f"the device budget ({SAFETY:.0%} of {self.device.total_bytes / GiB:.1f} GiB)"
 
     def over(self, key: str, value, peak: PhaseMemory) -> str:
         return (f"'{key}' = {value}: phase {peak.phase} is predicted to peak at {peak.total / GiB:.1f} GiB per GPU, "

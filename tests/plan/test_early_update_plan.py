@@ -55,3 +55,23 @@ def test_off_on_the_cpu_unless_asked():
     assert plan([f"{KEY}=true"], device=cpu).actor.early_update
 
 
+
+
+def test_true_plans_the_updates_recompute_to_fit_beside_the_rollout():
+    """The long-tail 1.5B update fits an H200 alone without recompute; beside the rollout it would not, so with
+    true the plan recomputes some layers until both fit CONCURRENT_SAFETY of the GPU, and auto stays off."""
+    from test_run_plan import H200, qwen
+
+    from hybridrl.plan.early_update import CONCURRENT_SAFETY
+
+    q15 = qwen(1536, 8960, 28, 12, 2, True)
+    long_tail = ["data.train_batch_size=32", f"{A}.ppo_mini_batch_size=32", "data.max_response_length=4096",
+                 f"{A}.use_dynamic_bsz=auto", f"{A}.use_prefix_grouper=auto"]
+    alone, auto, on = (plan([*long_tail, f"{KEY}={v}"], hf=q15) for v in ("false", "auto", "true"))
+    assert not alone.actor.gradient_checkpointing and not auto.actor.early_update
+    assert any(c.startswith(f"{KEY} = false (the rollout and the update at once") for c in auto.choices)
+    assert on.actor.early_update and on.actor.gradient_checkpointing and 0 < on.actor.recompute_kept_layers < 28
+    assert on.actor.update == alone.actor.update   # the same micro-batches, recomputed in part
+    assert on.predicted["gen"].total <= CONCURRENT_SAFETY * H200.total_bytes
+    assert any("beside the rollout" in c and c.startswith("actor_rollout_ref.model.enable_gradient_checkpointing")
+               for c in on.choices)

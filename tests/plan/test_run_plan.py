@@ -88,19 +88,33 @@ def test_speculative_threshold_comes_from_the_device_and_reaches_the_engine():
 
 def test_auto_micro_batches_stay_within_token_target_and_memory():
     p = plan(["actor_rollout_ref.model.enable_gradient_checkpointing=true"])
-    assert p.actor.update.rows == 32 and p.layout.grad_accum_steps == 16   # 16384 tokens / 512 per row, divides 512
+    assert p.actor.update.rows == 128 and p.layout.grad_accum_steps == 4   # 65536 tokens / 512 per row, divides 512
     # one on-policy mini-batch: no old-log-prob pass (the update's own log-probs are the old ones)
     assert p.actor.old_log_prob_pass is False and p.actor.old_log_prob.rows is None
     assert "old_log_prob" not in p.predicted
     two = plan(["actor_rollout_ref.model.enable_gradient_checkpointing=true", f"{A}.ppo_mini_batch_size=32"])
     assert two.actor.old_log_prob_pass and two.actor.old_log_prob.rows == 64
-    assert two.actor.update.rows == 32  # 256 rows: 32 divides
+    assert two.actor.update.rows == 128  # 256 rows: 128 divides
     assert all(pm.total < 0.9 * H200.total_bytes for pm in p.predicted.values())
     # a smaller GPU: the same config gets smaller micro-batches, chosen by the memory model
     small = plan(["actor_rollout_ref.model.enable_gradient_checkpointing=true"],
                  device=DeviceSpec("cuda", "small", 11 * GiB))
-    assert small.actor.update.rows < 32 and small.predicted["update_actor"].total <= 0.9 * 11 * GiB
+    assert small.actor.update.rows < 128 and small.predicted["update_actor"].total <= 0.9 * 11 * GiB
     assert small.layout.ppo_mini_batch_per_gpu % small.actor.update.rows == 0
+
+
+def test_update_token_target_gives_small_models_enough_work_per_micro_batch():
+    """On GPUs the update's micro-batch aims at the work of 32k tokens of a 1.5B (so the GPU's work hides the
+    host's launches), never below 16384 tokens nor above 65536; on a CPU it stays 16384."""
+    from hybridrl.plan.sizing import MAX_UPDATE_TOKENS_TARGET, UPDATE_TOKENS_TARGET
+
+    q15 = qwen(1536, 8960, 28, 12, 2, True)
+    budgets = {name: plan([f"{A}.use_dynamic_bsz=true", *extra], hf=hf).actor.update.max_tokens
+               for name, hf, extra in (("0.5B", Q05, []), ("1.5B", q15, []), ("7B LoRA", Q7, LORA7))}
+    assert budgets == {"0.5B": MAX_UPDATE_TOKENS_TARGET, "1.5B": 32768, "7B LoRA": UPDATE_TOKENS_TARGET}
+    # the target is lowered where its phase would not fit (7B full fine-tuning with fp32 masters on an H200)
+    assert plan([f"{A}.use_dynamic_bsz=true"], hf=Q7).actor.update.max_tokens == UPDATE_TOKENS_TARGET // 2
+    assert plan([f"{A}.use_dynamic_bsz=true"], device=CPU).actor.update.max_tokens == UPDATE_TOKENS_TARGET
 
 
 def test_checkpointing_changes_activation_memory():
@@ -146,61 +160,54 @@ LORA7 = ["actor_rollout_ref.model.lora_rank=64", "actor_rollout_ref.model.lora_a
 CKPT = "actor_rollout_ref.model.enable_gradient_checkpointing"
 
 
-def test_checkpointing_auto_stays_on_where_turning_it_off_would_raise_the_peak():
-    # 0.5B: the update with checkpointing is the run's largest phase; without it, no 8192-token micro-batch fits it
-    p = plan()
-    assert p.actor.gradient_checkpointing and p.actor.update.rows == 32
+def test_checkpointing_auto_stays_on_where_the_update_would_not_fit_without_it():
+    # 0.5B on a 24 GiB GPU: the micro-batch chosen with checkpointing does not fit the device without it
+    small = DeviceSpec("cuda", "small", 24 * GiB)
+    p, every = plan(device=small), plan([f"{CKPT}=true"], device=small)
+    assert p.actor.gradient_checkpointing and p.actor.update.rows == every.actor.update.rows
     assert any(c.startswith(f"{CKPT} = true") for c in p.choices)
-    off = plan([f"{CKPT}=false"])
-    assert not off.actor.gradient_checkpointing
-    assert off.predicted["update_actor"].total > max(pm.total for pm in p.predicted.values())
+    with pytest.raises(ConfigError, match="ppo_micro_batch_size_per_gpu"):
+        plan([f"{CKPT}=false", f"{A}.ppo_micro_batch_size_per_gpu={p.actor.update.rows}"], device=small)
 
 
-def test_checkpointing_auto_turns_off_within_the_rollouts_peak():
-    # long responses: the rollout's KV cache is the run's largest phase, and the update's micro-batch fits under it
-    # without recompute; the micro-batch is the one chosen with checkpointing (never shrunk to fit)
-    long = ["data.max_response_length=4096", f"{R}.n=16"]
-    on = plan([*long, f"{CKPT}=true"])
-    p = plan(long)
+def test_checkpointing_auto_turns_off_where_the_update_fits_the_device():
+    # time first within the device: without recompute the 0.5B's micro-batch fits 90% of an H200, though it peaks
+    # far above the rollout; the micro-batch is the one chosen with checkpointing (never shrunk to fit)
+    on, p = plan([f"{CKPT}=true"]), plan()
     assert on.actor.gradient_checkpointing and not p.actor.gradient_checkpointing
     assert p.actor.update.rows == on.actor.update.rows and p.layout.grad_accum_steps == on.layout.grad_accum_steps
-    assert on.predicted["update_actor"].total < p.predicted["update_actor"].total <= on.predicted["gen"].total
-    assert max(pm.total for pm in p.predicted.values()) == max(pm.total for pm in on.predicted.values())
-    assert any(c.startswith(f"{CKPT} = false (no recompute") for c in p.choices)
-    # an explicit micro-batch too large to fit without recompute keeps it on
-    big = plan([*long, f"{A}.ppo_micro_batch_size_per_gpu=16"])
-    assert big.actor.gradient_checkpointing and big.actor.update.rows == 16
+    assert p.predicted["gen"].total < on.predicted["update_actor"].total < p.predicted["update_actor"].total
+    assert p.predicted["update_actor"].total <= 0.9 * H200.total_bytes
+    assert any(c.startswith(f"{CKPT} = false (no recompute") and "device budget" in c for c in p.choices)
+    # an explicit micro-batch too large to fit without recompute keeps it on, for some layers
+    big = plan([f"{A}.ppo_micro_batch_size_per_gpu=512"])
+    assert big.actor.gradient_checkpointing and big.actor.update.rows == 512
     # with a token budget (dynamic batch size) the budget itself must fit without recompute
-    dynamic = [f"{A}.use_dynamic_bsz=true"]
-    assert not plan([*long, *dynamic, f"{A}.ppo_max_token_len_per_gpu=8192"]).actor.gradient_checkpointing
+    long, dynamic = ["data.max_response_length=4096", f"{R}.n=16"], [f"{A}.use_dynamic_bsz=true"]
+    assert not plan([*long, *dynamic, f"{A}.ppo_max_token_len_per_gpu=65536"]).actor.gradient_checkpointing
     assert plan([*long, *dynamic, f"{A}.ppo_max_token_len_per_gpu=131072"]).actor.gradient_checkpointing
-    # 7B LoRA at 512 tokens: its rollout peaks above the update, but not above an update of the same micro-batch
-    # without recompute, so it stays on (a smaller micro-batch without recompute measured 1.54x slower)
-    lora = plan(LORA7, hf=Q7)
-    assert lora.actor.gradient_checkpointing and lora.actor.update.rows == 32
-    assert lora.predicted["gen"].total > lora.predicted["update_actor"].total
 
 
-def test_checkpointing_auto_keeps_the_last_layers_that_fit_under_the_runs_peak():
-    # 7B LoRA at 512 tokens: recompute stays on, but the rollout's peak leaves room for some layers' activations
-    lora, every = plan(LORA7, hf=Q7), plan([*LORA7, f"{CKPT}=true"], hf=Q7)
+def test_checkpointing_auto_keeps_the_last_layers_that_fit_the_device():
+    # 7B LoRA at 512 tokens on an 80 GiB GPU: recompute stays on, but the device leaves room for some layers'
+    # activations
+    gpu80 = DeviceSpec("cuda", "80G", 80 * GiB)
+    lora, every = plan(LORA7, hf=Q7, device=gpu80), plan([*LORA7, f"{CKPT}=true"], hf=Q7, device=gpu80)
     k, layers = lora.actor.recompute_kept_layers, lora.model.layers
     assert lora.actor.gradient_checkpointing and 0 < k < layers and every.actor.recompute_kept_layers == 0
     assert lora.actor.update.rows == every.actor.update.rows                      # the micro-batch is not shrunk
-    ceiling = max(pm.total for pm in every.predicted.values())
+    budget = 0.9 * gpu80.total_bytes
     acts = [p.predicted["update_actor"].parts["activations"] for p in (every, lora)]
-    assert acts[0] < acts[1] and lora.predicted["update_actor"].total <= ceiling
-    # gathering the weights once per mini-batch would take the place of more than one kept layer: not chosen; with
-    # every layer recomputing it would raise the run's peak (the rollout's, lowered by the engine borrowing the
-    # frozen embeddings and norms): not chosen either
-    assert not lora.actor.update.unshard_once and not every.actor.update.unshard_once
-    assert any("the update would peak over the run's" in c for c in every.choices)
-    assert max(pm.total for pm in lora.predicted.values()) == ceiling  # the run's peak is not raised
+    assert acts[0] < acts[1] and lora.predicted["update_actor"].total <= budget
+    # gathering the weights once per mini-batch (+14.2 GiB) would take the place of more than one kept layer: not
+    # chosen there; with every layer recomputing it fits the device: chosen
+    assert not lora.actor.update.unshard_once and every.actor.update.unshard_once
+    assert any("the update would peak over the device budget" in c for c in lora.choices)
     assert any(f"true for the first {layers - k} of {layers} decoder layers" in c for c in lora.choices)
     # the largest such count: each more kept layer adds its saved activations less its input
     shape, tokens = lora.model, lora.actor.update.rows * 512
     per_layer = tokens * (shape.train_act_bytes_per_token_layer() - 2 * shape.hidden)
-    assert lora.predicted["update_actor"].total + per_layer > ceiling
+    assert lora.predicted["update_actor"].total + per_layer > budget
     # kept activations: the recomputed layers' inputs and the kept layers' saved activations; no layer is rebuilt
     # while a kept one's activations are alive, so the rebuild is not added
     from hybridrl.plan.memory import MemoryModel
@@ -210,7 +217,7 @@ def test_checkpointing_auto_keeps_the_last_layers_that_fit_under_the_runs_peak()
     assert MemoryModel(shape, None)._train_activations(shape, tokens, True, False, False, k) == \
         kept + tokens * shape.layer_backward_bytes_per_token()
     # an explicit true keeps verl's meaning (every layer), and so does activation offload
-    offload = plan([*LORA7, "actor_rollout_ref.model.enable_activation_offload=true"], hf=Q7)
+    offload = plan([*LORA7, "actor_rollout_ref.model.enable_activation_offload=true"], hf=Q7, device=gpu80)
     assert offload.actor.recompute_kept_layers == 0
 
 
@@ -230,15 +237,16 @@ def test_critic_checkpointing_auto_is_resolved_on_its_own():
     on = plan(["algorithm.adv_estimator=gae", "critic.model.enable_gradient_checkpointing=true"],
               device=DeviceSpec("cpu", "cpu", None))
     assert on.critic.gradient_checkpointing and not on.actor.gradient_checkpointing
-    gpu = plan(["algorithm.adv_estimator=gae"])
+    gpu = plan(["algorithm.adv_estimator=gae"], device=DeviceSpec("cuda", "small", 24 * GiB))
     assert gpu.critic.gradient_checkpointing and any(c.startswith("critic.model.enable_gradient_checkpointing = true")
                                                     for c in gpu.choices)
+    assert not plan(["algorithm.adv_estimator=gae"]).critic.gradient_checkpointing   # it fits an H200 without
 
 
 def test_gae_plans_the_critic():
     p = plan(["algorithm.adv_estimator=gae", "actor_rollout_ref.model.enable_gradient_checkpointing=true",
               "critic.model.enable_gradient_checkpointing=true"])
-    assert p.critic.update.rows == 32 and p.critic.values.rows == 64
+    assert p.critic.update.rows == 128 and p.critic.values.rows == 64
     assert {"values", "update_critic"} <= set(p.predicted)
     assert p.predicted["gen"].parts["critic params"] > 0
 
@@ -336,7 +344,7 @@ def test_kv_beyond_the_budget_lowers_concurrency_instead_of_refusing():
 
 def test_activation_offload_keeps_two_layer_inputs_on_the_gpu():
     micro = f"{A}.ppo_micro_batch_size_per_gpu=8"
-    kept = plan([micro], hf=Q7).predicted["update_actor"].parts["activations"]
+    kept = plan([micro, f"{CKPT}=true"], hf=Q7).predicted["update_actor"].parts["activations"]
     off = plan([micro, "actor_rollout_ref.model.enable_activation_offload=true"],
                hf=Q7).predicted["update_actor"].parts["activations"]
     assert kept - off == (28 - 2) * 8 * 512 * 3584 * 2
@@ -381,18 +389,18 @@ def test_liger_on_a_gpu_shrinks_the_planned_update_activations(monkeypatch):
 
 
 def test_critic_checkpointing_auto_keeps_its_last_layers_too():
-    # GAE, 1k-token responses: the rollout peaks highest; actor and critic each keep what fits under it
-    p = plan(["algorithm.adv_estimator=gae", "data.max_response_length=1024"])
-    ceiling = p.predicted["gen"].total
-    assert max(pm.total for pm in p.predicted.values()) == ceiling
+    # GAE, 1k-token responses on a 40 GiB GPU: actor and critic each keep what fits the device
+    gpu40 = DeviceSpec("cuda", "40G", 40 * GiB)
+    gae = ["algorithm.adv_estimator=gae", "data.max_response_length=1024"]
+    p = plan(gae, device=gpu40)
+    budget = 0.9 * gpu40.total_bytes
     assert p.critic.gradient_checkpointing and 0 < p.critic.recompute_kept_layers < p.model.layers
     assert p.actor.gradient_checkpointing and 0 < p.actor.recompute_kept_layers < p.model.layers
     tokens = p.critic.update.rows * (256 + 1024)
     per_layer = tokens * (p.model.train_act_bytes_per_token_layer() - 2 * p.model.hidden)
-    assert p.predicted["update_critic"].total + per_layer > ceiling   # one more kept layer would not fit
+    assert p.predicted["update_critic"].total <= budget < p.predicted["update_critic"].total + per_layer
     assert any(c.startswith("critic.model.enable_gradient_checkpointing = true for the first") for c in p.choices)
-    every = plan(["algorithm.adv_estimator=gae", "data.max_response_length=1024",
-                  "critic.model.enable_gradient_checkpointing=true"])
+    every = plan([*gae, "critic.model.enable_gradient_checkpointing=true"], device=gpu40)
     assert every.critic.recompute_kept_layers == 0 and every.critic.update.rows == p.critic.update.rows
 
 
@@ -414,7 +422,7 @@ def test_prefix_grouper_auto_on_gpus_with_several_samples_and_its_tokens():
     gae = ["algorithm.adv_estimator=gae", "critic.ppo_mini_batch_size=64"]
     ppo = plan([f"{key}=auto", *gae])
     assert ppo.actor.share_prompts and ppo.critic.share_prompts
-    assert "critic.ppo_micro_batch_size_per_gpu = 32 (9216 tokens" in " ".join(ppo.choices)
+    assert "critic.ppo_micro_batch_size_per_gpu = 128 (36864 tokens" in " ".join(ppo.choices)
     assert not plan([f"{key}=false", *gae]).critic.share_prompts
     assert shared_prompt_tokens(32, 8, 256, 256) == 4 * 256 + 32 * 256
     assert shared_prompt_tokens(4, 8, 256, 256) == 256 + 4 * 256              # inside one group
@@ -440,12 +448,12 @@ def test_token_budgets_are_the_default_on_gpus_and_explicit_rows_keep_their_mean
     assert long.actor.ref_log_prob.rows is None
     actor = long.actor
     assert (actor.update.max_tokens, actor.old_log_prob.max_tokens, actor.ref_log_prob.max_tokens) == \
-        (16384, 32768, 32768)
+        (65536, 32768, 32768)
     assert long.actor.remove_padding and long.rollout.max_num_batched_tokens == 8192   # rollout.max_num_batched_tokens
-    assert "update <= 16384 tokens" in str(long) and "packed" in str(long)
+    assert "update <= 65536 tokens" in str(long) and "packed" in str(long)
     # a budget is never below the longest sequence: one must fit a micro-batch
-    very_long = plan([*dyn, "data.max_response_length=20000"])
-    assert very_long.actor.update.max_tokens == 20256 and very_long.rollout.max_num_batched_tokens == 20256
+    very_long = plan([*dyn, "data.max_response_length=70000"])
+    assert very_long.actor.update.max_tokens == 70256 and very_long.rollout.max_num_batched_tokens == 70256
     # an explicit micro-batch size keeps verl's fixed rows; so does the CPU (the padded reference)
     rows = plan([*dyn, f"{A}.ppo_micro_batch_size_per_gpu=4"])
     assert rows.actor.update.rows == 4 and rows.actor.update.max_tokens is None and rows.actor.old_log_prob.rows is None
@@ -458,19 +466,24 @@ def test_token_budgets_are_the_default_on_gpus_and_explicit_rows_keep_their_mean
 
 
 def test_update_gathers_its_weights_once_where_it_costs_at_most_one_kept_layer():
-    """The long-tail 1.5B update (16k-token micro-batches): gathering the weights once per mini-batch costs about
-    one kept layer's activations; it takes that layer's place, keeps the run's peak, and is said."""
+    """The long-tail 1.5B update (32k-token micro-batches) on an 80 GiB GPU: gathering the weights once per
+    mini-batch costs about one kept layer's activations; it takes that layer's place within the device, and is
+    said."""
     q15 = qwen(1536, 8960, 28, 12, 2, True)
     long_tail = ["data.train_batch_size=32", f"{A}.ppo_mini_batch_size=32", "data.max_response_length=4096",
                  f"{A}.use_dynamic_bsz=auto", f"{A}.use_prefix_grouper=auto"]
-    auto, off = plan(long_tail, hf=q15), plan([*long_tail, f"{A}.update_unshard_once=false"], hf=q15)
+    gpu80 = DeviceSpec("cuda", "80G", 80 * GiB)
+    auto = plan(long_tail, hf=q15, device=gpu80)
+    off = plan([*long_tail, f"{A}.update_unshard_once=false"], hf=q15, device=gpu80)
     assert auto.actor.update.unshard_once and not off.actor.update.unshard_once
     assert auto.actor.gradient_checkpointing and off.actor.gradient_checkpointing
     assert auto.actor.recompute_kept_layers == off.actor.recompute_kept_layers - 1 > 0
-    peak = [max(pm.total for pm in p.predicted.values()) for p in (auto, off)]
-    assert peak[0] == peak[1]
+    assert auto.predicted["update_actor"].total <= 0.9 * gpu80.total_bytes
     assert auto.predicted["update_actor"].parts["unsharded params"] == auto.model.num_params * 2
     assert any(c.startswith(f"{A}.update_unshard_once = true") and "one kept layer fewer" in c for c in auto.choices)
+    # on an H200 the same update fits without recompute, and gathered once
+    h200 = plan(long_tail, hf=q15)
+    assert not h200.actor.gradient_checkpointing and h200.actor.update.unshard_once
     # true where it cannot fit is refused naming the key; on a CPU (no memory model) auto is off
     small = DeviceSpec("cuda", "small", int(40 * GiB))   # 7B LoRA fits at 33.9 GiB, +14.2 GiB gathered once
     assert not plan(LORA7, hf=Q7, device=small).actor.update.unshard_once

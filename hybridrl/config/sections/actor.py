@@ -93,8 +93,9 @@ class ActorConfig(Section):
     sequences as its token budget takes, at their actual lengths. auto = on on GPUs where ppo_micro_batch_size_per_gpu
     is auto or null (an explicit micro-batch size keeps verl's fixed rows), off on CPU"""
     ppo_max_token_len_per_gpu: Auto | int
-    """token budget of a micro-batch with use_dynamic_bsz; auto = the run plan's choice (the throughput target, at least
-    the longest sequence, within memory)"""
+    """token budget of a micro-batch with use_dynamic_bsz; auto = the run plan's choice: 16384 tokens, raised on GPUs
+    for models under ~6B to the work of 32k tokens of a 1.5B (at most 65536) so the GPU's work hides the host's kernel
+    launches; at least the longest sequence; lowered to fit memory"""
     grad_clip: float
     """max global grad norm"""
     clip_ratio: float
@@ -128,8 +129,8 @@ class ActorConfig(Section):
     update_unshard_once: Auto | bool
     """keep every FSDP block all-gathered for a whole mini-batch of the update (one all-gather per block per
     mini-batch instead of two per micro-batch) for the memory of the model in the compute dtype. auto = the run plan's
-    choice: on where the bf16 model <= 25% of GPU memory and it fits within the run's predicted peak, or costs at most
-    one layer that checkpointing would let keep its activations; off on CPU | true | false"""
+    choice: on where the bf16 model <= 25% of GPU memory and the update fits 90% of the GPU with it, or it costs at
+    most one layer that checkpointing would let keep its activations; off on CPU | true | false"""
     old_log_prob_pass: Auto | bool
     """auto = skipped when the update is one on-policy mini-batch (1 epoch, mini-batch = batch, no KL in reward): old
     log-probs are then the update's own, detached (ratio exactly 1) | true | false"""
@@ -138,10 +139,11 @@ class ActorConfig(Section):
     forward and backward run beside the decode tail, at the weights that sampled them, and the one optimizer step
     comes after the last group (the same update, its gradient put on the whole batch's normaliser). false (the
     default: on the long-tail 1.5B on one H200, handing each group to the update as it finished, the rollout slowed
-    by as much as the update hid, 17.94 s a step against 17.91, for a 78.5 GiB peak against 48.9; the update now
-    waits for the rollout's tail, not measured yet) | auto = on on a GPU where the
-    update is exact that way and fits beside the rollout (one on-policy mini-batch, advantages from each group's own
-    rewards, one training rank; docs/architecture.md); off on CPU | true (refused where it is not exact)"""
+    by as much as the update hid, 17.94 s a step against 17.91, for a 78.5 GiB peak against 48.9; waiting for the
+    rollout's tail, 18.00 s against 17.65) | auto = on on a GPU where the
+    update is exact that way and fits beside the rollout within 75% of the GPU (one on-policy mini-batch, advantages
+    from each group's own rewards, one training rank; docs/architecture.md); off on CPU | true (refused where it is
+    not exact; the update's recompute is then planned to fit beside the rollout)"""
     shuffle: bool
     """shuffle samples between mini-batches (seeded by trainer.seed and the step)"""
     use_prefix_grouper: Auto | bool

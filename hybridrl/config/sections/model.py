@@ -23,9 +23,9 @@ class ModelConfig(Section):
     """free dict merged into the HF model config (add keys with +key=value)"""
     enable_gradient_checkpointing: Auto | bool
     """recompute activations in backward: activation memory of one layer instead of all (~30% more update compute). auto
-    = the run plan's choice: off where the update without it stays within the run's predicted peak (a phase such as the
-    rollout holds that memory anyway) at the micro-batch chosen with it; else on, except for as many of the last decoder
-    layers as keep their activations within that peak; off on CPU"""
+    = the run plan's choice, time first within the device: off where the update without it fits 90% of the GPU at the
+    micro-batch chosen with it (beside the rollout with actor.early_update=true); else on, except for as many of the
+    last decoder layers as keep their activations within that; off on CPU. true = every layer (the lean choice)"""
     enable_activation_offload: bool
     """with gradient checkpointing: each layer's saved input goes to host memory in the update's forward and comes back
     in backward (GPU keeps one layer's activations; costs a host round trip of tokens x hidden x 2 bytes per layer)"""
