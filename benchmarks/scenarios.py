@@ -24,6 +24,16 @@ from scenarios_7b import SEVEN_B
 ARITH = "examples/smollm2_arith/run.sh"
 ONE_GPU = ("--gpus", "1", "--defaults")
 EARLY = "actor_rollout_ref.actor.early_update"
+
+
+def long_tail_update(configs: str, out: str, repeat: int = 1):
+    """benchmarks/profile_update.py on the long-tail 1.5B update (256 rows, mean 1,000 of 4,096 response tokens)."""
+    return py("benchmarks/profile_update.py", "--preset", "qwen2.5-1.5b", "--workdir", "{work}/hb", "--rows", "256",
+              "--n", "8", "--prompt-len", "256", "--response-len", "4096", "--mean-response-len", "1000", "--repeat",
+              str(repeat), "--profile-skip", "2", "--profile-micro", "2", "--configs", configs, "--out",
+              "{out}/" + out)
+
+
 MAKE_ADD = py("examples/smollm2_arith/make_data.py", "--out", ADD, "--train", "3000", "--test", "200", "--seed", "0",
               log="make_data.log")
 
@@ -135,11 +145,22 @@ SMALL = [
     Scenario("update-unshard-once-1.5b", "the long-tail 1.5B update (256 rows, mean 1,000 of 4,096, 16k-token "
              "micro-batches): weights gathered per micro-batch vs once per mini-batch, with 14 or 13 kept layers",
              "nvidia-h200", "long_tail", (
-                 py("benchmarks/profile_update.py", "--preset", "qwen2.5-1.5b", "--workdir", "{work}/hb", "--rows",
-                    "256", "--n", "8", "--prompt-len", "256", "--response-len", "4096", "--mean-response-len", "1000",
-                    "--repeat", "2", "--profile-skip", "2", "--profile-micro", "2", "--configs",
-                    "full:keep14:tok16384,full:keep13:tok16384:once,full:keep14:tok16384:once,full:keep14:tok16384",
-                    "--out", "{out}/update_unshard_once.json"),)),
+                 long_tail_update("full:keep14:tok16384,full:keep13:tok16384:once,full:keep14:tok16384:once,"
+                                  "full:keep14:tok16384", "update_unshard_once.json", repeat=2),)),
+    Scenario("update-ops-1.5b", "the long-tail 1.5B update: half the layers recomputed at 16k-token micro-batches vs "
+             "none at 32k, with the GPU time of each torch op (where the host leaves the GPU idle)",
+             "nvidia-h200", "long_tail", (
+                 long_tail_update("full:keep14:tok16384:once,full:nockpt:tok32768:once", "update_ops.json"),)),
+    Scenario("decode-kernels-1.5b", "launch choices of the decode step's Triton kernels (attention splits and tiles, "
+             "SiLU-and-mul, RoPE + K/V store) on the 1.5B's shapes, each layer on its own buffers",
+             "nvidia-h200", "long_tail", (
+                 py("benchmarks/decode_kernels.py", "--out", "{out}/decode_kernels.json"),)),
+    Scenario("long-tail-1.5b-early-update-tail", "the long-tail 1.5B with actor.early_update=true (groups handed to "
+             "the update in the rollout's tail), one run", "nvidia-h200", "long_tail", (
+                 py("benchmarks/long_tail.py", "--preset", "qwen2.5-1.5b", "--response-len", "4096", "--mean-len",
+                    "1000", "--workdir", "{work}/long_tail", "--defaults", "--gpus", "1", "--prompts", "32", "--n",
+                    "8", "--steps", "3", "--variants", f"hybrid_early:{EARLY}=true", "--repeat", "1",
+                    "--out", "{out}/early_update_tail.json"),)),
     Scenario("fused-head-1.5b", "the update's log-prob head at 16k rows of the 1.5B (vocab 151,936): torch path vs "
              "Triton kernels, each checked against plain PyTorch first", "nvidia-h200", "long_tail", (
                  py("benchmarks/fused_head.py", "--rows", "16384", "--hidden", "1536", "--vocab", "151936",
@@ -313,5 +334,6 @@ SMOLLM2 = [
                         f"trainer.default_local_dir={{work}}/smollm2_partial_{seed}", DATA=ADD)
                  for seed in (1, 2, 3)))),
 ]
+
 
 SCENARIOS: dict[str, Scenario] = {s.name: s for s in CPU + SMALL + SEVEN_B + TWO_GPUS + SMOLLM2}
