@@ -87,10 +87,22 @@ def _sdpa_block_diagonal(query, key, value, cu_seqlens, scaling, shared):
     return F.scaled_dot_product_attention(query, key, value, attn_mask=mask[None, None], scale=scaling)
 
 
+def no_mask() -> torch.Tensor:
+    """The packed forwards' `attention_mask`: an empty 4-D tensor, which transformers takes as a mask already built
+    and passes through. Without it, building the mask of a packed row starts with `find_packed_sequence_indices`,
+    whose `.all()` makes the host wait for the GPU in every forward (24 ms a micro-batch in the 1.5B update's
+    profile, benchmarks/results/long_tail/update_host.txt), so the host's lead over the GPU was lost at every
+    micro-batch. The attention function takes causality from `cu_seq_lens_q` and never reads it. Not passed where
+    the model's config asks HF for router logits (`output_router_logits`): HF's own MoE loss then reads the mask."""
+    return torch.empty(1, 1, 0, 0)
+
+
 def varlen_attention_forward(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None,
                              sliding_window=None, **kwargs):
     """query [1, H, T, D], key/value [1, Hkv, T, D] -> ([1, T, H, D], None)."""
     cu = kwargs.get("cu_seq_lens_q")
+    if cu is None and attention_mask is not None and attention_mask.numel() == 0:
+        raise ValueError("packed attention got no_mask() without cu_seq_lens_q: a packed forward must pass both")
     if cu is None:
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
 

@@ -50,6 +50,29 @@ def test_packed_equals_padded_and_dynamic_equals_fixed(base_model):
     assert not torch.allclose(packed.compute_log_prob(data)[0][mask], lp_packed[mask])
 
 
+def test_packed_forward_builds_no_mask(base_model, monkeypatch):
+    """transformers' packed-row mask detection synchronises the host with the GPU (`.all()` on a device tensor) in
+    every forward; the packed path hands it an empty 4-D mask instead, so it never runs, and the log-probs still
+    equal the padded path's. A no_mask() without cu_seq_lens is refused."""
+    import transformers.masking_utils as masking
+
+    from hybridrl.training.packed_attention import no_mask, varlen_attention_forward
+
+    data = make_ppo_batch(batch=3, temperature=1.0)
+    data.meta_info.update(micro_batch_size=3)
+    padded = DataParallelPPOActor(actor_cfg(), base_model, use_remove_padding=False).compute_log_prob(data)[0]
+    calls = []
+    real = masking.find_packed_sequence_indices
+    monkeypatch.setattr(masking, "find_packed_sequence_indices", lambda *a, **k: calls.append(1) or real(*a, **k))
+    packed = DataParallelPPOActor(actor_cfg(), base_model, use_remove_padding=True).compute_log_prob(data)[0]
+    mask = data.batch["response_mask"].bool()
+    assert not calls
+    torch.testing.assert_close(packed[mask], padded[mask], atol=1e-5, rtol=1e-5)
+    q = torch.zeros(1, 2, 3, 4)
+    with pytest.raises(ValueError, match="no_mask"):
+        varlen_attention_forward(None, q, q, q, no_mask())
+
+
 def _grads_after_update(model, cfg, data, fused_head: bool | None = None, batches: UpdateBatches = BATCHES):
     model = copy.deepcopy(model)
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
