@@ -47,7 +47,9 @@ def parse_args(argv=None):
     p.add_argument(
         "--prompts", required=True, help="parquet in verl's schema (prompt, reward_model.ground_truth)"
     )
-    p.add_argument("--steps", type=int, default=3, help="timed optimizer steps (after 1 warm-up step)")
+    p.add_argument("--steps", type=int, default=3,
+                   help="timed optimizer steps (after 1 warm-up step); 0: the warm-up step alone (warmup_step_s), "
+                        "for workloads whose steps outlast a device call")
     p.add_argument("--batch-prompts", type=int, default=64)
     p.add_argument("--n", type=int, default=8, help="completions per prompt (num_generations)")
     p.add_argument(
@@ -92,8 +94,8 @@ def parse_args(argv=None):
     total = a.batch_prompts * a.n
     if a.n < 2:
         p.error("--n must be >= 2 (GRPO needs a group)")
-    if a.steps < 1:
-        p.error("--steps must be >= 1")
+    if a.steps < 0:
+        p.error("--steps must be >= 0")
     if a.val_every and not a.val_prompts:
         p.error("--val-every needs --val-prompts")
     if total % a.micro_batch:
@@ -355,6 +357,7 @@ def main(argv=None):
         "reward_mean_per_step": [r["reward"] for r in step_logs][1:],  # timed steps only, like step_s
         "reward_mean_warmup": step_logs[0]["reward"] if step_logs else None,
         "completion_mean_length_per_step": [r.get("completions/mean_length") for r in step_logs][1:],
+        "completion_mean_length_warmup": step_logs[0].get("completions/mean_length") if step_logs else None,
         "command": sys.argv,
     }
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
