@@ -92,9 +92,18 @@ def no_mask() -> torch.Tensor:
     and passes through. Without it, building the mask of a packed row starts with `find_packed_sequence_indices`,
     whose `.all()` makes the host wait for the GPU in every forward (24 ms a micro-batch in the 1.5B update's
     profile, benchmarks/results/long_tail/update_host.txt), so the host's lead over the GPU was lost at every
-    micro-batch. The attention function takes causality from `cu_seq_lens_q` and never reads it. Not passed where
-    the model's config asks HF for router logits (`output_router_logits`): HF's own MoE loss then reads the mask."""
+    micro-batch. The attention function takes causality from `cu_seq_lens_q` and never reads it; pass it only where
+    `mask_unread(model)`."""
     return torch.empty(1, 1, 0, 0)
+
+
+def mask_unread(model) -> bool:
+    """True where nothing in a packed forward of `model` reads its attention mask: its attention is this module's
+    function (HF's own sdpa / eager build the packed row's mask from it), and its config does not ask HF for router
+    logits (HF's MoE loss reads the mask)."""
+    config = getattr(model, "config", None)
+    return getattr(config, "_attn_implementation", None) == VARLEN_ATTN and \
+        not getattr(config, "output_router_logits", False)
 
 
 def varlen_attention_forward(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None,

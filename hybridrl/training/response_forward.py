@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from hybridrl.training.flash_segments import FlashSegments
-from hybridrl.training.packed_attention import no_mask
+from hybridrl.training.packed_attention import mask_unread, no_mask
 from hybridrl.training.packing import PackedInputs, pack_inputs, tokens_as_input
 from hybridrl.training.transfer import to_device
 from hybridrl.training.ulysses import SequenceParallel, gather_rows
@@ -135,7 +135,7 @@ def forward_response_logits(module, input_ids: torch.Tensor, attention_mask: tor
     packed = packed.to(device)
     kwargs = dict(cu_seq_lens_q=packed.cu_seqlens, cu_seq_lens_k=packed.cu_seqlens,
                   max_length_q=packed.max_seqlen, max_length_k=packed.max_seqlen, use_cache=False)
-    if not getattr(getattr(module, "config", None), "output_router_logits", False):  # HF's MoE aux loss reads the mask
+    if mask_unread(module):
         kwargs["attention_mask"] = no_mask()
     if packed.shared is not None:
         kwargs["shared_prompts"] = packed.shared

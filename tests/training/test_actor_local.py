@@ -56,7 +56,7 @@ def test_packed_forward_builds_no_mask(base_model, monkeypatch):
     equal the padded path's. A no_mask() without cu_seq_lens is refused."""
     import transformers.masking_utils as masking
 
-    from hybridrl.training.packed_attention import no_mask, varlen_attention_forward
+    from hybridrl.training.packed_attention import mask_unread, no_mask, varlen_attention_forward
 
     data = make_ppo_batch(batch=3, temperature=1.0)
     data.meta_info.update(micro_batch_size=3)
@@ -71,6 +71,9 @@ def test_packed_forward_builds_no_mask(base_model, monkeypatch):
     q = torch.zeros(1, 2, 3, 4)
     with pytest.raises(ValueError, match="no_mask"):
         varlen_attention_forward(None, q, q, q, no_mask())
+    # only where this module's attention runs and no HF MoE loss reads the mask (HF's sdpa builds it from the row)
+    sdpa = transformers.AutoModelForCausalLM.from_config(tiny_qwen2_config(), attn_implementation="sdpa")
+    assert mask_unread(base_model) and not mask_unread(sdpa)
 
 
 def _grads_after_update(model, cfg, data, fused_head: bool | None = None, batches: UpdateBatches = BATCHES):
