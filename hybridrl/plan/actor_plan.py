@@ -167,7 +167,7 @@ def plan_update_unshard(sizing: Sizing, actor: ActorPlan, peak, fits=None, withi
         return replace(actor, update=replace(update, unshard_once=True))
     if value is False or sizing.budget is None or not sizing.auto_unshard(sizing.shape):
         return actor
-    fits, within = fits or (lambda pm: pm.total <= sizing.budget), within or sizing.budget_words
+    fits, within = fits or sizing.fits_budget, within or sizing.budget_words
     extra = f"+{sizing.shape.num_params * 2 / GiB:.1f} GiB unsharded"
     for k in (kept, kept - 1) if on and kept else (kept,):
         once = peak(rows, tokens, k if on else None, once=True)
@@ -204,7 +204,7 @@ def resolve_checkpointing(key: str, offload: bool, sizing: Sizing, update: Micro
     if sizing.budget is None:
         choices.append(f"{key} = false (no device memory to plan against: recompute would only cost time)")
         return False, 0
-    fits, within = fits or (lambda pm: pm.total <= sizing.budget), within or sizing.budget_words
+    fits, within = fits or sizing.fits_budget, within or sizing.budget_words
     rows, tokens = (1, update.max_tokens) if update.rows is None else (update.rows, sizing.seq_len)
     without = peak(rows, tokens)
     if fits(without):

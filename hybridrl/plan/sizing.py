@@ -159,6 +159,9 @@ class Sizing:
     def dynamic(self, key: str, micro_key: str) -> bool:
         return resolve_dynamic_bsz(self.get(key), self.get(micro_key), self.device.type, key, micro_key, self.choices)
 
+    def fits_budget(self, peak: PhaseMemory) -> bool:
+        return peak.total <= self.budget
+
     @property
     def budget_words(self) -> str:
         """The budget as the plan's messages name it."""

@@ -84,11 +84,11 @@ class RolloutStream:
         exception if it failed, TimeoutError after `timeout_s`."""
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
 
-        def ready() -> bool:
+        def enough() -> bool:
             return (sum(len(o.outputs) for o in self._ready) >= min_samples
                     and (self._in_tail is None or self._in_tail()))
         with self._cond:
-            while not self._done and not ready():
+            while not self._done and not enough():
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
                     raise TimeoutError(f"the rollout stream had no {min_samples} finished samples within "
