@@ -31,6 +31,10 @@ class ActorPlan:
     gradient_checkpointing: bool        # the update recomputes each layer in backward
     recompute_kept_layers: int          # with checkpointing: its last decoder layers that keep their activations
                                         # (not recomputed); 0 = all recompute
+    activation_offload: bool            # model.enable_activation_offload resolved: the update's checkpointed layer
+                                        # inputs wait in host memory (with checkpointing only)
+    optimizer_offload: bool             # actor.fsdp_config.optimizer_offload resolved: the hybrid engine moves the
+                                        # AdamW state to host memory from the rollout until the update
     share_prompts: bool                 # actor.use_prefix_grouper: the actor's and reference's forwards run each
                                         # prompt of a micro-batch once (training/packing.py)
     remove_padding: bool                # the actor's and reference's forwards packed (varlen attention)
@@ -92,7 +96,8 @@ def plan_actor(sizing: Sizing, kv_cache: KvCachePlan, share_prompts: bool, lora_
     packed_by_tokens = update.rows is None or old_log_prob.max_tokens is not None or ref_log_prob.max_tokens is not None
     return ActorPlan(update=update, old_log_prob=old_log_prob, ref_log_prob=ref_log_prob, old_log_prob_pass=old_pass,
                      gradient_checkpointing=sizing.residency.gradient_checkpointing, recompute_kept_layers=0,
-                     share_prompts=share_prompts,
+                     activation_offload=sizing.residency.activation_offload,
+                     optimizer_offload=sizing.residency.optimizer_offload, share_prompts=share_prompts,
                      remove_padding=resolve_remove_padding(get(f"{MODEL}.use_remove_padding"), packed_by_tokens,
                                                            layout.ulysses_sp),
                      use_liger=sizing.residency.liger, lora_base_dtype=lora_base_dtype)

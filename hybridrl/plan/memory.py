@@ -20,7 +20,8 @@ GiB = 1024**3
 
 @dataclass(frozen=True)
 class Residency:
-    """Static facts of where each model's state lives (from the config)."""
+    """Static facts of where each model's state lives (from the config; the actor's 'auto' offloads as the plan
+    settles them, plan/offload.py)."""
     shard: int                  # FSDP shard count of the actor (fsdp_size or the world)
     master_bytes: int           # 4 fp32 masters, 2 bf16
     param_offload: bool

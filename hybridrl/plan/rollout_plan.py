@@ -13,7 +13,7 @@ from hybridrl.config.errors import ConfigError
 from hybridrl.config.sections.rollout import RolloutConfig, SpeculativeDecodingConfig
 from hybridrl.plan.memory import GiB, MemoryModel, Residency
 from hybridrl.plan.partial_rollout import PartialRolloutPlan, plan_partial_rollout
-from hybridrl.plan.sizing import SAFETY, DeviceSpec, Sizing, is_auto
+from hybridrl.plan.sizing import ACTOR_FSDP, SAFETY, DeviceSpec, Sizing, is_auto
 from hybridrl.rollout.config import EngineConfig, SpeculativeConfig
 from hybridrl.training.fsdp import resolve_dtype
 
@@ -111,12 +111,11 @@ def kv_need(prompts: int, n: int, prompt_len: int, response_len: int, block_size
     return min(shared, cap), min(unshared, cap)
 
 
-def plan_kv_cache(sizing: Sizing, val_prompts: int | None, judge: bool) -> KvCachePlan:
-    """The KV blocks of the largest generate call (the step's, validation's, the judge's) and the engine's
-    concurrency; more KV than fits the GPU next to everything else means fewer sequences at once (the rest queue,
-    nothing refused). Predicts the rollout phase (`gen`)."""
-    get, layout, memory, residency = sizing.get, sizing.layout, sizing.memory, sizing.residency
-    prompt_len, response_len, seq_len = sizing.prompt_len, sizing.response_len, sizing.seq_len
+def kv_demand(sizing: Sizing, val_prompts: int | None, judge: bool) -> tuple[int, int, int, int]:
+    """(blocks, blocks_unshared, step, seqs): the KV blocks per engine of the largest generate call (the step's,
+    validation's, the judge's) with and without prompt sharing, those this step's rollout holds (a hybrid engine
+    allocates per call: the training call's; a resident one: the largest), and the sequences to run at once."""
+    get, layout = sizing.get, sizing.layout
     block_size, sharing = get(f"{ROLLOUT}.block_size"), get(f"{ROLLOUT}.enable_prefix_sharing")
     samples = layout.rollout_samples_per_dp
     val_n = get(f"{ROLLOUT}.val_kwargs.n")
@@ -124,33 +123,56 @@ def plan_kv_cache(sizing: Sizing, val_prompts: int | None, judge: bool) -> KvCac
     seqs = min(get(f"{ROLLOUT}.max_num_seqs"), max(samples, val_per_dp * val_n))
 
     def need(prompts: int, n: int) -> tuple[int, int]:
-        return kv_need(prompts, n, prompt_len, response_len, block_size, sharing, seqs)
+        return kv_need(prompts, n, sizing.prompt_len, sizing.response_len, block_size, sharing, seqs)
 
     train, train_unshared = need(layout.rollout_prompts_per_dp, layout.n)
     val, val_unshared = need(val_per_dp, val_n)
     blocks, unshared = max(train, val), max(train_unshared, val_unshared)
-    # a hybrid engine allocates per call (the training step's need); a resident one holds the largest call's
     if judge:  # the judge's call: one prompt per sample (prompt + verdict within P + R), nothing shared
         judge_blocks = need(samples, 1)[0]
         train, blocks = max(train, judge_blocks), max(blocks, judge_blocks, val_unshared)
         unshared = max(unshared, judge_blocks)
-    step = train if residency.hybrid else blocks
+    return blocks, unshared, train if sizing.residency.hybrid else blocks, seqs
+
+
+def kv_room(sizing: Sizing, memory: MemoryModel, residency: Residency, seqs: int) -> int:
+    """KV blocks per engine that fit the device budget beside everything else the rollout (and a resident engine's
+    training passes) hold, with `seqs` sequences at once."""
+    get, seq_len = sizing.get, sizing.seq_len
+    return _kv_room(memory, residency, sizing.budget, get(f"{ROLLOUT}.block_size"), seq_len, sizing.response_len,
+                    min(seqs, sizing.layout.rollout_samples_per_dp),
+                    min(get(f"{ROLLOUT}.max_num_batched_tokens"), seqs * seq_len))
+
+
+def sequences_at_once(sizing: Sizing, room: int, blocks: int, seqs: int) -> int:
+    """How many of `seqs` sequences run at once in `room` KV blocks where the call needs `blocks`: all where it fits,
+    else as many as can reach full length (0: not even one, and the rollout phase is refused)."""
+    per_seq = -(-sizing.seq_len // sizing.get(f"{ROLLOUT}.block_size"))
+    return seqs if room >= blocks else min(seqs, room // per_seq)
+
+
+def plan_kv_cache(sizing: Sizing, val_prompts: int | None, judge: bool) -> KvCachePlan:
+    """The KV blocks of the largest generate call (the step's, validation's, the judge's) and the engine's
+    concurrency; more KV than fits the GPU next to everything else means fewer sequences at once (the rest queue,
+    nothing refused). Predicts the rollout phase (`gen`)."""
+    get, memory, residency = sizing.get, sizing.memory, sizing.residency
+    seq_len, block_size = sizing.seq_len, get(f"{ROLLOUT}.block_size")
+    blocks, unshared, step, seqs = kv_demand(sizing, val_prompts, judge)
     if sizing.budget is not None:
-        room = _kv_room(memory, residency, sizing.budget, block_size, seq_len, response_len, min(seqs, samples),
-                        min(get(f"{ROLLOUT}.max_num_batched_tokens"), seqs * seq_len))
-        per_seq = -(-seq_len // block_size)
-        if per_seq <= room < blocks:
-            fitting = min(seqs, room // per_seq)
+        room = kv_room(sizing, memory, residency, seqs)
+        fitting = sequences_at_once(sizing, room, blocks, seqs)
+        if 0 < fitting and room < blocks:
             sizing.choices.append(
                 f"kv cache = {room} blocks, {room / blocks:.0%} of the step's need of {blocks}: at most {fitting} "
                 f"sequences at once (of {seqs}; {ROLLOUT}.max_num_seqs), the rest wait their turn; "
                 f"more GPUs or '{ROLLOUT}.tensor_model_parallel_size' for full concurrency")
             blocks, step, seqs = room, min(step, room), fitting
     prefill = min(get(f"{ROLLOUT}.max_num_batched_tokens"), seqs * seq_len)
-    sizing.predicted["gen"] = memory.gen(step, block_size, min(seqs, samples), prefill)
+    sizing.predicted["gen"] = memory.gen(step, block_size, min(seqs, sizing.layout.rollout_samples_per_dp), prefill)
     return KvCachePlan(blocks=blocks, blocks_unshared=unshared, max_num_seqs=seqs,
-                       bytes=blocks * memory.kv_block_bytes(block_size), prompt_len=prompt_len,
-                       response_len=response_len, block_size=block_size, prefix_sharing=sharing)
+                       bytes=blocks * memory.kv_block_bytes(block_size), prompt_len=sizing.prompt_len,
+                       response_len=sizing.response_len, block_size=block_size,
+                       prefix_sharing=get(f"{ROLLOUT}.enable_prefix_sharing"))
 
 
 def _kv_room(mm: MemoryModel, res: Residency, budget: float, block_size: int, seq_len: int, response_len: int,
@@ -169,10 +191,16 @@ def plan_rollout(sizing: Sizing, kv_cache: KvCachePlan, dtype: str) -> RolloutPl
     does not fit the GPU, then resolves the engine's scheduling, speculative decoding and partial rollouts."""
     get, device, predicted, layout = sizing.get, sizing.device, sizing.predicted, sizing.layout
     if sizing.budget is not None and predicted["gen"].total > sizing.budget:
+        # the actor's offloads act in the hybrid scheme only; one the plan weighed itself ('auto') is not repeated
+        offloads = [k for k, held in (("param_offload", "actor params"), ("optimizer_offload", "actor optimizer"))
+                    if sizing.residency.hybrid and predicted["gen"].parts.get(held, 0) > 0
+                    and f"{ACTOR_FSDP}.{k}" not in sizing.weighed]
         raise ConfigError([f"rollout phase predicted at {predicted['gen'].total / GiB:.1f} GiB per GPU, over "
                            f"{SAFETY:.0%} of {device.total_bytes / GiB:.1f} GiB ({predicted['gen'].describe()}): "
-                           f"raise '{ROLLOUT}.tensor_model_parallel_size', lower 'data.train_batch_size', or set "
-                           "'actor_rollout_ref.actor.fsdp_config.param_offload' / 'optimizer_offload' = true"])
+                           f"raise '{ROLLOUT}.tensor_model_parallel_size'"
+                           + (", lower 'data.train_batch_size', or set " + " / ".join(
+                               f"'{ACTOR_FSDP}.{k}'" for k in offloads) + " = true" if offloads
+                              else " or lower 'data.train_batch_size'")])
     speculative = resolve_speculative(get(f"{ROLLOUT}.speculative"), device, sizing.choices)
     par = layout.parallel
     critic_dp = [par.world_size // par.critic_sp] if layout.critic_mini_batch_per_gpu is not None else []

@@ -31,6 +31,7 @@ from hybridrl.plan.early_update import plan_early_update, update_fits_beside_rol
 from hybridrl.plan.layout import Layout, derive_layout
 from hybridrl.plan.memory import GiB, MemoryModel, Residency
 from hybridrl.plan.model_shape import ModelShape
+from hybridrl.plan.offload import resolve_activation_offload, resolve_optimizer_offload
 from hybridrl.plan.reward_model_plan import RewardModelPlan, plan_reward_model
 from hybridrl.plan.rollout_plan import ROLLOUT, RolloutPlan, plan_kv_cache, plan_rollout
 from hybridrl.plan.shape import Parallelism
@@ -107,7 +108,8 @@ def make_plan(config: PPOConfig, hf_config, device: DeviceSpec, val_prompts: int
     """The plan of a PPO/GRPO config on `device`; raises ConfigError when a phase cannot fit. `rm_hf_config`: the
     reward model's HF config, needed with reward_model.enable and style=model. The planners run in the order their
     memory depends on: the KV cache first (a resident engine's training passes plan next to it), then each role's
-    passes, then recompute against the run's peak, then the rollout engine's scheduling."""
+    passes, then recompute against the run's peak, then the rollout engine's scheduling. The actor's 'auto' offloads
+    come before all of them (offload.py)."""
     layout = derive_layout(config, device.type)
 
     def get(key: str):
@@ -131,6 +133,8 @@ def make_plan(config: PPOConfig, hf_config, device: DeviceSpec, val_prompts: int
                     response_len=get("data.max_response_length"), choices=choices, predicted={})
 
     judge = bool(get("reward_model.enable")) and get("reward_model.style") == "judge"
+    resolve_activation_offload(sizing)   # 'auto' offloads, first: every phase's memory counts them
+    resolve_optimizer_offload(sizing, val_prompts, judge)
     kv_cache = plan_kv_cache(sizing, val_prompts, judge)
     actor = plan_actor(sizing, kv_cache, share_prompts, lora_base_dtype)
     has_critic = layout.critic_mini_batch_per_gpu is not None
@@ -186,7 +190,7 @@ def _residency(get, layout: Layout, device: DeviceSpec, shape: ModelShape, rm_sh
         shard=par.actor_fsdp,
         master_bytes=_dtype_bytes(master_dtype),
         param_offload=get(f"{ACTOR}.fsdp_config.param_offload"),
-        optimizer_offload=get(f"{ACTOR}.fsdp_config.optimizer_offload"),
+        optimizer_offload=get(f"{ACTOR}.fsdp_config.optimizer_offload") is True,   # 'auto': offload.py settles it
         has_ref=bool(get(f"{ACTOR}.use_kl_loss") or get("algorithm.use_kl_in_reward")),
         ref_offload=get(f"{REF}.fsdp_config.param_offload"),
         critic=shape if has_critic else None, critic_shard=par.critic_fsdp if has_critic else par.world_size,
@@ -198,7 +202,7 @@ def _residency(get, layout: Layout, device: DeviceSpec, shape: ModelShape, rm_sh
         # 'auto' is planned with checkpointing first; plan_actor_recompute / plan_critic_recompute may turn it off
         gradient_checkpointing=get(f"{MODEL}.enable_gradient_checkpointing") is not False,
         critic_gradient_checkpointing=get("critic.model.enable_gradient_checkpointing") is not False,
-        activation_offload=bool(get(f"{MODEL}.enable_activation_offload")),
+        activation_offload=get(f"{MODEL}.enable_activation_offload") is True,   # 'auto': likewise
         critic_activation_offload=bool(get("critic.model.enable_activation_offload")),
         lora_params=adapter_param_count(shape, get(f"{MODEL}.lora_rank"), get(f"{MODEL}.target_modules"),
                                         get(f"{MODEL}.target_parameters")),

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 from hybridrl.config.errors import ConfigError
 from hybridrl.plan.layout import Layout
@@ -31,6 +31,7 @@ UPDATE_MICRO_FLOPS = 6 * 1.54e9 * 32768
 MAX_UPDATE_TOKENS_TARGET = 65536
 LOGPROB_TOKENS_TARGET = 32768   # tokens per no-grad log-prob micro-batch
 MODEL = "actor_rollout_ref.model"
+ACTOR_FSDP = "actor_rollout_ref.actor.fsdp_config"
 
 
 @dataclass(frozen=True)
@@ -97,19 +98,13 @@ def resolve_remove_padding(value, dynamic: bool, sp: int) -> bool:
     return bool(value) if not is_auto(value) else bool(dynamic or sp > 1)
 
 
-def no_fit_hint(key: str, one: PhaseMemory) -> str:
-    return (f"it needs {one.total / GiB:.1f} GiB at 1 row ({one.describe()}): enable gradient checkpointing "
-            "(model.enable_gradient_checkpointing=true) and activation offload (model.enable_activation_offload=true), "
-            "offload (fsdp_config.param_offload / optimizer_offload), bf16 masters (fsdp_config.model_dtype=bf16) "
-            "or more GPUs")
-
-
 @dataclass
 class Sizing:
     """One run's planning state, shared by the role planners in order: the resolved config (`get(dotted key)`), the
     layout, the device and its budget (SAFETY of its memory; None on CPU), the model's shape and what each GPU
     holds (`residency`, `memory`), the longest prompt and response; `choices` and `predicted` collect each
-    automatic choice and each phase's peak (phase -> PhaseMemory) as the planners make them."""
+    automatic choice and each phase's peak (phase -> PhaseMemory) as the planners make them; `weighed`: the keys
+    whose 'auto' the plan weighed both ways (a refusal does not tell the user to set them)."""
     get: Callable[[str], object]
     layout: Layout
     device: DeviceSpec
@@ -120,6 +115,12 @@ class Sizing:
     response_len: int
     choices: list[str]
     predicted: dict[str, PhaseMemory]
+    weighed: set[str] = field(default_factory=set)
+
+    def reside(self, **changes) -> None:
+        """Settle where state lives (an automatic offload): the residency and the memory model that counts it."""
+        self.residency = replace(self.residency, **changes)
+        self.memory = MemoryModel(self.shape, self.residency)
 
     @property
     def seq_len(self) -> int:
@@ -167,6 +168,40 @@ class Sizing:
         """The budget as the plan's messages name it."""
         return f"the device budget ({SAFETY:.0%} of {self.device.total_bytes / GiB:.1f} GiB)"
 
+    def no_fit_hint(self, one: PhaseMemory) -> str:
+        """What would let a pass that does not fit at a single row (or sequence) fit, as the keys to set: each only
+        where it lowers that phase's predicted memory and is not already on, nor left to an 'auto' the plan weighed
+        both ways (`weighed`); then more GPUs."""
+        r, held, phase = self.residency, (lambda part: one.parts.get(part, 0) > 0), one.phase
+        fixes = []
+        if phase in ("update_actor", "update_critic"):
+            model = MODEL if phase == "update_actor" else "critic.model"
+            checkpointing, offload = ((r.gradient_checkpointing, r.activation_offload) if phase == "update_actor"
+                                      else (r.critic_gradient_checkpointing, r.critic_activation_offload))
+            offload_key = f"{model}.enable_activation_offload"
+            offload_auto = is_auto(self.get(offload_key))
+            if not checkpointing:
+                fixes.append(f"gradient checkpointing ({model}.enable_gradient_checkpointing=true"
+                             + ("; activation offload, left to auto, is then weighed too)" if offload_auto else ")"))
+            if not offload and not offload_auto and offload_key not in self.weighed:
+                fixes.append(f"activation offload ({offload_key}=true"
+                             + (", with checkpointing)" if not checkpointing else ")"))
+        if held("actor params") and r.master_bytes == 4 and not r.lora_params:
+            fixes.append(f"bf16 masters ({ACTOR_FSDP}.model_dtype=bf16)")
+        optimizer_key = f"{ACTOR_FSDP}.optimizer_offload"
+        if held("actor optimizer") and phase != "update_actor" and r.hybrid and optimizer_key not in self.weighed:
+            fixes.append(f"optimizer offload ({optimizer_key}=true)")
+        if held("ref params") and phase != "ref":
+            fixes.append("the reference on the CPU between its passes (actor_rollout_ref.ref.fsdp_config.param_offload"
+                         "=true)")
+        critic_off = [k for part, k in (("critic params", "param_offload"), ("critic optimizer", "optimizer_offload"))
+                      if held(part) and phase not in ("values", "update_critic")]
+        if critic_off:
+            fixes.append(" / ".join(f"critic.model.fsdp_config.{k}=true" for k in critic_off))
+        fixes.append("more GPUs (FSDP shards the training state over them)")
+        return (f"it needs {one.total / GiB:.1f} GiB at 1 row ({one.describe()}): "
+                + (f"{', '.join(fixes[:-1])} or " if len(fixes) > 1 else "") + fixes[-1])
+
     def over(self, key: str, value, peak: PhaseMemory) -> str:
         return (f"'{key}' = {value}: phase {peak.phase} is predicted to peak at {peak.total / GiB:.1f} GiB per GPU, "
                 f"over {SAFETY:.0%} of {self.device.total_bytes / GiB:.1f} GiB; ")
@@ -182,7 +217,7 @@ class Sizing:
             if budget is not None and peak(value).total > budget:
                 fit = next((d for d in candidates if peak(d).total <= budget), None)
                 raise ConfigError([self.over(key, value, peak(value))
-                                   + (f"set it to {fit} (or 'auto')" if fit else no_fit_hint(key, peak(1)))])
+                                   + (f"set it to {fit} (or 'auto')" if fit else self.no_fit_hint(peak(1)))])
             return value
         within = [d for d in candidates if tokens(d) <= tokens_target] or [candidates[-1]]
         for d in within:
@@ -193,7 +228,7 @@ class Sizing:
                 return d
         raise ConfigError([f"'{key}' = auto: even 1 row per micro-batch is predicted to need "
                            f"{peak(1).total / GiB:.1f} GiB in phase {peak(1).phase}, over {SAFETY:.0%} of "
-                           f"{self.device.total_bytes / GiB:.1f} GiB; " + no_fit_hint(key, peak(1))])
+                           f"{self.device.total_bytes / GiB:.1f} GiB; " + self.no_fit_hint(peak(1))])
 
     def pick_tokens(self, key: str, tokens_target: int, peak) -> int:
         """`key`'s configured token budget, or the throughput target raised to the longest sequence (a micro-batch
@@ -210,7 +245,7 @@ class Sizing:
         if budget is not None and peak(tokens).total > budget:
             raise ConfigError([f"'{key}' = auto: even one sequence of {longest} tokens is predicted to need "
                                f"{peak(tokens).total / GiB:.1f} GiB in phase {peak(tokens).phase}, over {SAFETY:.0%} "
-                               f"of {self.device.total_bytes / GiB:.1f} GiB; " + no_fit_hint(key, peak(tokens))])
+                               f"of {self.device.total_bytes / GiB:.1f} GiB; " + self.no_fit_hint(peak(tokens))])
         fit = "" if budget is None else f" (predicted {peak(tokens).phase} peak {peak(tokens).total / GiB:.1f} GiB)"
         self.choices.append(f"{key} = {tokens}{fit}")
         return tokens

@@ -110,7 +110,7 @@ class ActorRolloutRefWorker(EarlyUpdateWorker, RoleWorker):
                                               batches=update_batches(self.plan.layout.ppo_mini_batch_per_gpu,
                                                                      actor_plan.update),
                                               use_remove_padding=packed, sp_group=self.sp_group,
-                                              activation_offload=cfg.model.enable_activation_offload,
+                                              activation_offload=actor_plan.activation_offload,
                                               share_prompts=share)
             self._build_rollout(meshes.rollout)
         if self._has_ref and self._has_actor and has_lora(self.actor_module):
@@ -166,7 +166,7 @@ class ActorRolloutRefWorker(EarlyUpdateWorker, RoleWorker):
             self.actor_module, self.optimizer, self.engine, device=self.compute_device, dtype=dtype,
             hybrid=self.plan.rollout.hybrid,
             param_offload=cfg.actor.fsdp_config.param_offload,
-            optimizer_offload=cfg.actor.fsdp_config.optimizer_offload,
+            optimizer_offload=self.plan.actor.optimizer_offload,
             reshard_strategy=self.plan.rollout.reshard_strategy, borrow_weights=self.plan.rollout.borrow_weights)
         borrowed = self.hybrid.resharder.borrowed_params() if self.plan.rollout.borrow_weights else 0
         if borrowed != self.plan.rollout.borrowed_params:

@@ -26,9 +26,12 @@ class ModelConfig(Section):
     = the run plan's choice, time first within the device: off where the update without it fits 90% of the GPU at the
     micro-batch chosen with it (beside the rollout with actor.early_update=true); else on, except for as many of the
     last decoder layers as keep their activations within that; off on CPU. true = every layer (the lean choice)"""
-    enable_activation_offload: bool
+    enable_activation_offload: Auto | bool
     """with gradient checkpointing: each layer's saved input goes to host memory in the update's forward and comes back
-    in backward (GPU keeps one layer's activations; costs a host round trip of tokens x hidden x 2 bytes per layer)"""
+    in backward (GPU keeps one layer's activations; costs a host round trip of tokens x hidden x 2 bytes per layer).
+    auto = the run plan's choice: on (with checkpointing) only on a GPU where the update cannot fit one sequence of
+    the longest length (prompt + response) within 90% of the GPU with checkpointing alone but can with it; off
+    elsewhere, on CPU and with enable_gradient_checkpointing=false. true needs checkpointing true or auto"""
     use_remove_padding: Auto | bool
     """pack valid tokens and run varlen attention (needed for ulysses SP); auto = on where the actor's micro-batches are
     token-budgeted (use_dynamic_bsz) or split by Ulysses, else padded"""
@@ -69,8 +72,9 @@ class ModelConfig(Section):
 
 
 def check_activation_offload(model, prefix: str, found: Findings) -> None:
-    """Activation offload moves what gradient checkpointing keeps, so it needs checkpointing on (or auto)."""
-    if model.enable_activation_offload and not model.enable_gradient_checkpointing:
+    """Activation offload moves what gradient checkpointing keeps, so true needs checkpointing on (or auto); auto
+    never turns it on without checkpointing."""
+    if model.enable_activation_offload is True and model.enable_gradient_checkpointing is False:
         found.errors.append(f"'{prefix}.enable_activation_offload' = true needs '{prefix}."
                             "enable_gradient_checkpointing' = true or auto (it offloads the inputs checkpointing "
                             "keeps)")

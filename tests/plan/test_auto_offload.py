@@ -1,0 +1,120 @@
+"""The actor's offloads left to the plan ('auto', the defaults): activation offload where the update cannot hold one
+sequence of the longest length without it, optimizer offload where the AdamW state would keep the rollout's KV
+cache from holding the step's sequences at once; explicit values, the CPU and LoRA keep them as they are."""
+
+import pytest
+
+from hybridrl.assets.tiny_model import SIZE_PRESETS, make_config
+from hybridrl.config import ConfigError, load_config
+from hybridrl.plan import DeviceSpec, make_plan
+from hybridrl.plan.memory import GiB
+
+M, A, R = "actor_rollout_ref.model", "actor_rollout_ref.actor", "actor_rollout_ref.rollout"
+ACT, OPT = f"{M}.enable_activation_offload", f"{A}.fsdp_config.optimizer_offload"
+H200 = DeviceSpec("cuda", "a 139.8 GiB GPU", int(139.8 * GiB))
+CPU = DeviceSpec("cpu", "cpu", None)
+Q7, Q15 = (make_config(**SIZE_PRESETS[size]) for size in ("qwen2.5-7b", "qwen2.5-1.5b"))
+# 7B, 16 prompts x 8 samples of up to 256 + 16384 tokens on one H200 (Liger off: its kernels are optional)
+SEVEN_16K = ["data.max_prompt_length=256", "data.max_response_length=16384", "data.train_batch_size=16", f"{R}.n=8",
+             f"{A}.ppo_mini_batch_size=16", "trainer.n_gpus_per_node=1", f"{M}.use_liger=false"]
+# the 1.5B long tail: 32 prompts x 8, 256 + 4096 tokens
+LONG_TAIL = ["data.max_prompt_length=256", "data.max_response_length=4096", "data.train_batch_size=32", f"{R}.n=8",
+             f"{A}.ppo_mini_batch_size=32", "trainer.n_gpus_per_node=1", f"{M}.use_liger=false"]
+LORA = [f"{M}.lora_rank=64", f"{M}.lora_alpha=128"]
+
+
+def plan(keys, hf=Q7, device=H200):
+    return make_plan(load_config(overrides=keys), hf, device)
+
+
+def choice(p, key):
+    """The plan's line for `key` (exactly one)."""
+    lines = [c for c in p.choices if c.startswith(f"{key} = ")]
+    assert len(lines) == 1, p.choices
+    return lines[0]
+
+
+def test_7b_16k_plans_at_the_defaults_with_both_offloads():
+    p = plan(SEVEN_16K)
+    budget = 0.9 * H200.total_bytes
+    # activation offload: one 16640-token sequence does not fit the update with checkpointing alone
+    assert p.actor.activation_offload and p.actor.gradient_checkpointing and p.actor.recompute_kept_layers == 0
+    assert p.actor.update.max_tokens == 16640 and p.predicted["update_actor"].total <= budget
+    assert choice(p, ACT).startswith(f"{ACT} = true (one sequence of 16640 tokens is predicted at 126.9 GiB")
+    assert "124.1 GiB" in choice(p, ACT)
+    # optimizer offload: on the GPU the KV cache would hold 28 of the 128 sequences; off it, more
+    assert p.actor.optimizer_offload and p.predicted["gen"].parts["actor optimizer"] == 0
+    assert 28 < p.rollout.kv_cache.max_num_seqs < 128
+    assert choice(p, OPT).startswith(f"{OPT} = true (with its 56.7 GiB on the GPU the rollout's KV cache holds 28 "
+                                     "of the step's 128 sequences at once")
+    assert f"{p.rollout.kv_cache.max_num_seqs}, at the cost of copying 56.7 GiB" in choice(p, OPT)
+    # the update brings the state back: it is counted there; the passes between keep it on the host
+    assert p.predicted["update_actor"].parts["actor optimizer"] > 56 * GiB
+    assert all(pm.total <= budget for pm in p.predicted.values())
+    # `hybridrl config check` prints both choices
+    assert f"  auto: {choice(p, ACT)}" in str(p) and f"  auto: {choice(p, OPT)}" in str(p)
+
+
+def test_1_5b_long_tail_keeps_both_off_and_its_plan_unchanged():
+    auto = plan(LONG_TAIL, hf=Q15)
+    off = plan([*LONG_TAIL, f"{ACT}=false", f"{OPT}=false"], hf=Q15)
+    assert not auto.actor.activation_offload and not auto.actor.optimizer_offload
+    assert choice(auto, ACT).startswith(f"{ACT} = false (one sequence of 4352 tokens fits the update with "
+                                        "checkpointing alone")
+    assert choice(auto, OPT).startswith(f"{OPT} = false (the rollout's KV cache holds all 256 of the step's "
+                                        "sequences at once")
+    # the same plan as with both off explicitly, but for the two lines
+    assert auto.actor == off.actor and auto.rollout == off.rollout and auto.predicted == off.predicted
+    assert [c for c in auto.choices if not c.startswith((ACT, OPT))] == list(off.choices)
+
+
+def test_explicit_values_are_kept():
+    # activation offload false: the 7B/16k update is refused as before, the offload named as a fix
+    with pytest.raises(ConfigError) as e:
+        plan([*SEVEN_16K, f"{ACT}=false"])
+    msg = str(e.value)
+    assert "even one sequence of 16640 tokens is predicted to need 126.9 GiB in phase update_actor" in msg
+    assert f"({ACT}=true)" in msg and "model_dtype=bf16" in msg
+    # optimizer offload false: the rollout keeps 28 sequences at once, the state on the GPU
+    kept = plan([*SEVEN_16K, f"{OPT}=false"])
+    assert not kept.actor.optimizer_offload and kept.rollout.kv_cache.max_num_seqs == 28
+    assert kept.predicted["gen"].parts["actor optimizer"] > 56 * GiB
+    assert not any(c.startswith(OPT) for c in kept.choices)
+    # true where auto would not: the 1.5B with both on
+    on = plan([*LONG_TAIL, f"{ACT}=true", f"{OPT}=true"], hf=Q15)
+    assert on.actor.activation_offload and on.actor.optimizer_offload and on.actor.gradient_checkpointing
+    assert on.predicted["gen"].parts["actor optimizer"] == 0
+    assert not any(c.startswith((ACT, OPT)) for c in on.choices)
+
+
+def test_cpu_plan_keeps_both_off():
+    p = plan(SEVEN_16K, device=CPU)
+    assert not p.actor.activation_offload and not p.actor.optimizer_offload
+    assert choice(p, ACT) == f"{ACT} = false (no device memory to plan against)"
+    assert choice(p, OPT) == f"{OPT} = false (no device memory to plan against)"
+
+
+def test_lora_and_a_resident_engine_never_offload_the_optimizer_by_auto():
+    lora = plan([*SEVEN_16K, *LORA])
+    # the situation auto offloads for (fewer sequences at once than the step's) ... but LoRA's state is tiny
+    assert lora.rollout.kv_cache.max_num_seqs < 128
+    assert not lora.actor.optimizer_offload and lora.predicted["gen"].parts["actor optimizer"] > 0
+    assert choice(lora, OPT) == f"{OPT} = false (LoRA: only the adapters have optimizer state)"
+    # the resident engine (scheme A) never moves the state: auto leaves it
+    resident = plan([*LONG_TAIL, "actor_rollout_ref.hybrid_engine=false"], hf=Q15)
+    assert not resident.actor.optimizer_offload and "a resident engine" in choice(resident, OPT)
+
+
+def test_activation_offload_auto_needs_checkpointing_and_refusals_do_not_repeat_a_weighed_offload():
+    # auto with checkpointing off is accepted and stays off; the refusal names checkpointing (auto follows it)
+    with pytest.raises(ConfigError) as e:
+        plan([*SEVEN_16K, f"{M}.enable_gradient_checkpointing=false"])
+    msg = str(e.value)
+    assert f"{M}.enable_gradient_checkpointing=true; activation offload, left to auto, is then weighed too" in msg
+    # true with checkpointing off is still refused by the config check
+    with pytest.raises(ConfigError, match="enable_activation_offload' = true needs"):
+        load_config(overrides=[f"{ACT}=true", f"{M}.enable_gradient_checkpointing=false"])
+    # on 80 GiB auto weighed activation offload (not enough): the refusal does not tell the user to set it
+    with pytest.raises(ConfigError) as e:
+        plan(SEVEN_16K, device=DeviceSpec("cuda", "80G", 80 * GiB))
+    assert "enable_activation_offload" not in str(e.value) and "model_dtype=bf16" in str(e.value)
