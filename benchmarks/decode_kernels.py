@@ -11,11 +11,9 @@ attention, itself tested against the torch reference in tests/rollout/test_rollo
   then tile (BLOCK_N) x warps x pipeline stages for the best split policy, per (sequences, context); the K/V
   bytes over the measured copy bandwidth beside each;
 - SiLU-and-mul (`models/fused.py`): columns per program x warps, per row count;
-- RoPE + K/V store: one program per token (the default) against one per (token, head), per row count;
-- RoPE + K/V store + attention + split merge as one kernel (`paged_decode_rope`) against rope_store_kv then
-  paged_decode_triton (and its merge kernel), per (sequences, context), at 2 / 4 / 8 programs per SM.
+- RoPE + K/V store: one program per token (the default) against one per (token, head), per row count.
 
-  PYTHONPATH=. python benchmarks/decode_kernels.py [--layers 28] [--only-one-kernel] [--out PATH]
+  PYTHONPATH=. python benchmarks/decode_kernels.py [--layers 28] [--out PATH]
 """
 
 from __future__ import annotations
@@ -112,67 +110,6 @@ def attention_case(B: int, C: int, cap: int, layers: int, bw: float, sms: int) -
     return case
 
 
-def one_kernel(layers: int, sms: int, rows: list, save) -> None:
-    for B, C, cap in ATTN_CASES:
-        rows.append(one_kernel_case(B, C, cap, layers, sms))
-        save()
-        r = rows[-1]
-        print("[one kernel]", B, C, f"rope_store + attention {r['separate_us']:.1f} us, one kernel "
-              f"{r['fused_us']:.1f} us (best {r['best']['us']:.1f} us at {r['best']['programs_per_sm']}/SM)",
-              flush=True)
-
-
-def one_kernel_case(B: int, C: int, cap: int, layers: int, sms: int) -> dict:
-    """A decode step's RoPE + K/V store + attention (+ split merge) per layer: the two-kernel path (rope_store_kv,
-    then paged_decode_triton and its merge kernel) against paged_decode_rope, the same inputs, 28 layers each on its
-    own K/V; the one kernel at the default split policy and at 2 / 8 programs per SM."""
-    from hybridrl.models import fused
-    from hybridrl.rollout import triton_decode as td
-
-    width = -(-cap // PAGE)
-    g = torch.Generator("cuda").manual_seed(0)
-    caches = [torch.randn(2, B * width + 1, PAGE, KV_HEADS, HEAD_DIM, device="cuda", dtype=torch.bfloat16,
-                          generator=g) for _ in range(layers)]
-    qkvs = [torch.randn(B, (N_HEADS + 2 * KV_HEADS) * HEAD_DIM, device="cuda", dtype=torch.bfloat16, generator=g)
-            for _ in range(layers)]
-    tables = torch.randperm(B * width, device="cuda", generator=g).view(B, width).int()
-    lens = torch.randint(max(2, C - C // 4), C + C // 4 + 1, (B,), device="cuda", generator=g).clamp(max=cap).int()
-    pos = lens.long() - 1
-    slots = tables.long().gather(1, (pos // PAGE)[:, None]).squeeze(1) * PAGE + pos % PAGE
-    ang = pos.float()[:, None] * (1.0 / 10000 ** (torch.arange(0, HEAD_DIM, 2, device="cuda").float() / HEAD_DIM))
-    cos, sin = (f(torch.cat([ang, ang], -1)).to(torch.bfloat16) for f in (torch.cos, torch.sin))
-    counters = torch.zeros(B * KV_HEADS, dtype=torch.int32, device="cuda")
-    scale = HEAD_DIM**-0.5
-
-    def views(i):
-        return [t.view(B, -1, HEAD_DIM) for t in qkvs[i].split(
-            [N_HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM], -1)]
-
-    def separate(i):  # rotates q and k in place: the graph replays it on already-rotated values, same cost
-        q, k, v = views(i)
-        fused.rope_store_kv(q, k, v, cos, sin, caches[i][0], caches[i][1], slots)
-        return td.paged_decode_triton(q, caches[i][0], caches[i][1], tables, lens, scale)
-
-    def one(i, splits=None):
-        q, k, v = views(i)
-        return td.paged_decode_rope(q, k, v, cos, sin, slots, caches[i][0], caches[i][1], tables, lens, scale,
-                                    counters, num_splits=splits)
-
-    fused_out = one(0).float()
-    qkv0 = qkvs[0].clone()
-    sep_out = separate(0).float()
-    qkvs[0].copy_(qkv0)
-    case = {"sequences": B, "mean_context": C, "table_capacity": cap,
-            "max_abs_diff_vs_two_kernels": (fused_out - sep_out).abs().max().item(),
-            "separate_us": graph_us(separate, layers), "fused_us": graph_us(one, layers), "variants": []}
-    for per_sm in (2, 4, 8):
-        splits = td.decode_splits(B, KV_HEADS, width * PAGE, sms, 64, per_sm)
-        case["variants"].append({"programs_per_sm": per_sm, "splits": splits,
-                                 "us": graph_us(lambda i, s=splits: one(i, s), layers)})
-    case["best"] = min(case["variants"], key=lambda v: v["us"])
-    return case
-
-
 def small_kernels(layers: int) -> dict:
     out = {"silu_mul": [], "rope_store": []}
     for T in ROWS:
@@ -231,8 +168,6 @@ def main(argv=None) -> dict:
     ap = argparse.ArgumentParser()
     ap.add_argument("--layers", type=int, default=28)
     ap.add_argument("--skip-attention", action="store_true")
-    ap.add_argument("--only-one-kernel", action="store_true",
-                    help="only the RoPE + store + attention comparison (one kernel against two)")
     ap.add_argument("--out", default="benchmarks/results/long_tail/decode_kernels.json")
     args = ap.parse_args(argv)
     from hybridrl.rollout.triton_decode import num_sms
@@ -250,10 +185,6 @@ def main(argv=None) -> dict:
         result["wall_s"] = time.time() - t0
         Path(args.out).write_text(json.dumps(result, indent=1))
 
-    result["one_kernel"] = []
-    one_kernel(args.layers, num_sms(0), result["one_kernel"], save)
-    if args.only_one_kernel:
-        return result
     result["small_kernels"] = small_kernels(args.layers)
     save()
     if not args.skip_attention:

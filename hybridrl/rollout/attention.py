@@ -19,9 +19,7 @@ Choices:
   too.
 - Decode: on CUDA the Triton paged kernel (reads each K/V block once per kv head, GQA in one
   program); elsewhere `paged_decode_reference`, a plain torch gather + softmax in fp32, which is
-  also the oracle the kernel is tested against. A plain decode step (one row per sequence, `split_counters` set by
-  the runner) runs RoPE, the K/V store, attention and the split merge as one kernel (`paged_decode_rope`); a verify
-  step, whose rows attend to each other's new K/V, keeps the store before the attention.
+  also the oracle the kernel is tested against.
 
 Shape legend: T tokens, B sequences, N q heads, K kv heads, D head_dim, M blocks per sequence, S keys.
 """
@@ -114,8 +112,6 @@ class AttentionContext:
     block_tables: torch.Tensor | None = None  # [B, M] int32
     context_lens: torch.Tensor | None = None  # [B] int32
     use_triton: bool = False
-    split_counters: torch.Tensor | None = None  # [>= B x K] int32 zeros: a plain decode step (one row per sequence)
-                                                # runs RoPE, the K/V store, attention and the merge in one kernel
     routed_experts: torch.Tensor | None = None  # [MoE layers, slots, k]: the routing record, or None (not recorded)
 
     def record_experts(self, moe_layer: int, ids_Tk) -> None:
@@ -128,11 +124,6 @@ class AttentionContext:
         stores K/V (models/fused.py). Else q/k are rotated and K/V are stored with two index_copy_."""
         cache = self.kv_caches[layer]
         K, D = k_TKD.shape[1:]
-        if rope is not None and self.split_counters is not None and not self.is_prefill and self.use_triton:
-            from hybridrl.rollout.triton_decode import paged_decode_rope
-
-            return paged_decode_rope(q_TND, k_TKD, v_TKD, rope[0], rope[1], self.slot_mapping, cache[0], cache[1],
-                                     self.block_tables, self.context_lens, scale, self.split_counters)
         if rope is not None:
             from hybridrl.models.fused import rope_store_kv
 

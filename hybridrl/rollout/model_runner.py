@@ -17,8 +17,8 @@ Choices:
   wake); without `num_kv_blocks`, the ceiling itself.
 - CUDA graphs for decode at a few padded batch sizes, each captured the first time a step needs it (after
   a KV wake-up), sharing one memory pool, freed (graphs and pool) on sleep; capture time is summed in
-  `last_capture_s`. Only a key's first capture in the process runs the step eagerly before capturing. Off with
-  enforce_eager and off the GPU. Only the decoder forward is captured; LM head + sampling run eagerly.
+  `last_capture_s`; only a bucket's first capture in the process runs the step eagerly before capturing. Off
+  with enforce_eager and off the GPU. Only the decoder forward is captured; LM head + sampling run eagerly.
 - Decode inputs without per-step tensor building: ids/positions/slots/context lengths (and, for a
   lookahead step, where each row's input token sits in the previous step's samples) go into one pinned
   int64 host buffer [5, rows] and the block tables into a pinned [rows, max_blocks] buffer whose rows
@@ -31,10 +31,6 @@ Choices:
   waits for the device (the sampler path is chosen from host-side SamplingParams flags), so the engine
   can launch step t+1 — its input tokens gathered on the device from step t's samples — before it reads
   step t (async scheduling, engine.py). `step` = launch + read.
-- A plain decode step (one row per sequence) runs each layer's RoPE, K/V store, attention and context-split merge as
-  one kernel (`triton_decode.paged_decode_rope`, counters in `d_split_counters`); a verify step keeps the store
-  before the attention, so the two kinds are captured as separate graphs. On CUDA with a power-of-two head_dim of
-  32 or more; `HYBRIDRL_DECODE_ONE_KERNEL=0` keeps the two-kernel path (A/B runs).
 - Copy-on-write block copies from the scheduler run as one indexed copy over all layers.
 - A verify step (speculative decoding, a batch with `drafts`) is a decode step with one row per query token: a
   sequence with k drafts takes k + 1 rows (its last token, then each draft) at consecutive positions, each with
@@ -50,7 +46,6 @@ Choices:
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass
 
@@ -140,10 +135,7 @@ class ModelRunner:
         self.kv_caches = None
         self.num_blocks = 0
         self.graphs, self.graph_pool, self.graph_out, self.graph_sizes = {}, None, None, []
-        self.warmed: set = set()   # graph keys captured once in this process: their kernels are compiled
-        # one kernel for a plain decode step's RoPE + K/V store + attention + split merge (rollout/attention.py)
-        self.fused_decode = (self.use_triton and self.head_dim >= 32 and not self.head_dim & (self.head_dim - 1)
-                             and os.environ.get("HYBRIDRL_DECODE_ONE_KERNEL", "1") != "0")
+        self.warmed: set[int] = set()   # buckets captured once in this process: their kernels are compiled
         self._param_cache = None
         self._free_step_buffers()
         self.timing = dict.fromkeys(("prefill_launch_s", "prefill_wait_s", "decode_launch_s", "decode_wait_s"), 0.0)
@@ -310,11 +302,9 @@ class ModelRunner:
         self.d_tables = torch.zeros(rows, max_blocks, dtype=torch.int32, device=self.device)
         self.d_meta.copy_(self._host_sets[0].meta)
         self.d_tables.copy_(self._host_sets[0].tables)
-        self.d_split_counters = torch.zeros(rows * self.num_kv_heads, dtype=torch.int32, device=self.device) \
-            if self.fused_decode else None
 
     def _free_step_buffers(self) -> None:
-        self._host_sets, self.d_meta, self.d_tables, self.d_split_counters = [], None, None, None
+        self._host_sets, self.d_meta, self.d_tables = [], None, None
 
     # ------------------------------------------------------------------ CUDA graphs
     def _scratch(self):
@@ -332,18 +322,17 @@ class ModelRunner:
         self.last_capture_s = 0.0
 
     @torch.no_grad()
-    def _capture(self, key: tuple[int, bool]) -> None:
-        """Capture the decode graph of bucket key = (rows, plain) on the step's own inputs (already in the device
-        buffers); `plain`: one row per sequence (the fused attention kernel) rather than a verify step. The first
-        capture of a key in this process runs the step eagerly first (kernels compile and autotune outside the
-        capture); later ones (every rollout recaptures: sleep frees the graphs) go straight to capture. Either way
-        the replay that follows computes the step; padded rows touch only the scratch block."""
+    def _capture(self, bs: int) -> None:
+        """Capture the decode graph of bucket `bs` on the step's own inputs (already in the device buffers). The
+        first capture of a bucket in this process runs the step eagerly first (its kernels compile outside the
+        capture); later ones (every rollout recaptures: sleep frees the graphs) go straight to capture, which saved
+        0.1 s of a long-tail rollout's 0.3 s of captures (benchmarks/results/long_tail). Either way the replay that
+        follows computes the step; padded rows touch only the scratch block."""
         t0 = time.perf_counter()
-        bs, plain = key
-        ids, pos, ctx = self._decode_args(bs, plain)
-        if key not in self.warmed:
+        ids, pos, ctx = self._decode_args(bs)
+        if bs not in self.warmed:
             self.graph_out[:bs] = self.model(ids, pos, ctx)
-            self.warmed.add(key)
+            self.warmed.add(bs)
         graph = torch.cuda.CUDAGraph()
         # thread_local: the early update may be training on another thread meanwhile, whose CUDA calls must not
         # count as this capture's (global mode would fail the capture on them)
@@ -351,14 +340,13 @@ class ModelRunner:
             self.graph_out[:bs] = self.model(ids, pos, ctx)
         if self.graph_pool is None:
             self.graph_pool = graph.pool()
-        self.graphs[key] = graph
+        self.graphs[bs] = graph
         self.last_capture_s += time.perf_counter() - t0
 
-    def _decode_args(self, rows: int, plain: bool):
+    def _decode_args(self, rows: int):
         m = self.d_meta
         ctx = AttentionContext(self.kv_caches, False, m[2, :rows], block_tables=self.d_tables[:rows],
-                               context_lens=m[3, :rows], use_triton=self.use_triton, routed_experts=self.routing,
-                               split_counters=self.d_split_counters if plain else None)
+                               context_lens=m[3, :rows], use_triton=self.use_triton, routed_experts=self.routing)
         return m[0, :rows], m[1, :rows], ctx
 
     # ------------------------------------------------------------------ one step
@@ -453,15 +441,13 @@ class ModelRunner:
         self.d_tables[:rows].copy_(hs.tables[:rows], non_blocking=True)
         if feed is not None:  # gathered on the device: no wait for the previous step
             self.d_meta[0, :B] = feed.tokens[self.d_meta[4, :B]]
-        plain = batch.drafts is None
         if graph_bs is None:  # eager: only the batch's block-table width (the CPU reference gathers all of it)
-            ids, pos, ctx = self._decode_args(B, plain)
+            ids, pos, ctx = self._decode_args(B)
             ctx.block_tables = ctx.block_tables[:, :max(row_lens[:B])]
             return self.model(ids, pos, ctx)
-        key = (graph_bs, plain)
-        if key not in self.graphs:
-            self._capture(key)
-        self.graphs[key].replay()
+        if graph_bs not in self.graphs:
+            self._capture(graph_bs)
+        self.graphs[graph_bs].replay()
         return self.graph_out[:B]
 
     def _sampling_tensors(self, flat, params):

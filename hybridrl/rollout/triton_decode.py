@@ -18,13 +18,6 @@ Choices (gathering the paged cache then SDPA costs ~10x the K/V read):
   tokens, 69.9 vs 80.2 at 64 x 4k, 37.4 vs 43.3 at 8 x 16k, 7.5 vs 11.8 at 1 x 4k; a split batch of 256 x 1k
   was slower (78 vs 73 us), hence no split there. Tiles other than 64 tokens x 4 warps x 2 stages won by
   at most 1-2 us and on some shapes only.
-- One kernel for a plain decode step (`paged_decode_rope`): at decode sizes each kernel of a layer costs ~2 us of
-  launch and ramp beside its work, so RoPE + the K/V store (a kernel of its own before) and the merge (a second
-  kernel) move into the attention kernel. Each program rotates its q heads and the step's k in registers (the
-  rounding of models/fused.rope_store_kv), split 0 stores k and v and takes the step's own token from registers
-  (no split reads it from the cache, so there is no race), and the split of a (sequence, kv head) that finishes
-  last — an atomic ticket per pair, reset by that program — merges all of them in split order. q and k go through
-  the dots as two halves of head_dim, so the rotation needs no reshuffle.
 - Trip counts come from `context_lens` read on the device and the split count is fixed per batch size, so the
   kernels are CUDA-graph safe (a graph bucket is captured at one batch size).
 - Imported lazily: CPU machines without triton never import this module.
@@ -39,8 +32,6 @@ import functools
 import torch
 import triton
 import triton.language as tl
-
-from hybridrl.models.fused import _round
 
 MIN_SPLIT_TOKENS = 64    # a split streams at least this many tokens (else the merge costs more than it gains)
 PROGRAMS_PER_SM = 4      # split until the programs fill every SM this many times
@@ -110,104 +101,6 @@ def _merge_splits_kernel(Part, Mx, Sm, Out, s_pb, s_ph, s_pp, s_mb, s_mh, s_ob, 
     tl.store(Out + b * s_ob + h * s_oh + d, out.to(Out.dtype.element_ty))
 
 
-@triton.jit
-def _rotate(x1, x2, c1, c2, s1, s2, DT: tl.constexpr):
-    """RoPE (rotate-half) of a vector's two halves in fp32 with the rounding of models/fused.rope_store_kv, so the
-    rotated values equal the ones that path stores."""
-    o1 = _round(_round(x1 * c1, DT) - _round(x2 * s1, DT), DT)
-    o2 = _round(_round(x2 * c2, DT) + _round(x1 * s2, DT), DT)
-    return o1.to(DT), o2.to(DT)
-
-
-@triton.jit
-def _paged_decode_rope_kernel(Q, KN, VN, COS, SIN, SLOT, KC, VC, Out, Part, Mx, Sm, CNT, BT, CL, scale_log2e,
-                              s_qb, s_qh, s_knb, s_knh, s_vnb, s_vnh, s_cos, s_cb, s_ct, s_ch, s_btb,
-                              s_ob, s_oh, s_pb, s_ph, s_pp, s_mb, s_mh, NUM_KV,
-                              GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HALF: tl.constexpr, PAGE: tl.constexpr,
-                              BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, PRECISION: tl.constexpr):
-    b = tl.program_id(0)
-    kvh = tl.program_id(1)
-    split = tl.program_id(2)
-    DT: tl.constexpr = Q.dtype.element_ty
-    cached = tl.load(CL + b) - 1          # the step's own token is the last of its context, not in the cache yet
-    chunk = tl.cdiv(tl.cdiv(cached, SPLITS), BLOCK_N) * BLOCK_N
-    lo = split * chunk
-    hi = tl.minimum(lo + chunk, cached)
-    g = tl.arange(0, GROUP_PAD)
-    h = tl.arange(0, HALF)
-    d = tl.arange(0, 2 * HALF)
-    n = tl.arange(0, BLOCK_N)
-    gmask = g < GROUP
-    head = kvh * GROUP + g
-    c1 = tl.load(COS + b * s_cos + h).to(tl.float32)
-    c2 = tl.load(COS + b * s_cos + HALF + h).to(tl.float32)
-    s1 = tl.load(SIN + b * s_cos + h).to(tl.float32)
-    s2 = tl.load(SIN + b * s_cos + HALF + h).to(tl.float32)
-    qp = Q + b * s_qb + head[:, None] * s_qh + h[None, :]
-    q1, q2 = _rotate(tl.load(qp, mask=gmask[:, None], other=0.0).to(tl.float32),
-                     tl.load(qp + HALF, mask=gmask[:, None], other=0.0).to(tl.float32),
-                     c1[None, :], c2[None, :], s1[None, :], s2[None, :], DT)
-    kp = KN + b * s_knb + kvh * s_knh + h
-    k1, k2 = _rotate(tl.load(kp).to(tl.float32), tl.load(kp + HALF).to(tl.float32), c1, c2, s1, s2, DT)
-    v = tl.load(VN + b * s_vnb + kvh * s_vnh + d)
-    if split == 0:  # the step's K/V into the cache, for the steps after this one
-        slot = tl.load(SLOT + b).to(tl.int64)
-        cp = (slot // PAGE) * s_cb + (slot % PAGE) * s_ct + kvh * s_ch
-        tl.store(KC + cp + h, k1)
-        tl.store(KC + cp + HALF + h, k2)
-        tl.store(VC + cp + d, v)
-    # the split that starts the context also takes the step's own token, from registers
-    own = (tl.sum(q1.to(tl.float32) * k1.to(tl.float32)[None, :], 1)
-           + tl.sum(q2.to(tl.float32) * k2.to(tl.float32)[None, :], 1)) * scale_log2e
-    first = split == 0
-    m_i = tl.where(first, own, float("-inf"))
-    l_i = tl.where(first, 1.0, 0.0) + tl.zeros([GROUP_PAD], tl.float32)
-    acc = tl.where(first, v.to(tl.float32)[None, :], 0.0) + tl.zeros([GROUP_PAD, 2 * HALF], tl.float32)
-    for start in range(lo, hi, BLOCK_N):
-        pos = start + n
-        valid = pos < hi
-        blk = tl.load(BT + b * s_btb + pos // PAGE, mask=valid, other=0).to(tl.int64)
-        off = blk * s_cb + (pos % PAGE) * s_ct + kvh * s_ch
-        kt1 = tl.load(KC + off[:, None] + h[None, :], mask=valid[:, None], other=0.0)
-        kt2 = tl.load(KC + off[:, None] + HALF + h[None, :], mask=valid[:, None], other=0.0)
-        s = (tl.dot(q1, tl.trans(kt1), input_precision=PRECISION)
-             + tl.dot(q2, tl.trans(kt2), input_precision=PRECISION)) * scale_log2e
-        s = tl.where(valid[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        p = tl.exp2(s - m_new[:, None])
-        alpha = tl.exp2(m_i - m_new)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        vt = tl.load(VC + off[:, None] + d[None, :], mask=valid[:, None], other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(vt.dtype), vt, input_precision=PRECISION)
-        m_i = m_new
-    out_p = Out + b * s_ob + head[:, None] * s_oh + d[None, :]
-    if SPLITS == 1:
-        tl.store(out_p, (acc / l_i[:, None]).to(Out.dtype.element_ty), mask=gmask[:, None])
-    else:
-        tl.store(Part + b * s_pb + head[:, None] * s_ph + split * s_pp + d[None, :], acc, mask=gmask[:, None])
-        tl.store(Mx + b * s_mb + head * s_mh + split, m_i, mask=gmask)
-        tl.store(Sm + b * s_mb + head * s_mh + split, l_i, mask=gmask)
-        # the last of the (sequence, kv head)'s splits to finish merges them all (no second kernel): every
-        # thread's stores are issued before the ticket is taken (barrier + release), read back past L1 (.cg)
-        tl.debug_barrier()
-        ticket = tl.atomic_add(CNT + b * NUM_KV + kvh, 1, sem="acq_rel", scope="gpu")
-        if ticket == SPLITS - 1:
-            m_all = tl.full([GROUP_PAD], float("-inf"), tl.float32)
-            for sp in range(SPLITS):
-                m_all = tl.maximum(m_all, tl.load(Mx + b * s_mb + head * s_mh + sp, mask=gmask, other=0.0,
-                                                  cache_modifier=".cg"))
-            den = tl.zeros([GROUP_PAD], tl.float32)
-            merged = tl.zeros([GROUP_PAD, 2 * HALF], tl.float32)
-            for sp in range(SPLITS):  # in split order: the same sums whichever program merges
-                w = tl.exp2(tl.load(Mx + b * s_mb + head * s_mh + sp, mask=gmask, other=0.0,
-                                    cache_modifier=".cg") - m_all)   # 0 for an empty split (max -inf)
-                den += w * tl.load(Sm + b * s_mb + head * s_mh + sp, mask=gmask, other=0.0, cache_modifier=".cg")
-                merged += w[:, None] * tl.load(Part + b * s_pb + head[:, None] * s_ph + sp * s_pp + d[None, :],
-                                               mask=gmask[:, None], other=0.0, cache_modifier=".cg")
-            tl.store(out_p, (merged / den[:, None]).to(Out.dtype.element_ty), mask=gmask[:, None])
-            tl.atomic_xchg(CNT + b * NUM_KV + kvh, 0)   # ready for the next layer's launch
-
-
 @functools.lru_cache(maxsize=8)
 def num_sms(device_index: int) -> int:
     """The GPU's SM count, asked once per device (the split choices read it every decode step)."""
@@ -260,41 +153,4 @@ def paged_decode_triton(q_BND, k_cache, v_cache, block_tables_BM, context_lens_B
                                      mx.stride(0), mx.stride(1), out.stride(0), out.stride(1),
                                      D=D, SPLITS=num_splits, SPLITS_PAD=triton.next_power_of_2(num_splits),
                                      num_warps=4)
-    return out
-
-
-def paged_decode_rope(q_BND, k_BKD, v_BKD, cos_BD, sin_BD, slots_B, k_cache, v_cache, block_tables_BM,
-                      context_lens_B, scale, counters, block_n: int = 64, num_splits: int | None = None,
-                      num_warps: int = 4, num_stages: int = 2):
-    """A plain decode step's attention in one kernel: RoPE on q and on the step's k (q, k, v are the step's own,
-    unrotated, any row/head strides), k and v stored at `slots_B`, attention over the cached context plus the
-    step's token, and the context splits merged by whichever split of a (sequence, kv head) finishes last.
-    `counters`: int32 zeros, at least B x K, left zero after every call. One row per sequence only: a verify step
-    (several rows of one sequence attending to each other's new K/V) takes rope_store_kv + paged_decode_triton."""
-    B, N, D = q_BND.shape
-    page, K = k_cache.shape[1], k_cache.shape[2]
-    if D & (D - 1) or any(t.stride(-1) != 1 for t in (q_BND, k_BKD, v_BKD, k_cache)):
-        raise ValueError(f"paged_decode_rope needs a contiguous head_dim (a power of two), got D={D}")
-    if counters.numel() < B * K or counters.dtype != torch.int32:
-        raise ValueError(f"paged_decode_rope: counters must be int32 with at least {B * K} entries")
-    group = N // K
-    bt = block_tables_BM.contiguous()
-    if num_splits is None:
-        num_splits = decode_splits(B, K, bt.shape[1] * page, num_sms(q_BND.device.index or 0), block_n)
-    out = torch.empty(B, N, D, dtype=q_BND.dtype, device=q_BND.device)
-    part = torch.empty(B, N, num_splits, D, dtype=torch.float32, device=q_BND.device) if num_splits > 1 else out
-    mx = torch.empty(B, N, num_splits, dtype=torch.float32, device=q_BND.device) if num_splits > 1 else out
-    sm = torch.empty_like(mx) if num_splits > 1 else out
-    _paged_decode_rope_kernel[(B, K, num_splits)](
-        q_BND, k_BKD, v_BKD, cos_BD, sin_BD, slots_B, k_cache, v_cache, out, part, mx, sm, counters, bt,
-        context_lens_B, scale * 1.4426950408889634,
-        q_BND.stride(0), q_BND.stride(1), k_BKD.stride(0), k_BKD.stride(1), v_BKD.stride(0), v_BKD.stride(1),
-        cos_BD.stride(0), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), bt.stride(0),
-        out.stride(0), out.stride(1), part.stride(0) if num_splits > 1 else 0, part.stride(1) if num_splits > 1 else 0,
-        part.stride(2) if num_splits > 1 else 0, mx.stride(0) if num_splits > 1 else 0,
-        mx.stride(1) if num_splits > 1 else 0, K,
-        GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), HALF=D // 2, PAGE=page, BLOCK_N=block_n,
-        SPLITS=num_splits, PRECISION="ieee" if q_BND.dtype == torch.float32 else "tf32",
-        num_warps=num_warps, num_stages=num_stages,
-    )
     return out
