@@ -10,7 +10,9 @@ Entry (hybrid, scheme B):
   5. KV cache allocated last: weights first, then KV, the order that avoids the well-known wake-up OOM.
 The switch is timed both ways: `timing_s/switch_to_rollout` (end of training to an engine ready to prefill:
 wake, reshard, offload, KV allocation; CUDA graphs are captured at their first decode step and reported as
-`rollout/cuda_graph_capture_s`) and `timing_s/switch_to_train` (sleep, cache release, parameters back).
+`rollout/cuda_graph_capture_s`) and `timing_s/switch_to_train` (sleep, cache release, parameters back), each also
+split into its parts (`timing_s/switch_to_rollout/release_training_cache`, `.../wake_weights`, `.../reshard`,
+`.../wake_kv`, the offloads where on; `timing_s/switch_to_train/sleep`, `.../release_engine_cache`).
 Exit: engine sleeps (KV + engine weights freed, prefix cache reset), cached blocks returned to the allocator,
 offloaded params come back (log-prob needs them); optimizer state comes back right before the update (`before_update`).
 
@@ -38,6 +40,22 @@ def _sync(device: torch.device):
 def _empty_cache(device: torch.device):
     if device.type == "cuda":
         torch.cuda.empty_cache()
+
+
+class _Laps:
+    """Times the parts of a switch: each call records the seconds since the last under `prefix + part`, after a
+    device sync (the parts are mostly allocator and copy work the host waits for anyway)."""
+
+    def __init__(self, device: torch.device, metrics: dict, prefix: str):
+        self.device, self.metrics, self.prefix = device, metrics, prefix
+        _sync(device)
+        self.t = time.perf_counter()
+
+    def __call__(self, part: str) -> None:
+        _sync(self.device)
+        now = time.perf_counter()
+        self.metrics[self.prefix + part] = now - self.t
+        self.t = now
 
 
 class HybridEngine:
@@ -83,8 +101,11 @@ class HybridEngine:
         finally:
             t0 = time.perf_counter()
             if self.hybrid:
+                lap = _Laps(self.device, metrics, "timing_s/switch_to_train/")
                 self.engine.sleep(clear_workspaces=not beside_training)
+                lap("sleep")
                 _empty_cache(self.device)
+                lap("release_engine_cache")
                 if self.param_offload:
                     from hybridrl.training.offload import load_fsdp_params
 
@@ -93,6 +114,7 @@ class HybridEngine:
             metrics["timing_s/switch_to_train"] = time.perf_counter() - t0
 
     def _enter_hybrid(self, metrics: dict, num_kv_blocks: int | None):
+        lap = _Laps(self.device, metrics, "timing_s/switch_to_rollout/")
         if self.optimizer is not None:
             self.optimizer.zero_grad(set_to_none=True)
         if self.optimizer_offload and self.optimizer is not None and not self._optimizer_on_cpu:
@@ -100,15 +122,21 @@ class HybridEngine:
 
             offload_optimizer(self.optimizer)
             self._optimizer_on_cpu = True
+            lap("offload_optimizer")
         _empty_cache(self.device)
+        lap("release_training_cache")
         self.engine.wake_up(tags=("weights",), borrowed=self.resharder.borrowed_names())
+        lap("wake_weights")
         metrics.update(self.resharder.reshard().metrics())
+        lap("reshard")
         if self.param_offload:
             from hybridrl.training.offload import offload_fsdp_params
 
             offload_fsdp_params(self.module)
+            lap("offload_params")
         _empty_cache(self.device)
         self.engine.wake_up(tags=("kv_cache",), num_kv_blocks=num_kv_blocks)
+        lap("wake_kv")
 
     def _enter_resident(self, metrics: dict):
         if not self._resident_ready:

@@ -135,5 +135,10 @@ def test_hybrid_engine_reshards_and_follows_updates():
         assert after != before, "the update did not change the greedy outputs; the test would prove nothing"
         assert not awake, "the hybrid engine must sleep the rollout engine (free its weights) after the rollout"
         assert metrics["reshard/bytes_received_gb"] > 0 and metrics["timing_s/reshard"] > 0
+        parts = {k: v for k, v in metrics.items() if k.startswith("timing_s/switch_to_rollout/")}
+        assert set(parts) == {f"timing_s/switch_to_rollout/{p}" for p in
+                              ("release_training_cache", "wake_weights", "reshard", "wake_kv")}
+        assert 0 < sum(parts.values()) <= metrics["timing_s/switch_to_rollout"]
+        assert {"timing_s/switch_to_train/sleep", "timing_s/switch_to_train/release_engine_cache"} <= set(metrics)
     # both TP ranks of the single group must produce identical tokens
     assert results[0][1] == results[1][1] and results[0][3] == results[1][3]
