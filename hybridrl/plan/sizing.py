@@ -170,8 +170,8 @@ class Sizing:
 
     def no_fit_hint(self, one: PhaseMemory) -> str:
         """What would let a pass that does not fit at a single row (or sequence) fit, as the keys to set: each only
-        where it lowers that phase's predicted memory and is not already on, nor left to an 'auto' the plan weighed
-        both ways (`weighed`); then more GPUs."""
+        where it lowers that phase's predicted memory and is not already on, nor left to 'auto' (activation offload)
+        or to an 'auto' the plan weighed both ways (`weighed`: optimizer offload); then more GPUs."""
         r, held, phase = self.residency, (lambda part: one.parts.get(part, 0) > 0), one.phase
         fixes = []
         if phase in ("update_actor", "update_critic"):
@@ -183,7 +183,7 @@ class Sizing:
             if not checkpointing:
                 fixes.append(f"gradient checkpointing ({model}.enable_gradient_checkpointing=true"
                              + ("; activation offload, left to auto, is then weighed too)" if offload_auto else ")"))
-            if not offload and not offload_auto and offload_key not in self.weighed:
+            if not offload and not offload_auto:   # auto: weighed by offload.py, or named beside checkpointing
                 fixes.append(f"activation offload ({offload_key}=true"
                              + (", with checkpointing)" if not checkpointing else ")"))
         if held("actor params") and r.master_bytes == 4 and not r.lora_params:
