@@ -120,7 +120,8 @@ def scale_eos_row(model_dir: Path, eos: int, s: float) -> list[str]:
     return changed
 
 
-def calibrated_model(preset: str, prompt_len: int, response_len: int, mean_len: float, work: Path):
+def calibrated_model(preset: str, prompt_len: int, response_len: int, mean_len: float, work: Path,
+                     rows: int = CALIBRATION_ROWS):
     """(model dir, calibration record) of the long-tail model of `preset`, built and calibrated under `work` on the
     first call (GPU), read back afterwards."""
     from transformers import AutoTokenizer
@@ -134,11 +135,11 @@ def calibrated_model(preset: str, prompt_len: int, response_len: int, mean_len: 
         write_size_preset(model_dir, preset, weights=True)
         data = grpo_step.make_prompts(work / "data", model_dir, 256, prompt_len)
         eos = AutoTokenizer.from_pretrained(model_dir).eos_token_id
-        prompts = chat_prompts(data, model_dir, prompt_len, CALIBRATION_ROWS)
+        prompts = chat_prompts(data, model_dir, prompt_len, rows)
         stats_a, stats_c = eos_logit_stats(model_dir, prompts, response_len, eos)
         cal = calibrate(stats_a, stats_c, mean_len)
         cal["rows_changed"] = scale_eos_row(model_dir, eos, cal["eos_scale"])
-        cal.update(eos_token_id=eos, calibration_rows=CALIBRATION_ROWS, seconds=time.time() - t0,
+        cal.update(eos_token_id=eos, calibration_rows=rows, seconds=time.time() - t0,
                    logit_spread={"eos_std": float(stats_a.std()), "others_lse_mean": float(stats_c.mean())})
         record.write_text(json.dumps(cal, indent=1))
     cal = json.loads(record.read_text())
@@ -154,10 +155,14 @@ def main(argv=None):
     p.add_argument("--mean-len", type=float, default=1000.0)
     p.add_argument("--workdir", default="/tmp/hybridrl_long_tail")
     p.add_argument("--calibrate-only", action="store_true")
+    p.add_argument("--calibration-rows", type=int, default=CALIBRATION_ROWS,
+                   help="responses sampled (EOS ignored) to calibrate the EOS scale; fewer at long limits and large "
+                        "models, where each runs to the limit")
     p.add_argument("--out", required=True)
     a, rest = p.parse_known_args(argv)
     work = Path(a.workdir)
-    model_dir, cal = calibrated_model(a.preset, a.prompt_len, a.response_len, a.mean_len, work)
+    model_dir, cal = calibrated_model(a.preset, a.prompt_len, a.response_len, a.mean_len, work,
+                                      a.calibration_rows)
     out = Path(a.out)
     if a.calibrate_only:
         out.parent.mkdir(parents=True, exist_ok=True)
