@@ -103,20 +103,21 @@ def calibrate(a, c, mean_len: float) -> dict:
 
 
 def scale_eos_row(model_dir: Path, eos: int, s: float) -> list[str]:
-    """Multiply row `eos` of the output embedding (the tied input embedding where there is no lm_head) by s."""
+    """Multiply row `eos` of the output embedding by s: `lm_head.weight`, or the input embedding where the config
+    ties the two (then it is the same row). Whichever shard file holds it; the other embedding is left alone."""
     from safetensors.torch import load_file, save_file
 
+    tied = json.loads((model_dir / "config.json").read_text()).get("tie_word_embeddings", False)
+    name = "model.embed_tokens.weight" if tied else "lm_head.weight"
     changed = []
     for f in sorted(model_dir.glob("*.safetensors")):
         tensors = load_file(str(f))
-        names = [n for n in ("lm_head.weight", "model.embed_tokens.weight") if n in tensors]
-        if "lm_head.weight" in names:
-            names = ["lm_head.weight"]
-        for n in names:
-            tensors[n][eos] *= s
-            changed.append(n)
-        if names:
+        if name in tensors:
+            tensors[name][eos] *= s
+            changed.append(name)
             save_file(tensors, str(f), metadata={"format": "pt"})
+    if changed != [name]:
+        raise ValueError(f"{model_dir}: expected one shard holding {name}, found {len(changed)}")
     return changed
 
 

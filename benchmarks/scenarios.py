@@ -156,6 +156,20 @@ SMALL = [
                     "--prompts", "{work}/long_tail/data/prompts_256x256.parquet", "--batch-prompts", "32", "--n", "8",
                     "--micro-batch", "8", "--max-new-tokens", "4096", "--weights", "bf16",
                     "--gradient-checkpointing", "--steps", "0", "--out", "{out}/trl_long_tail.json"))),
+    Scenario("long-tail-7b-16k", "GRPO with long-tailed response lengths on a 7B (mean ~4,000, limit 16,384), 16 x 8, "
+             "at the defaults (the plan turns on activation and optimizer offload), two steps: the first call builds "
+             "and calibrates the model, the second runs it", "nvidia-h200", "long_tail", (
+                 py("benchmarks/long_tail.py", "--preset", "qwen2.5-7b", "--response-len", "16384", "--mean-len",
+                    "4000", "--calibration-rows", "32", "--workdir", "{work}/long_tail_7b", "--calibrate-only",
+                    "--out", "{out}/calibration_7b_16k.json"),
+                 py("benchmarks/long_tail.py", "--preset", "qwen2.5-7b", "--response-len", "16384", "--mean-len",
+                    "4000", "--calibration-rows", "32", "--workdir", "{work}/long_tail_7b", "--defaults", "--gpus",
+                    "1", "--prompts", "16", "--n", "8", "--steps", "2", "--variants", "hybrid", "--repeat", "1",
+                    "--out", "{out}/long_tail_7b_16k.json"))),
+    Scenario("optimizer-offload", "AdamW state of the 1.5B and 7B shapes to host memory and back: pinned buffers "
+             "kept across offloads vs the previous fresh pageable copies (1.5B only)", "nvidia-h200", "long_tail", (
+                 py("benchmarks/optimizer_offload.py", "--presets", "qwen2.5-1.5b,qwen2.5-7b", "--pageable-presets",
+                    "qwen2.5-1.5b", "--repeat", "3", "--out", "{out}/optimizer_offload.json"),)),
     Scenario("update-ops-1.5b", "the long-tail 1.5B update: half the layers recomputed at 16k-token micro-batches vs "
              "none at 32k, with the GPU time of each torch op (where the host leaves the GPU idle)",
              "nvidia-h200", "long_tail", (
