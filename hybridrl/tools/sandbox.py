@@ -7,27 +7,33 @@ Landlock and seccomp where the kernel has them (sandbox_layers.py says what each
 - A fresh interpreter (`python -I -S -B`: no user site, no site-packages, no environment variables honoured, no
   bytecode written) with a minimal environment (nothing inherited: no tokens or keys), stdin from a file or
   /dev/null, cwd = a new temporary directory deleted afterwards.
-- Resource limits set in the child before exec: CPU seconds (RLIMIT_CPU, SIGXCPU), address space (RLIMIT_AS:
-  MemoryError), file size (RLIMIT_FSIZE), processes (RLIMIT_NPROC) and open files (RLIMIT_NOFILE); a wall-clock
-  timeout that SIGKILLs the whole process group, and, with a per-run uid, every process left with that uid.
+- Resource limits set just before the interpreter is exec'd: CPU seconds (RLIMIT_CPU, SIGXCPU), address space
+  (RLIMIT_AS: MemoryError), file size (RLIMIT_FSIZE), processes (RLIMIT_NPROC) and open files (RLIMIT_NOFILE); a
+  wall-clock timeout that SIGKILLs the whole process group, and, with a per-run uid, every process left with that
+  uid.
 - The kernel layers of sandbox_layers.py: `user_namespace` (not root), `net_namespace`, `mount_namespace`,
-  `uid_dropped` (root), `capabilities_dropped`, `no_new_privs`, `landlock`, `seccomp`.
+  `uid_dropped` (root), `capabilities_dropped`, `no_new_privs`, `landlock`, `seccomp`. A launcher
+  (sandbox_launcher.py), a fresh single-threaded interpreter, applies them to itself and then execs the sandboxed
+  interpreter in place, so the process the parent started is the sandbox.
 - `audit_hook`: a `sys.addaudithook` hook refusing sockets, writes outside the work directory, running programs
   and `ctypes` with a clear PermissionError and a count (`SandboxResult.refused`). It is the friendly first
   refusal, not the wall: code that disarms it meets the layers above.
 
-Which layers this machine allows is probed once per process (`isolation_report`, logged at the first run: on,
-and off with the reason); every result says which were applied (`SandboxResult.isolation["applied"]`) and
-`SandboxStats` counts them. `require=` (or HYBRIDRL_SANDBOX_REQUIRED_LAYERS, set by the trainer from
-`reward_model.sandbox.required_layers`) makes a run refuse to start without the named layers
-(SandboxUnavailableError). A values channel (`values=True`) gives the program a pipe, `__sandbox_values_fd__`, whose
-bytes come back in `SandboxResult.values`: what a caller compares in its own process (rewards/code_tests.py).
+Which layers this machine allows is probed once per process, by trivial runs through the same launcher
+(`isolation_report`, logged at the first run: on, and off with the reason); every result says which were applied
+(`SandboxResult.isolation["applied"]`) and `SandboxStats` counts them. `require=` (or
+HYBRIDRL_SANDBOX_REQUIRED_LAYERS, set by the trainer from `reward_model.sandbox.required_layers`) makes a run
+refuse to start without the named layers (SandboxUnavailableError). A values channel (`values=True`) gives the
+program a pipe, `__sandbox_values_fd__`, whose bytes come back in `SandboxResult.values`: what a caller compares in
+its own process (rewards/code_tests.py).
 
 Choices:
 - The layers that fail in the probe are left out and reported rather than failing every run: a laptop without
   user namespaces still runs tool calls; a training run that must not do so says `required_layers: all`.
-- preexec_fn, not a separate launcher binary: Python warns it may deadlock when another thread holds a lock the
-  child needs; the pre-exec step uses only functions resolved in the parent and no locks.
+- A launcher process, not preexec_fn: the parent (a trainer: Ray, torch and the sandbox's reader threads) is
+  multi-threaded, and Python code run between fork and exec can wait forever on a lock another thread held at
+  the fork. Popen starts the launcher without running any Python in the forked child; the launcher gets its plan
+  as data on argv, and the exec replaces both argv and environment. It costs one interpreter start per run.
 """
 
 from __future__ import annotations
@@ -47,16 +53,8 @@ import time
 from dataclasses import dataclass, field
 
 from hybridrl.tools.sandbox_bootstrap import BOOTSTRAP, EXIT_FILE_SIZE, EXIT_MEMORY, EXIT_REFUSED
-from hybridrl.tools.sandbox_layers import (
-    _SYS,
-    KERNEL_LAYERS,
-    ChildPlan,
-    _libc,
-    landlock_abi,
-    make_preexec,
-    python_view,
-    seccomp_filter,
-)
+from hybridrl.tools.sandbox_launcher import _SYS, _libc, landlock_abi
+from hybridrl.tools.sandbox_layers import KERNEL_LAYERS, ChildPlan, python_view, seccomp_filter
 
 __all__ = ["REQUIRED_LAYERS_ENV", "SandboxResult", "SandboxStats", "SandboxUnavailableError", "isolation_report",
            "parse_required_layers", "run_python"]
@@ -312,16 +310,16 @@ def _run(code, *, timeout_s, memory_mb, cpu_s, max_file_mb, max_procs, stdin, ma
         if program:
             env["HYBRIDRL_SANDBOX_SECCOMP"] = program.hex()
         view = python_view(work) if layers & {"mount_namespace", "landlock"} else []
-        plan = ChildPlan(layers=layers, view=view, jail=os.path.join(root, "jail"), uid=uid, limits=limits,
+        plan = ChildPlan(layers=layers, argv=[os.path.realpath(sys.executable), "-I", "-S", "-B", "-c", BOOTSTRAP],
+                         env=env, view=view, jail=os.path.join(root, "jail"), uid=uid, limits=limits,
                          status_fd=status_w)
         stdin_handle = open(stdin_file, "rb") if stdin_file else subprocess.DEVNULL
         start = time.monotonic()
-        try:
+        try:  # the launcher applies the layers and execs the interpreter in place: proc.pid is the sandbox
             proc = subprocess.Popen(
-                [os.path.realpath(sys.executable), "-I", "-S", "-B", "-c", BOOTSTRAP], cwd=work, env=env,
-                stdin=stdin_handle, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
-                close_fds=True, pass_fds=tuple(fd for fd in (status_w, values_w) if fd >= 0),
-                preexec_fn=make_preexec(plan))
+                plan.command(), cwd=work, env={}, stdin=stdin_handle, stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE, start_new_session=True, close_fds=True,
+                pass_fds=tuple(fd for fd in (status_w, values_w) if fd >= 0))
         finally:
             for fd in (status_w, values_w):
                 if fd >= 0:

@@ -1,8 +1,11 @@
 """The sandbox: normal runs, and escape attempts each contained and reported (network, writes outside the work
 directory, exec, ctypes, fork bombs, memory hogs, infinite loops, huge output)."""
 
+import ast
 import os
 import socket
+import subprocess
+import sys
 import threading
 import uuid
 from pathlib import Path
@@ -10,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from hybridrl.tools.sandbox import SandboxStats, isolation_report, run_python
+from hybridrl.tools.sandbox_bootstrap import BOOTSTRAP
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -43,6 +47,69 @@ def test_no_inherited_secrets(monkeypatch):
     monkeypatch.setenv("HYBRIDRL_TEST_SECRET", "hunter2")
     r = run_python("import os\nprint(sorted(os.environ))")
     assert r.ok and "HYBRIDRL_TEST_SECRET" not in r.stdout and "hunter2" not in r.stdout
+
+
+def test_the_program_sees_only_the_minimal_environment_and_the_bootstrap():
+    """The launcher's plan (on its argv) is gone after its exec: the program gets exactly the minimal environment,
+    the bootstrap's command line, and no descriptors beyond the streams, the status pipe and the values channel."""
+    code = ("import os, sys\nfds = []\nfor fd in range(64):\n    try:\n        os.fstat(fd)\n        fds.append(fd)\n"
+            "    except OSError:\n        pass\nprint(repr((dict(os.environ), sys.orig_argv, len(fds))))")
+    r = run_python(code, values=True)
+    assert r.ok, r
+    env, argv, n_fds = ast.literal_eval(r.stdout)
+    assert env == {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "HOME": r.workdir,
+                   "TMPDIR": r.workdir}
+    assert argv == [os.path.realpath(sys.executable), "-I", "-S", "-B", "-c", BOOTSTRAP]
+    assert n_fds == 5
+
+
+# Holds a lock in one thread and installs an audit hook that takes it in any forked copy of this process: Python
+# code run between fork and exec (a preexec_fn) would wait for it forever, as on any lock held at the fork.
+LOCK_HELD_AT_FORK = """
+import os, sys, threading
+from hybridrl.tools.sandbox import isolation_report, run_python
+isolation_report()
+held, parent, ready, done = threading.Lock(), os.getpid(), threading.Event(), threading.Event()
+def hook(event, args):
+    if os.getpid() != parent:
+        with held:
+            pass
+sys.addaudithook(hook)
+def holder():
+    with held:
+        ready.set()
+        done.wait()
+threading.Thread(target=holder, daemon=True).start()
+ready.wait()
+r = run_python("print('ran')", timeout_s=10)
+done.set()
+print(r.ok, r.stdout.strip())
+"""
+
+
+def test_a_lock_held_by_another_thread_does_not_stop_the_launch():
+    """No Python runs in the forked child: a parent thread holding a lock at fork time cannot hang the run. In a
+    fresh process, as an audit hook cannot be removed."""
+    path = [str(REPO)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
+    out = subprocess.run([sys.executable, "-c", LOCK_HELD_AT_FORK], env=env, capture_output=True, text=True,
+                         timeout=30)
+    assert out.returncode == 0 and out.stdout.split() == ["True", "ran"], out
+
+
+def test_a_failing_layer_stops_the_run_before_the_code(monkeypatch, tmp_path):
+    if not isolation_report()["mount_namespace"]:
+        pytest.skip("no mount namespace on this machine")
+    from hybridrl.tools import sandbox
+    from hybridrl.tools.sandbox_layers import Bind, python_view
+
+    missing = str(tmp_path / "missing")  # a bind whose source does not exist: the mount layer fails
+    monkeypatch.setattr(sandbox, "python_view", lambda work: [*python_view(work), Bind(missing, "ro")])
+    stats = SandboxStats()
+    r = run_python("print('ran')", stats=stats)
+    assert not r.ok and r.exit_code == 126 and r.killed_reason == "layer_failed" and "ran" not in r.stdout, r
+    assert r.isolation["failed"] == f"mount_namespace: [Errno 2] bind {missing}" and not r.isolation["applied"]
+    assert stats.crashes == 1
 
 
 def test_exception_is_a_counted_crash():
