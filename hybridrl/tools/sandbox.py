@@ -43,6 +43,7 @@ import logging
 import os
 import random
 import resource
+import select
 import shutil
 import signal
 import subprocess
@@ -274,6 +275,28 @@ def _kill_uid(uid: int) -> int:
 
 
 
+def _wait(proc: subprocess.Popen, timeout_s: float) -> bool:
+    """True if the process ended within timeout_s. A pidfd wakes the wait at the exit itself, where
+    Popen.wait(timeout) sleeps in growing steps (up to 50 ms) and notices a 30 ms run ~10 ms late."""
+    try:
+        fd = os.pidfd_open(proc.pid)
+    except (AttributeError, OSError):   # no pidfd (kernel < 5.3, not Linux)
+        try:
+            proc.wait(timeout=timeout_s)
+            return True
+        except subprocess.TimeoutExpired:
+            return False
+    try:
+        poller = select.poll()
+        poller.register(fd, select.POLLIN)
+        ended = bool(poller.poll(max(0.0, timeout_s) * 1000))
+    finally:
+        os.close(fd)
+    if ended:
+        proc.wait()
+    return ended
+
+
 def _run(code, *, timeout_s, memory_mb, cpu_s, max_file_mb, max_procs, stdin, max_output_bytes, audit_hook,
          layers: frozenset, values: bool) -> SandboxResult:
     root = tempfile.mkdtemp(prefix="hybridrl-sandbox-")
@@ -336,11 +359,7 @@ def _run(code, *, timeout_s, memory_mb, cpu_s, max_file_mb, max_procs, stdin, ma
                    for s, c, o in zip(streams, caps, outs)]
         for t in readers:
             t.start()
-        timed_out = False
-        try:
-            proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            timed_out = True
+        timed_out = not _wait(proc, timeout_s)
         try:
             os.killpg(proc.pid, signal.SIGKILL)  # the leader, or what it forked and left behind
         except (ProcessLookupError, PermissionError):
