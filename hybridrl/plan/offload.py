@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from hybridrl.plan.memory import GiB, MemoryModel
-from hybridrl.plan.rollout_plan import ROLLOUT, kv_demand, kv_room, sequences_at_once
+from hybridrl.plan.rollout_plan import ROLLOUT, kv_demand, kv_room, sequences_at_full_length
 from hybridrl.plan.sizing import ACTOR_FSDP, MODEL, Sizing, is_auto
 
 ACTIVATION_OFFLOAD = f"{MODEL}.enable_activation_offload"
@@ -85,14 +85,14 @@ def resolve_optimizer_offload(sizing: Sizing, val_prompts: int | None, judge: bo
     sizing.weighed.add(key)
     blocks, _, _, seqs = kv_demand(sizing, val_prompts, judge)
     moved = replace(residency, optimizer_offload=True)
-    kept_fit = sequences_at_once(sizing, kv_room(sizing, sizing.memory, residency, seqs), blocks, seqs)
-    moved_fit = sequences_at_once(sizing, kv_room(sizing, MemoryModel(sizing.shape, moved), moved, seqs), blocks,
+    kept_fit = sequences_at_full_length(sizing, kv_room(sizing, sizing.memory, residency, seqs), blocks, seqs)
+    moved_fit = sequences_at_full_length(sizing, kv_room(sizing, MemoryModel(sizing.shape, moved), moved, seqs), blocks,
                                   seqs)
     state = sizing.memory.gen(0, sizing.get(f"{ROLLOUT}.block_size"), 1, 0).parts["actor optimizer"] / GiB
     on_gpu = ("the rollout phase would not fit even one sequence" if kept_fit == 0
-              else f"the rollout's KV cache holds {kept_fit} of the step's {seqs} sequences at once")
+              else f"the rollout's KV cache holds {kept_fit} of the step's {seqs} sequences at full length")
     if kept_fit >= seqs:
-        choices.append(f"{key} = false (the rollout's KV cache holds all {seqs} of the step's sequences at once "
+        choices.append(f"{key} = false (the rollout's KV cache holds all {seqs} of the step's sequences at full length "
                        f"beside its {state:.1f} GiB)")
     elif moved_fit <= kept_fit:
         choices.append(f"{key} = false (with its {state:.1f} GiB on the GPU {on_gpu}; moving it would not raise that)")

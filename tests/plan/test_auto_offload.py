@@ -42,12 +42,19 @@ def test_7b_16k_plans_at_the_defaults_with_both_offloads():
     assert p.actor.update.max_tokens == 16640 and p.predicted["update_actor"].total <= budget
     assert choice(p, ACT).startswith(f"{ACT} = true (one sequence of 16640 tokens is predicted at 126.9 GiB")
     assert "124.1 GiB" in choice(p, ACT)
-    # optimizer offload: on the GPU the KV cache would hold 28 of the 128 sequences; off it, more
+    # optimizer offload: on the GPU the KV cache would hold 28 of the 128 sequences at full length; off it, 92
     assert p.actor.optimizer_offload and p.predicted["gen"].parts["actor optimizer"] == 0
-    assert 28 < p.rollout.kv_cache.max_num_seqs < 128
     assert choice(p, OPT).startswith(f"{OPT} = true (with its 56.7 GiB on the GPU the rollout's KV cache holds 28 "
-                                     "of the step's 128 sequences at once")
-    assert f"{p.rollout.kv_cache.max_num_seqs}, at the cost of copying 56.7 GiB" in choice(p, OPT)
+                                     "of the step's 128 sequences at full length")
+    assert "92, at the cost of copying 56.7 GiB" in choice(p, OPT)
+    # responses end at EOS: all 128 run at once in the cache that fits, preempted by recompute if it runs out
+    kv = p.rollout.kv_cache
+    assert kv.max_num_seqs == 128 and kv.blocks < 128 * (16640 // 16)
+    assert any(c.startswith(f"kv cache = {kv.blocks} blocks") and "(92 of 128 could): all 128 run at once" in c
+               for c in p.choices)
+    # with ignore_eos every sequence reaches the limit: 92 at once, the rest queue
+    fixed = plan([*SEVEN_16K, f"{R}.ignore_eos=true"])
+    assert fixed.rollout.kv_cache.max_num_seqs == 92 and fixed.rollout.kv_cache.blocks == kv.blocks
     # the update brings the state back: it is counted there; the passes between keep it on the host
     assert p.predicted["update_actor"].parts["actor optimizer"] > 56 * GiB
     assert all(pm.total <= budget for pm in p.predicted.values())
@@ -62,7 +69,7 @@ def test_1_5b_long_tail_keeps_both_off_and_its_plan_unchanged():
     assert choice(auto, ACT).startswith(f"{ACT} = false (one sequence of 4352 tokens fits the update with "
                                         "checkpointing alone")
     assert choice(auto, OPT).startswith(f"{OPT} = false (the rollout's KV cache holds all 256 of the step's "
-                                        "sequences at once")
+                                        "sequences at full length")
     # the same plan as with both off explicitly, but for the two lines
     assert auto.actor == off.actor and auto.rollout == off.rollout and auto.predicted == off.predicted
     assert [c for c in auto.choices if not c.startswith((ACT, OPT))] == list(off.choices)
@@ -77,7 +84,8 @@ def test_explicit_values_are_kept():
     assert f"({ACT}=true)" in msg and "model_dtype=bf16" in msg
     # optimizer offload false: the rollout keeps 28 sequences at once, the state on the GPU
     kept = plan([*SEVEN_16K, f"{OPT}=false"])
-    assert not kept.actor.optimizer_offload and kept.rollout.kv_cache.max_num_seqs == 28
+    assert not kept.actor.optimizer_offload and kept.rollout.kv_cache.max_num_seqs == 128
+    assert any("(28 of 128 could)" in c for c in kept.choices)
     assert kept.predicted["gen"].parts["actor optimizer"] > 56 * GiB
     assert not any(c.startswith(OPT) for c in kept.choices)
     # true where auto would not: the 1.5B with both on
@@ -96,8 +104,8 @@ def test_cpu_plan_keeps_both_off():
 
 def test_lora_and_a_resident_engine_never_offload_the_optimizer_by_auto():
     lora = plan([*SEVEN_16K, *LORA])
-    # the situation auto offloads for (fewer sequences at once than the step's) ... but LoRA's state is tiny
-    assert lora.rollout.kv_cache.max_num_seqs < 128
+    # the situation auto offloads for (fewer sequences at full length than the step's) ... but LoRA's state is tiny
+    assert any(c.startswith("kv cache = ") and " could): all 128 run at once" in c for c in lora.choices)
     assert not lora.actor.optimizer_offload and lora.predicted["gen"].parts["actor optimizer"] > 0
     assert choice(lora, OPT) == f"{OPT} = false (LoRA: only the adapters have optimizer state)"
     # the resident engine (scheme A) never moves the state: auto leaves it

@@ -331,14 +331,17 @@ def test_sampling_memory_follows_the_sampler_path():
 
 
 def test_kv_beyond_the_budget_lowers_concurrency_instead_of_refusing():
-    """7B full fine-tuning on one H200 with 256 prompts x 8: the step's KV need (1024 sequences at once) does not fit
-    next to the resident training state (the AdamW state kept on the GPU); the plan keeps what fits and lets fewer
-    sequences run at once."""
+    """7B full fine-tuning on one H200 with 256 prompts x 8: the step's KV need (1024 sequences at full length) does
+    not fit next to the resident training state (the AdamW state kept on the GPU); the plan keeps what fits. With
+    ignore_eos (every sequence at the limit) fewer run at once; where responses end at EOS all run and the engine
+    preempts if the cache runs out."""
     big = ["data.train_batch_size=256", f"{A}.ppo_mini_batch_size=256"]
-    p = plan([*big, f"{A}.fsdp_config.optimizer_offload=false"], hf=Q7)
+    p = plan([*big, f"{A}.fsdp_config.optimizer_offload=false", "actor_rollout_ref.rollout.ignore_eos=true"], hf=Q7)
     per_seq = 512 // 16
     kv = p.rollout.kv_cache
     assert kv.blocks < 1024 * per_seq and kv.max_num_seqs == kv.blocks // per_seq < 1024
+    eos = plan([*big, f"{A}.fsdp_config.optimizer_offload=false"], hf=Q7).rollout.kv_cache
+    assert eos.blocks == kv.blocks and eos.max_num_seqs == 1024
     assert p.rollout.kv_cache.blocks_for(256, 8) <= p.rollout.kv_cache.blocks
     assert p.predicted["gen"].total <= 0.9 * H200.total_bytes
     assert any("sequences at once" in c for c in p.choices)

@@ -54,8 +54,10 @@ class RolloutConfig(LogProbPassConfig):
     max_num_batched_tokens: int
     """token budget of one prefill step"""
     max_num_seqs: int
-    """sequences decoded together at most (the run plan lowers it when their KV would not fit next to the training
-    state; the rest wait their turn)"""
+    """sequences decoded together at most. Where the KV cache that fits next to the training state cannot hold them
+    all at full length, the run plan lowers it with ignore_eos (every sequence reaches the limit; the rest wait their
+    turn) and keeps it otherwise: the engine then preempts the sequence admitted last by recompute if the cache runs
+    out (rollout/num_preemptions)"""
     block_size: int
     """tokens per KV-cache block"""
     enable_prefix_sharing: bool
