@@ -138,11 +138,23 @@ def kv_demand(sizing: Sizing, val_prompts: int | None, judge: bool) -> tuple[int
 
 def kv_room(sizing: Sizing, memory: MemoryModel, residency: Residency, seqs: int) -> int:
     """KV blocks per engine that fit the device budget beside everything else the rollout (and a resident engine's
-    training passes) hold, with `seqs` sequences at once."""
+    training passes) hold, with `seqs` sequences at once, and within `gpu_memory_utilization`'s ceiling."""
     get, seq_len = sizing.get, sizing.seq_len
-    return _kv_room(memory, residency, sizing.budget, get(f"{ROLLOUT}.block_size"), seq_len, sizing.response_len,
-                    min(seqs, sizing.layout.rollout_samples_per_dp),
-                    min(get(f"{ROLLOUT}.max_num_batched_tokens"), seqs * seq_len))
+    block_size, rows = get(f"{ROLLOUT}.block_size"), min(seqs, sizing.layout.rollout_samples_per_dp)
+    prefill = min(get(f"{ROLLOUT}.max_num_batched_tokens"), seqs * seq_len)
+    room = _kv_room(memory, residency, sizing.budget, block_size, seq_len, sizing.response_len, rows, prefill)
+    if sizing.device.total_bytes is None:
+        return room
+    return min(room, _kv_ceiling(memory, get(f"{ROLLOUT}.gpu_memory_utilization") * sizing.device.total_bytes,
+                                 block_size, rows, prefill))
+
+
+def _kv_ceiling(mm: MemoryModel, engine_bytes: float, block_size: int, rows: int, prefill: int) -> int:
+    """KV blocks the engine takes at most when it wakes (ModelRunner.wake_kv, vLLM's per-instance meaning of
+    gpu_memory_utilization): its own weights, KV and activation peak within utilization x the GPU."""
+    parts = mm.gen(0, block_size, rows, prefill).parts
+    own = parts["engine weights"] + parts["prefill activations"] + parts["sampling"] + parts["cuda graphs"]
+    return max(0, int(engine_bytes - own) // mm.kv_block_bytes(block_size))
 
 
 def sequences_at_full_length(sizing: Sizing, room: int, blocks: int, seqs: int) -> int:

@@ -42,19 +42,24 @@ def test_7b_16k_plans_at_the_defaults_with_both_offloads():
     assert p.actor.update.max_tokens == 16640 and p.predicted["update_actor"].total <= budget
     assert choice(p, ACT).startswith(f"{ACT} = true (one sequence of 16640 tokens is predicted at 126.9 GiB")
     assert "124.1 GiB" in choice(p, ACT)
-    # optimizer offload: on the GPU the KV cache would hold 28 of the 128 sequences at full length; off it, 92
+    # optimizer offload: on the GPU the KV cache would hold 28 of the 128 sequences at full length; off it, 61 (the
+    # engine's weights, KV and activations within gpu_memory_utilization 0.5 of the GPU)
     assert p.actor.optimizer_offload and p.predicted["gen"].parts["actor optimizer"] == 0
     assert choice(p, OPT).startswith(f"{OPT} = true (with its 56.7 GiB on the GPU the rollout's KV cache holds 28 "
                                      "of the step's 128 sequences at full length")
-    assert "92, at the cost of copying 56.7 GiB" in choice(p, OPT)
+    assert "61, at the cost of copying 56.7 GiB" in choice(p, OPT)
     # responses end at EOS: all 128 run at once in the cache that fits, preempted by recompute if it runs out
     kv = p.rollout.kv_cache
     assert kv.max_num_seqs == 128 and kv.blocks < 128 * (16640 // 16)
-    assert any(c.startswith(f"kv cache = {kv.blocks} blocks") and "(92 of 128 could): all 128 run at once" in c
+    assert any(c.startswith(f"kv cache = {kv.blocks} blocks") and "(61 of 128 could): all 128 run at once" in c
                for c in p.choices)
-    # with ignore_eos every sequence reaches the limit: 92 at once, the rest queue
+    # with ignore_eos every sequence reaches the limit: 61 at once, the rest queue
     fixed = plan([*SEVEN_16K, f"{R}.ignore_eos=true"])
-    assert fixed.rollout.kv_cache.max_num_seqs == 92 and fixed.rollout.kv_cache.blocks == kv.blocks
+    assert fixed.rollout.kv_cache.max_num_seqs == 61 and fixed.rollout.kv_cache.blocks == kv.blocks
+    # the KV the engine takes at wake within gpu_memory_utilization: the 7B run's engine allocated 62,158 blocks
+    assert 62158 <= kv.blocks <= 1.05 * 62158
+    roomier = plan([*SEVEN_16K, f"{R}.gpu_memory_utilization=0.7"]).rollout.kv_cache
+    assert roomier.blocks > 1.4 * kv.blocks
     # the update brings the state back: it is counted there; the passes between keep it on the host
     assert p.predicted["update_actor"].parts["actor optimizer"] > 56 * GiB
     assert all(pm.total <= budget for pm in p.predicted.values())
