@@ -166,6 +166,10 @@ SMALL = [
                     "4000", "--calibration-rows", "32", "--workdir", "{work}/long_tail_7b", "--defaults", "--gpus",
                     "1", "--prompts", "16", "--n", "8", "--steps", "2", "--variants", "hybrid", "--repeat", "1",
                     "--out", "{out}/long_tail_7b_16k.json"))),
+    Scenario("kv-admission-sim", "the 7B / 16k rollout's admission policies on the engine's real scheduler without "
+             "a model: sequences capped at what fits at full length vs all at once with preemption, long-tailed "
+             "and all-at-the-limit lengths, a bandwidth-floor time model", "cpu", "long_tail", (
+                 py("benchmarks/kv_admission_sim.py", "--out", "{out}/kv_admission_sim.json"),)),
     Scenario("optimizer-offload", "AdamW state of the 1.5B and 7B shapes to host memory and back: pinned buffers "
              "kept across offloads vs the previous fresh pageable copies (1.5B only)", "nvidia-h200", "long_tail", (
                  py("benchmarks/optimizer_offload.py", "--presets", "qwen2.5-1.5b,qwen2.5-7b", "--pageable-presets",
