@@ -149,12 +149,15 @@ class HybridEngine:
         else:
             metrics["timing_s/reshard"] = 0.0
 
-    def before_update(self):
-        """Bring optimizer state back to the GPU right before the actor update (if it was offloaded)."""
+    def before_update(self, metrics: dict | None = None):
+        """Bring optimizer state back to the GPU right before the actor update (if it was offloaded), timed as
+        `timing_s/switch_to_train/load_optimizer` (part of the update's own time)."""
         if self._optimizer_on_cpu:
             from hybridrl.training.offload import load_optimizer
 
+            lap = _Laps(self.device, {} if metrics is None else metrics, "timing_s/switch_to_train/")
             load_optimizer(self.optimizer, self.device)
+            lap("load_optimizer")
             self._optimizer_on_cpu = False
 
     def after_update(self):

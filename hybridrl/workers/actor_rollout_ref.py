@@ -268,7 +268,7 @@ class ActorRolloutRefWorker(EarlyUpdateWorker, RoleWorker):
         metrics: dict = {}
         data.meta_info.setdefault("temperature", self.config.actor_rollout_ref.rollout.temperature)
         with track_phase("update_actor", metrics, self.compute_device):
-            self.hybrid.before_update()
+            self.hybrid.before_update(metrics)
             train_metrics = self.actor.update_policy(data)
         self.hybrid.after_update()
         metrics.update(train_metrics)

@@ -108,7 +108,7 @@ class EarlyUpdateWorker:
         if stream is not None and not stream.ended:
             raise RuntimeError("finish_early_update: the rollout is still running")
         with track_phase("update_actor", metrics, self.compute_device):
-            self.hybrid.before_update()
+            self.hybrid.before_update(metrics)
             metrics.update(self.actor.finish_streamed_update())
         self.hybrid.after_update()
         return DataProto(meta_info={"metrics": metric_lists(metrics)})

@@ -142,3 +142,22 @@ def test_hybrid_engine_reshards_and_follows_updates():
         assert {"timing_s/switch_to_train/sleep", "timing_s/switch_to_train/release_engine_cache"} <= set(metrics)
     # both TP ranks of the single group must produce identical tokens
     assert results[0][1] == results[1][1] and results[0][3] == results[1][3]
+
+
+def test_optimizer_reload_before_the_update_is_timed():
+    """The state offloaded for the rollout comes back at the update's start, timed in the update's metrics."""
+    from hybridrl.hybrid.engine import HybridEngine
+
+    param = torch.nn.Parameter(torch.ones(4))
+    opt = torch.optim.AdamW([param])
+    param.grad = torch.ones(4)
+    opt.step()
+    hybrid = object.__new__(HybridEngine)   # only what before_update reads
+    hybrid.optimizer, hybrid.device, hybrid._optimizer_on_cpu = opt, torch.device("cpu"), True
+    metrics = {}
+    hybrid.before_update(metrics)
+    assert set(metrics) == {"timing_s/switch_to_train/load_optimizer"} and metrics[
+        "timing_s/switch_to_train/load_optimizer"] >= 0
+    assert not hybrid._optimizer_on_cpu
+    hybrid.before_update(metrics := {})   # nothing offloaded: nothing to time
+    assert metrics == {}
