@@ -2,9 +2,11 @@
 memory model (plan/memory.py), not a measurement. The same model's predictions were within +0.6% to +4% of the
 measured per-phase peaks on an H200 at these shapes (docs/benchmarks.md 0, 0d and 1).
 
-The batch size itself does not bound memory: the update runs in micro-batches, and when the step's KV does not fit,
-the plan lets fewer sequences decode at once (the rest wait their turn). What the scheme changes is how many
-sequences decode at once — the rollout's throughput — and the longest response that fits at all. For each model
+The batch size itself does not bound memory: the update runs in micro-batches, and when the step's KV does not fit
+at full length, the plan runs fewer sequences at once with `ignore_eos` (the rest wait their turn) or all of them,
+preempting by recompute if the cache runs out, where responses end at EOS. The plans here set `ignore_eos`, so
+"sequences at once" is how many can reach the response limit together: the worst case. What the scheme changes is
+that number — the rollout's throughput when responses run long — and the longest response that fits at all. For each model
 preset, response length and scheme (64 prompts x 8 by default, the defaults otherwise: gradient checkpointing, fp32
 masters, prompt sharing): the sequences at once (0 = the plan refuses), and the longest response (multiples of 256
 tokens, found by bisection), with the predicted peak and the parameters the hybrid engine borrows from the actor
@@ -32,7 +34,7 @@ def plan_or_none(hf, prompts: int, n: int, prompt_len: int, response_len: int, h
     keys = [*extra, f"data.train_batch_size={prompts}", f"actor_rollout_ref.actor.ppo_mini_batch_size={prompts}",
             f"actor_rollout_ref.rollout.n={n}", f"data.max_prompt_length={prompt_len}",
             f"data.max_response_length={response_len}", "trainer.n_gpus_per_node=1",
-            f"actor_rollout_ref.hybrid_engine={str(hybrid).lower()}"]
+            f"actor_rollout_ref.hybrid_engine={str(hybrid).lower()}", "actor_rollout_ref.rollout.ignore_eos=true"]
     try:
         return make_plan(load_config(overrides=keys), hf, device)
     except ConfigError:
@@ -84,7 +86,8 @@ def main() -> None:
               "command": "python benchmarks/plan_capacity.py " + " ".join(
                   f"--{k.replace('_', '-')} {v}" for k, v in vars(a).items() if k not in ("out", "set"))
               + "".join(f" --set {kv}" for kv in a.set),
-              "defaults": "gradient checkpointing, fp32 masters, prompt sharing, one GPU", "set": a.set, "rows": rows}
+              "defaults": "gradient checkpointing, fp32 masters, prompt sharing, one GPU, ignore_eos (every response at "
+                          "the limit: the sequences that can reach it together)", "set": a.set, "rows": rows}
     if a.out:
         with open(a.out, "w") as f:
             json.dump(result, f, indent=2)
