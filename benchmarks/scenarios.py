@@ -148,8 +148,8 @@ SMALL = [
                  long_tail_update("full:keep14:tok16384,full:keep13:tok16384:once,full:keep14:tok16384:once,"
                                   "full:keep14:tok16384", "update_unshard_once.json", repeat=2),)),
     Scenario("long-tail-trl-1.5b", "TRL's GRPOTrainer (HF generate, bf16, gradient checkpointing, micro-batch 8: "
-             "its logits at 4k tokens take ~20 GB a micro-batch of 8; larger not tried) on the long-tail 1.5B model and prompts (32 x 8, <= 4,096 new tokens): its first step alone, which "
-             "takes ~7 minutes; compare with long-tail-1.5b", "nvidia-h200", "long_tail", (
+             "TRL's default; it peaked at 33.5 GiB, larger not tried) on the long-tail 1.5B model and prompts "
+             "(32 x 8, <= 4,096 new tokens): its first step alone, which takes ~6 minutes; compare with long-tail-1.5b", "nvidia-h200", "long_tail", (
                  py("benchmarks/long_tail.py", "--preset", "qwen2.5-1.5b", "--response-len", "4096", "--mean-len",
                     "1000", "--workdir", "{work}/long_tail", "--calibrate-only", "--out", "{out}/calibration.json"),
                  py("benchmarks/trl_grpo.py", "--model", "{work}/long_tail/models/qwen2.5-1.5b-eos1000-r4096",
