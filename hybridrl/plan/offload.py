@@ -86,14 +86,14 @@ def resolve_optimizer_offload(sizing: Sizing, val_prompts: int | None, judge: bo
     blocks, _, _, seqs = kv_demand(sizing, val_prompts, judge)
     moved = replace(residency, optimizer_offload=True)
     kept_fit = sequences_at_full_length(sizing, kv_room(sizing, sizing.memory, residency, seqs), blocks, seqs)
-    moved_fit = sequences_at_full_length(sizing, kv_room(sizing, MemoryModel(sizing.shape, moved), moved, seqs), blocks,
-                                  seqs)
+    moved_room = kv_room(sizing, MemoryModel(sizing.shape, moved), moved, seqs)
+    moved_fit = sequences_at_full_length(sizing, moved_room, blocks, seqs)
     state = sizing.memory.gen(0, sizing.get(f"{ROLLOUT}.block_size"), 1, 0).parts["actor optimizer"] / GiB
     on_gpu = ("the rollout phase would not fit even one sequence" if kept_fit == 0
               else f"the rollout's KV cache holds {kept_fit} of the step's {seqs} sequences at full length")
     if kept_fit >= seqs:
-        choices.append(f"{key} = false (the rollout's KV cache holds all {seqs} of the step's sequences at full length "
-                       f"beside its {state:.1f} GiB)")
+        choices.append(f"{key} = false (the rollout's KV cache holds all {seqs} of the step's sequences at full "
+                       f"length beside its {state:.1f} GiB)")
     elif moved_fit <= kept_fit:
         choices.append(f"{key} = false (with its {state:.1f} GiB on the GPU {on_gpu}; moving it would not raise that)")
     else:

@@ -177,20 +177,21 @@ def plan_kv_cache(sizing: Sizing, val_prompts: int | None, judge: bool) -> KvCac
     if sizing.budget is not None:
         room = kv_room(sizing, memory, residency, seqs)
         fitting = sequences_at_full_length(sizing, room, blocks, seqs)
-        if 0 < fitting and room < blocks and get(f"{ROLLOUT}.ignore_eos"):
-            sizing.choices.append(
-                f"kv cache = {room} blocks, {room / blocks:.0%} of the step's need of {blocks}: at most {fitting} "
-                f"sequences at once (of {seqs}; {ROLLOUT}.max_num_seqs), the rest wait their turn (with "
-                f"{ROLLOUT}.ignore_eos every sequence reaches the limit); more GPUs or "
-                f"'{ROLLOUT}.tensor_model_parallel_size' for full concurrency")
-            blocks, step, seqs = room, min(step, room), fitting
-        elif 0 < fitting and room < blocks:
-            sizing.choices.append(
-                f"kv cache = {room} blocks, {room / blocks:.0%} of the step's need of {blocks} if every sequence "
-                f"reached the limit together ({fitting} of {seqs} could): all {seqs} run at once, since responses "
-                f"that end at EOS seldom all run long; where the cache runs out the engine preempts the sequence "
-                f"admitted last and recomputes it later (rollout/num_preemptions). {ROLLOUT}.max_num_seqs={fitting} "
-                f"keeps the worst case instead")
+        if 0 < fitting and room < blocks:
+            if get(f"{ROLLOUT}.ignore_eos"):
+                sizing.choices.append(
+                    f"kv cache = {room} blocks, {room / blocks:.0%} of the step's need of {blocks}: at most {fitting} "
+                    f"sequences at once (of {seqs}; {ROLLOUT}.max_num_seqs), the rest wait their turn (with "
+                    f"{ROLLOUT}.ignore_eos every sequence reaches the limit); more GPUs or "
+                    f"'{ROLLOUT}.tensor_model_parallel_size' for full concurrency")
+                seqs = fitting
+            else:
+                sizing.choices.append(
+                    f"kv cache = {room} blocks, {room / blocks:.0%} of the step's need of {blocks} if every sequence "
+                    f"reached the limit together ({fitting} of {seqs} could): all {seqs} run at once, since "
+                    f"responses that end at EOS seldom all run long; where the cache runs out the engine preempts the "
+                    f"sequence admitted last and recomputes it later (rollout/num_preemptions). "
+                    f"{ROLLOUT}.max_num_seqs={fitting} keeps the worst case instead")
             blocks, step = room, min(step, room)
     prefill = min(get(f"{ROLLOUT}.max_num_batched_tokens"), seqs * seq_len)
     sizing.predicted["gen"] = memory.gen(step, block_size, min(seqs, sizing.layout.rollout_samples_per_dp), prefill)

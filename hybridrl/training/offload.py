@@ -3,13 +3,13 @@
 
 Choices: FSDP2 parameters are DTensors whose local tensor is this rank's shard, so `module.to(device)` moves
 exactly the shard (never a full parameter); gradients are dropped on offload (they exist only inside an update).
-Optimizer state tensors (AdamW's exp_avg, exp_avg_sq, step) are moved in place in `optimizer.state`, keeping
-their keys in the dict so checkpoints and the next step see the same structure; AdamW's scalar `step` stays
+Optimizer state tensors (AdamW's exp_avg, exp_avg_sq) are replaced in `optimizer.state`, keeping their keys in the
+dict so checkpoints and the next step see the same structure (a DTensor keeps its spec); AdamW's scalar `step` stays
 on the host where torch keeps it (a CUDA step tensor is only legal with capturable=True).
 `torch.cuda.empty_cache()` runs after an offload so the freed blocks return to the pool other phases use.
 
 Optimizer state goes to pinned host tensors that are allocated at the first offload and kept for the next ones
-(`_host_twins`): a copy into fresh pageable memory stages through a bounce buffer and faults in every page, about
+(`_HOST_TWINS`): a copy into fresh pageable memory stages through a bounce buffer and faults in every page, about
 1.2 GB/s for a 7B model's 57 GiB of AdamW state, where a copy into pinned memory runs at the link's speed and
 asynchronously. The price is that the state's size stays pinned in host memory for the whole run, on the GPU or
 not. Without CUDA (CPU runs, tests) the state moves as plain tensors.
