@@ -1,18 +1,23 @@
 """Move FSDP parameter shards and optimizer state between the GPU and host memory around phases
 (`fsdp_config.param_offload` / `optimizer_offload`, the rollout rows of the memory-phase table).
 
-Choices: FSDP2 parameters are DTensors whose local tensor is this rank's shard, so `module.to(device)` moves
-exactly the shard (never a full parameter); gradients are dropped on offload (they exist only inside an update).
-Optimizer state tensors (AdamW's exp_avg, exp_avg_sq) are replaced in `optimizer.state`, keeping their keys in the
-dict so checkpoints and the next step see the same structure (a DTensor keeps its spec); AdamW's scalar `step` stays
-on the host where torch keeps it (a CUDA step tensor is only legal with capturable=True).
-`torch.cuda.empty_cache()` runs after an offload so the freed blocks return to the pool other phases use.
+Both go to host twins allocated at the first offload and kept for the next ones (`_HOST_TWINS`, `_PARAM_TWINS`
+below): a copy into fresh pageable memory stages through a bounce buffer and faults in every page, about 1.2 GB/s for
+a 7B model's 57 GiB of AdamW state, where a copy into pinned memory runs at the link's speed and asynchronously. The
+price is that what is offloaded stays pinned in host memory for the whole run, on the GPU or not. Without CUDA (CPU
+runs, tests) the twins are plain host tensors and the same code runs.
 
-Optimizer state goes to pinned host tensors that are allocated at the first offload and kept for the next ones
-(`_HOST_TWINS`): a copy into fresh pageable memory stages through a bounce buffer and faults in every page, about
-1.2 GB/s for a 7B model's 57 GiB of AdamW state, where a copy into pinned memory runs at the link's speed and
-asynchronously. The price is that the state's size stays pinned in host memory for the whole run, on the GPU or
-not. Without CUDA (CPU runs, tests) the state moves as plain tensors.
+Choices:
+- Parameters: each parameter's storage is copied to its twin and then resized to 0 bytes, and on load resized back
+  and refilled, so every tensor object stays what it was: FSDP2's sharded DTensors, its padded shard data and the
+  local tensors that view it (`module.to` would replace them and make FSDP2 re-pad its shards into fresh pageable
+  memory); the memory returns to the caching allocator. Gradients are dropped on offload (they exist only inside an
+  update); buffers stay (a few KB). A module whose storages cannot be resized (memory-mapped from a checkpoint)
+  goes with `module.to("cpu")`, and a module not offloaded this way is moved with `module.to(device)` on load.
+- Optimizer state tensors (AdamW's exp_avg, exp_avg_sq, step) are replaced in `optimizer.state`, keeping their keys
+  so checkpoints and the next step see the same structure; AdamW's scalar `step` stays on the host where torch
+  keeps it (a CUDA step tensor is only legal with capturable=True). DTensor state keeps its spec.
+- `torch.cuda.empty_cache()` runs after an offload so the freed blocks return to the pool other phases use.
 """
 
 from __future__ import annotations
@@ -32,19 +37,53 @@ def _empty_cache():
         torch.cuda.empty_cache()
 
 
+_PARAMS_OUT: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # module -> [(storage, bytes, twin, device)]
+_PARAM_TWINS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # module -> {param index: host twin}
+_HOST_TWINS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # optimizer -> {(param, key): host twin}
+
+
 @torch.no_grad()
 def offload_fsdp_params(module: torch.nn.Module) -> None:
     module.zero_grad(set_to_none=True)
-    module.to("cpu")
+    if module in _PARAMS_OUT:
+        return
+    locals_ = [_local(p.data) for p in module.parameters()]
+    if not all(t.untyped_storage().resizable() for t in locals_):   # e.g. memory-mapped from a checkpoint
+        module.to("cpu")
+        _empty_cache()
+        return
+    twins = _PARAM_TWINS.setdefault(module, {})
+    out, seen = [], set()
+    for i, local in enumerate(locals_):
+        storage = local.untyped_storage()
+        if storage.nbytes() == 0 or storage.data_ptr() in seen:   # empty shard, or a tied parameter seen already
+            continue
+        seen.add(storage.data_ptr())
+        twin = _host_twin(twins, i, _bytes_of(storage, local.device))
+        twin.copy_(_bytes_of(storage, local.device), non_blocking=twin.is_pinned())
+        out.append((storage, storage.nbytes(), twin, local.device))
+    if any(t.is_pinned() for _, _, t, _ in out):
+        torch.cuda.synchronize()   # the copies are complete before their source is freed
+    for storage, *_ in out:
+        storage.resize_(0)
+    _PARAMS_OUT[module] = out
     _empty_cache()
 
 
 @torch.no_grad()
 def load_fsdp_params(module: torch.nn.Module, device) -> None:
-    module.to(torch.device(device), non_blocking=True)
+    out = _PARAMS_OUT.pop(module, None)
+    if out is None:
+        module.to(torch.device(device), non_blocking=True)
+        return
+    for storage, nbytes, twin, where in out:
+        storage.resize_(nbytes)
+        _bytes_of(storage, where).copy_(twin, non_blocking=twin.is_pinned())
 
 
-_HOST_TWINS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # optimizer -> {(param, key): pinned}
+def _bytes_of(storage: torch.UntypedStorage, device: torch.device) -> torch.Tensor:
+    """A uint8 tensor over the whole of `storage`."""
+    return torch.empty(0, dtype=torch.uint8, device=device).set_(storage, 0, (storage.nbytes(),), (1,))
 
 
 def _local(value: torch.Tensor) -> torch.Tensor:
@@ -60,10 +99,14 @@ def _like(value: torch.Tensor, local: torch.Tensor) -> torch.Tensor:
     return local
 
 
+_PINNING_SET: list = []
+
+
 def _pin_with_threads() -> None:
     """Have torch pin host memory by registering a malloc'd range whose pages several threads fault in, unless the
     user's allocator settings say how to pin: a single-threaded cudaHostAlloc pins ~1.4 GB/s, 8 threads ~6 GB/s
     (H200 host, 12 GB of AdamW state: 9.0 s against 1.9 s)."""
+    _PINNING_SET.append(True)
     conf = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "") + os.environ.get("PYTORCH_ALLOC_CONF", "")
     if "pinned_" not in conf:
         threads = 1 << max(0, min(8, os.cpu_count() or 1).bit_length() - 1)   # a power of two, as torch requires
@@ -73,12 +116,15 @@ def _pin_with_threads() -> None:
                 f"pinned_use_cuda_host_register:True,pinned_num_register_threads:{threads}")
 
 
-def _host_twin(twins: dict, slot: tuple, local: torch.Tensor) -> torch.Tensor:
+def _host_twin(twins: dict, slot, like: torch.Tensor) -> torch.Tensor:
+    """The host twin of `like` kept under `slot`: pinned where CUDA is, allocated again only if its shape or dtype
+    changed."""
     twin = twins.get(slot)
-    if twin is None or twin.shape != local.shape or twin.dtype != local.dtype:
-        if not twins:
+    if twin is None or twin.shape != like.shape or twin.dtype != like.dtype:
+        pinned = torch.cuda.is_available()
+        if pinned and not _PINNING_SET:
             _pin_with_threads()
-        twin = torch.empty(local.shape, dtype=local.dtype, pin_memory=True)
+        twin = torch.empty(like.shape, dtype=like.dtype, pin_memory=pinned)
         twins[slot] = twin
     return twin
 

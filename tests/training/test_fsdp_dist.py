@@ -128,12 +128,19 @@ def _worker(rank, world, model_dir, tmp):
     lp_uninterrupted, _ = actor.compute_log_prob(data2)
     save_checkpoint(f"{tmp}/global_step_2", actor.module, actor.optimizer, actor.scheduler, role="actor")
 
-    # offload / load round trip leaves the next result unchanged
-    offload_fsdp_params(actor.module)
-    offload_optimizer(actor.optimizer)
-    load_fsdp_params(actor.module, "cpu")
-    load_optimizer(actor.optimizer, "cpu")
-    torch.testing.assert_close(actor.compute_log_prob(data2)[0], lp_uninterrupted, atol=0, rtol=0)
+    # offload / load round trips leave the next result unchanged; offloaded shards hold no memory, the same tensor
+    # objects (FSDP2's sharded DTensors) come back
+    params = list(actor.module.parameters())
+    shards = [p.to_local() for p in params]
+    for _ in range(2):
+        offload_fsdp_params(actor.module)
+        offload_optimizer(actor.optimizer)
+        assert all(t.untyped_storage().nbytes() == 0 for t in shards)
+        load_fsdp_params(actor.module, "cpu")
+        load_optimizer(actor.optimizer, "cpu")
+        assert all(a is b for a, b in zip(params, actor.module.parameters()))
+        assert all(t.untyped_storage().nbytes() > 0 for t in shards)
+        torch.testing.assert_close(actor.compute_log_prob(data2)[0], lp_uninterrupted, atol=0, rtol=0)
 
     fresh = _build(model_dir, mesh, gradient_checkpointing=True)   # recompute in backward: the same update
     extra = load_checkpoint(ckpt, fresh.module, fresh.optimizer, fresh.scheduler)

@@ -1,5 +1,6 @@
 """GPU only: optimizer offload to pinned host memory and back leaves AdamW's next step exactly as without it, for
-FSDP2's DTensor state and plain tensors, and reuses the same pinned buffers at every offload."""
+FSDP2's DTensor state and plain tensors, and reuses the same pinned buffers at every offload; parameter offload frees
+the parameters' device memory and brings back the same tensors with the same values."""
 
 import pytest
 import torch
@@ -7,7 +8,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, Shard, distribute_tensor
 
-from hybridrl.training.offload import load_optimizer, offload_optimizer
+from hybridrl.training.offload import load_fsdp_params, load_optimizer, offload_fsdp_params, offload_optimizer
 
 
 @pytest.fixture
@@ -64,3 +65,23 @@ def test_offload_round_trip_is_exact_and_reuses_pinned_buffers(one_rank_mesh):
     _step(kept, opt_kept, 9)
     for a, b in zip(moved, kept):
         torch.testing.assert_close(a.detach(), b.detach(), atol=0, rtol=0)
+
+
+@pytest.mark.gpu
+def test_param_offload_frees_device_memory_and_restores_the_same_tensors():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(1024, 4096), torch.nn.GELU(), torch.nn.Linear(4096, 1024)).cuda()
+    model[2].weight = torch.nn.Parameter(model[0].weight.t())   # a parameter viewing another's storage
+    x = torch.randn(8, 1024, device="cuda")
+    want = model(x)
+    params = list(model.parameters())
+    param_bytes = sum(p.numel() * p.element_size() for p in params[:2] + params[3:])
+    for _ in range(2):
+        torch.cuda.synchronize()
+        before = torch.cuda.memory_allocated()
+        offload_fsdp_params(model)
+        assert before - torch.cuda.memory_allocated() >= param_bytes
+        load_fsdp_params(model, "cuda")
+        assert torch.cuda.memory_allocated() == before
+        assert all(a is b for a, b in zip(params, model.parameters())) and all(p.is_cuda for p in params)
+        torch.testing.assert_close(model(x), want, atol=0, rtol=0)
