@@ -122,9 +122,10 @@ def scale_eos_row(model_dir: Path, eos: int, s: float) -> list[str]:
 
 
 def calibrated_model(preset: str, prompt_len: int, response_len: int, mean_len: float, work: Path,
-                     rows: int = CALIBRATION_ROWS):
+                     rows: int = CALIBRATION_ROWS, eos_scale: float | None = None):
     """(model dir, calibration record) of the long-tail model of `preset`, built and calibrated under `work` on the
-    first call (GPU), read back afterwards."""
+    first call (GPU), read back afterwards. With `eos_scale` (a scale an earlier calibration of the same preset,
+    seed and lengths found) the model is built with it and the sampling pass is skipped."""
     from transformers import AutoTokenizer
 
     from hybridrl.assets.tiny_model import write_size_preset
@@ -137,11 +138,15 @@ def calibrated_model(preset: str, prompt_len: int, response_len: int, mean_len: 
         data = grpo_step.make_prompts(work / "data", model_dir, 256, prompt_len)
         eos = AutoTokenizer.from_pretrained(model_dir).eos_token_id
         prompts = chat_prompts(data, model_dir, prompt_len, rows)
-        stats_a, stats_c = eos_logit_stats(model_dir, prompts, response_len, eos)
-        cal = calibrate(stats_a, stats_c, mean_len)
+        if eos_scale is None:
+            stats_a, stats_c = eos_logit_stats(model_dir, prompts, response_len, eos)
+            cal = calibrate(stats_a, stats_c, mean_len)
+            cal.update(calibration_rows=rows, logit_spread={"eos_std": float(stats_a.std()),
+                                                            "others_lse_mean": float(stats_c.mean())})
+        else:
+            cal = {"eos_scale": eos_scale, "given": True}
         cal["rows_changed"] = scale_eos_row(model_dir, eos, cal["eos_scale"])
-        cal.update(eos_token_id=eos, calibration_rows=rows, seconds=time.time() - t0,
-                   logit_spread={"eos_std": float(stats_a.std()), "others_lse_mean": float(stats_c.mean())})
+        cal.update(eos_token_id=eos, seconds=time.time() - t0)
         record.write_text(json.dumps(cal, indent=1))
     cal = json.loads(record.read_text())
     print("[long_tail] calibration", json.dumps(cal), flush=True)
@@ -159,11 +164,14 @@ def main(argv=None):
     p.add_argument("--calibration-rows", type=int, default=CALIBRATION_ROWS,
                    help="responses sampled (EOS ignored) to calibrate the EOS scale; fewer at long limits and large "
                         "models, where each runs to the limit")
+    p.add_argument("--eos-scale", type=float, default=None,
+                   help="build the model with this EOS scale (from an earlier calibration record) instead of "
+                        "calibrating")
     p.add_argument("--out", required=True)
     a, rest = p.parse_known_args(argv)
     work = Path(a.workdir)
     model_dir, cal = calibrated_model(a.preset, a.prompt_len, a.response_len, a.mean_len, work,
-                                      a.calibration_rows)
+                                      a.calibration_rows, a.eos_scale)
     out = Path(a.out)
     if a.calibrate_only:
         out.parent.mkdir(parents=True, exist_ok=True)

@@ -40,6 +40,8 @@ Shape legend: M rows, K input features (hidden H for norm_matmul, intermediate I
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from hybridrl.models import fused
@@ -88,6 +90,19 @@ TILES: dict[tuple[str, int, int, int], dict] = {
     ("silu", 32, 3584, 18944): _T(block_n=64, block_k=128, split_k=7, num_warps=4, num_stages=4),
     ("silu", 64, 3584, 18944): _T(block_n=64, block_k=128, split_k=7, num_warps=4, num_stages=3),
 }
+
+
+ENV = "HYBRIDRL_SKINNY_GEMM"   # "1": on CUDA; "0": off; "force": also on CPU under TRITON_INTERPRET (tests)
+DEFAULT = "0"
+
+
+def serves(h_TH: torch.Tensor) -> bool:
+    """Whether the decoder's fused forward takes these kernels for `h_TH`'s rows: 1..MAX_ROWS rows (decode's graph
+    buckets and the tail's few sequences), triton present, and the mode (env HYBRIDRL_SKINNY_GEMM) allowing it."""
+    mode = os.environ.get(ENV, DEFAULT)
+    if mode == "0" or triton is None or not 1 <= h_TH.shape[0] <= MAX_ROWS:
+        return False
+    return h_TH.is_cuda or mode == "force"
 
 
 def m_bucket(M: int) -> int:

@@ -271,6 +271,42 @@ def test_gpu_cuda_graph_replays_the_eager_bits():
 
 
 @interpreted
+@pytest.mark.parametrize("kind", ["qwen2", "qwen3"])   # qkv bias; q/k norms after the fused qkv
+def test_engine_decodes_through_the_skinny_path_to_hf_greedy(kind, monkeypatch):
+    """The decoder's fused forward with the skinny GEMMs on (fp32, CPU, interpreter): they are called, and the
+    engine's greedy tokens equal HF's and the path without them."""
+    import sys
+
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "rollout"))
+    from rollout_helpers import hf_greedy, tiny_hf_model
+
+    import hybridrl.rollout.triton_decode as td
+    from hybridrl.rollout.config import EngineConfig
+    from hybridrl.rollout.engine import LLMEngine
+    from hybridrl.rollout.sampling_params import SamplingParams
+
+    monkeypatch.setenv("HYBRIDRL_FUSED", "force")
+    monkeypatch.setattr(td, "num_sms", lambda index=0: 132)   # the Triton sampler sizes its splits by the SMs
+    model = tiny_hf_model(kind)
+    prompts = [[1, 2, 3, 4, 5], [7, 8, 9], [10] * 37]
+    tokens, calls = {}, []
+    real = S.norm_matmul
+    monkeypatch.setattr(S, "norm_matmul", lambda *a, **k: calls.append(1) or real(*a, **k))
+    for mode in ("0", "force"):
+        monkeypatch.setenv(S.ENV, mode)
+        engine = LLMEngine(model.config, EngineConfig(dtype=torch.float32, block_size=16, num_kv_blocks=64,
+                                                      max_num_seqs=64, max_num_batched_tokens=256,
+                                                      enforce_eager=True), device="cpu")
+        engine.wake_up(("weights",))
+        engine.load_weights(model.state_dict().items())
+        engine.wake_up(("kv_cache",))
+        outs = engine.generate(prompts, SamplingParams(n=2, temperature=0, max_tokens=6, ignore_eos=True))
+        tokens[mode] = [c.token_ids for o in outs for c in o.outputs]
+        assert (len(calls) > 0) == (mode == "force"), (mode, len(calls))
+    assert tokens["force"] == tokens["0"] == [hf_greedy(model, p, 6) for p in prompts for _ in range(2)]
+
+
+@interpreted
 def test_benchmark_logic_dry_run(tmp_path, monkeypatch):
     """benchmarks/decode_fused_gemm.py end to end on CPU (fp16, tiny shapes, a plain loop for the CUDA graph): the
     checks, both modes' JSON, and a sweep's best tiles fed back through --tiles."""
