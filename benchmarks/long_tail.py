@@ -165,8 +165,10 @@ def main(argv=None):
                    help="responses sampled (EOS ignored) to calibrate the EOS scale; fewer at long limits and large "
                         "models, where each runs to the limit")
     p.add_argument("--eos-scale", type=float, default=None,
-                   help="build the model with this EOS scale (from an earlier calibration record) instead of "
-                        "calibrating")
+                   help="build the model with this EOS scale instead of calibrating: the eos_scale of a calibration "
+                        "record of the same preset and lengths made by this tree's weight generator (the 7B / 16k "
+                        "record reproduces its scale exactly; the 1.5B calibration.json predates the generator and "
+                        "gives responses of ~60 tokens)")
     p.add_argument("--out", required=True)
     a, rest = p.parse_known_args(argv)
     work = Path(a.workdir)

@@ -182,11 +182,6 @@ SMALL = [
              "SiLU-and-mul, RoPE + K/V store) on the 1.5B's shapes, each layer on its own buffers",
              "nvidia-h200", "long_tail", (
                  py("benchmarks/decode_kernels.py", "--out", "{out}/decode_kernels.json"),)),
-    Scenario("decode-fused-gemm", "the decode step's RMSNorm + qkv / gate_up and SiLU-and-mul + down GEMMs at 1-64 "
-             "rows: add_rmsnorm / silu_mul + cuBLAS vs the fused skinny Triton GEMMs (not wired into the engine), "
-             "1.5B and 7B shapes, 28 layers in a CUDA graph; their GPU tests first", "nvidia-h200", "long_tail", (
-                 gpu_tests("gpu_tests_skinny_gemm.log", "tests/models/test_skinny_gemm.py"),
-                 py("benchmarks/decode_fused_gemm.py", "--out", "{out}/decode_fused_gemm.json"))),
     Scenario("long-tail-1.5b-early-update-tail", "the long-tail 1.5B with actor.early_update=true (groups handed to "
              "the update in the rollout's tail), one run", "nvidia-h200", "long_tail", (
                  py("benchmarks/long_tail.py", "--preset", "qwen2.5-1.5b", "--response-len", "4096", "--mean-len",

@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hybridrl.models import fused, skinny_gemm
+from hybridrl.models import fused
 from hybridrl.models.moe import Experts, SparseMoeBlock
 from hybridrl.models.moe_config import moe_config
 from hybridrl.models.rope import apply_rope, inv_frequencies
@@ -116,12 +116,8 @@ class Attention(nn.Module):
         self.scale = d**-0.5
 
     def forward(self, x_TH, cos_TD, sin_TD, ctx, use_fused=False):
-        return self.attend_qkv(self.qkv_proj(x_TH), cos_TD, sin_TD, ctx, use_fused)
-
-    def attend_qkv(self, qkv_TQ, cos_TD, sin_TD, ctx, use_fused=False):
-        """Attention and o_proj from the qkv projection's output (the skinny decode path computes it fused)."""
-        T = qkv_TQ.shape[0]
-        q, k, v = qkv_TQ.split([self.num_heads * self.head_dim,
+        T = x_TH.shape[0]
+        q, k, v = self.qkv_proj(x_TH).split([self.num_heads * self.head_dim,
                                              self.num_kv_heads * self.head_dim,
                                              self.num_kv_heads * self.head_dim], dim=-1)
         q_TND = q.view(T, self.num_heads, self.head_dim)
@@ -205,27 +201,15 @@ class TPDecoderForCausalLM(nn.Module):
 
     def _forward_fused(self, h, cos, sin, ctx):
         """Same math as the loop above with the residual carried separately (vLLM style): every
-        residual add is fused into the following RMSNorm kernel. At decode's few rows (skinny_gemm.serves) the
-        RMSNorm is fused into the qkv and gate_up GEMMs and SiLU-and-mul into down's, three kernels fewer a layer."""
+        residual add is fused into the following RMSNorm kernel."""
         residual = None
-        skinny = skinny_gemm.serves(h)
         for layer in self.model.layers:
-            attn, mlp = layer.self_attn, layer.mlp
             ln = layer.input_layernorm
-            if skinny:
-                qkv, residual = skinny_gemm.norm_matmul(h, residual, ln.weight, ln.eps, attn.qkv_proj.weight,
-                                                        attn.qkv_proj.bias)
-                h = attn.attend_qkv(qkv, cos, sin, ctx, use_fused=True)
-            else:
-                x, residual = fused.add_rmsnorm(h, residual, ln.weight, ln.eps)
-                h = attn(x, cos, sin, ctx, use_fused=True)
+            x, residual = fused.add_rmsnorm(h, residual, ln.weight, ln.eps)
+            h = layer.self_attn(x, cos, sin, ctx, use_fused=True)
             ln = layer.post_attention_layernorm
-            if skinny and isinstance(mlp, MLP):
-                gate_up, residual = skinny_gemm.norm_matmul(h, residual, ln.weight, ln.eps, mlp.gate_up_proj.weight)
-                h = mlp.down_proj.reduce(skinny_gemm.silu_mul_matmul(gate_up, mlp.down_proj.weight))
-            else:
-                x, residual = fused.add_rmsnorm(h, residual, ln.weight, ln.eps)
-                h = mlp(x, use_fused=True, ctx=ctx)
+            x, residual = fused.add_rmsnorm(h, residual, ln.weight, ln.eps)
+            h = layer.mlp(x, use_fused=True, ctx=ctx)
         norm = self.model.norm
         return fused.add_rmsnorm(h, residual, norm.weight, norm.eps)[0]
 

@@ -136,13 +136,10 @@ class RowParallelLinear(nn.Module):
         copy_shard(param.data, tensor, self.shard_spec(param_name, shard_id), f"row-parallel {param_name}")
 
     def forward(self, x):
-        return self.reduce(F.linear(x, self.weight))
-
-    def reduce(self, y_local):
-        """The rank's partial product -> the layer's output: summed over the TP group, plus the bias."""
+        y = F.linear(x, self.weight)
         if self.tp_group is not None:
-            dist.all_reduce(y_local, group=self.tp_group)
-        return y_local if self.bias is None else y_local + self.bias
+            dist.all_reduce(y, group=self.tp_group)
+        return y if self.bias is None else y + self.bias
 
 
 class VocabParallelEmbedding(nn.Module):
