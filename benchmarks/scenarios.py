@@ -148,7 +148,7 @@ SMALL = [
                  long_tail_update("full:keep14:tok16384,full:keep13:tok16384:once,full:keep14:tok16384:once,"
                                   "full:keep14:tok16384", "update_unshard_once.json", repeat=2),)),
     Scenario("long-tail-trl-1.5b", "TRL's GRPOTrainer (HF generate, bf16, gradient checkpointing, micro-batch 8: "
-             "TRL's default; it peaked at 33.5 GiB, larger not tried) on the long-tail 1.5B model and prompts "
+             "TRL's default; it peaked at 33.5 GiB; 32: long-tail-trl-1.5b-mb32) on the long-tail 1.5B model and prompts "
              "(32 x 8, <= 4,096 new tokens): its first step alone, which takes ~6 minutes; compare with long-tail-1.5b", "nvidia-h200", "long_tail", (
                  py("benchmarks/long_tail.py", "--preset", "qwen2.5-1.5b", "--response-len", "4096", "--mean-len",
                     "1000", "--workdir", "{work}/long_tail", "--calibrate-only", "--out", "{out}/calibration.json"),
@@ -156,6 +156,14 @@ SMALL = [
                     "--prompts", "{work}/long_tail/data/prompts_256x256.parquet", "--batch-prompts", "32", "--n", "8",
                     "--micro-batch", "8", "--max-new-tokens", "4096", "--weights", "bf16",
                     "--gradient-checkpointing", "--steps", "0", "--out", "{out}/trl_long_tail.json"))),
+    Scenario("long-tail-trl-1.5b-mb32", "long-tail-trl-1.5b with TRL's micro-batch at 32 x 8 accumulation steps "
+             "(peak 38.3 GiB)", "nvidia-h200", "long_tail", (
+                 py("benchmarks/long_tail.py", "--preset", "qwen2.5-1.5b", "--response-len", "4096", "--mean-len",
+                    "1000", "--workdir", "{work}/long_tail", "--calibrate-only", "--out", "{out}/calibration.json"),
+                 py("benchmarks/trl_grpo.py", "--model", "{work}/long_tail/models/qwen2.5-1.5b-eos1000-r4096",
+                    "--prompts", "{work}/long_tail/data/prompts_256x256.parquet", "--batch-prompts", "32", "--n", "8",
+                    "--micro-batch", "32", "--max-new-tokens", "4096", "--weights", "bf16",
+                    "--gradient-checkpointing", "--steps", "0", "--out", "{out}/trl_long_tail_mb32.json"))),
     Scenario("long-tail-7b-16k", "GRPO with long-tailed response lengths on a 7B (mean ~4,000, limit 16,384), 16 x 8, "
              "at the defaults (the plan turns on activation and optimizer offload), two steps: the first call builds "
              "and calibrates the model, the second runs it", "nvidia-h200", "long_tail", (
