@@ -37,6 +37,16 @@ def long_tail_update(configs: str, out: str, repeat: int = 1):
 MAKE_ADD = py("examples/smollm2_arith/make_data.py", "--out", ADD, "--train", "3000", "--test", "200", "--seed", "0",
               log="make_data.log")
 
+
+def trl_long_tail(micro_batch: int, out: str) -> tuple:
+    """TRL's first GRPO step on the long-tail 1.5B model and prompts (built and calibrated by long_tail.py)."""
+    return (py("benchmarks/long_tail.py", "--preset", "qwen2.5-1.5b", "--response-len", "4096", "--mean-len", "1000",
+               "--workdir", "{work}/long_tail", "--calibrate-only", "--out", "{out}/calibration.json"),
+            py("benchmarks/trl_grpo.py", "--model", "{work}/long_tail/models/qwen2.5-1.5b-eos1000-r4096",
+               "--prompts", "{work}/long_tail/data/prompts_256x256.parquet", "--batch-prompts", "32", "--n", "8",
+               "--micro-batch", str(micro_batch), "--max-new-tokens", "4096", "--weights", "bf16",
+               "--gradient-checkpointing", "--steps", "0", "--out", "{out}/" + out))
+
 CPU = [
     Scenario("memory-model", "the plan's memory prediction per phase beside every measured one-H200 peak",
              "cpu", "memory_model_check", (py("benchmarks/memory_model_check.py", log="predicted.txt"),)),
@@ -148,22 +158,11 @@ SMALL = [
                  long_tail_update("full:keep14:tok16384,full:keep13:tok16384:once,full:keep14:tok16384:once,"
                                   "full:keep14:tok16384", "update_unshard_once.json", repeat=2),)),
     Scenario("long-tail-trl-1.5b", "TRL's GRPOTrainer (HF generate, bf16, gradient checkpointing, micro-batch 8: "
-             "TRL's default; it peaked at 33.5 GiB; 32: long-tail-trl-1.5b-mb32) on the long-tail 1.5B model and prompts "
-             "(32 x 8, <= 4,096 new tokens): its first step alone, which takes ~6 minutes; compare with long-tail-1.5b", "nvidia-h200", "long_tail", (
-                 py("benchmarks/long_tail.py", "--preset", "qwen2.5-1.5b", "--response-len", "4096", "--mean-len",
-                    "1000", "--workdir", "{work}/long_tail", "--calibrate-only", "--out", "{out}/calibration.json"),
-                 py("benchmarks/trl_grpo.py", "--model", "{work}/long_tail/models/qwen2.5-1.5b-eos1000-r4096",
-                    "--prompts", "{work}/long_tail/data/prompts_256x256.parquet", "--batch-prompts", "32", "--n", "8",
-                    "--micro-batch", "8", "--max-new-tokens", "4096", "--weights", "bf16",
-                    "--gradient-checkpointing", "--steps", "0", "--out", "{out}/trl_long_tail.json"))),
+             "TRL's default; it peaked at 33.5 GiB; 32: long-tail-trl-1.5b-mb32) on the long-tail 1.5B model and "
+             "prompts (32 x 8, <= 4,096 new tokens): its first step alone, which takes ~6 minutes; compare with "
+             "long-tail-1.5b", "nvidia-h200", "long_tail", trl_long_tail(8, "trl_long_tail.json")),
     Scenario("long-tail-trl-1.5b-mb32", "long-tail-trl-1.5b with TRL's micro-batch at 32 x 8 accumulation steps "
-             "(peak 38.3 GiB)", "nvidia-h200", "long_tail", (
-                 py("benchmarks/long_tail.py", "--preset", "qwen2.5-1.5b", "--response-len", "4096", "--mean-len",
-                    "1000", "--workdir", "{work}/long_tail", "--calibrate-only", "--out", "{out}/calibration.json"),
-                 py("benchmarks/trl_grpo.py", "--model", "{work}/long_tail/models/qwen2.5-1.5b-eos1000-r4096",
-                    "--prompts", "{work}/long_tail/data/prompts_256x256.parquet", "--batch-prompts", "32", "--n", "8",
-                    "--micro-batch", "32", "--max-new-tokens", "4096", "--weights", "bf16",
-                    "--gradient-checkpointing", "--steps", "0", "--out", "{out}/trl_long_tail_mb32.json"))),
+             "(peak 38.3 GiB)", "nvidia-h200", "long_tail", trl_long_tail(32, "trl_long_tail_mb32.json")),
     Scenario("long-tail-7b-16k", "GRPO with long-tailed response lengths on a 7B (mean ~4,000, limit 16,384), 16 x 8, "
              "at the defaults (the plan turns on activation and optimizer offload), two steps: the first call builds "
              "and calibrates the model, the second runs it", "nvidia-h200", "long_tail", (
