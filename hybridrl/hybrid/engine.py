@@ -14,7 +14,8 @@ wake, reshard, offload, KV allocation; CUDA graphs are captured at their first d
 split into its parts (`timing_s/switch_to_rollout/release_training_cache`, `.../wake_weights`, `.../reshard`,
 `.../wake_kv`, the offloads where on; `timing_s/switch_to_train/sleep`, `.../release_engine_cache`).
 Exit: engine sleeps (KV + engine weights freed, prefix cache reset), cached blocks returned to the allocator,
-offloaded params come back (log-prob needs them); optimizer state comes back right before the update (`before_update`).
+offloaded params come back (log-prob needs them); optimizer state comes back at the update's first optimizer step
+(`before_update`, called by the updater after the backward).
 
 Scheme A (`hybrid_engine: false`, the "FSDP + separate vLLM" baseline): the engine wakes once and stays resident with
 its own weights and KV; after every actor update its weights are re-synced from the FSDP shards. Same code path for
@@ -150,8 +151,10 @@ class HybridEngine:
             metrics["timing_s/reshard"] = 0.0
 
     def before_update(self, metrics: dict | None = None):
-        """Bring optimizer state back to the GPU right before the actor update (if it was offloaded), timed as
-        `timing_s/switch_to_train/load_optimizer` (part of the update's own time)."""
+        """Bring the optimizer state back to the GPU (if it was offloaded) for the actor's optimizer step: the
+        update calls it at its first step (FSDPUpdater.before_optimizer_step), after the backward, so the forward and
+        backward run without the state. Timed as `timing_s/switch_to_train/load_optimizer` (part of the update's
+        own time); a no-op once the state is back."""
         if self._optimizer_on_cpu:
             from hybridrl.training.offload import load_optimizer
 

@@ -34,7 +34,8 @@ class ActorPlan:
     activation_offload: bool            # model.enable_activation_offload resolved: the update's checkpointed layer
                                         # inputs wait in host memory (with checkpointing only)
     optimizer_offload: bool             # actor.fsdp_config.optimizer_offload resolved: the hybrid engine moves the
-                                        # AdamW state to host memory from the rollout until the update
+                                        # AdamW state to host memory from the rollout until the update's first
+                                        # optimizer step
     share_prompts: bool                 # actor.use_prefix_grouper: the actor's and reference's forwards run each
                                         # prompt of a micro-batch once (training/packing.py)
     remove_padding: bool                # the actor's and reference's forwards packed (varlen attention)

@@ -47,6 +47,8 @@ class Residency:
     rm_shard: int = 1
     rm_param_offload: bool = True   # its shards on the GPU only in the reward_model phase
     rm_param_bytes: int = 2     # bf16 on GPUs (it never trains: no fp32 master)
+    optimizer_steps: int = 1        # actor optimizer steps per update (mini-batches x ppo_epochs): with one, an
+                                    # offloaded AdamW state returns only for that step, after the last backward
     sort_sampling: bool = False     # some sampling uses top-k / top-p (the sorting sampler), else the one-pass kernel
     fused_optimizer: bool = True    # AdamW's fused in-place kernel; false: the multi-tensor path, whose step holds
                                     # sqrt(exp_avg_sq) of every trained tensor at once
@@ -196,7 +198,7 @@ class MemoryModel:
                  kv_bytes: int, tokens: int | None = None) -> PhaseMemory:
         """tokens: of one micro-batch (None: micro_rows x seq_len; fewer with shared prompts)."""
         r, s = self.r, self.s
-        optim = not r.optimizer_offload  # offloaded optimizer state comes back only right before the update
+        optim = not r.optimizer_offload  # offloaded optimizer state comes back only at the update's optimizer step
         parts = self._actor(grads=False, params_on_gpu=True, optim_on_gpu=optim)
         parts.update(self._others(ref_on_gpu=phase == "ref" or not r.ref_offload))
         parts.update(self._scheme_a_engine(kv_bytes))
@@ -209,9 +211,13 @@ class MemoryModel:
 
     def update_actor(self, micro_rows: int, seq_len: int, response_len: int, kv_bytes: int,
                      tokens: int | None = None) -> PhaseMemory:
-        """tokens: of one micro-batch (None: micro_rows x seq_len; fewer with shared prompts)."""
+        """tokens: of one micro-batch (None: micro_rows x seq_len; fewer with shared prompts). Where the hybrid engine
+        offloads the AdamW state and the update has one optimizer step, the state comes back only for that step
+        (FSDPUpdater.before_optimizer_step), when the activations are freed: the phase peaks at the larger of the
+        forward/backward without it and the step with it."""
         s, r = self.s, self.r
-        parts = self._actor(grads=True, params_on_gpu=True, optim_on_gpu=True)
+        deferred = r.hybrid and r.optimizer_offload and r.optimizer_steps == 1
+        parts = self._actor(grads=True, params_on_gpu=True, optim_on_gpu=not deferred)
         parts.update(self._others(ref_on_gpu=not r.ref_offload))
         parts.update(self._scheme_a_engine(kv_bytes))
         lora, tokens = bool(r.lora_params), micro_rows * seq_len if tokens is None else tokens
@@ -232,10 +238,16 @@ class MemoryModel:
                         "unsharded params": self._fsdp_working(s, r.update_unshard_once, backward=True,
                                                                frozen=lora)}
         parts.update(max(head_moment, layer_moment, key=lambda m: sum(m.values())))
-        parts["optimizer step"] = self._optimizer_step(r.lora_params or s.num_params, r.master_bytes, r.shard)
+        step = self._optimizer_step(r.lora_params or s.num_params, r.master_bytes, r.shard)
         if r.lora_expert_bytes:
             parts["expert LoRA copies"] = self._expert_lora_copies(s)
-        return PhaseMemory("update_actor", parts)
+        if not deferred:
+            parts["optimizer step"] = step
+            return PhaseMemory("update_actor", parts)
+        at_step = self._actor(grads=True, params_on_gpu=True, optim_on_gpu=True)
+        at_step.update(self._others(ref_on_gpu=not r.ref_offload))
+        at_step["optimizer step"] = step
+        return PhaseMemory("update_actor", max(parts, at_step, key=lambda m: sum(m.values())))
 
     def _expert_lora_copies(self, s: ModelShape) -> int:
         """The update's rebuilt expert tensors (LoRA on experts): autograd keeps each MoE layer's W + scale·B·A for

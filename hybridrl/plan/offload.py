@@ -6,7 +6,8 @@ every phase's memory depends on them:
   it is on only where the update cannot hold even one sequence of the longest length without it (with gradient
   checkpointing, which it needs) and can with it;
 - optimizer offload (`actor.fsdp_config.optimizer_offload`): the hybrid engine moves the AdamW state to host memory
-  when the rollout starts and back right before the update (hybrid/engine.py). It costs copying that state out
+  when the rollout starts and back at the update's first optimizer step (hybrid/engine.py; with one optimizer step
+  per update the forward and backward run without it, which the memory model counts). It costs copying that state out
   and back each step, so it is on only where, on the GPU, it would leave the rollout's KV cache unable to hold all
   of the step's sequences at once (or the rollout unable to fit at all), and on the CPU more of them fit.
 
@@ -99,5 +100,5 @@ def resolve_optimizer_offload(sizing: Sizing, val_prompts: int | None, judge: bo
     else:
         sizing.reside(optimizer_offload=True)
         choices.append(f"{key} = true (with its {state:.1f} GiB on the GPU {on_gpu}; with it in host memory from the "
-                       f"rollout until the update, {'all ' if moved_fit >= seqs else ''}{moved_fit}, at the cost of "
+                       f"rollout until the update's optimizer step, {'all ' if moved_fit >= seqs else ''}{moved_fit}, at the cost of "
                        f"copying {state:.1f} GiB out and back each step)")

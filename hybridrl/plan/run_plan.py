@@ -133,8 +133,10 @@ def make_plan(config: PPOConfig, hf_config, device: DeviceSpec, val_prompts: int
                     response_len=get("data.max_response_length"), choices=choices, predicted={})
 
     judge = bool(get("reward_model.enable")) and get("reward_model.style") == "judge"
-    resolve_activation_offload(sizing)   # 'auto' offloads, first: every phase's memory counts them
+    # 'auto' offloads, first: every phase's memory counts them. The optimizer's before the activations': with the
+    # state on the host until the optimizer step the update's forward and backward have its room
     resolve_optimizer_offload(sizing, val_prompts, judge)
+    resolve_activation_offload(sizing)
     kv_cache = plan_kv_cache(sizing, val_prompts, judge)
     actor = plan_actor(sizing, kv_cache, share_prompts, lora_base_dtype)
     has_critic = layout.critic_mini_batch_per_gpu is not None
@@ -197,6 +199,7 @@ def _residency(get, layout: Layout, device: DeviceSpec, shape: ModelShape, rm_sh
         critic_param_offload=get("critic.model.fsdp_config.param_offload"),
         critic_optimizer_offload=get("critic.model.fsdp_config.optimizer_offload"),
         hybrid=hybrid, rollout_tp=par.rollout_tp,
+        optimizer_steps=layout.num_mini_batches * get(f"{ACTOR}.ppo_epochs"),
         sort_sampling=any(get(f"{section}.top_k") > 0 or get(f"{section}.top_p") < 1
                           for section in (ROLLOUT, f"{ROLLOUT}.val_kwargs")),
         # 'auto' is planned with checkpointing first; plan_actor_recompute / plan_critic_recompute may turn it off

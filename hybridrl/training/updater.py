@@ -60,6 +60,9 @@ class FSDPUpdater:
         self.device = next(module.parameters()).device
         self.nonfinite_skips = 0
         self.reduce_in_last_backward = grads_unsplit(module)
+        # called at the start of every optimizer step: where the hybrid engine offloads the optimizer state, it
+        # returns to the GPU there, after the backward has freed the activations, not before the forward
+        self.before_optimizer_step: Callable[[], None] | None = None
 
     def _train_step(self, data: DataProto, role: str, mini_step: Callable[[DataProto, dict], None]) -> dict[str, float]:
         """Run `mini_step(mini_batch, metrics)` (forward/backward over its micro-batches) for every mini-batch, each
@@ -105,6 +108,8 @@ class FSDPUpdater:
         return maybe_offload(self.activation_offload, self._offload_stats)
 
     def _optimizer_step(self, metrics: dict) -> None:
+        if self.before_optimizer_step is not None:
+            self.before_optimizer_step()
         grad_norm = clip_grad_norm(self.module, self.config.grad_clip)
         if torch.isfinite(torch.tensor(grad_norm)):
             self.optimizer.step()

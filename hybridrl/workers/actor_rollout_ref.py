@@ -16,6 +16,7 @@ import logging
 import os
 import time
 from dataclasses import replace
+from functools import partial
 
 import torch
 import torch.distributed as dist
@@ -268,8 +269,11 @@ class ActorRolloutRefWorker(EarlyUpdateWorker, RoleWorker):
         metrics: dict = {}
         data.meta_info.setdefault("temperature", self.config.actor_rollout_ref.rollout.temperature)
         with track_phase("update_actor", metrics, self.compute_device):
-            self.hybrid.before_update(metrics)
-            train_metrics = self.actor.update_policy(data)
+            self.actor.before_optimizer_step = partial(self.hybrid.before_update, metrics)
+            try:
+                train_metrics = self.actor.update_policy(data)
+            finally:
+                self.actor.before_optimizer_step = None
         self.hybrid.after_update()
         metrics.update(train_metrics)
         # without an old-log-prob pass the update's own log-probs were the old ones: they go back to the driver

@@ -34,20 +34,26 @@ def choice(p, key):
     return lines[0]
 
 
-def test_7b_16k_plans_at_the_defaults_with_both_offloads():
+def test_7b_16k_plans_at_the_defaults_with_the_optimizer_offloaded_until_its_step():
     p = plan(SEVEN_16K)
     budget = 0.9 * H200.total_bytes
-    # activation offload: one 16640-token sequence does not fit the update with checkpointing alone
-    assert p.actor.activation_offload and p.actor.gradient_checkpointing and p.actor.recompute_kept_layers == 0
-    assert p.actor.update.max_tokens == 16640 and p.predicted["update_actor"].total <= budget
-    assert choice(p, ACT).startswith(f"{ACT} = true (one sequence of 16640 tokens is predicted at 126.9 GiB")
-    assert "124.1 GiB" in choice(p, ACT)
     # optimizer offload: on the GPU the KV cache would hold 28 of the 128 sequences at full length; off it, 61 (the
     # engine's weights, KV and activations within gpu_memory_utilization 0.5 of the GPU)
     assert p.actor.optimizer_offload and p.predicted["gen"].parts["actor optimizer"] == 0
     assert choice(p, OPT).startswith(f"{OPT} = true (with its 56.7 GiB on the GPU the rollout's KV cache holds 28 "
                                      "of the step's 128 sequences at full length")
-    assert "61, at the cost of copying 56.7 GiB" in choice(p, OPT)
+    assert "until the update's optimizer step, 61, at the cost of copying 56.7 GiB" in choice(p, OPT)
+    # one optimizer step per update: the state returns only for it, so the forward and backward have its 56.7 GiB.
+    # One 16640-token sequence then fits with checkpointing alone (the step itself, params + grads + state, is the
+    # 113.5 GiB), no activation offload, and 17 of the 28 layers keep their activations instead of recomputing
+    assert not p.actor.activation_offload and p.actor.gradient_checkpointing and p.actor.recompute_kept_layers == 17
+    assert choice(p, ACT) == (f"{ACT} = false (one sequence of 16640 tokens fits the update with checkpointing alone: "
+                              "predicted 113.5 GiB, within the device budget (90% of 139.8 GiB))")
+    update = p.predicted["update_actor"]
+    assert update.parts["actor optimizer"] == 0 and update.parts["activations"] > 0   # the backward's moment
+    at_step = 30462466048 * 4    # fp32 params + grads + two AdamW moments of the 7.6B parameters
+    assert update.total > at_step and update.total <= budget
+    assert p.actor.update.max_tokens == 16640
     # responses end at EOS: all 128 run at once in the cache that fits, preempted by recompute if it runs out
     kv = p.rollout.kv_cache
     assert kv.max_num_seqs == 128 and kv.blocks < 128 * (16640 // 16)
@@ -60,11 +66,20 @@ def test_7b_16k_plans_at_the_defaults_with_both_offloads():
     assert 62158 <= kv.blocks <= 1.05 * 62158
     roomier = plan([*SEVEN_16K, f"{R}.gpu_memory_utilization=0.7"]).rollout.kv_cache
     assert roomier.blocks > 1.4 * kv.blocks
-    # the update brings the state back: it is counted there; the passes between keep it on the host
-    assert p.predicted["update_actor"].parts["actor optimizer"] > 56 * GiB
     assert all(pm.total <= budget for pm in p.predicted.values())
     # `hybridrl config check` prints both choices
     assert f"  auto: {choice(p, ACT)}" in str(p) and f"  auto: {choice(p, OPT)}" in str(p)
+
+
+def test_7b_16k_with_two_mini_batches_counts_the_state_in_the_update_and_offloads_activations():
+    """Two optimizer steps: the state is back from the first, so the second mini-batch's forward and backward hold
+    it: the update counts it, and one 16640-token sequence then needs its layer inputs on the host."""
+    p = plan([*SEVEN_16K, f"{A}.ppo_mini_batch_size=8"])
+    assert p.actor.optimizer_offload and p.predicted["update_actor"].parts["actor optimizer"] > 56 * GiB
+    assert p.actor.activation_offload and p.actor.gradient_checkpointing and p.actor.recompute_kept_layers == 0
+    assert choice(p, ACT).startswith(f"{ACT} = true (one sequence of 16640 tokens is predicted at 126.9 GiB")
+    assert "124.1 GiB" in choice(p, ACT)
+    assert p.predicted["update_actor"].total <= 0.9 * H200.total_bytes
 
 
 def test_1_5b_long_tail_keeps_both_off_and_its_plan_unchanged():
@@ -81,9 +96,10 @@ def test_1_5b_long_tail_keeps_both_off_and_its_plan_unchanged():
 
 
 def test_explicit_values_are_kept():
-    # activation offload false: the 7B/16k update is refused as before, the offload named as a fix
+    # activation offload false: the 7B/16k update with two mini-batches (the state back for the second) is refused,
+    # the offload named as a fix
     with pytest.raises(ConfigError) as e:
-        plan([*SEVEN_16K, f"{ACT}=false"])
+        plan([*SEVEN_16K, f"{A}.ppo_mini_batch_size=8", f"{ACT}=false"])
     msg = str(e.value)
     assert "even one sequence of 16640 tokens is predicted to need 126.9 GiB in phase update_actor" in msg
     assert f"({ACT}=true)" in msg and "model_dtype=bf16" in msg

@@ -265,3 +265,45 @@ def test_is_weights_from_own_log_probs_equal_precomputed_ones(base_model, level)
     for name in g_given:
         torch.testing.assert_close(g_own[name], g_given[name], atol=1e-6, rtol=1e-4)
     assert any(not torch.allclose(g_plain[n], g_given[n], atol=1e-6) for n in g_given)  # the weights matter
+
+
+def test_the_offloaded_optimizer_state_returns_after_each_mini_batchs_backward(base_model):
+    """`before_optimizer_step` (the worker hands it the hybrid engine's before_update) runs once per mini-batch,
+    after its last backward and before its AdamW step. With the state offloaded, the first mini-batch's forwards and
+    backwards run without it; the weights come out as with the state resident throughout."""
+    from hybridrl.hybrid.engine import HybridEngine
+    from hybridrl.training.offload import offload_optimizer
+
+    data = make_ppo_batch(batch=4, seed=2)
+
+    def update(offloaded: bool):
+        model = copy.deepcopy(base_model)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        # two mini-batches of 2 rows, each two micro-batches of 1 row
+        actor = DataParallelPPOActor(actor_cfg(), model, opt, batches=UpdateBatches(2, 1, None),
+                                     use_remove_padding=True)
+        actor.update_policy(data)   # the first update creates the AdamW state
+        hybrid = object.__new__(HybridEngine)   # only what before_update reads
+        hybrid.optimizer, hybrid.device, hybrid._optimizer_on_cpu = opt, torch.device("cpu"), False
+        if offloaded:
+            offload_optimizer(opt)
+            hybrid._optimizer_on_cpu = True
+        forwards, calls, metrics = [], [], {}
+        model.model.register_forward_hook(lambda *a: forwards.append(1))
+
+        def before_step():
+            calls.append((len(forwards), all(p.grad is not None for p in model.parameters()),
+                          hybrid._optimizer_on_cpu))
+            hybrid.before_update(metrics)
+
+        actor.before_optimizer_step = before_step
+        actor.update_policy(data)
+        return calls, metrics, {n: p.detach().clone() for n, p in model.named_parameters()}
+
+    calls, metrics, weights = update(offloaded=True)
+    assert calls == [(2, True, True), (4, True, False)]
+    assert set(metrics) == {"timing_s/switch_to_train/load_optimizer"}
+    resident_calls, resident_metrics, resident = update(offloaded=False)
+    assert resident_calls == [(2, True, False), (4, True, False)] and resident_metrics == {}
+    for name, w in weights.items():
+        assert torch.equal(w, resident[name]), name

@@ -16,17 +16,20 @@ from hybridrl.plan.memory import GiB
 from hybridrl.workers.actor_rollout_ref import ActorRolloutRefWorker
 
 M, A, R = "actor_rollout_ref.model", "actor_rollout_ref.actor", "actor_rollout_ref.rollout"
-STEP = ["data.max_prompt_length=256", "data.train_batch_size=16", f"{R}.n=8", f"{A}.ppo_mini_batch_size=16",
-        "trainer.n_gpus_per_node=1", f"{M}.use_liger=false"]
+STEP = ["data.max_prompt_length=256", "data.train_batch_size=16", f"{R}.n=8", "trainer.n_gpus_per_node=1",
+        f"{M}.use_liger=false"]
 
 
-@pytest.mark.parametrize("response, offloaded", [(16384, True), (1024, False)])
-def test_the_worker_hands_down_the_plans_offloads(monkeypatch, response, offloaded):
-    config = load_config(overrides=[*STEP, f"data.max_response_length={response}"])
+# 7B: at 16k responses the optimizer is offloaded; with two mini-batches (its state on the GPU for the second) the
+# activations too; at 1k neither
+@pytest.mark.parametrize("response, mini, activations, optimizer", [(16384, 8, True, True), (16384, 16, False, True),
+                                                                   (1024, 16, False, False)])
+def test_the_worker_hands_down_the_plans_offloads(monkeypatch, response, mini, activations, optimizer):
+    config = load_config(overrides=[*STEP, f"data.max_response_length={response}", f"{A}.ppo_mini_batch_size={mini}"])
     assert config.actor_rollout_ref.model.enable_activation_offload == "auto"
     assert config.actor_rollout_ref.actor.fsdp_config.optimizer_offload == "auto"
     plan = make_plan(config, make_config(**SIZE_PRESETS["qwen2.5-7b"]), DeviceSpec("cuda", "H200", int(139.8 * GiB)))
-    assert plan.actor.activation_offload is plan.actor.optimizer_offload is offloaded
+    assert plan.actor.activation_offload is activations and plan.actor.optimizer_offload is optimizer
 
     got = {}
     monkeypatch.setattr(worker_module, "dist", SimpleNamespace(get_rank=lambda: 0))
@@ -41,5 +44,5 @@ def test_the_worker_hands_down_the_plans_offloads(monkeypatch, response, offload
                            setup_process=lambda *a, **k: SimpleNamespace(training=None, sp_group=None, rollout=None))
     fake._build_rollout = lambda mesh: ActorRolloutRefWorker._build_rollout(fake, mesh)
     ActorRolloutRefWorker.init_model(fake)
-    assert got["actor"]["activation_offload"] is offloaded
-    assert got["hybrid"]["optimizer_offload"] is offloaded
+    assert got["actor"]["activation_offload"] is activations
+    assert got["hybrid"]["optimizer_offload"] is optimizer

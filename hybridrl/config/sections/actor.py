@@ -203,8 +203,9 @@ class ActorFSDPConfig(Section):
     param_offload: bool
     """hybrid engine: FSDP shards on CPU during generation (after resharding), back for log-prob/update"""
     optimizer_offload: Auto | bool
-    """hybrid engine: optimizer state in pinned host memory from rollout until the next update (copied out and back
-    each step, ~50 GB/s on an H200 host; the buffers stay pinned for the run). auto = the run plan's choice: on only
+    """hybrid engine: optimizer state in pinned host memory from the rollout until the update's first optimizer step
+    (copied out and back each step, ~50 GB/s on an H200 host; the buffers stay pinned for the run). With one optimizer
+    step per update the forward and backward run without it, which the run plan counts (less recompute). auto = the run plan's choice: on only
     on a GPU with the hybrid engine and full fine-tuning (not LoRA) where, with the state on the GPU, the rollout's
     KV cache would hold fewer than all of the step's sequences at full length (or the rollout would not fit) and with
     it on the CPU more of them fit; off elsewhere and on CPU"""
