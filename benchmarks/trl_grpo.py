@@ -210,6 +210,9 @@ def main(argv=None):
     generation_kwargs = {"min_new_tokens": args.max_new_tokens} if args.ignore_eos else None
     config = GRPOConfig(
         output_dir=tempfile.mkdtemp(prefix="trl_grpo_"),  # nothing is saved (save_strategy="no")
+        # MoE models: no load-balancing loss, as hybridrl's actor.router_aux_loss_coef defaults (TRL would take the
+        # model config's coefficient)
+        router_aux_loss_coef=0.0,
         per_device_train_batch_size=args.micro_batch,
         gradient_accumulation_steps=grad_accum,
         generation_batch_size=total,
@@ -314,6 +317,14 @@ def main(argv=None):
         callbacks=[timer],
         peft_config=peft_config,
     )
+    lora = None
+    if peft_config is not None:  # which modules peft wrapped (e.g. attention only, not the MoE experts/router)
+        wrapped = [n for n, m in trainer.model.named_modules() if hasattr(m, "lora_A")]
+        lora = {"wrapped_modules": len(wrapped),
+                "wrapped_names": sorted({re.sub(r"\.\d+\.", ".N.", n) for n in wrapped}),
+                "trainable_params": sum(p.numel() for p in trainer.model.parameters() if p.requires_grad),
+                "total_params": sum(p.numel() for p in trainer.model.parameters())}
+        print(f"[trl] lora: {json.dumps(lora)}", flush=True)
     if cuda:
         torch.cuda.reset_peak_memory_stats()
     trainer.train()
@@ -343,8 +354,10 @@ def main(argv=None):
             "gradient_checkpointing": config.gradient_checkpointing,
             "generation_kwargs": config.generation_kwargs,
             "use_vllm": config.use_vllm,
+            "router_aux_loss_coef": config.router_aux_loss_coef,
             "model_dtype": str(dtype),
         },
+        "lora": lora,
         "num_prompts_unique": n_unique,
         "num_filtered_prompts": n_filtered,
         "num_truncated_prompts": n_truncated[0],  # prompt copies (x n) truncated, warm-up included
