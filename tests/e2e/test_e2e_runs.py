@@ -102,7 +102,8 @@ def test_hf_rollout_backend_runs_on_the_actor_module(ray_local, tiny_model_dir, 
     ["algorithm.adv_estimator=remax",  # a second, greedy rollout per step gives the baseline
      "actor_rollout_ref.actor.fsdp_config.model_dtype=bf16"],  # bf16 master weights (one-GPU large models)
     ["algorithm.adv_estimator=rloo", "algorithm.use_kl_in_reward=true", "algorithm.kl_ctrl.type=adaptive",
-     "actor_rollout_ref.rollout.async_scheduling=true"],
+     "actor_rollout_ref.rollout.async_scheduling=true",
+     "actor_rollout_ref.actor.fsdp_config.optimizer_offload=true"],  # hybrid: the state back at the optimizer step
     ["actor_rollout_ref.hybrid_engine=false", "actor_rollout_ref.actor.fsdp_config.param_offload=true",
      "actor_rollout_ref.actor.fsdp_config.optimizer_offload=true"],  # scheme A: the resident engine
     ["algorithm.adv_estimator=gae", "actor_rollout_ref.actor.use_kl_loss=true",
@@ -122,6 +123,10 @@ def test_other_estimators_and_scheme_a_run(ray_local, tiny_model_dir, arith_dir,
         assert "actor/reward_kl_penalty" in steps[-1]
     if "actor_rollout_ref.rollout.async_scheduling=true" in extra:
         assert steps[-1]["rollout/num_lookahead_steps"] > 0
+    if "actor_rollout_ref.actor.fsdp_config.optimizer_offload=true" in extra and "hybrid_engine=false" not in str(extra):
+        # the AdamW state exists from the first update on: offloaded for the second rollout, back at its step
+        assert "timing_s/switch_to_rollout/offload_optimizer" in steps[1]
+        assert "timing_s/switch_to_train/load_optimizer" in steps[1]
 
 
 SIGNAL_ON_EVEN_PROMPTS = '''
