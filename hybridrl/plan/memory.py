@@ -49,6 +49,7 @@ class Residency:
     rm_param_bytes: int = 2     # bf16 on GPUs (it never trains: no fp32 master)
     optimizer_steps: int = 1        # actor optimizer steps per update (mini-batches x ppo_epochs): with one, an
                                     # offloaded AdamW state returns only for that step, after the last backward
+    critic_optimizer_steps: int = 1     # the same for the critic's update
     sort_sampling: bool = False     # some sampling uses top-k / top-p (the sorting sampler), else the one-pass kernel
     fused_optimizer: bool = True    # AdamW's fused in-place kernel; false: the multi-tensor path, whose step holds
                                     # sqrt(exp_avg_sq) of every trained tensor at once
@@ -92,7 +93,7 @@ class MemoryModel:
                 "actor optimizer": 2 * trained * mb / shard if optim_on_gpu else 0}
 
     def _others(self, ref_on_gpu: bool, critic_grads: bool = False, critic_on_gpu: bool | None = None,
-                rm_on_gpu: bool = False) -> dict:
+                rm_on_gpu: bool = False, critic_optim_on_gpu: bool | None = None) -> dict:
         r, parts = self.r, {}
         if r.reward_model is not None and (rm_on_gpu or not r.rm_param_offload):
             parts["reward model params"] = r.reward_model.num_params * r.rm_param_bytes / r.rm_shard
@@ -101,7 +102,8 @@ class MemoryModel:
         if r.critic is not None:
             pc = r.critic.num_params
             params = not r.critic_param_offload if critic_on_gpu is None else critic_on_gpu
-            optim = not r.critic_optimizer_offload if critic_on_gpu is None else critic_on_gpu
+            optim = (not r.critic_optimizer_offload if critic_on_gpu is None else critic_on_gpu) \
+                if critic_optim_on_gpu is None else critic_optim_on_gpu
             parts["critic params"] = pc * 4 / r.critic_shard if params else 0
             parts["critic optimizer"] = 2 * pc * 4 / r.critic_shard if optim else 0
             parts["critic grads"] = pc * 4 / r.critic_shard if critic_grads else 0
@@ -267,11 +269,15 @@ class MemoryModel:
 
     def critic_phase(self, phase: str, micro_rows: int, seq_len: int, unshard_once: bool,
                      kv_bytes: int, tokens: int | None = None) -> PhaseMemory:
-        """tokens: of one micro-batch (None: micro_rows x seq_len; fewer with shared prompts)."""
+        """tokens: of one micro-batch (None: micro_rows x seq_len; fewer with shared prompts). With the critic's
+        optimizer offloaded and one optimizer step per update its state returns only for that step, as the actor's
+        (update_actor): the update peaks at the larger of the forward/backward without it and the step with it."""
         r, c = self.r, self.r.critic
         train = phase == "update_critic"
+        deferred = train and r.critic_optimizer_offload and r.critic_optimizer_steps == 1
         parts = self._actor(grads=False, params_on_gpu=True, optim_on_gpu=not r.optimizer_offload)
-        parts.update(self._others(ref_on_gpu=not r.ref_offload, critic_grads=train, critic_on_gpu=True))
+        parts.update(self._others(ref_on_gpu=not r.ref_offload, critic_grads=train, critic_on_gpu=True,
+                                  critic_optim_on_gpu=False if deferred else None))
         parts.update(self._scheme_a_engine(kv_bytes))
         parts["unsharded params"] = self._fsdp_working(c, unshard_once and not train, backward=train)
         tokens = micro_rows * seq_len if tokens is None else tokens
@@ -279,9 +285,17 @@ class MemoryModel:
                                                         r.critic_activation_offload,
                                                         kept_layers=r.critic_kept_layers) if train
                                 else tokens * c.infer_act_bytes_per_token)
-        if train:
-            parts["optimizer step"] = self._optimizer_step(c.num_params, 4, r.critic_shard)
-        return PhaseMemory(phase, parts)
+        if not train:
+            return PhaseMemory(phase, parts)
+        step = self._optimizer_step(c.num_params, 4, r.critic_shard)
+        if not deferred:
+            parts["optimizer step"] = step
+            return PhaseMemory(phase, parts)
+        at_step = self._actor(grads=False, params_on_gpu=True, optim_on_gpu=not r.optimizer_offload)
+        at_step.update(self._others(ref_on_gpu=not r.ref_offload, critic_grads=True, critic_on_gpu=True))
+        at_step.update(self._scheme_a_engine(kv_bytes))
+        at_step["optimizer step"] = step
+        return PhaseMemory(phase, max(parts, at_step, key=lambda m: sum(m.values())))
 
     def reward_model_phase(self, micro_rows: int, seq_len: int, unshard_once: bool, kv_bytes: int) -> PhaseMemory:
         """Scoring with the reward model: the actor as after a rollout (parameters back, optimizer state where the

@@ -59,6 +59,11 @@ class CriticWorker(RoleWorker):
         if optimizer:
             load_optimizer(self.optimizer, self.compute_device)
 
+    def _load_optimizer_state(self) -> None:
+        if self._optimizer_on_cpu:
+            self._load(params=False, optimizer=True)
+            self._optimizer_on_cpu = False
+
     @register(dispatch_mode=make_mesh_dispatch("critic"))
     def compute_values(self, data: DataProto) -> DataProto:
         metrics: dict = {}
@@ -77,9 +82,14 @@ class CriticWorker(RoleWorker):
     def update_critic(self, data: DataProto) -> DataProto:
         metrics: dict = {}
         with track_phase("update_critic", metrics, self.compute_device):
-            # the optimizer state only exists on the GPU during the critic update when optimizer_offload is set
-            self._load(params=self._param_offload, optimizer=self._optimizer_offload and self._optimizer_on_cpu)
-            train_metrics = self.critic.update_critic(data)
+            # with optimizer_offload the state is on the GPU only from the update's first optimizer step (after its
+            # backward) to the update's end
+            self._load(params=self._param_offload, optimizer=False)
+            self.critic.before_optimizer_step = self._load_optimizer_state
+            try:
+                train_metrics = self.critic.update_critic(data)
+            finally:
+                self.critic.before_optimizer_step = None
             self._offload(params=self._param_offload, optimizer=self._optimizer_offload)
             self._optimizer_on_cpu = self._optimizer_offload
         metrics.update(train_metrics)

@@ -147,3 +147,20 @@ def test_activation_offload_auto_needs_checkpointing_and_refusals_do_not_repeat_
     with pytest.raises(ConfigError) as e:
         plan(SEVEN_16K, device=DeviceSpec("cuda", "80G", 80 * GiB))
     assert "enable_activation_offload" not in str(e.value) and "model_dtype=bf16" in str(e.value)
+
+
+def test_critic_optimizer_offload_is_counted_only_from_the_critics_optimizer_step():
+    """GAE on the 1.5B: with the critic's optimizer offloaded and one critic mini-batch its AdamW state returns only
+    for the step, so the update's forward/backward moment holds none of it; with two mini-batches it is back for the
+    second one and counted, as without the offload."""
+    gae = ["data.max_prompt_length=256", "data.max_response_length=1024", "data.train_batch_size=16", f"{R}.n=8",
+           f"{A}.ppo_mini_batch_size=16", "trainer.n_gpus_per_node=1", f"{M}.use_liger=false",
+           "algorithm.adv_estimator=gae", "critic.ppo_mini_batch_size=16"]
+    off = "critic.model.fsdp_config.optimizer_offload=true"
+    resident, deferred, two = (plan(keys, hf=Q15).predicted["update_critic"]
+                               for keys in (gae, [*gae, off], [*gae, off, "critic.ppo_mini_batch_size=8"]))
+    state = resident.parts["critic optimizer"]
+    assert state > 11 * GiB and deferred.parts["critic optimizer"] == 0 and two.parts["critic optimizer"] == state
+    # the step's own moment (critic params, grads and state, no activations) is within the phase's peak
+    at_step = sum(v for k, v in deferred.parts.items() if k not in ("activations", "unsharded params")) + state
+    assert deferred.total >= at_step and deferred.total <= 0.9 * H200.total_bytes

@@ -101,6 +101,7 @@ class CriticFSDPConfig(Section):
     param_offload: bool
     """parameter shards on CPU except during compute_values and update_critic"""
     optimizer_offload: bool
-    """optimizer state on CPU except during update_critic"""
+    """optimizer state on CPU except from update_critic's first optimizer step (after its backward) to its end;
+    with one optimizer step per update the forward and backward run without it, which the run plan counts"""
     fsdp_size: int
     """-1 = shard over all ranks; smaller = HSDP"""
