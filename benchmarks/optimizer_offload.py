@@ -82,6 +82,10 @@ def measure(preset: str, form: str, repeat: int) -> dict:
            "offload_gb_per_s": state_gb / statistics.median(offs), "load_gb_per_s": state_gb / statistics.median(loads)}
     if first:
         row["first_offload_s"], row["first_load_s"] = first
+        # the pinned buffers holding the twins (views share them): what the run keeps pinned in host memory
+        from hybridrl.training.offload import _HOST_TWINS
+        buffers = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in _HOST_TWINS[opt].values()}
+        row["pinned_buffers"], row["pinned_gb"] = len(buffers), sum(buffers.values()) / 1e9
     del opt
     torch.cuda.empty_cache()
     print(json.dumps(row), flush=True)
