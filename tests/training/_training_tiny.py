@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import socket
 import traceback
+from datetime import timedelta
 from pathlib import Path
 
 import torch
@@ -131,6 +132,9 @@ def _entry(rank, world, port, fn, args, errq):
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
         fn(rank, world, *args)
+        # every rank done before any tears the group down (a rank aborted once in CI with "terminate called without
+        # an active exception" while its peer was still saving); monitored: a failed peer raises here, not hangs
+        dist.monitored_barrier(timeout=timedelta(seconds=120))
     except BaseException:
         errq.put((rank, traceback.format_exc()))
         raise
