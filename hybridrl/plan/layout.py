@@ -45,6 +45,7 @@ class Layout:
     rollout_prompts_per_dp: int
     rollout_samples_per_dp: int
     critic_mini_batch_per_gpu: int | None  # only with adv_estimator=gae
+    critic_num_mini_batches: int | None = None  # per critic PPO epoch; only with adv_estimator=gae
 
     @property
     def world_size(self) -> int:
@@ -121,9 +122,10 @@ def derive_layout(config: PPOConfig, device_type: str | None = None) -> Layout:
     train_dp, rollout_dp = world // sp, world // tp
     mini_per_gpu = mini * n // train_dp
     micro = None if actor.use_dynamic_bsz is True else actor.ppo_micro_batch_size_per_gpu
-    critic_mini = None
+    critic_mini = critic_minis = None
     if config.algorithm.adv_estimator == "gae":
         critic_mini = config.critic.ppo_mini_batch_size * n // (world // par.critic_sp)
+        critic_minis = tbs // config.critic.ppo_mini_batch_size
     return Layout(
         device=device_type or ("cpu" if config.trainer.device == "cpu" else "cuda"),
         parallel=par, training_mesh=training_mesh, training_mesh_dims=dims,
@@ -137,5 +139,5 @@ def derive_layout(config: PPOConfig, device_type: str | None = None) -> Layout:
         ref_log_prob_micro_batch_per_gpu=None if ref.log_prob_use_dynamic_bsz is True else
         ref.log_prob_micro_batch_size_per_gpu,
         rollout_prompts_per_dp=gen // rollout_dp, rollout_samples_per_dp=gen // rollout_dp * n,
-        critic_mini_batch_per_gpu=critic_mini,
+        critic_mini_batch_per_gpu=critic_mini, critic_num_mini_batches=critic_minis,
     )

@@ -243,13 +243,20 @@ class MemoryModel:
         step = self._optimizer_step(r.lora_params or s.num_params, r.master_bytes, r.shard)
         if r.lora_expert_bytes:
             parts["expert LoRA copies"] = self._expert_lora_copies(s)
-        if not deferred:
-            parts["optimizer step"] = step
-            return PhaseMemory("update_actor", parts)
-        at_step = self._actor(grads=True, params_on_gpu=True, optim_on_gpu=True)
-        at_step.update(self._others(ref_on_gpu=not r.ref_offload))
-        at_step["optimizer step"] = step
-        return PhaseMemory("update_actor", max(parts, at_step, key=lambda m: sum(m.values())))
+        at_step = None
+        if deferred:
+            at_step = self._actor(grads=True, params_on_gpu=True, optim_on_gpu=True)
+            at_step.update(self._others(ref_on_gpu=not r.ref_offload))
+        return self._with_step("update_actor", parts, step, at_step)
+
+    @staticmethod
+    def _with_step(phase: str, parts: dict, step: int, at_step: dict | None) -> PhaseMemory:
+        """An update's phase with its optimizer step's temporaries `step`: summed into the forward/backward's `parts`
+        where the optimizer state stays on the GPU throughout (at_step None, the safe side); else the larger of those
+        parts and the step's own moment `at_step` (what the step holds: state back, activations freed)."""
+        if at_step is None:
+            return PhaseMemory(phase, {**parts, "optimizer step": step})
+        return PhaseMemory(phase, max(parts, {**at_step, "optimizer step": step}, key=lambda m: sum(m.values())))
 
     def _expert_lora_copies(self, s: ModelShape) -> int:
         """The update's rebuilt expert tensors (LoRA on experts): autograd keeps each MoE layer's W + scale·B·A for
@@ -287,15 +294,12 @@ class MemoryModel:
                                 else tokens * c.infer_act_bytes_per_token)
         if not train:
             return PhaseMemory(phase, parts)
-        step = self._optimizer_step(c.num_params, 4, r.critic_shard)
-        if not deferred:
-            parts["optimizer step"] = step
-            return PhaseMemory(phase, parts)
-        at_step = self._actor(grads=False, params_on_gpu=True, optim_on_gpu=not r.optimizer_offload)
-        at_step.update(self._others(ref_on_gpu=not r.ref_offload, critic_grads=True, critic_on_gpu=True))
-        at_step.update(self._scheme_a_engine(kv_bytes))
-        at_step["optimizer step"] = step
-        return PhaseMemory(phase, max(parts, at_step, key=lambda m: sum(m.values())))
+        at_step = None
+        if deferred:
+            at_step = self._actor(grads=False, params_on_gpu=True, optim_on_gpu=not r.optimizer_offload)
+            at_step.update(self._others(ref_on_gpu=not r.ref_offload, critic_grads=True, critic_on_gpu=True))
+            at_step.update(self._scheme_a_engine(kv_bytes))
+        return self._with_step(phase, parts, self._optimizer_step(c.num_params, 4, r.critic_shard), at_step)
 
     def reward_model_phase(self, micro_rows: int, seq_len: int, unshard_once: bool, kv_bytes: int) -> PhaseMemory:
         """Scoring with the reward model: the actor as after a rollout (parameters back, optimizer state where the

@@ -200,8 +200,7 @@ def _residency(get, layout: Layout, device: DeviceSpec, shape: ModelShape, rm_sh
         critic_optimizer_offload=get("critic.model.fsdp_config.optimizer_offload"),
         hybrid=hybrid, rollout_tp=par.rollout_tp,
         optimizer_steps=layout.num_mini_batches * get(f"{ACTOR}.ppo_epochs"),
-        critic_optimizer_steps=get("data.train_batch_size") // get("critic.ppo_mini_batch_size")
-        * get("critic.ppo_epochs"),
+        critic_optimizer_steps=layout.critic_num_mini_batches * get("critic.ppo_epochs") if has_critic else 1,
         sort_sampling=any(get(f"{section}.top_k") > 0 or get(f"{section}.top_p") < 1
                           for section in (ROLLOUT, f"{ROLLOUT}.val_kwargs")),
         # 'auto' is planned with checkpointing first; plan_actor_recompute / plan_critic_recompute may turn it off

@@ -162,8 +162,7 @@ def _host_twins(twins: dict, wanted: list) -> None:
     shape or dtype changed. Where CUDA is, the new twins are views into pinned buffers packed by `pack_pow2`: torch's
     pinned allocator rounds each allocation up to a power of two, so one buffer per tensor comes to 115.8 GB of host
     memory for a 7B model's 60.9 GB of AdamW state by that rule (a 2.2 GB embedding pins 4.3 GB); packed, 61.2 GB
-    (tests/training/test_offload_twins.py). Without CUDA
-    (CPU runs, tests) they are plain host tensors."""
+    (tests/training/test_offload_twins.py). Without CUDA (CPU runs, tests) they are plain host tensors."""
     missing = [(slot, like) for slot, like in wanted
                if (t := twins.get(slot)) is None or t.shape != like.shape or t.dtype != like.dtype]
     if not missing:
