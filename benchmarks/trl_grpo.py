@@ -275,11 +275,13 @@ def main(argv=None):
             self._sync()
             now = time.perf_counter()
             self.step_s.append(now - self.t_last)
-            if len(self.step_s) == 1 and cuda:  # after the warm-up step: peak so far, then reset
+            if len(self.step_s) == 1 and cuda:  # after the warm-up step: its peak, then reset
                 self.peak_warmup = torch.cuda.max_memory_allocated()
                 torch.cuda.reset_peak_memory_stats()
-            peak_gb = torch.cuda.max_memory_allocated() / 1024**3 if cuda else 0.0
-            print(f"[trl] step {state.global_step} {self.step_s[-1]:.2f} s, peak since warm-up {peak_gb:.2f} GiB",
+                peak_gb, which = self.peak_warmup / 1024**3, "warm-up step's peak"
+            else:
+                peak_gb, which = (torch.cuda.max_memory_allocated() / 1024**3 if cuda else 0.0), "peak since warm-up"
+            print(f"[trl] step {state.global_step} {self.step_s[-1]:.2f} s, {which} {peak_gb:.2f} GiB",
                   flush=True)  # a run cut short by a time limit keeps its numbers in the log
             if args.val_every and state.global_step % args.val_every == 0:
                 self._validate(model, state.global_step)  # outside the timed interval
@@ -364,7 +366,7 @@ def main(argv=None):
         "warmup_step_s": timer.step_s[0] if timer.step_s else None,
         "step_s": timed,
         "median_step_s": statistics.median(timed) if timed else None,
-        "peak_allocated_gb": peak / gb,
+        "peak_allocated_gb": peak / gb if timed else None,  # timed steps only; --steps 0: see incl_warmup
         "peak_allocated_gb_incl_warmup": max(peak, timer.peak_warmup) / gb,
         "val_curve": timer.val,  # validation at step 0 and every --val-every steps (not in step_s)
         "reward_mean_per_step": [r["reward"] for r in step_logs][1:],  # timed steps only, like step_s
