@@ -59,7 +59,11 @@ def _config_check(args) -> int:
     if args.config is None and args.overrides and "=" not in args.overrides[0]:
         args.config = args.overrides.pop(0)  # `config check FILE key=value ...`, the older form
     config = _load(args)
-    device = (DeviceSpec("cuda", f"a {args.gpu_memory_gb:g} GiB GPU", int(args.gpu_memory_gb * 1024**3))
+    if args.host_memory_gb and not args.gpu_memory_gb:
+        raise SystemExit("config check: --host-memory-gb goes with --gpu-memory-gb (without it the plan reads this "
+                         "machine's GPU and host memory)")
+    host = int(args.host_memory_gb * 1024**3) if args.host_memory_gb else None
+    device = (DeviceSpec("cuda", f"a {args.gpu_memory_gb:g} GiB GPU", int(args.gpu_memory_gb * 1024**3), host)
               if args.gpu_memory_gb else local_device(config))
     problems = path_problems(config)
     unplanned = _no_plan_reason(config)
@@ -153,6 +157,9 @@ def build_parser(with_plugins: bool = True) -> argparse.ArgumentParser:
     _add_config_args(check)
     check.add_argument("--gpu-memory-gb", type=float, default=None,
                        help="plan for GPUs of this memory (GiB) instead of this machine's device")
+    check.add_argument("--host-memory-gb", type=float, default=None,
+                       help="with --gpu-memory-gb: the host memory available per node (GiB), to check what the "
+                            "offloads pin (unchecked without it)")
     check.set_defaults(func=_config_check)
     train = sub.add_parser("train", help="run PPO/GRPO (no arguments: the embedded demo)")
     _add_config_args(train)

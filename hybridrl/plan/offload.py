@@ -9,7 +9,8 @@ every phase's memory depends on them:
   when the rollout starts and back at the update's first optimizer step (hybrid/engine.py; with one optimizer step
   per update the forward and backward run without it, which the memory model counts). It costs copying that state out
   and back each step, so it is on only where, on the GPU, it would leave the rollout's KV cache unable to hold all
-  of the step's sequences at once (or the rollout unable to fit at all), and on the CPU more of them fit.
+  of the step's sequences at once (or the rollout unable to fit at all), on the CPU more of them fit, and the
+  node's host memory holds the pinned copies of every rank's state (host_memory.py).
 
 Both are off on a CPU (no device memory to plan against); explicit true / false keep their meaning. Each choice
 is recorded in `sizing.choices` and its key in `sizing.weighed` (a refusal then does not tell the user to set it).
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from hybridrl.plan.host_memory import host_pinned, host_words
 from hybridrl.plan.memory import GiB, MemoryModel
 from hybridrl.plan.rollout_plan import ROLLOUT, kv_demand, kv_room, sequences_at_full_length
 from hybridrl.plan.sizing import ACTOR_FSDP, MODEL, Sizing, is_auto
@@ -70,8 +72,8 @@ def resolve_activation_offload(sizing: Sizing) -> None:
 def resolve_optimizer_offload(sizing: Sizing, val_prompts: int | None, judge: bool) -> None:
     """`actor.fsdp_config.optimizer_offload` 'auto': on with the hybrid engine and full fine-tuning on a GPU where,
     with the AdamW state on the GPU, the rollout's KV cache would hold fewer than all of the step's sequences per
-    engine at once (none: the plan would refuse the rollout phase), and with it in host memory during the rollout
-    more. Off elsewhere: on a CPU, with a resident engine (scheme A: it never moves the state), with LoRA (the
+    engine at once (none: the plan would refuse the rollout phase), with it in host memory during the rollout
+    more, and the node's host memory can pin it for all its ranks. Off elsewhere: on a CPU, with a resident engine (scheme A: it never moves the state), with LoRA (the
     adapters' state is small)."""
     choices, key, residency = sizing.choices, OPTIMIZER_OFFLOAD, sizing.residency
     if not is_auto(sizing.get(key)):
@@ -97,6 +99,11 @@ def resolve_optimizer_offload(sizing: Sizing, val_prompts: int | None, judge: bo
                        f"length beside its {state:.1f} GiB)")
     elif moved_fit <= kept_fit:
         choices.append(f"{key} = false (with its {state:.1f} GiB on the GPU {on_gpu}; moving it would not raise that)")
+    elif not sizing.host_fits(moved):
+        pinned = host_pinned(MemoryModel(sizing.shape, moved))
+        sizing.host_declined = (f"in host memory it would need "
+                                f"{host_words(pinned, sizing.layout.parallel.gpus_per_node, sizing.device.host_bytes)}")
+        choices.append(f"{key} = false (with its {state:.1f} GiB on the GPU {on_gpu}; {sizing.host_declined})")
     else:
         sizing.reside(optimizer_offload=True)
         choices.append(f"{key} = true (with its {state:.1f} GiB on the GPU {on_gpu}; with it in host memory from the "

@@ -28,8 +28,9 @@ from hybridrl.plan.actor_plan import (
 )
 from hybridrl.plan.critic_plan import CriticPlan, plan_critic, plan_critic_recompute
 from hybridrl.plan.early_update import plan_early_update, update_fits_beside_rollout
+from hybridrl.plan.host_memory import host_available_bytes, host_pinned, host_words
 from hybridrl.plan.layout import Layout, derive_layout
-from hybridrl.plan.memory import GiB, MemoryModel, Residency
+from hybridrl.plan.memory import GiB, MemoryModel, PhaseMemory, Residency
 from hybridrl.plan.model_shape import ModelShape
 from hybridrl.plan.offload import resolve_activation_offload, resolve_optimizer_offload
 from hybridrl.plan.reward_model_plan import RewardModelPlan, plan_reward_model
@@ -54,6 +55,7 @@ class RunPlan:
     reward_model: RewardModelPlan | None = None  # None unless reward_model.enable with style=model
     predicted: dict = field(default_factory=dict)   # phase -> PhaseMemory
     choices: tuple = ()                 # how each automatic value was chosen
+    host_pinned: PhaseMemory | None = None   # per GPU rank: the host memory its offloads pin (host_memory.py)
 
     @property
     def parallel(self) -> Parallelism:
@@ -77,6 +79,9 @@ class RunPlan:
             lines.append("predicted peak per GPU (GiB), by phase:")
             for name, pm in self.predicted.items():
                 lines.append(f"  {name:<14}{pm.total / GiB:7.2f}  = {pm.describe()}")
+        if self.host_pinned is not None and self.host_pinned.total:
+            lines.append(f"  {'host (pinned)':<14}{self.host_pinned.total / GiB:7.2f}  = {self.host_pinned.describe()}"
+                         + ("" if self.device.host_bytes else "  (host memory not checked: unknown)"))
         return "\n".join(lines)
 
 
@@ -87,7 +92,7 @@ def local_device(config: PPOConfig) -> DeviceSpec:
     device = config.trainer.device
     if device != "cpu" and torch.cuda.is_available():
         p = torch.cuda.get_device_properties(0)
-        return DeviceSpec("cuda", p.name, int(p.total_memory))
+        return DeviceSpec("cuda", p.name, int(p.total_memory), host_available_bytes())
     if device == "cuda":
         raise ValueError("trainer.device=cuda but this process sees no CUDA device")
     return DeviceSpec("cpu", "cpu", None)
@@ -99,7 +104,7 @@ def visible_gpus() -> list[DeviceSpec]:
 
     if not torch.cuda.is_available():
         return []
-    return [DeviceSpec("cuda", p.name, int(p.total_memory))
+    return [DeviceSpec("cuda", p.name, int(p.total_memory), host_available_bytes())
             for p in map(torch.cuda.get_device_properties, range(torch.cuda.device_count()))]
 
 
@@ -147,13 +152,44 @@ def make_plan(config: PPOConfig, hf_config, device: DeviceSpec, val_prompts: int
     rollout = plan_rollout(sizing, kv_cache, "fp32" if device.type == "cpu" else _dtype_name(get(f"{ROLLOUT}.dtype")))
     actor = plan_early_update(sizing, actor)
 
+    host = _check_host_memory(sizing, actor, critic)
+
     update_rows = actor.update.rows
     layout = replace(layout, ppo_micro_batch_per_gpu=update_rows, log_prob_micro_batch_per_gpu=actor.old_log_prob.rows,
                      ref_log_prob_micro_batch_per_gpu=actor.ref_log_prob.rows,
                      grad_accum_steps=None if update_rows is None else layout.ppo_mini_batch_per_gpu // update_rows)
     return RunPlan(layout=layout, device=device, model=shape, frozen_dtype=frozen_dtype,
                    fused_optimizer=fused_optimizer, rollout=rollout, actor=actor, critic=critic,
-                   reward_model=reward_model, predicted=sizing.predicted, choices=tuple(choices))
+                   reward_model=reward_model, predicted=sizing.predicted, choices=tuple(choices), host_pinned=host)
+
+
+def _update_tokens(batching, seq_len: int) -> int:
+    return batching.max_tokens or (batching.rows or 0) * seq_len
+
+
+def _check_host_memory(sizing: Sizing, actor: ActorPlan, critic: CriticPlan | None) -> PhaseMemory:
+    """One rank's pinned host memory (host_memory.py); refused, naming the offload keys that are on, where the node's
+    ranks together would pin more than HOST_SAFETY of its available host memory."""
+    actor_tokens = _update_tokens(actor.update, sizing.seq_len)
+    critic_tokens = _update_tokens(critic.update, sizing.seq_len) if critic is not None else 0
+    pinned = host_pinned(sizing.memory, actor_tokens, critic_tokens)
+    if sizing.host_fits(sizing.residency, actor_tokens, critic_tokens):
+        return pinned
+    r = sizing.residency
+    on = [key for key, held in (
+        (f"{ACTOR}.fsdp_config.param_offload", r.hybrid and r.param_offload),
+        (f"{ACTOR}.fsdp_config.optimizer_offload", r.hybrid and r.optimizer_offload),
+        (f"{MODEL}.enable_activation_offload", r.activation_offload and r.gradient_checkpointing),
+        (f"{REF}.fsdp_config.param_offload", "ref params" in pinned.parts),
+        ("critic.model.fsdp_config.param_offload", "critic params" in pinned.parts),
+        ("critic.model.fsdp_config.optimizer_offload", "critic optimizer" in pinned.parts),
+        ("critic.model.enable_activation_offload", "critic layer inputs" in pinned.parts),
+        ("reward_model.model.fsdp_config.param_offload", "reward model params" in pinned.parts)) if held]
+    raise ConfigError([
+        f"the offloads would pin more host memory than the node has: {host_words(pinned, sizing.layout.parallel.gpus_per_node, sizing.device.host_bytes)}"
+        f" (per GPU: {pinned.describe()}, GiB). Pinned memory cannot be swapped, and it is allocated at the first "
+        f"offload, after the first step's rollout; set one of {', '.join(f'{k}=false' for k in on)}, or run "
+        "with more host memory or more GPUs to shard the state over"])
 
 
 def _check_router_keys(get, shape: ModelShape, hf_config) -> None:

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from hybridrl.config.errors import ConfigError
+from hybridrl.plan.host_memory import HOST_SAFETY, host_pinned
 from hybridrl.plan.layout import Layout
 from hybridrl.plan.memory import GiB, MemoryModel, PhaseMemory, Residency
 from hybridrl.plan.model_shape import ModelShape
@@ -39,11 +40,14 @@ class DeviceSpec:
     type: str                   # "cuda" | "cpu"
     name: str
     total_bytes: int | None     # per GPU; None on CPU (no device memory to plan against)
+    host_bytes: int | None = None   # host memory available on a GPU node when planned (host_memory.py); None:
+                                    # unknown, the offloads' pinned host memory is not checked
 
     def __str__(self) -> str:
         if self.total_bytes is None:
             return f"{self.type} (no device memory model)"
-        return f"{self.name}, {self.total_bytes / GiB:.1f} GiB per GPU"
+        host = f", {self.host_bytes / GiB:.1f} GiB host memory available per node" if self.host_bytes else ""
+        return f"{self.name}, {self.total_bytes / GiB:.1f} GiB per GPU{host}"
 
 
 @dataclass(frozen=True)
@@ -116,6 +120,7 @@ class Sizing:
     choices: list[str]
     predicted: dict[str, PhaseMemory]
     weighed: set[str] = field(default_factory=set)
+    host_declined: str | None = None    # why the optimizer offload was left off for the node's host memory
 
     def reside(self, **changes) -> None:
         """Settle where state lives (an automatic offload): the residency and the memory model that counts it."""
@@ -129,6 +134,14 @@ class Sizing:
     @property
     def budget(self) -> float | None:
         return None if self.device.total_bytes is None else SAFETY * self.device.total_bytes
+
+    def host_fits(self, residency: Residency, actor_update_tokens: int = 0, critic_update_tokens: int = 0) -> bool:
+        """Whether the pinned host memory of `residency`'s offloads fits the node (host_memory.py); true where the
+        host memory or the device is unknown."""
+        if self.budget is None or not self.device.host_bytes:
+            return True
+        pinned = host_pinned(MemoryModel(self.shape, residency), actor_update_tokens, critic_update_tokens)
+        return pinned.total * self.layout.parallel.gpus_per_node <= HOST_SAFETY * self.device.host_bytes
 
     @property
     def update_tokens_target(self) -> int:
@@ -198,6 +211,8 @@ class Sizing:
                       if held(part) and phase not in ("values", "update_critic")]
         if critic_off:
             fixes.append(" / ".join(f"critic.model.fsdp_config.{k}=true" for k in critic_off))
+        if self.host_declined and held("actor optimizer"):
+            fixes.append(f"more host memory per node (the optimizer offload was left off: {self.host_declined})")
         fixes.append("more GPUs (FSDP shards the training state over them)")
         return (f"it needs {one.total / GiB:.1f} GiB at 1 row ({one.describe()}): "
                 + (f"{', '.join(fixes[:-1])} or " if len(fixes) > 1 else "") + fixes[-1])

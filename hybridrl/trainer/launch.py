@@ -117,7 +117,8 @@ def _loggers(config: PPOConfig) -> list[str]:
 
 
 def _device_spec(use_gpu: bool):
-    """The GPU the workers will get, asked of the cluster by a one-GPU task (the driver may have none)."""
+    """The GPU the workers will get and the host memory available beside it, asked of the cluster by a one-GPU task
+    (the driver may have none)."""
     from hybridrl.plan import DeviceSpec
 
     if not use_gpu:
@@ -127,11 +128,13 @@ def _device_spec(use_gpu: bool):
     def probe():
         import torch
 
-        p = torch.cuda.get_device_properties(0)
-        return p.name, int(p.total_memory)
+        from hybridrl.plan.host_memory import host_available_bytes
 
-    name, total = ray.get(ray.remote(num_gpus=1)(probe).remote())
-    return DeviceSpec("cuda", name, total)
+        p = torch.cuda.get_device_properties(0)
+        return p.name, int(p.total_memory), host_available_bytes()
+
+    name, total, host = ray.get(ray.remote(num_gpus=1)(probe).remote())
+    return DeviceSpec("cuda", name, total, host)
 
 
 def use_reward_model_worker(config: PPOConfig) -> bool:

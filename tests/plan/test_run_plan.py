@@ -263,6 +263,14 @@ def test_config_check_prints_the_plan(tmp_path, capsys):
     rc = cli.main(["config", "check", *STEP, f"actor_rollout_ref.model.path={model}", "--gpu-memory-gb", "8",
                    f"{A}.ppo_micro_batch_size_per_gpu=512"])
     assert rc == 1 and f"'{A}.ppo_micro_batch_size_per_gpu' = 512" in capsys.readouterr().err
+    # the host memory the offloads pin, checked against --host-memory-gb: the reference offloaded to a 1 GiB host
+    ref_off = [*STEP, f"actor_rollout_ref.model.path={model}", "--gpu-memory-gb", "141", f"{A}.use_kl_loss=true",
+               "actor_rollout_ref.ref.fsdp_config.param_offload=true"]
+    assert cli.main(["config", "check", *ref_off, "--host-memory-gb", "64"]) == 0
+    out = capsys.readouterr().out
+    assert "64.0 GiB host memory available per node" in out and "host (pinned)    0.95  = ref params 0.92" in out
+    assert cli.main(["config", "check", *ref_off, "--host-memory-gb", "1"]) == 1
+    assert "actor_rollout_ref.ref.fsdp_config.param_offload=false" in capsys.readouterr().err
 
 
 def test_whole_batch_rollout_correction_needs_the_old_log_prob_pass():

@@ -207,8 +207,9 @@ class ActorFSDPConfig(Section):
     (copied out and back each step, ~50 GB/s on an H200 host; the buffers stay pinned for the run). With one optimizer
     step per update the forward and backward run without it, which the run plan counts (less recompute). auto = the run plan's choice: on only
     on a GPU with the hybrid engine and full fine-tuning (not LoRA) where, with the state on the GPU, the rollout's
-    KV cache would hold fewer than all of the step's sequences at full length (or the rollout would not fit) and with
-    it on the CPU more of them fit; off elsewhere and on CPU"""
+    KV cache would hold fewer than all of the step's sequences at full length (or the rollout would not fit), with
+    it on the CPU more of them fit, and the node's host memory can pin the state of all its GPUs (75% of what is
+    available when the run is planned); off elsewhere and on CPU. True where the host cannot pin it is refused"""
     fsdp_size: int
     """-1 = shard over all ranks; smaller = HSDP ('ddp','fsdp')"""
     model_dtype: Dtype
