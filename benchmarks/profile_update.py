@@ -15,8 +15,10 @@ A/B)), e.g. lora64:ckpt:32,lora64:ckpt:32:peft,full:ckpt:16:
 - a warm-up update that also carries the profiler window: --profile-micro micro-batches after the first
   --profile-skip (allocator and kernel choice are warm by then; one whole update of 128 micro-batches would be
   millions of profiler events), and separately its optimizer step. Per window: GPU kernel time grouped into
-  gemm / attention / fsdp_copy / other, GPU busy time (union of kernel intervals) against the window's wall
-  time, and the host's side: time until it reached the window's end, time in calls that can block it
+  gemm / attention / fsdp_copy / other (an MoE model adds moe_gemm and moe_dispatch: MOE_KERNELS), GPU busy time
+  (union of kernel intervals) against the window's wall time, the torch ops that launched the GPU time (top_ops;
+  on CPU the ops' own CPU time), for an MoE model the experts' ops by category (moe_op_s: MOE_OPS), and the host's
+  side: time until it reached the window's end, time in calls that can block it
   (synchronize, memcpy: .item() / .cpu() wait there), the active rest, kernel launches and their API time. GPU
   idle while the host is mostly active means the host is the bottleneck (launch overhead per micro-batch); the
   profiler itself slows the host, so host numbers are upper bounds. The window's update is the warm-up: in the
@@ -64,7 +66,8 @@ FLOP_ASSUMPTIONS = (
     "2 * params * tokens per forward-equivalent: the decoder's parameters (not the input embedding, a lookup) over "
     "the tokens it runs (decoder_tokens: every prompt + response token, each prompt once per micro-batch with "
     "shared prompts), the LM head's over the response tokens only (the actor computes logits only "
-    "there); LoRA adapters and attention score/value FLOPs not counted. Forward-equivalents per "
+    "there); of an MoE layer's experts only the k of E a token is routed to (decoder_params is the active count, "
+    "expert_params every expert); LoRA adapters and attention score/value FLOPs not counted. Forward-equivalents per "
     "update: full fine-tuning 3 (forward, input grads, weight grads), 4 with checkpointing (+ recompute); LoRA 2 "
     "(forward, input grads; no weight gradients of the frozen base), 3 with checkpointing")
 
@@ -110,16 +113,94 @@ class UpdateConfig:
         return (2 if self.lora_rank else 3) + recomputed
 
 
-def kernel_category(name: str) -> str:
+# MoE models only (lower-cased substrings of CUDA kernel names; not checked on a GPU here, so plausible names):
+# - moe_gemm: torch's grouped matmul (aten::_grouped_mm, which transformers' 'grouped_mm' experts call, forward and
+#   backward): on SM90/SM100 a CUTLASS kernel `cutlass::device_kernel<GemmUniversal<GroupProblemShape<...>,
+#   ...KernelPtrArrayTmaWarpSpecialized...>>` (ATen's native/cuda/GroupMM.cu) and its setup kernel
+#   `at::cuda::detail::prepare_grouped_gemm_data`. Checked before gemm (the kernel is also "cutlass"). Where torch
+#   falls back to a loop of per-expert mm (transformers' grouped_mm_fallback, ATen's fallback below SM90 or for
+#   fp32), the kernels are plain GEMMs and land in gemm: MOE_OPS still counts them (by the op that issued them).
+# - moe_dispatch: the router's top-k (`gatherTopK`, `sbtopk` / `mbtopk::...`), the sort by expert (cub
+#   `DeviceRadixSort...`, `radixSortKVInPlace`, `bitonicSortKVInPlace`), tokens per expert (histc:
+#   `kernelHistogram1D`, offsets: cumsum's `..._scan_...`), and the token permutation's gather / scatter in both
+#   directions (`index_elementwise_kernel<..gpu_index_kernel..>`, `vectorized_gather_kernel`,
+#   `indexing_backward_kernel`, `index_put_...`, `scatter_gather_elementwise_kernel`). Not index_select's
+#   `indexSelect...` (the shared-prompt attention's K/V gather, GQA's repeat_interleave). Checked after fsdp_copy
+#   (NCCL's AllGather names contain "gather") and gemm. The same kernels outside the MoE blocks count here too: the
+#   log-prob head's gather, packing's cumsum, the embedding's backward sort (full fine-tuning only): small against
+#   48 layers' dispatch in both directions.
+MOE_KERNELS = {"moe_gemm": ("groupproblemshape", "ptrarray", "grouped_gemm", "groupedgemm", "grouped_mm",
+                            "group_gemm"),
+               "moe_dispatch": ("topk", "sort", "histogram", "_scan", "scan_", "scankernel", "index_elementwise",
+                                "gpu_index_kernel", "index_put", "indexing_backward", "gather", "scatter")}
+
+
+def kernel_category(name: str, moe: bool = False) -> str:
     n = name.lower()
     if any(s in n for s in ("nccl", "all_gather", "allgather", "reduce_scatter", "reducescatter", "chunk_cat",
                             "catarraybatchedcopy", "split_with_sizes", "memcpy", "memset", "copy")):
         return "fsdp_copy"
     if any(s in n for s in ("flash", "fmha", "attention", "attn")):
         return "attention"
+    if moe and any(s in n for s in MOE_KERNELS["moe_gemm"]):
+        return "moe_gemm"
     if any(s in n for s in ("gemm", "sm90", "cutlass", "nvjet", "ampere", "xmma", "splitk", "cublas")):
         return "gemm"
+    if moe and any(s in n for s in MOE_KERNELS["moe_dispatch"]):
+        return "moe_dispatch"
     return "other"
+
+
+# MoE models only: the torch ops of the experts' work (profiler op names). An op belongs to the category of the
+# outermost op of MOE_OPS around it (within one autograd node's backward: the walk stops at
+# `autograd::engine::evaluate_function: ...`: a checkpointed layer's recompute runs inside the first backward node
+# that unpacks a saved tensor, often the MoE block's IndexBackward0, whose own time is that recompute's host side),
+# so the per-expert mm of a fallback loop count as moe_gemm; none under the embedding (its lookup and backward).
+# moe_gemm: aten::_grouped_mm (torch's kernel, forward and its backward's two), transformers::grouped_mm_fallback
+# (+ _backward). moe_dispatch: what routes the tokens and permutes them (transformers' grouped_mm_experts_forward:
+# router top-k, sort by expert, histc + cumsum for the offsets, the gathers `x[perm // k]`, `w[perm]`,
+# `out[inv_perm]`, `inv_perm[perm] = arange` and their backward's index_put_ / scatter). Not index_select and
+# repeat_interleave: the attention's (shared-prompt K/V gather, GQA). cumsum also builds packing's offsets (once
+# per forward) and gather the log-prob head's pick (once per micro-batch): small beside 48 MoE layers.
+MOE_OPS = {"moe_gemm": ("aten::_grouped_mm", "aten::grouped_mm", "transformers::grouped_mm_fallback",
+                        "transformers::grouped_mm_fallback_backward"),
+           "moe_dispatch": ("aten::topk", "aten::sort", "aten::argsort", "aten::histc", "aten::bincount",
+                            "aten::cumsum", "aten::index", "aten::index_put_", "aten::_index_put_impl_",
+                            "aten::index_add_", "aten::scatter", "aten::scatter_",
+                            "aten::scatter_add_", "aten::gather")}
+_OP_CATEGORY = {op: cat for cat, ops in MOE_OPS.items() for op in ops}
+_NOT_MOE = ("aten::embedding", "aten::embedding_backward", "aten::embedding_dense_backward")
+
+
+def moe_op_category(event) -> str | None:
+    """The MOE_OPS category of a profiler FunctionEvent (see MOE_OPS), None outside the experts' work."""
+    found = None
+    while event is not None and not event.name.startswith("autograd::engine::evaluate_function"):
+        if event.name in _NOT_MOE:
+            return None
+        found = _OP_CATEGORY.get(event.name, found)
+        event = event.cpu_parent
+    return found
+
+
+def moe_ops(prof, per: int, gpu: bool, count: int = 60) -> dict:
+    """The window's op time by MOE_OPS category (GPU: the ops' own kernels' time; CPU: their own CPU time) with
+    the rest, and the ops counted there (op name, category; ms and calls per micro-batch)."""
+    by_cat, by_op = defaultdict(float), defaultdict(lambda: [0.0, 0])
+    for ev in prof.events():
+        if ev.device_type != torch.autograd.DeviceType.CPU:
+            continue
+        us = (getattr(ev, "self_device_time_total", 0) or 0) if gpu else ev.self_cpu_time_total
+        cat = moe_op_category(ev)
+        by_cat[cat or "rest"] += us / 1e6
+        if cat:
+            by_op[(ev.name, cat)][0] += us / 1e6
+            by_op[(ev.name, cat)][1] += 1
+    top = sorted(by_op.items(), key=lambda kv: -kv[1][0])[:count]
+    return {"time": "gpu" if gpu else "cpu", "s_by_category": dict(by_cat),
+            "per_micro_batch_s_by_category": {k: v / per for k, v in by_cat.items()},
+            "ops": [{"op": op, "category": cat, "ms": v[0] * 1e3 / per, "calls": v[1] / per}
+                    for (op, cat), v in top]}
 
 
 def busy_seconds(intervals: list[tuple[int, int]]) -> float:
@@ -135,18 +216,19 @@ def busy_seconds(intervals: list[tuple[int, int]]) -> float:
     return total / 1e9
 
 
-def summarize_window(prof, wall_s: float, host_s: float, micro_batches: int, gpu: bool) -> dict:
+def summarize_window(prof, wall_s: float, host_s: float, micro_batches: int, gpu: bool, moe: bool = False) -> dict:
     """One profiler window: host time until the window's end was reached (before its closing synchronize), time in
     CUDA calls that can block the host (synchronize, memcpy: .item() and .cpu() wait in one of them; the closing
-    synchronize included), the host's active rest, kernel launches; on GPUs also kernel time per category, busy
-    time (union of kernel intervals) and idle time against the wall clock."""
+    synchronize included), the host's active rest, kernel launches, the top ops (GPU: their kernels' time; CPU:
+    their own CPU time) and for an MoE model its experts' ops (moe_ops); on GPUs also kernel time per category,
+    busy time (union of kernel intervals) and idle time against the wall clock."""
     by_cat, by_kernel = defaultdict(float), defaultdict(lambda: [0.0, 0])
     intervals, launches, launch_s, blocked_s = [], 0, 0.0, 0.0
     for ev in prof.profiler.kineto_results.events():
         name, dur = ev.name(), ev.duration_ns() / 1e9
         if ev.device_type() == torch.autograd.DeviceType.CUDA:
             intervals.append((ev.start_ns(), ev.end_ns()))
-            by_cat[kernel_category(name)] += dur
+            by_cat[kernel_category(name, moe)] += dur
             by_kernel[name][0] += dur
             by_kernel[name][1] += 1
         elif name.startswith("cu") and "LaunchKernel" in name:   # runtime / driver API calls
@@ -157,10 +239,12 @@ def summarize_window(prof, wall_s: float, host_s: float, micro_batches: int, gpu
     per = max(micro_batches, 1)
     out = {"micro_batches": micro_batches, "wall_s": wall_s, "host_s": host_s, "host_blocked_s": blocked_s,
            "host_active_s": max(wall_s - blocked_s, 0.0), "kernel_launches": launches, "launch_api_s": launch_s}
+    out["top_ops"] = top_ops(prof, per, gpu)
+    if moe:
+        out["moe_op_s"] = moe_ops(prof, per, gpu)
     if gpu:
         busy = busy_seconds(intervals)
         top = sorted(by_kernel.items(), key=lambda kv: -kv[1][0])[:60]
-        out["top_ops"] = top_ops(prof, per)
         out.update(gpu_busy_s=busy, gpu_idle_s=max(wall_s - busy, 0.0), kernels=len(intervals),
                    kernel_s_by_category=dict(by_cat),
                    per_micro_batch={"wall_s": wall_s / per, "gpu_busy_s": busy / per, "kernels": len(intervals) / per,
@@ -169,25 +253,26 @@ def summarize_window(prof, wall_s: float, host_s: float, micro_batches: int, gpu
     return out
 
 
-def top_ops(prof, per: int, count: int = 40) -> list[dict]:
+def top_ops(prof, per: int, gpu: bool = True, count: int = 40) -> list[dict]:
     """The torch ops that launched the window's GPU time, grouped by op and input shapes: GPU ms (its own kernels,
     not its children's) and calls per micro-batch. Which Python code issues many small kernels shows up here as
-    an op with a high call count (a cast, a copy, an add) and its shapes."""
-    rows = []
+    an op with a high call count (a cast, a copy, an add) and its shapes. On CPU (gpu False) the ops' own CPU ms
+    instead (cpu_ms)."""
+    rows, key = [], "gpu_ms" if gpu else "cpu_ms"
     for ev in prof.key_averages(group_by_input_shape=True):
-        gpu_us = getattr(ev, "self_device_time_total", 0) or 0
-        if gpu_us > 0 and ev.device_type == torch.autograd.DeviceType.CPU:
-            rows.append({"op": ev.key, "shapes": str(ev.input_shapes)[:160], "gpu_ms": gpu_us / 1e3 / per,
+        us = (getattr(ev, "self_device_time_total", 0) or 0) if gpu else ev.self_cpu_time_total
+        if us > 0 and ev.device_type == torch.autograd.DeviceType.CPU:
+            rows.append({"op": ev.key, "shapes": str(ev.input_shapes)[:160], key: us / 1e3 / per,
                          "calls": ev.count / per})
-    return sorted(rows, key=lambda r: -r["gpu_ms"])[:count]
+    return sorted(rows, key=lambda r: -r[key])[:count]
 
 
 class ProfileWindow:
     """Profiles micro-batches [start, start + count) of the next update (ending early at its optimizer step), and
     that optimizer step, by wrapping the actor's `_forward_micro_batch` and `_optimizer_step` on the instance."""
 
-    def __init__(self, actor, device: torch.device, start: int, count: int):
-        self.actor, self.device, self.start, self.count = actor, device, start, count
+    def __init__(self, actor, device: torch.device, start: int, count: int, moe: bool = False):
+        self.actor, self.device, self.start, self.count, self.moe = actor, device, start, count, moe
         self.activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
         self.seen, self.prof, self.t0, self.result = 0, None, 0.0, {}
         forward, step = actor._forward_micro_batch, actor._optimizer_step
@@ -225,7 +310,7 @@ class ProfileWindow:
         self._sync()
         wall_s = time.perf_counter() - self.t0
         self.prof.stop()
-        out = summarize_window(self.prof, wall_s, host_s, micro_batches, self.device.type == "cuda")
+        out = summarize_window(self.prof, wall_s, host_s, micro_batches, self.device.type == "cuda", self.moe)
         self.prof = None
         return out
 
@@ -280,11 +365,23 @@ def model_dir_for(preset: str, workdir: Path) -> Path:
 
 def flop_params(module) -> dict[str, int]:
     """The base model's parameters that do matmuls: the decoder's (no input embedding, no LoRA adapters) and the
-    LM head's (a tied head is the embedding matrix)."""
+    LM head's (a tied head is the embedding matrix). Of an MoE model's experts (transformers' fused
+    `mlp.experts.*` tensors) a token runs k of E: decoder_params counts that share (the active parameters, as
+    ModelShape.decoder_active_params), expert_params all of them."""
+    from hybridrl.models.moe_config import moe_config
+
     head = module.get_output_embeddings().weight
-    decoder = sum(p.numel() for n, p in module.named_parameters()
-                  if p is not head and "lora_" not in n and "embed_tokens" not in n)
-    return {"decoder_params": decoder, "head_params": head.numel()}
+    dense = experts = 0
+    for n, p in module.named_parameters():
+        if p is head or "lora_" in n or "embed_tokens" in n:
+            continue
+        if ".experts." in n:
+            experts += p.numel()
+        else:
+            dense += p.numel()
+    moe = moe_config(module.config)
+    active = experts * moe.top_k // moe.num_experts if experts and moe is not None else experts
+    return {"decoder_params": dense + active, "expert_params": experts, "head_params": head.numel()}
 
 
 class ActorBench:
@@ -295,6 +392,7 @@ class ActorBench:
                  liger: bool, share_prompts: bool):
         from hybridrl.config import load_config
         from hybridrl.training.fsdp import FSDPDtypes
+        from hybridrl.training.moe import is_moe
         from hybridrl.workers.common import build_fsdp_model
 
         overrides = [f"actor_rollout_ref.model.path={model_dir}", f"actor_rollout_ref.model.lora_rank={lora_rank}",
@@ -310,9 +408,10 @@ class ActorBench:
             lora_base_dtype=base_dtype, fused_optimizer=fused, gradient_checkpointing=checkpointing, liger=liger,
             use_varlen_attention=bool(self.config.model.use_remove_padding) or share_prompts)
         self.share_prompts = share_prompts
+        self.moe = is_moe(self.module.config)
         self.build_s = time.perf_counter() - t0
         self.facts = {"lora_base_dtype": base_dtype, "fused_optimizer": fused, "use_liger": liger,
-                      "use_prefix_grouper": share_prompts,
+                      "use_prefix_grouper": share_prompts, "moe": self.moe,
                       "model_dtype": str(self.config.actor.fsdp_config.model_dtype),
                       **flop_params(self.module),
                       "trainable_params": sum(p.numel() for p in self.module.parameters() if p.requires_grad)}
@@ -383,7 +482,7 @@ def run_config(bench: ActorBench, cfg: UpdateConfig, batch: DataProto, args) -> 
         torch.cuda.reset_peak_memory_stats(device)
     resident_gb = torch.cuda.memory_allocated(device) / 2**30 if cuda else None
     start = min(args.profile_skip, n_micro - 1)
-    window = ProfileWindow(actor, device, start, min(args.profile_micro, n_micro - start))
+    window = ProfileWindow(actor, device, start, min(args.profile_micro, n_micro - start), bench.moe)
     calls, handle = first_layer_forward_counter(bench.module)
     try:
         warmup_s = update()

@@ -228,11 +228,21 @@ SMALL = [
              (grpo("grpo_qwen3-30b-a3b_lora32.json", "--preset", "qwen3-30b-a3b", *ONE_GPU, "--prompts", "32",
                    "--steps", "3", "--variants", "lora32:actor_rollout_ref.model.lora_rank=32"),)),
     Scenario("moe-trl-30b-lora", "the moe-grpo-30b-lora step beside TRL's GRPOTrainer with peft LoRA r32 on the same "
-             "attention projections, same model, prompts and lengths (not run yet)", "nvidia-h200", None, (
+             "attention projections, same model, prompts and lengths; TRL's first step only (~3 minutes)",
+             "nvidia-h200", "moe_grpo/30b_a3b_lora32_vs_trl", (
                  grpo("grpo_qwen3-30b-a3b_lora32.json", "--preset", "qwen3-30b-a3b", *ONE_GPU, "--prompts", "32",
                       "--steps", "3", "--variants", "lora32:actor_rollout_ref.model.lora_rank=32"),
-                 trl("trl_qwen3-30b-a3b_lora32.json", "qwen3-30b-a3b", 2, lora=32, prompts=32,
+                 trl("trl_qwen3-30b-a3b_lora32.json", "qwen3-30b-a3b", 0, lora=32, prompts=32,
                      extra=("--lora-targets", "q_proj,k_proj,v_proj,o_proj", "--micro-batch", "16")))),
+    # the same model directory as moe-grpo-30b-lora ({work}/models/qwen3-30b-a3b): one 57 GiB copy on the disk
+    Scenario("update-ops-moe-30b", "where the Qwen3-30B-A3B LoRA r32 update's GPU time goes (experts' grouped GEMMs, "
+             "routing and token permutation, attention, other), 32 x 8 rows of 256 + 256, the first 24 of 48 layers "
+             "recomputed at 16k- and 8k-token micro-batches (no recompute would not fit: the plan predicts 183.5 "
+             "GiB at 16k)", "nvidia-h200", "moe_grpo", (
+                 py("benchmarks/profile_update.py", "--preset", "qwen3-30b-a3b", "--workdir", "{work}", "--rows",
+                    "256", "--n", "8", "--prompt-len", "256", "--response-len", "256", "--repeat", "2",
+                    "--profile-skip", "1", "--profile-micro", "2", "--configs",
+                    "lora32:keep24:tok16384,lora32:keep24:tok8192", "--out", "{out}/update_ops_moe_30b.json"),)),
     Scenario("moe-grpo-7b-a1b", "Qwen3-MoE 7B-A1B shape, full fine-tuning on one GPU with bf16 masters (the engine "
              "borrows its whole tensors) and fp32 masters (it copies), one run each", "nvidia-h200", "moe_grpo",
              (grpo("grpo_qwen3-moe-7b-a1b.json", "--preset", "qwen3-moe-7b-a1b", *ONE_GPU, "--steps", "3",

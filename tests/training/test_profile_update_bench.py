@@ -87,3 +87,53 @@ def test_cpu_run_with_shared_prompts_counts_each_prompt_once_per_micro_batch(ben
     batch = bench.synthetic_batch(8, 12, 6, 300, n=4)
     ids = batch.batch["input_ids"]
     assert (ids[:4, :12] == ids[0, :12]).all() and not (ids[4, :12] == ids[0, :12]).all()
+
+
+def test_moe_kernels_and_ops_get_their_own_categories(bench):
+    grouped = ("void cutlass::device_kernel<cutlass::gemm::kernel::GemmUniversal<cutlass::gemm::GroupProblemShape<"
+               "cute::tuple<int, int, int> >, cutlass::gemm::collective::CollectiveMma<...KernelPtrArrayTmaWarp...")
+    dense_gemm = "void cutlass::device_kernel<cutlass::gemm::kernel::GemmUniversal<cute::tuple<int, int, int, int>>"
+    for name, moe, dense in ((grouped, "moe_gemm", "gemm"), (dense_gemm, "gemm", "gemm"),
+                             ("void at::native::sbtopk::gatherTopK<float, unsigned int, 2, false>", "moe_dispatch",
+                              "other"),
+                             ("void at::native::index_elementwise_kernel<128, 4, at::native::gpu_index_kernel<>>",
+                              "moe_dispatch", "other"),
+                             ("ncclDevKernel_AllGather_RING_LL(ncclDevKernelArgsStorage<4096ul>)", "fsdp_copy",
+                              "fsdp_copy"),
+                             ("void at::native::indexSelectLargeIndex<float, long, unsigned int, 2, 2, -2, true>",
+                              "other", "other")):
+        assert (bench.kernel_category(name, moe=True), bench.kernel_category(name)) == (moe, dense), name
+
+
+def test_cpu_run_of_an_moe_model_separates_the_experts_work(bench, tmp_path):
+    from _training_tiny import make_tiny_moe_dir
+
+    model = make_tiny_moe_dir(tmp_path / "moe", "qwen3_moe")
+    configs = ["full:ckpt:tok64"] + (["lora8:keep1:tok64"] if importlib.util.find_spec("peft") else [])
+    result = bench.main(["--device", "cpu", "--preset", f"dir:{model}", "--rows", "8", "--n", "4", "--prompt-len",
+                         "16", "--response-len", "16", "--repeat", "1", "--configs", ",".join(configs),
+                         "--out", str(tmp_path / "u.json")])
+    facts = result["models"]["full"]
+    # 2 MoE layers of 8 experts (gate_up 2 * 32 x 64, down 64 x 32 each), top 2: a quarter of them active
+    assert facts["moe"] is True and facts["expert_params"] == 2 * 8 * 3 * 32 * 64
+    full_decoder = sum(p.numel() for n, p in bench_params(model) if "embed_tokens" not in n and "lm_head" not in n)
+    assert facts["decoder_params"] == full_decoder - facts["expert_params"] * 3 // 4
+    for name in configs:
+        entry = result["configs"][name]
+        assert "error" not in entry, entry.get("traceback")
+        window = entry["profile"]["micro_batch_window"]
+        moe = window["moe_op_s"]
+        assert moe["time"] == "cpu" and window["top_ops"] and window["top_ops"][0]["cpu_ms"] > 0
+        assert moe["s_by_category"]["moe_gemm"] > 0 and moe["s_by_category"]["moe_dispatch"] > 0
+        ops = {o["op"]: o["category"] for o in moe["ops"]}
+        assert ops["aten::topk"] == ops["aten::sort"] == ops["aten::index"] == "moe_dispatch"
+        assert "moe_gemm" in ops.values()
+
+
+def bench_params(model_dir):
+    import torch
+    import transformers
+
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.from_pretrained(model_dir))
+    return list(model.named_parameters())
