@@ -187,8 +187,8 @@ def _check_host_memory(sizing: Sizing, actor: ActorPlan, critic: CriticPlan | No
         ("reward_model.model.fsdp_config.param_offload", "reward model params" in pinned.parts)) if held]
     raise ConfigError([
         f"the offloads would pin more host memory than the node has: {host_words(pinned, sizing.layout.parallel.gpus_per_node, sizing.device.host_bytes)}"
-        f" (per GPU: {pinned.describe()}, GiB). Pinned memory cannot be swapped, and it is allocated at the first "
-        f"offload, after the first step's rollout; set one of {', '.join(f'{k}=false' for k in on)}, or run "
+        f" (per GPU, GiB: {pinned.describe()}). Pinned memory cannot be swapped, and it is allocated at each state's "
+        f"first offload, for the optimizer state a whole step into the run; set one of {', '.join(f'{k}=false' for k in on)}, or run "
         "with more host memory or more GPUs to shard the state over"])
 
 
