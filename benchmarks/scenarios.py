@@ -173,6 +173,13 @@ SMALL = [
                     "4000", "--calibration-rows", "32", "--workdir", "{work}/long_tail_7b", "--defaults", "--gpus",
                     "1", "--prompts", "16", "--n", "8", "--steps", "2", "--variants", "hybrid", "--repeat", "1",
                     "--out", "{out}/long_tail_7b_16k.json"))),
+    Scenario("long-tail-7b-16k-calibrated", "the long-tail-7b-16k run on the model built with its calibrated EOS "
+             "scale (calibration_7b_16k_rerun.json: 2.4243), no calibration pass: one run of two steps, ~7 minutes",
+             "nvidia-h200", "long_tail", (
+                 py("benchmarks/long_tail.py", "--preset", "qwen2.5-7b", "--response-len", "16384", "--mean-len",
+                    "4000", "--calibration-rows", "32", "--eos-scale", "2.424346481734104", "--workdir",
+                    "{work}/long_tail_7b", "--defaults", "--gpus", "1", "--prompts", "16", "--n", "8", "--steps", "2",
+                    "--variants", "hybrid", "--repeat", "1", "--out", "{out}/long_tail_7b_16k_deferred_3.json"),)),
     Scenario("kv-admission-sim", "the 7B / 16k rollout's admission policies on the engine's real scheduler without "
              "a model: sequences capped at what fits at full length vs all at once with preemption, long-tailed "
              "and all-at-the-limit lengths, a bandwidth-floor time model", "cpu", "long_tail", (
