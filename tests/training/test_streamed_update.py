@@ -36,8 +36,11 @@ def actor(model, optimizer: str, batches: UpdateBatches, **cfg):
     settings = dict(ppo_epochs=1, clip_ratio=0.2, loss_agg_mode="token-mean", entropy_coeff=0.0, use_kl_loss=False,
                     grad_clip=1e9)
     settings.update(cfg)
+    # AdamW's first step moves each weight by lr * g / (|g| + eps): with torch's eps of 1e-8 a gradient near 1e-8
+    # turns a summation-order difference of 1e-11 into a 1e-6 step difference (seen with transformers 5.25);
+    # eps 1e-6 keeps the step a smooth function of the gradient, so the tolerance below tests the gradient
     opt = (torch.optim.SGD(model.parameters(), lr=1.0) if optimizer == "sgd"
-           else torch.optim.AdamW(model.parameters(), lr=1e-3))
+           else torch.optim.AdamW(model.parameters(), lr=1e-3, eps=1e-6))
     return DataParallelPPOActor(actor_section(**settings), model, opt, batches=batches)
 
 
