@@ -22,29 +22,36 @@ from hybridrl.plan.memory import GiB, MemoryModel, PhaseMemory
 HOST_SAFETY = 0.75      # fraction of the node's available host memory the offloads may pin
 PACKING_SLACK = 1.03    # pinned bytes per offloaded byte: the power-of-two packing's worst case (0.5B's AdamW state)
 
-__all__ = ["HOST_SAFETY", "host_pinned", "host_available_bytes", "host_words"]
+__all__ = ["HOST_SAFETY", "OFFLOAD_KEYS", "host_pinned", "host_available_bytes", "host_words"]
 
 
 def _next_pow2(n: int) -> int:
     return 1 << max(0, int(n) - 1).bit_length()
 
 
+# each part of `host_pinned` and the config key that puts it there
+OFFLOAD_KEYS = {"actor params": "actor_rollout_ref.actor.fsdp_config.param_offload",
+                "actor optimizer": "actor_rollout_ref.actor.fsdp_config.optimizer_offload",
+                "actor layer inputs": "actor_rollout_ref.model.enable_activation_offload",
+                "ref params": "actor_rollout_ref.ref.fsdp_config.param_offload",
+                "critic params": "critic.model.fsdp_config.param_offload",
+                "critic optimizer": "critic.model.fsdp_config.optimizer_offload",
+                "critic layer inputs": "critic.model.enable_activation_offload",
+                "reward model params": "reward_model.model.fsdp_config.param_offload"}
+
+
 def host_pinned(memory: MemoryModel, actor_update_tokens: int = 0, critic_update_tokens: int = 0) -> PhaseMemory:
     """Pinned host bytes of one GPU rank at the run's worst moment (the update, where the twins and the layer inputs
     coexist): each offloaded model state (the hybrid engine's actor parameters and AdamW state, the reference's,
-    critic's and reward model's), and with activation offload the checkpointed layer inputs of one update
-    micro-batch of `*_update_tokens` tokens."""
+    critic's and reward model's; their sizes as the memory model counts them on the GPU), and with activation
+    offload the checkpointed layer inputs of one update micro-batch of `*_update_tokens` tokens."""
     r, s = memory.r, memory.s
-    whole = memory._actor(grads=False, params_on_gpu=True, optim_on_gpu=True)
-    parts = {"actor params": whole["actor params"] if r.hybrid and r.param_offload else 0,
-             "actor optimizer": whole["actor optimizer"] if r.hybrid and r.optimizer_offload else 0,
-             "ref params": s.num_params * 2 / r.shard if r.has_ref and r.ref_offload and not r.lora_params else 0}
-    if r.critic is not None:
-        pc = r.critic.num_params
-        parts["critic params"] = pc * 4 / r.critic_shard if r.critic_param_offload else 0
-        parts["critic optimizer"] = 2 * pc * 4 / r.critic_shard if r.critic_optimizer_offload else 0
-    if r.reward_model is not None and r.rm_param_offload:
-        parts["reward model params"] = r.reward_model.num_params * r.rm_param_bytes / r.rm_shard
+    whole = {**memory._actor(grads=False, params_on_gpu=True, optim_on_gpu=True),
+             **memory._others(ref_on_gpu=True, critic_on_gpu=True, rm_on_gpu=True)}
+    offloaded = {"actor params": r.hybrid and r.param_offload, "actor optimizer": r.hybrid and r.optimizer_offload,
+                 "ref params": r.ref_offload, "critic params": r.critic_param_offload,
+                 "critic optimizer": r.critic_optimizer_offload, "reward model params": r.rm_param_offload}
+    parts = {part: whole.get(part, 0) for part, on in offloaded.items() if on}
     parts["packing"] = (PACKING_SLACK - 1) * sum(parts.values())
 
     def layer_inputs(shape, tokens: int, kept_layers: int) -> int:

@@ -73,8 +73,8 @@ def resolve_optimizer_offload(sizing: Sizing, val_prompts: int | None, judge: bo
     """`actor.fsdp_config.optimizer_offload` 'auto': on with the hybrid engine and full fine-tuning on a GPU where,
     with the AdamW state on the GPU, the rollout's KV cache would hold fewer than all of the step's sequences per
     engine at once (none: the plan would refuse the rollout phase), with it in host memory during the rollout
-    more, and the node's host memory can pin it for all its ranks. Off elsewhere: on a CPU, with a resident engine (scheme A: it never moves the state), with LoRA (the
-    adapters' state is small)."""
+    more, and the node's host memory can pin it for all its ranks. Off elsewhere: on a CPU, with a resident engine
+    (scheme A: it never moves the state), with LoRA (the adapters' state is small)."""
     choices, key, residency = sizing.choices, OPTIMIZER_OFFLOAD, sizing.residency
     if not is_auto(sizing.get(key)):
         return
@@ -99,8 +99,7 @@ def resolve_optimizer_offload(sizing: Sizing, val_prompts: int | None, judge: bo
                        f"length beside its {state:.1f} GiB)")
     elif moved_fit <= kept_fit:
         choices.append(f"{key} = false (with its {state:.1f} GiB on the GPU {on_gpu}; moving it would not raise that)")
-    elif not sizing.host_fits(moved):
-        pinned = host_pinned(MemoryModel(sizing.shape, moved))
+    elif not sizing.host_fits(pinned := host_pinned(MemoryModel(sizing.shape, moved))):
         sizing.host_declined = (f"in host memory it would need "
                                 f"{host_words(pinned, sizing.layout.parallel.gpus_per_node, sizing.device.host_bytes)}")
         choices.append(f"{key} = false (with its {state:.1f} GiB on the GPU {on_gpu}; {sizing.host_declined})")

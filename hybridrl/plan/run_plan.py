@@ -28,7 +28,7 @@ from hybridrl.plan.actor_plan import (
 )
 from hybridrl.plan.critic_plan import CriticPlan, plan_critic, plan_critic_recompute
 from hybridrl.plan.early_update import plan_early_update, update_fits_beside_rollout
-from hybridrl.plan.host_memory import host_available_bytes, host_pinned, host_words
+from hybridrl.plan.host_memory import OFFLOAD_KEYS, host_available_bytes, host_pinned, host_words
 from hybridrl.plan.layout import Layout, derive_layout
 from hybridrl.plan.memory import GiB, MemoryModel, PhaseMemory, Residency
 from hybridrl.plan.model_shape import ModelShape
@@ -173,23 +173,15 @@ def _check_host_memory(sizing: Sizing, actor: ActorPlan, critic: CriticPlan | No
     actor_tokens = _update_tokens(actor.update, sizing.seq_len)
     critic_tokens = _update_tokens(critic.update, sizing.seq_len) if critic is not None else 0
     pinned = host_pinned(sizing.memory, actor_tokens, critic_tokens)
-    if sizing.host_fits(sizing.residency, actor_tokens, critic_tokens):
+    if sizing.host_fits(pinned):
         return pinned
-    r = sizing.residency
-    on = [key for key, held in (
-        (f"{ACTOR}.fsdp_config.param_offload", r.hybrid and r.param_offload),
-        (f"{ACTOR}.fsdp_config.optimizer_offload", r.hybrid and r.optimizer_offload),
-        (f"{MODEL}.enable_activation_offload", r.activation_offload and r.gradient_checkpointing),
-        (f"{REF}.fsdp_config.param_offload", "ref params" in pinned.parts),
-        ("critic.model.fsdp_config.param_offload", "critic params" in pinned.parts),
-        ("critic.model.fsdp_config.optimizer_offload", "critic optimizer" in pinned.parts),
-        ("critic.model.enable_activation_offload", "critic layer inputs" in pinned.parts),
-        ("reward_model.model.fsdp_config.param_offload", "reward model params" in pinned.parts)) if held]
+    on = [key for part, key in OFFLOAD_KEYS.items() if part in pinned.parts]
     raise ConfigError([
-        f"the offloads would pin more host memory than the node has: {host_words(pinned, sizing.layout.parallel.gpus_per_node, sizing.device.host_bytes)}"
-        f" (per GPU, GiB: {pinned.describe()}). Pinned memory cannot be swapped, and it is allocated at each state's "
-        f"first offload, for the optimizer state a whole step into the run; set one of {', '.join(f'{k}=false' for k in on)}, or run "
-        "with more host memory or more GPUs to shard the state over"])
+        "the offloads would pin more host memory than the node has: "
+        f"{host_words(pinned, sizing.layout.parallel.gpus_per_node, sizing.device.host_bytes)} (per GPU, GiB: "
+        f"{pinned.describe()}). Pinned memory cannot be swapped, and it is allocated at each state's first offload, "
+        f"for the optimizer state a whole step into the run; set one of {', '.join(f'{k}=false' for k in on)}, or "
+        "run with more host memory or more GPUs to shard the state over"])
 
 
 def _check_router_keys(get, shape: ModelShape, hf_config) -> None:

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from hybridrl.config.errors import ConfigError
-from hybridrl.plan.host_memory import HOST_SAFETY, host_pinned
+from hybridrl.plan.host_memory import HOST_SAFETY
 from hybridrl.plan.layout import Layout
 from hybridrl.plan.memory import GiB, MemoryModel, PhaseMemory, Residency
 from hybridrl.plan.model_shape import ModelShape
@@ -135,12 +135,11 @@ class Sizing:
     def budget(self) -> float | None:
         return None if self.device.total_bytes is None else SAFETY * self.device.total_bytes
 
-    def host_fits(self, residency: Residency, actor_update_tokens: int = 0, critic_update_tokens: int = 0) -> bool:
-        """Whether the pinned host memory of `residency`'s offloads fits the node (host_memory.py); true where the
-        host memory or the device is unknown."""
+    def host_fits(self, pinned: PhaseMemory) -> bool:
+        """Whether one rank's pinned host memory (host_memory.host_pinned), on every GPU of a node, fits the node;
+        true where the host memory or the device is unknown."""
         if self.budget is None or not self.device.host_bytes:
             return True
-        pinned = host_pinned(MemoryModel(self.shape, residency), actor_update_tokens, critic_update_tokens)
         return pinned.total * self.layout.parallel.gpus_per_node <= HOST_SAFETY * self.device.host_bytes
 
     @property
