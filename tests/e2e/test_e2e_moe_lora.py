@@ -19,18 +19,25 @@ pytestmark = pytest.mark.slow
 arith_dir = test_e2e_runs.arith_dir   # the module-scoped data fixture of the other e2e runs
 
 
-def _tiny_moe(out_dir, tokenizer_dir):
+def _copy_tokenizer(out_dir, tokenizer_dir):
+    """A new model directory `out_dir` with the tokenizer files of `tokenizer_dir`; returns its HF config."""
     import shutil
 
     import transformers
-
-    from hybridrl.assets.tiny_model import make_config
 
     out_dir.mkdir(parents=True)
     for f in tokenizer_dir.iterdir():
         if f.name.startswith(("tokenizer", "special_tokens", "vocab", "merges", "chat_template", "generation")):
             shutil.copyfile(f, out_dir / f.name)
-    base = transformers.AutoConfig.from_pretrained(tokenizer_dir)
+    return transformers.AutoConfig.from_pretrained(tokenizer_dir)
+
+
+def _tiny_moe(out_dir, tokenizer_dir):
+    import transformers
+
+    from hybridrl.assets.tiny_model import make_config
+
+    base = _copy_tokenizer(out_dir, tokenizer_dir)
     config = make_config("qwen3_moe", hidden=64, layers=2, heads=4, kv_heads=2, intermediate=128, head_dim=16,
                          vocab_size=base.vocab_size, experts=8, experts_per_token=2, expert_intermediate=32, tie=False,
                          token_ids={"bos_token_id": None, "eos_token_id": base.eos_token_id,
@@ -68,16 +75,10 @@ def test_grpo_full_mixtral_replays_the_rollouts_routing_with_router_losses(ray_l
     """The second router family through the whole trainer, fully fine-tuned on two CPU workers: the TP = 2 engine
     records each token's experts, the batch carries them (`routed_experts`) through balancing and the update's
     token-budget micro-batches, and the actor replays them (R3) beside the load-balancing and z-losses."""
-    import shutil
-
     import transformers
 
     model = tmp_path / "mixtral"
-    model.mkdir()
-    for f in tiny_model_dir.iterdir():
-        if f.name.startswith(("tokenizer", "special_tokens", "vocab", "merges", "chat_template", "generation")):
-            shutil.copyfile(f, model / f.name)
-    base = transformers.AutoConfig.from_pretrained(tiny_model_dir)
+    base = _copy_tokenizer(model, tiny_model_dir)
     config = transformers.MixtralConfig(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=2,
                                         intermediate_size=48, num_local_experts=4, num_experts_per_tok=2,
                                         vocab_size=base.vocab_size, max_position_embeddings=256,
