@@ -8,9 +8,9 @@ Choices:
   (what FSDP unshards at once).
 - Per-token activation widths take the wider of the two layer kinds: the dense MLP's `intermediate`, or the k
   experts' `experts_per_token * expert_intermediate` plus what dispatching the token to them saves for backward
-  (`moe_dispatch_bytes_per_token`: its k gathered rows and k expert outputs, the fp32 router probabilities, the
-  top-k weights and the int64 index vectors of HF's grouped-GEMM forward; checked against autograd's saved
-  tensors in tests/plan/test_moe_memory.py). The router losses keep every MoE layer's router logits (and their
+  (`moe_dispatch_bytes_per_token`: its k gathered rows, the router's fp32 probabilities and top-k, the routing
+  weights and the index vectors of training/moe_experts.py's forward; checked against autograd's saved tensors
+  in tests/plan/test_moe_memory.py). The router losses keep every MoE layer's router logits (and their
   loss graphs) until backward, checkpointing or not (`router_loss_bytes_per_token`); routing replay's record
   takes `routing_record_bytes_per_token` beside each token's K/V in the engine.
 
@@ -138,13 +138,13 @@ class ModelShape:
 
     @property
     def moe_dispatch_bytes_per_token(self) -> int:
-        """An MoE layer's per-token extras saved for backward: the k gathered input rows and k expert outputs (bf16),
-        the fp32 router softmax, the fp32 top-k weights with their sum and the k gates (fp32 at most), and four int64
-        vectors over the k assignments (top-k ids, the gathers of rows and of gates, the inverse permutation)."""
+        """An MoE layer's per-token extras saved for backward (training/moe_experts.py): the k gathered input rows
+        (bf16), the router's fp32 softmax, its fp32 top-k values and their sum, the int64 top-k ids and sort
+        permutation, the two int32 gather indices and the k bf16 routing weights."""
         if not self.moe_layers:
             return 0
         k = self.experts_per_token
-        return 2 * 2 * k * self.hidden + 4 * self.experts + 4 * (k + 1) + 4 * k + 4 * 8 * k
+        return 2 * k * self.hidden + 4 * self.experts + 4 * (k + 1) + 2 * 8 * k + 2 * 4 * k + 2 * k
 
     def router_loss_bytes_per_token(self, aux: bool, z: bool) -> int:
         """What the router losses keep per token from the forward to the backward: per MoE layer its router logits
@@ -169,19 +169,32 @@ class ModelShape:
     def train_act_bytes_per_token_layer(self, liger: bool = False) -> int:
         """Activations autograd saves for one token of one decoder layer (bf16 compute, HF graph, fused attention):
         the two RMSNorms' fp32 inputs and bf16 outputs (the outputs are also the q/k/v and gate/up inputs), the
-        attention's q, k, v and output, the output projection's input, and the MLP's gate, up, act and product.
-        With Liger's kernels (training/liger.py) the RMSNorms save their bf16 inputs and a per-row fp32 rstd, and
-        SwiGLU saves gate and up only (the SiLU is recomputed in backward)."""
-        q, kv, h, i = self.heads * self.head_dim, self.kv_heads * self.head_dim, self.hidden, self.token_mlp_width
-        moe = self.moe_dispatch_bytes_per_token
+        attention's q, k, v and output, the output projection's input, and the MLP's (`_mlp_saved_bytes`).
+        With Liger's kernels (training/liger.py) the RMSNorms save their bf16 inputs and a per-row fp32 rstd."""
+        q, kv, h = self.heads * self.head_dim, self.kv_heads * self.head_dim, self.hidden
+        mlp = self._mlp_saved_bytes(liger)
         if liger:
-            return 2 * 2 * h + 2 * 4 + 2 * 2 * h + 2 * (3 * q + 2 * kv) + 2 * 3 * i + moe
-        return 2 * 4 * h + 2 * 2 * h + 2 * (3 * q + 2 * kv) + 2 * 4 * i + moe
+            return 2 * 2 * h + 2 * 4 + 2 * 2 * h + 2 * (3 * q + 2 * kv) + mlp
+        return 2 * 4 * h + 2 * 2 * h + 2 * (3 * q + 2 * kv) + mlp
+
+    def _mlp_saved_bytes(self, liger: bool) -> int:
+        """The wider layer kind's MLP: the dense SwiGLU's gate, up, act and product (bf16; Liger's SwiGLU saves gate
+        and up only and recomputes the SiLU), or the experts' gate|up and weighted product (training/moe_experts.py
+        recomputes the SiLU) with the dispatch."""
+        dense = 2 * (3 if liger else 4) * self.intermediate if self.dense_layers else 0
+        experts = (2 * 3 * self.experts_per_token * self.expert_intermediate + self.moe_dispatch_bytes_per_token
+                   if self.moe_layers else 0)
+        return max(dense, experts)
 
     def layer_backward_bytes_per_token(self, liger: bool = False) -> int:
-        """A decoder layer's backward beyond what it saved: the MLP's gradients (down input, act, gate and up, bf16)
-        alive at once; Liger's SwiGLU writes the gate and up gradients over its saved inputs."""
-        return 2 * (1 if liger else 3) * self.token_mlp_width
+        """A decoder layer's backward beyond what it saved, the wider layer kind: the dense MLP's gradients (down
+        input, act, gate and up, bf16) alive at once, of which Liger's SwiGLU writes the gate and up gradients over
+        its saved inputs; the experts' (training/moe_experts.py) the down input's gradient with the SwiGLU
+        backward's four k·Ie-wide temporaries, and the k gathered rows' gradient with its token-order copy."""
+        dense = 2 * (1 if liger else 3) * self.intermediate if self.dense_layers else 0
+        experts = (2 * 5 * self.experts_per_token * self.expert_intermediate + 2 * 2 * self.experts_per_token
+                   * self.hidden if self.moe_layers else 0)
+        return max(dense, experts)
 
     @property
     def infer_act_bytes_per_token(self) -> int:

@@ -5,12 +5,11 @@ Shapes: N tokens of one forward (as the model sees them: padded rows flattened, 
 E experts, k experts per token.
 
 Choices:
-- Experts: transformers (>= 5) dispatches its experts modules through `experts_implementation`; 'grouped_mm'
-  sorts the (token, expert) assignments by expert and runs gate|up and down as two grouped GEMMs (torch's
-  grouped matmul, and transformers' per-expert-slice fallback where torch has no kernel for the device), forward
-  and backward. `load_kwargs` asks for it explicitly when an MoE model is loaded, so the training model never
-  takes HF's Python loop over experts ('eager'). The model itself knows nothing of FSDP: FSDP shards the
-  fused [E, 2I, H] / [E, H, I] expert tensors on their first dimension like any parameter.
+- Experts: transformers (>= 5) dispatches its experts modules through `experts_implementation`; `load_kwargs`
+  asks for hybridrl's `hybridrl_grouped_mm` (training/moe_experts.py: the (token, expert) assignments sorted by
+  expert, gate|up and down as two grouped GEMMs, forward and backward) when an MoE model is loaded, so the
+  training model never takes HF's Python loop over experts ('eager'). The model itself knows nothing of FSDP:
+  FSDP shards the fused [E, 2I, H] / [E, H, I] expert tensors on their first dimension like any parameter.
 - Routers are found by the class HF records router logits from (`_can_record_outputs["router_logits"]`, the
   same for both families); their module order is the MoE layers' order, which is also the order of the rollout
   engine's recorded experts (models/moe.py numbers the sparse layers the same way).
@@ -39,6 +38,7 @@ from contextlib import contextmanager
 import torch
 
 from hybridrl.models.moe_config import moe_config
+from hybridrl.training import moe_experts
 
 __all__ = ["REPLAY_MODES", "is_moe", "load_kwargs", "router_settings", "RouterTaps", "router_z_loss",
            "load_balancing_loss"]
@@ -49,9 +49,13 @@ def is_moe(hf_config) -> bool:
     return moe is not None and moe.num_sparse > 0
 
 
-def load_kwargs(hf_config) -> dict:
-    """Extra `from_pretrained` / `from_config` arguments for this config: grouped-GEMM experts for MoE models."""
-    return {"experts_implementation": "grouped_mm"} if is_moe(hf_config) else {}
+def load_kwargs(hf_config, experts_implementation: str | None = None) -> dict:
+    """Extra `from_pretrained` / `from_config` arguments for this config: grouped-GEMM experts for MoE models
+    (hybridrl's, moe_experts.py, unless `experts_implementation` names another of transformers' experts
+    interface, e.g. its own 'grouped_mm' for an A/B)."""
+    if not is_moe(hf_config):
+        return {}
+    return {"experts_implementation": experts_implementation or moe_experts.register()}
 
 
 def router_modules(model: torch.nn.Module) -> list[torch.nn.Module]:

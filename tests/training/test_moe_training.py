@@ -34,8 +34,13 @@ def _eager(path):
     return model
 
 
-def _grouped(path):
-    model = load_hf_model(str(path))
+def _grouped(path, experts=None):
+    """The actor's model (hybridrl's grouped-GEMM experts), or with transformers' experts implementation `experts`."""
+    if experts is None:
+        model = load_hf_model(str(path))
+    else:
+        model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32,
+                                                                  experts_implementation=experts)
     model.set_attn_implementation(register_varlen_attention())
     return model
 
@@ -59,10 +64,11 @@ def _logprobs_and_grads(model, data, packed):
     return out.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
 
 
+@pytest.mark.parametrize("experts", [None, "grouped_mm"])
 @pytest.mark.parametrize("packed", [False, True])
-def test_grouped_gemm_experts_equal_the_eager_loop(moe_dir, packed):
-    grouped, eager = _grouped(moe_dir), _eager(moe_dir)
-    assert grouped.config._experts_implementation == "grouped_mm"
+def test_grouped_gemm_experts_equal_the_eager_loop(moe_dir, packed, experts):
+    grouped, eager = _grouped(moe_dir, experts), _eager(moe_dir)
+    assert grouped.config._experts_implementation == (experts or "hybridrl_grouped_mm")
     assert eager.config._experts_implementation == "eager"
     data = make_ppo_batch(batch=4, prompt_len=7, resp_len=6, seed=3)
     mask = data.batch["response_mask"].bool()
