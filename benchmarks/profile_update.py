@@ -136,16 +136,18 @@ MOE_KERNELS = {"moe_gemm": ("groupproblemshape", "ptrarray", "grouped_gemm", "gr
 
 
 def kernel_category(name: str, moe: bool = False) -> str:
+    """Attention, then GEMMs, before copies: CUTLASS kernel names carry their tile copies' types (`Copy_Atom`,
+    `TiledCopy`), and FlashAttention's carry `cutlass::`."""
     n = name.lower()
-    if any(s in n for s in ("nccl", "all_gather", "allgather", "reduce_scatter", "reducescatter", "chunk_cat",
-                            "catarraybatchedcopy", "split_with_sizes", "memcpy", "memset", "copy")):
-        return "fsdp_copy"
     if any(s in n for s in ("flash", "fmha", "attention", "attn")):
         return "attention"
     if moe and any(s in n for s in MOE_KERNELS["moe_gemm"]):
         return "moe_gemm"
     if any(s in n for s in ("gemm", "sm90", "cutlass", "nvjet", "ampere", "xmma", "splitk", "cublas")):
         return "gemm"
+    if any(s in n for s in ("nccl", "all_gather", "allgather", "reduce_scatter", "reducescatter", "chunk_cat",
+                            "catarraybatchedcopy", "split_with_sizes", "memcpy", "memset", "copy")):
+        return "fsdp_copy"
     if moe and any(s in n for s in MOE_KERNELS["moe_dispatch"]):
         return "moe_dispatch"
     return "other"
@@ -412,6 +414,7 @@ class ActorBench:
         self.build_s = time.perf_counter() - t0
         self.facts = {"lora_base_dtype": base_dtype, "fused_optimizer": fused, "use_liger": liger,
                       "use_prefix_grouper": share_prompts, "moe": self.moe,
+                      "experts_implementation": getattr(self.module.config, "_experts_implementation", None),
                       "model_dtype": str(self.config.actor.fsdp_config.model_dtype),
                       **flop_params(self.module),
                       "trainable_params": sum(p.numel() for p in self.module.parameters() if p.requires_grad)}
@@ -557,8 +560,18 @@ def main(argv=None) -> dict:
     p.add_argument("--use-prefix-grouper", default="auto", choices=["auto", "true", "false"],
                    help="shared-prompt forwards, resolved as the run plan resolves actor.use_prefix_grouper")
     p.add_argument("--workdir", default="/tmp/hybridrl_bench")
+    p.add_argument("--experts-implementation", default=None,
+                   help="an MoE model's experts: transformers' experts interface name, e.g. its own 'grouped_mm' "
+                        "for the A/B (default: what the actor loads, hybridrl's training/moe_experts.py)")
     p.add_argument("--out", default="benchmarks/results/profile_update.json")
     args = p.parse_args(argv)
+    if args.experts_implementation:
+        import functools
+
+        import hybridrl.training.fsdp as fsdp
+        from hybridrl.training.moe import load_kwargs
+
+        fsdp.load_kwargs = functools.partial(load_kwargs, experts_implementation=args.experts_implementation)
     configs = [UpdateConfig.parse(s) for s in args.configs.split(",") if s]
 
     from hybridrl.seeding import seed_everything

@@ -250,6 +250,21 @@ SMALL = [
                     "256", "--n", "8", "--prompt-len", "256", "--response-len", "256", "--repeat", "2",
                     "--profile-skip", "1", "--profile-micro", "2", "--configs",
                     "lora32:keep24:tok16384,lora32:keep24:tok8192", "--out", "{out}/update_ops_moe_30b.json"),)),
+    Scenario("update-moe-experts-30b", "the Qwen3-30B-A3B LoRA r32 update with hybridrl's experts forward "
+             "(training/moe_experts.py) vs transformers' grouped_mm, same model, three timed updates each, then "
+             "their GPU tests", "nvidia-h200", "moe_grpo/experts_forward", (
+                 *(py("benchmarks/profile_update.py", "--preset", "qwen3-30b-a3b", "--workdir", "{work}", "--rows",
+                      "256", "--n", "8", "--prompt-len", "256", "--response-len", "256", "--repeat", "3",
+                      "--profile-skip", "1", "--profile-micro", "2", "--configs", "lora32:keep24:tok16384", *extra,
+                      "--out", f"{{out}}/update_ops_moe_30b_experts_{name}.json")
+                   for name, extra in (("hybridrl", ()), ("grouped_mm", ("--experts-implementation", "grouped_mm")))),
+                 gpu_tests("gpu_tests_moe_experts.log", "tests/training/test_moe_experts.py"))),
+    Scenario("moe-trl-7b-a1b", "the Qwen3-MoE 7B-A1B shape fully fine-tuned at the defaults (two runs), then TRL's "
+             "GRPOTrainer on the same model and prompts (full, bf16, micro-batch 32 x 16 accumulation steps), its "
+             "first step (~2.5 minutes)", "nvidia-h200", "moe_grpo/experts_forward", (
+                 grpo("grpo_qwen3-moe-7b-a1b_experts.json", "--preset", "qwen3-moe-7b-a1b", *ONE_GPU, "--steps", "3",
+                      "--repeat", "2", "--variants", "defaults"),
+                 trl("trl_qwen3-moe-7b-a1b.json", "qwen3-moe-7b-a1b", 0, extra=("--micro-batch", "32")))),
     Scenario("moe-grpo-7b-a1b", "Qwen3-MoE 7B-A1B shape, full fine-tuning on one GPU with bf16 masters (the engine "
              "borrows its whole tensors) and fp32 masters (it copies), one run each", "nvidia-h200", "moe_grpo",
              (grpo("grpo_qwen3-moe-7b-a1b.json", "--preset", "qwen3-moe-7b-a1b", *ONE_GPU, "--steps", "3",

@@ -93,7 +93,13 @@ def test_moe_kernels_and_ops_get_their_own_categories(bench):
     grouped = ("void cutlass::device_kernel<cutlass::gemm::kernel::GemmUniversal<cutlass::gemm::GroupProblemShape<"
                "cute::tuple<int, int, int> >, cutlass::gemm::collective::CollectiveMma<...KernelPtrArrayTmaWarp...")
     dense_gemm = "void cutlass::device_kernel<cutlass::gemm::kernel::GemmUniversal<cute::tuple<int, int, int, int>>"
-    for name, moe, dense in ((grouped, "moe_gemm", "gemm"), (dense_gemm, "gemm", "gemm"),
+    # CUTLASS names carry their tile copies' types (the H200 profile's grouped GEMM), FlashAttention's cutlass::
+    mangled = ("_ZN7cutlass13device_kernelIN2at4cuda6detail25enable_3x_kernel_for_sm9xINS_4gemm6kernel13GemmUniversal"
+               "INS5_17GroupProblemShapeIN4cute5tupleIJiiiEEEEENS8_9SM90_TMA_LOADENS8_6Copy_AtomINS8_SM75_U32x4")
+    flash = "void pytorch_flash::flash_bwd_dq_dk_dv_loop_seqk_parallel_kernel<Flash_bwd_kernel_traits<cutlass::bf16>>"
+    for name, moe, dense in ((grouped, "moe_gemm", "gemm"), (dense_gemm, "gemm", "gemm"), (mangled, "moe_gemm", "gemm"),
+                             (flash, "attention", "attention"),
+                             ("void at::native::direct_copy_kernel_cuda", "fsdp_copy", "fsdp_copy"),
                              ("void at::native::sbtopk::gatherTopK<float, unsigned int, 2, false>", "moe_dispatch",
                               "other"),
                              ("void at::native::index_elementwise_kernel<128, 4, at::native::gpu_index_kernel<>>",
