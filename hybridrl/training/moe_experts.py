@@ -117,7 +117,7 @@ def experts_forward(module, hidden_states: torch.Tensor, top_k_index: torch.Tens
         from transformers.integrations.moe import grouped_mm_experts_forward
 
         return grouped_mm_experts_forward(module, hidden_states, top_k_index, top_k_weights)
-    n, k = top_k_index.shape
+    k = top_k_index.shape[-1]
     experts = module.num_experts
     expert_ids, perm = torch.sort(top_k_index.reshape(-1), stable=True)
     counts_input = expert_ids.int() if expert_ids.is_cuda else expert_ids.float()   # histc: int on CUDA, float on CPU

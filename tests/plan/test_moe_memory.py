@@ -27,8 +27,8 @@ T = 96
 
 def _model(kind):
     torch.manual_seed(0)
-    return transformers.AutoModelForCausalLM.from_config(tiny_moe_config(kind), dtype=torch.bfloat16,
-                                                         **load_kwargs(tiny_moe_config(kind)))
+    cfg = tiny_moe_config(kind)
+    return transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16, **load_kwargs(cfg))
 
 
 def _saved_bytes(fn, exclude):
