@@ -114,18 +114,16 @@ def gemm_shapes(model: str) -> dict[str, tuple[int, int]]:
             "lm_head": (VOCAB, h)}
 
 
-def graph_time_us(fn, copies: list[torch.Tensor], calls: int = 40, reps: int = 10) -> float:
-    """µs per call of fn(w) over a CUDA graph of `calls` calls cycling through `copies`."""
+def graph_replay_us(fn, reps: int = 10) -> tuple[float, object]:
+    """Median µs of one replay of a CUDA graph of fn() (warmed up once on a side stream), and fn's output."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
-        for w in copies[:3]:
-            fn(w)
+        fn()
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        for c in range(calls):
-            fn(copies[c % len(copies)])
+        out = fn()
     graph.replay()
     torch.cuda.synchronize()
     times = []
@@ -135,8 +133,14 @@ def graph_time_us(fn, copies: list[torch.Tensor], calls: int = 40, reps: int = 1
         graph.replay()
         e.record()
         e.synchronize()
-        times.append(s.elapsed_time(e) * 1e3 / calls)
-    return sorted(times)[len(times) // 2]
+        times.append(s.elapsed_time(e) * 1e3)
+    return sorted(times)[len(times) // 2], out
+
+
+def graph_time_us(fn, copies: list[torch.Tensor], calls: int = 40, reps: int = 10) -> float:
+    """µs per call of fn(w) over a CUDA graph of `calls` calls cycling through `copies`."""
+    us, _ = graph_replay_us(lambda: [fn(copies[c % len(copies)]) for c in range(calls)], reps)
+    return us / calls
 
 
 def copy_bandwidth() -> float:

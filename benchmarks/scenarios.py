@@ -152,6 +152,12 @@ SMALL = [
              "against the weight-bytes floor, 1.5B and 7B shapes", "nvidia-h200", "long_tail", (
                  py("benchmarks/decode_gemm.py", "--models", "1.5B,7B", "--rows", "1,8,32,64,256",
                     "--out", "{out}/decode_gemm.json"),)),
+    Scenario("decode-pdl", "a decode layer's GEMM chain (28 layers) at 1-64 rows: cuBLAS against Triton skinny GEMMs "
+             "without and with programmatic dependent launch, and with L2 prefetch; 1.5B and 7B shapes", "nvidia-h200",
+             "long_tail", (
+                 py("benchmarks/decode_pdl.py", "--model", "1.5B", "--rows", "1,8,64",
+                    "--out", "{out}/decode_pdl_1.5b.json"),
+                 py("benchmarks/decode_pdl.py", "--model", "7B", "--rows", "8,64", "--out", "{out}/decode_pdl_7b.json"))),
     Scenario("update-unshard-once-1.5b", "the long-tail 1.5B update (256 rows, mean 1,000 of 4,096, 16k-token "
              "micro-batches): weights gathered per micro-batch vs once per mini-batch, with 14 or 13 kept layers",
              "nvidia-h200", "long_tail", (
@@ -218,6 +224,17 @@ SMALL = [
                     "--num-prompts", "64", "--n", "8", "--prompt-len", "128", "--max-tokens", "128",
                     "--temperature", "0.8", "--out", "{out}/spec_decode_smollm2_arith.json"),
                  gpu_tests("gpu_tests.log", "tests/rollout/test_rollout_gpu.py"))),
+    Scenario("smollm2-long-spec", "a real model's long tail: SmolLM2 on a + b with responses up to 1,024 tokens, GRPO "
+             "at the recipe's settings for 20 steps with speculation off, then on (same seed); then the rollout alone, "
+             "off vs on, three seeds", "nvidia-h200", "long_tail/smollm2_long_spec", (
+                 MAKE_ADD,
+                 *(recipe(ARITH, f"metrics_spec_{name}.jsonl", f"run_spec_{name}.log", "trainer.total_training_steps=20",
+                          "data.max_response_length=1024", f"trainer.default_local_dir={{work}}/smollm2_long_{name}",
+                          f"actor_rollout_ref.rollout.speculative.enable={flag}", DATA=ADD)
+                   for name, flag in (("off", "false"), ("on", "true"))),
+                 py("benchmarks/spec_decode.py", "--model", "{smollm2}", "--prompts", f"{ADD}/train.parquet",
+                    "--num-prompts", "64", "--n", "8", "--max-tokens", "1024", "--temperature", "0.8", "--repeat", "3",
+                    "--out", "{out}/spec_decode_smollm2_long.json"))),
     # the GPU side of multi-turn-tiny-cpu (benchmarks/multi_turn.py's defaults: random-weight 0.5B shape, 64 x 4
     # prompts of 512 tokens, 4 turns of 64 tokens, 48-token tool messages after 50 ms)
     Scenario("multi-turn-0.5b", "multi-turn rollout: continuing on the cached KV vs re-prefilling every turn vs "

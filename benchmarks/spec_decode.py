@@ -28,6 +28,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 
@@ -38,7 +39,8 @@ import long_tail  # noqa: E402
 STAT_KEYS = ("num_decode_steps", "generated_tokens", "tail_time_frac", "running_seqs_mean", "decode_s",
              "decode_floor_s", "spec_verify_steps", "spec_draft_tokens", "spec_accepted_tokens",
              "spec_acceptance_rate", "spec_mean_acceptance_length", "spec_tokens_per_verify_step",
-             "spec_discarded_tokens")
+             "spec_discarded_tokens", "schedule_s", "decode_launch_s", "decode_wait_s", "num_lookahead_steps",
+             "spec_probe_steps")
 
 
 def model_and_prompts(a, work: Path) -> tuple[Path, list[list[int]]]:
@@ -136,17 +138,19 @@ def main(argv=None):
     a.max_tokens = a.max_tokens or a.response_len
     from transformers import AutoModelForCausalLM
 
+    from hybridrl.config.sections.rollout import SpeculativeDecodingConfig
     from hybridrl.plan.rollout_plan import resolve_speculative
     from hybridrl.plan.run_plan import DeviceSpec, local_device
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    spec_device = local_device({"trainer": {"device": device}}) if device == "cuda" else DeviceSpec("cpu", "cpu", None)
+    spec_device = (local_device(SimpleNamespace(trainer=SimpleNamespace(device=device))) if device == "cuda"
+                   else DeviceSpec("cpu", "cpu", None))
     choices: list[str] = []
     section = {"enable": True, "num_draft_tokens": a.num_draft_tokens, "min_match": a.min_match,
                "max_match": a.max_match,
                "max_running_seqs": a.max_running_seqs if a.max_running_seqs == "auto" else int(a.max_running_seqs)}
-    spec_on = resolve_speculative(section, spec_device, choices)
-    spec_off = resolve_speculative({**section, "enable": False}, spec_device, [])
+    spec_on = resolve_speculative(SpeculativeDecodingConfig(**section), spec_device, choices)
+    spec_off = resolve_speculative(SpeculativeDecodingConfig(**{**section, "enable": False}), spec_device, [])
     work = Path(a.workdir)
     model_dir, prompts = model_and_prompts(a, work)
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
