@@ -224,6 +224,14 @@ SMALL = [
                     "--num-prompts", "64", "--n", "8", "--prompt-len", "128", "--max-tokens", "128",
                     "--temperature", "0.8", "--out", "{out}/spec_decode_smollm2_arith.json"),
                  gpu_tests("gpu_tests.log", "tests/rollout/test_rollout_gpu.py"))),
+    Scenario("spec-decode-greedy-1.5b", "speculation where a decode step is GPU-bound: a random-weight Qwen2.5-1.5B "
+             "decoding greedily, 16 sequences x 1,024 tokens (all within the speculation threshold), off vs on",
+             "nvidia-h200", "long_tail", (
+                 Cmd(("python", "-m", "hybridrl.cli", "assets", "tiny-model", "{work}/spec_greedy_1.5b", "--size",
+                      "qwen2.5-1.5b")),
+                 py("benchmarks/spec_decode.py", "--model", "{work}/spec_greedy_1.5b", "--num-prompts", "16", "--n", "1",
+                    "--max-tokens", "1024", "--temperature", "0", "--repeat", "3", "--workdir", "{work}/sg",
+                    "--out", "{out}/spec_decode_greedy_1.5b.json"))),
     Scenario("smollm2-long-spec", "a real model's long tail: SmolLM2 on a + b with responses up to 1,024 tokens, GRPO "
              "at the recipe's settings for 20 steps with speculation off, then on (same seed); then the rollout alone, "
              "off vs on, three seeds", "nvidia-h200", "long_tail/smollm2_long_spec", (
