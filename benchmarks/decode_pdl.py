@@ -39,7 +39,7 @@ except ImportError:  # the benchmark needs a GPU and Triton; on a CPU it only li
     triton = None
 
 sys.path.insert(0, str(Path(__file__).parent))
-from decode_gemm import copy_bandwidth, graph_replay_us  # noqa: E402
+from decode_gemm import copy_bandwidth, gemm_shapes, graph_replay_us  # noqa: E402
 from rollout import SHAPES  # noqa: E402
 
 from hybridrl.bench_manifest import device_facts  # noqa: E402
@@ -142,9 +142,8 @@ TILES = [dict(block_n=bn, block_k=bk, split_k=sk)
 
 
 def layer_weights(model: str, layers: int, dtype=torch.bfloat16) -> tuple[list[dict], dict]:
-    h, i, _n_layers, heads, kv, _tied = SHAPES[model]
-    d = h // heads
-    shapes = {"qkv": ((heads + 2 * kv) * d, h), "o": (h, h), "gate_up": (2 * i, h), "down": (h, i)}
+    """`layers` layers' random qkv (with bias), o, gate|up and down weights, and their (N, K) shapes."""
+    shapes = {name: nk for name, nk in gemm_shapes(model).items() if name != "lm_head"}
     ws = [{name: torch.randn(n, k, device="cuda", dtype=dtype) / k ** 0.5 for name, (n, k) in shapes.items()}
           | {"qkv_bias": torch.randn(shapes["qkv"][0], device="cuda", dtype=dtype) * 0.02} for _ in range(layers)]
     return ws, shapes
