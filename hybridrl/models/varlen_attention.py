@@ -1,14 +1,16 @@
-"""FlashAttention's variable-length kernel (torch.nn.attention.varlen), causal, as both sides call it: the training
-forward over packed rows (training/flash_segments.py) and the rollout's prefill over cached keys
-(rollout/attention.py).
+"""FlashAttention's variable-length kernel, causal, as both sides call it: the training forward over packed rows
+(training/flash_segments.py) and the rollout's prefill over cached keys (rollout/attention.py).
 
 Choices:
 - Where it runs: CUDA, bf16/fp16, head dim <= 256, torch's varlen_attn present; `HYBRIDRL_PACKED_ATTENTION=flex`
   turns it off (A/B runs), and callers keep their own path elsewhere.
 - The causal mask is aligned to the end of each key segment: query i of a segment of n queries over m keys sees
   keys 0 .. m - n + i — a sequence's new tokens over its cached ones, or a response over its shared prompt.
-- torch's varlen_attn has changed its signature between releases (`is_causal` vs `window_size`, `enable_gqa`
-  present or not): the call adapts to what the installed version takes, repeating K/V heads when it has no GQA.
+- Grouped-query attention: torch's varlen_attn takes K/V with fewer heads than Q from 2.13 (`enable_gqa`); before
+  that, K/V heads are repeated to the query heads (a copy of K and V per layer and micro-batch, and a sum of their
+  gradients over each group). `HYBRIDRL_GQA=native` instead calls the same FlashAttention-2 kernel through its
+  aten ops with the grouped heads as they are, forward and backward (what 2.13's enable_gqa does); it is opt-in
+  until benchmarks/varlen_attention.py has measured it against the repeat on a GPU.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import torch
 __all__ = ["MAX_HEAD_DIM", "flash_available", "varlen_causal_attention"]
 
 MAX_HEAD_DIM = 256
+GQA_MODES = ("auto", "native")
 
 
 @functools.cache
@@ -39,18 +42,58 @@ def flash_available(device, dtype: torch.dtype, head_dim: int) -> bool:
             and _varlen() is not None)
 
 
+def gqa_mode() -> str:
+    """`HYBRIDRL_GQA`: auto (torch's varlen_attn; K/V repeated where it takes no grouped heads) or native."""
+    mode = os.environ.get("HYBRIDRL_GQA", "auto")
+    if mode not in GQA_MODES:
+        raise ValueError(f"HYBRIDRL_GQA={mode!r}: expected one of {', '.join(GQA_MODES)}")
+    return mode
+
+
+class FlashVarlenCausal(torch.autograd.Function):
+    """aten's FlashAttention-2 varlen forward / backward, causal (aligned at each key segment's end), no dropout;
+    K/V may have fewer heads than Q (a divisor of them)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, cu_q, cu_k, max_q: int, max_k: int, scale: float):
+        out, lse, rng, unused, _ = torch.ops.aten._flash_attention_forward(
+            q, k, v, cu_q, cu_k, max_q, max_k, 0.0, True, False, scale=scale)
+        ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k, rng, unused)
+        ctx.sizes = (max_q, max_k, scale)
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v, out, lse, cu_q, cu_k, rng, unused = ctx.saved_tensors
+        max_q, max_k, scale = ctx.sizes
+        dq, dk, dv = torch.ops.aten._flash_attention_backward(
+            _dense_last(dout), q, k, v, out, lse, cu_q, cu_k, max_q, max_k, 0.0, True, rng, unused, scale=scale)
+        return dq, dk, dv, None, None, None, None, None
+
+
+def _dense_last(t: torch.Tensor) -> torch.Tensor:
+    """The kernel takes any token and head strides but a contiguous head dim."""
+    return t if t.stride(-1) == 1 else t.contiguous()
+
+
 def varlen_causal_attention(q_TND, k_SKD, v_SKD, cu_q, cu_k, max_q: int, max_k: int, scale) -> torch.Tensor:
     """q [T, N, D] (query segments cu_q), k/v [S, K, D] (key segments cu_k; K divides N) -> [T, N, D]."""
+    N, K = q_TND.shape[1], k_SKD.shape[1]
+    if N % K:
+        raise ValueError(f"varlen_causal_attention: {N} query heads are not a multiple of {K} key/value heads")
+    if gqa_mode() == "native":
+        scale = q_TND.shape[-1] ** -0.5 if scale is None else float(scale)
+        return FlashVarlenCausal.apply(_dense_last(q_TND), _dense_last(k_SKD), _dense_last(v_SKD), cu_q, cu_k,
+                                       int(max_q), int(max_k), scale)
     fn, params = _varlen()
     kwargs = {"scale": scale}
     if "window_size" in params:
         kwargs["window_size"] = (-1, 0)
     else:
         kwargs["is_causal"] = True
-    if q_TND.shape[1] != k_SKD.shape[1]:
+    if N != K:
         if "enable_gqa" in params:
             kwargs["enable_gqa"] = True
         else:
-            rep = q_TND.shape[1] // k_SKD.shape[1]
-            k_SKD, v_SKD = k_SKD.repeat_interleave(rep, dim=1), v_SKD.repeat_interleave(rep, dim=1)
+            k_SKD, v_SKD = k_SKD.repeat_interleave(N // K, dim=1), v_SKD.repeat_interleave(N // K, dim=1)
     return fn(q_TND, k_SKD.contiguous(), v_SKD.contiguous(), cu_q, cu_k, max_q, max_k, **kwargs)

@@ -441,9 +441,9 @@ class ModelRunner:
         self.d_tables[:rows].copy_(hs.tables[:rows], non_blocking=True)
         if feed is not None:  # gathered on the device: no wait for the previous step
             self.d_meta[0, :B] = feed.tokens[self.d_meta[4, :B]]
-        if graph_bs is None:  # eager: only the batch's block-table width (the CPU reference gathers all of it)
-            ids, pos, ctx = self._decode_args(B)
-            ctx.block_tables = ctx.block_tables[:, :max(row_lens[:B])]
+        if graph_bs is None:  # eager: only the batch's block-table width (the CPU reference gathers all of it),
+            ids, pos, ctx = self._decode_args(B)   # made contiguous once here rather than by every layer's kernel
+            ctx.block_tables = ctx.block_tables[:, :max(row_lens[:B])].contiguous()
             return self.model(ids, pos, ctx)
         if graph_bs not in self.graphs:
             self._capture(graph_bs)

@@ -70,7 +70,9 @@ def test_unshared_segments_are_the_documents():
 @pytest.mark.gpu
 @pytest.mark.parametrize("share", [False, True])
 @pytest.mark.parametrize("kv_heads", [2, 4])
-def test_flash_kernel_equals_dense_reference_forward_and_backward(share, kv_heads):
+@pytest.mark.parametrize("gqa", ["auto", "native"])
+def test_flash_kernel_equals_dense_reference_forward_and_backward(share, kv_heads, gqa, monkeypatch):
+    monkeypatch.setenv("HYBRIDRL_GQA", gqa)
     b = grouped_batch(prompt_rows=(0, 1, 0, 2, 1, 0, 3, 3) * 3, prompt_len=150, resp_len=90).batch
     packed = pack_inputs(b["input_ids"], b["attention_mask"], b["position_ids"], 150 if share else None)
     q, k, v = (t.cuda().requires_grad_() for t in packed_qkv(packed, heads=4, kv_heads=kv_heads, dim=64,
@@ -87,3 +89,22 @@ def test_flash_kernel_equals_dense_reference_forward_and_backward(share, kv_head
     for got, want in zip((q, k, v), ref_in):
         scale = want.grad.abs().max().clamp(min=1e-6)
         assert ((got.grad.float() - want.grad).abs().max() / scale) < 3e-2
+
+
+def test_unknown_gqa_mode_is_refused_naming_the_variable_and_the_choices(monkeypatch):
+    from hybridrl.models.varlen_attention import varlen_causal_attention
+
+    monkeypatch.setenv("HYBRIDRL_GQA", "repeated")
+    q, k = torch.zeros(4, 4, 8), torch.zeros(4, 2, 8)
+    cu = torch.tensor([0, 4], dtype=torch.int32)
+    with pytest.raises(ValueError, match=r"HYBRIDRL_GQA='repeated'.*auto, native"):
+        varlen_causal_attention(q, k, k, cu, cu, 4, 4, None)
+
+
+def test_query_heads_must_be_a_multiple_of_the_key_value_heads():
+    from hybridrl.models.varlen_attention import varlen_causal_attention
+
+    q, k = torch.zeros(4, 6, 8), torch.zeros(4, 4, 8)
+    cu = torch.tensor([0, 4], dtype=torch.int32)
+    with pytest.raises(ValueError, match="6 query heads are not a multiple of 4"):
+        varlen_causal_attention(q, k, k, cu, cu, 4, 4, None)
