@@ -136,7 +136,9 @@ phase where they are on the GPU and predicts a `reward_model` phase. It reads th
 the policy's tokenizer and chat template (`model.input_tokenizer: null`, checked at load); with `input_tokenizer`
 set to the policy's tokenizer (and `data.return_raw_chat=true`) each response is decoded and the chat re-rendered
 with the reward model's own template. The score is the head's output at the input's last token, placed as the
-token-level reward of the last valid response token (verl's `rm_scores`). `style: judge`: the policy itself judges,
+token-level reward of the last valid response token (verl's `rm_scores`). On GPUs its forwards are token-budgeted
+(`use_dynamic_bsz`, `forward_max_token_len_per_gpu`, verl's keys): the inputs sorted by length, each forward as many
+as fit the budget counted padded, so long-tailed responses cost few forwards and little padding. `style: judge`: the policy itself judges,
 through its rollout engine (greedy, `judge.max_tokens`), each response rendered into `judge.prompt_template`; the
 last match of `judge.score_pattern` is the score. Combining with rule rewards, as verl: the model's score *is* the
 reward and no rule scorer runs; a `custom_reward_function` must take an `rm_score` argument (`rm_scores` with

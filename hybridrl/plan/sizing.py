@@ -244,10 +244,11 @@ class Sizing:
                            f"{peak(1).total / GiB:.1f} GiB in phase {peak(1).phase}, over {SAFETY:.0%} of "
                            f"{self.device.total_bytes / GiB:.1f} GiB; " + self.no_fit_hint(peak(1))])
 
-    def pick_tokens(self, key: str, tokens_target: int, peak) -> int:
-        """`key`'s configured token budget, or the throughput target raised to the longest sequence (a micro-batch
-        must hold one), lowered while its predicted phase peak does not fit (never below that sequence)."""
-        value, budget, longest = self.get(key), self.budget, self.seq_len
+    def pick_tokens(self, key: str, tokens_target: int, peak, longest: int | None = None) -> int:
+        """`key`'s configured token budget, or the throughput target raised to the longest sequence (`longest`,
+        default prompt + response: a micro-batch must hold one), lowered while its predicted phase peak does not
+        fit (never below that sequence)."""
+        value, budget, longest = self.get(key), self.budget, longest or self.seq_len
         if not is_auto(value):
             if budget is not None and peak(value).total > budget:
                 raise ConfigError([self.over(key, value, peak(value))

@@ -55,7 +55,7 @@ class DataParallelPPOCritic(FSDPUpdater):
         micros, bins = make_micro_batches(
             data, bool(meta.get("use_dynamic_bsz", False)),
             meta.get("micro_batch_size"), meta.get("max_token_len"),
-            size_key="critic.forward_micro_batch_size_per_gpu", token_key="critic.ppo_max_token_len_per_gpu",
+            size_key="critic.forward_micro_batch_size_per_gpu", token_key="critic.forward_max_token_len_per_gpu",
             share_prompts=self.share_prompts)
         once = should_keep_unsharded(self.module, meta.get("unshard_once", False), len(micros), self.device)
         with torch.no_grad(), keep_unsharded(self.module, once):

@@ -8,7 +8,9 @@ Choices:
   hook on the head (`score`, as every HF decoder ...ForSequenceClassification names it) and pooled here. The
   model runs its full forward, so FSDP's root unshards the head as usual.
 - Sequences arrive as id lists; each micro-batch is right-padded to its own longest row, and position ids count
-  valid tokens only. Scores come back in fp32 on the CPU in input order.
+  valid tokens only. Micro-batches of the run plan's rows in input order, or (use_dynamic_bsz) of sequences sorted
+  by length within a token budget counted padded, so little of a forward is padding. Scores come back in fp32 on
+  the CPU in input order.
 - A pass of several micro-batches may keep the FSDP blocks unsharded throughout (`unshard_once`, the run plan's
   choice), as the log-prob passes do (training/fsdp.py keep_unsharded).
 """
@@ -19,6 +21,7 @@ import torch
 
 from hybridrl.rewards.token_level import last_valid_index
 from hybridrl.training.fsdp import keep_unsharded, should_keep_unsharded
+from hybridrl.training.token_bins import padded_length_bins, restore_order
 
 __all__ = ["last_token_scores", "score_head", "score_batch", "score_sequences"]
 
@@ -51,15 +54,27 @@ def last_token_scores(module: torch.nn.Module, input_ids: torch.Tensor, attentio
     return per_token[rows, last_valid_index(attention_mask).to(per_token.device)]
 
 
-def score_sequences(module: torch.nn.Module, sequences: list[list[int]], micro_batch_size: int, pad_token_id: int,
-                    device, unshard_once=False) -> torch.Tensor:
-    """[len(sequences)] fp32 scores on the CPU; `micro_batch_size` sequences per forward."""
-    if micro_batch_size < 1:
-        raise ValueError(f"reward_model.micro_batch_size_per_gpu={micro_batch_size}: must be >= 1")
+def score_sequences(module: torch.nn.Module, sequences: list[list[int]], pad_token_id: int, device, *,
+                    rows: int | None = None, max_tokens: int | None = None, unshard_once: bool = False,
+                    key: str = "reward_model.forward_max_token_len_per_gpu") -> torch.Tensor:
+    """[len(sequences)] fp32 scores on the CPU, in input order; micro-batches of `rows` sequences, or of
+    length-sorted sequences within `max_tokens` counted padded (token_bins.padded_length_bins; `key` names that
+    budget in its errors)."""
+    if (rows is None) == (max_tokens is None):
+        raise ValueError(f"score_sequences: give rows or max_tokens, not {rows=} and {max_tokens=}")
+    if rows is not None and rows < 1:
+        raise ValueError(f"reward_model.micro_batch_size_per_gpu={rows}: must be >= 1")
     if any(len(s) == 0 for s in sequences):
         raise ValueError("a reward-model input has no tokens; every sample needs at least its prompt")
+    if not sequences:
+        return torch.zeros(0)
     module.eval()
-    chunks = [sequences[i:i + micro_batch_size] for i in range(0, len(sequences), micro_batch_size)]
+    if rows is not None:
+        bins = None
+        chunks = [sequences[i:i + rows] for i in range(0, len(sequences), rows)]
+    else:
+        bins = padded_length_bins([len(s) for s in sequences], max_tokens, key=key)
+        chunks = [[sequences[i] for i in b] for b in bins]
     once = should_keep_unsharded(module, unshard_once, len(chunks), device)
     scores = []
     with keep_unsharded(module, once):
@@ -68,4 +83,4 @@ def score_sequences(module: torch.nn.Module, sequences: list[list[int]], micro_b
             ids = torch.tensor([s + [pad_token_id] * (width - len(s)) for s in chunk], device=device)
             mask = torch.tensor([[1] * len(s) + [0] * (width - len(s)) for s in chunk], device=device)
             scores.append(score_batch(module, ids, mask).cpu())
-    return torch.cat(scores) if scores else torch.zeros(0)
+    return restore_order(scores, bins)

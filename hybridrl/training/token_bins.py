@@ -8,6 +8,8 @@ Choices:
   counts would hang the collectives); a rank with fewer rows than that count fails with what to raise.
 - Shared prompts: the rows of a prompt stay together and count its tokens once, as the shared-prompt forward
   runs them; a group over the budget is cut into parts, each with its own copy of the prompt.
+- Padded forwards (the reward model's): rows sorted by length and cut in order, so each micro-batch pads little and
+  its padded size (rows x its longest) stays within the budget.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import torch.distributed as dist
 
 from hybridrl.training.transfer import to_device
 
-__all__ = ["rearrange_micro_batches", "rearrange_prompt_groups", "restore_order"]
+__all__ = ["padded_length_bins", "rearrange_micro_batches", "rearrange_prompt_groups", "restore_order"]
 
 
 def _balanced_bins(lengths: list[int], num_bins: int) -> list[list[int]]:
@@ -103,6 +105,36 @@ def rearrange_prompt_groups(groups: list[list[int]], prompt_lens: list[int], res
                                f"{sum(len(r) for _, r in units)} rows; raise {key} or balance the batch across ranks")
         units[widest:widest + 1] = [(p, rows[:len(rows) // 2]), (p, rows[len(rows) // 2:])]
     return [sorted(r for u in b for r in units[u][1]) for b in _balanced_bins(costs(), num)]
+
+
+def padded_length_bins(seq_lens: list[int], max_tokens: int, group=None,
+                       key: str = "forward_max_token_len_per_gpu") -> list[list[int]]:
+    """Micro-batches for a padded forward (each pads its rows to its longest): rows sorted by length, longest first,
+    each micro-batch as many consecutive ones as keep rows x longest within `max_tokens`; with torch.distributed
+    initialised, the count is the largest any rank of `group` needs (the micro-batch with the most rows is halved
+    until this rank has as many). Returns lists of row indices (each sorted), every row exactly once."""
+    if max_tokens <= 0:
+        raise ValueError(f"{key} must be > 0, got {max_tokens}")
+    if not seq_lens:
+        raise ValueError("padded_length_bins: empty batch")
+    if max(seq_lens) > max_tokens:
+        raise ValueError(f"{key}={max_tokens} is smaller than a sequence of {max(seq_lens)} tokens; raise it to at "
+                         "least the longest input")
+    bins: list[list[int]] = []
+    for i in sorted(range(len(seq_lens)), key=lambda j: (-seq_lens[j], j)):
+        if bins and (len(bins[-1]) + 1) * seq_lens[bins[-1][0]] <= max_tokens:
+            bins[-1].append(i)
+        else:
+            bins.append([i])
+    num = _agreed_count(len(bins), group)
+    while len(bins) < num:
+        widest = max(range(len(bins)), key=lambda b: len(bins[b]))
+        rows = bins[widest]
+        if len(rows) < 2:
+            raise RuntimeError(f"dynamic bsz: another rank needs {num} micro-batches but this rank has only "
+                               f"{len(seq_lens)} rows; raise {key} or balance the batch across ranks")
+        bins[widest:widest + 1] = [rows[:len(rows) // 2], rows[len(rows) // 2:]]
+    return [sorted(b) for b in bins]
 
 
 def restore_order(chunks: list[torch.Tensor], bins: list[list[int]] | None) -> torch.Tensor:

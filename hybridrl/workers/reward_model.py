@@ -64,8 +64,10 @@ class RewardModelWorker(RoleWorker):
         with track_phase("reward_model", metrics, self.compute_device):
             if self._param_offload:
                 load_fsdp_params(self.module, self.compute_device)
-            scores = score_sequences(self.module, sequences, self.plan.reward_model.micro_batch, self.pad_token_id,
-                                     self.compute_device, unshard_once=self.plan.reward_model.unshard_once)
+            forward = self.plan.reward_model.forward
+            scores = score_sequences(self.module, sequences, self.pad_token_id, self.compute_device,
+                                     rows=forward.rows, max_tokens=forward.max_tokens,
+                                     unshard_once=forward.unshard_once)
             if self._param_offload:
                 offload_fsdp_params(self.module)
         rm_scores, _ = place_at_last_token(scores, data.batch["response_mask"])

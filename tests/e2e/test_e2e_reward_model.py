@@ -59,7 +59,9 @@ def test_grpo_step_rewarded_by_a_reward_model_with_its_own_template(ray_local, t
     scorer.write_text(RECORDER.format(log=str(log)))
     cfg = load_config(overrides=overrides(
         tiny_model_dir, arith_dir, tmp_path / "run", f"reward_model.model.path={rm_dir}",
-        f"reward_model.model.input_tokenizer={tiny_model_dir}", "reward_model.micro_batch_size_per_gpu=3",
+        f"reward_model.model.input_tokenizer={tiny_model_dir}",
+        # token-budgeted forwards (the GPU default) across the two ranks: inputs of <= 76 tokens, <= 160 a forward
+        "reward_model.use_dynamic_bsz=true", "reward_model.forward_max_token_len_per_gpu=160",
         f"custom_reward_function.path={scorer}", "trainer.val_before_train=true"))
     history = run_ppo(cfg)["history"]
     val, step = history[0], history[-1]

@@ -35,14 +35,36 @@ def test_reward_model_weights_per_phase(plan):
     resident = plan(["reward_model.model.fsdp_config.param_offload=false"])
     for phase in ("gen", "update_actor", "reward_model"):
         assert resident.predicted[phase].parts["reward model params"] == rm_params * 2
-    # 512 samples on the GPU, 512 tokens each: the token target (32768) gives 64 rows a forward
-    assert offloaded.reward_model.micro_batch == 64 and offloaded.reward_model.max_length == 512
-    assert offloaded.predicted["reward_model"].parts["activations"] == 64 * 512 * 2 * (4 * 3584 + 3 * 18944)
-    assert "reward model    micro-batch per GPU 64, inputs up to 512 tokens" in str(offloaded)
+    # on a GPU with the micro-batch left to the plan: forwards of 32768 tokens (the log-prob target), counted padded
+    forward = offloaded.reward_model.forward
+    assert (forward.rows, forward.max_tokens, offloaded.reward_model.max_length) == (None, 32768, 512)
+    assert offloaded.predicted["reward_model"].parts["activations"] == 32768 * 2 * (4 * 3584 + 3 * 18944)
+    assert ("reward model    micro-batches per GPU of at most 32768 tokens (inputs sorted by length, counted at "
+            "each forward's longest), inputs up to 512 tokens") in str(offloaded)
+    assert "reward_model.forward_max_token_len_per_gpu = 32768" in "\n".join(offloaded.choices)
+    # fixed rows (verl's default without use_dynamic_bsz): 512 samples of 512 tokens, the target gives 64 a forward
+    rows = plan(["reward_model.use_dynamic_bsz=false"])
+    assert (rows.reward_model.forward.rows, rows.reward_model.forward.max_tokens) == (64, None)
+    assert rows.predicted["reward_model"].parts["activations"] == 64 * 512 * 2 * (4 * 3584 + 3 * 18944)
+    assert "reward model    micro-batch per GPU 64, inputs up to 512 tokens" in str(rows)
+
+
+def test_reward_model_token_budget_kept_or_refused_naming_the_key(plan):
+    assert plan(["reward_model.forward_max_token_len_per_gpu=4096"]).reward_model.forward.max_tokens == 4096
+    with pytest.raises(ConfigError) as e:
+        plan(["reward_model.forward_max_token_len_per_gpu=100000000"])
+    assert "'reward_model.forward_max_token_len_per_gpu' = 100000000" in str(e.value)
+    with pytest.raises(ConfigError) as e:   # below the longest input the reward model is given
+        plan(["reward_model.forward_max_token_len_per_gpu=300", "reward_model.max_length=400"])
+    assert "'reward_model.forward_max_token_len_per_gpu' = 300 must be 'auto' or an integer >= the longest " \
+           "reward-model input, 400 tokens" in str(e.value)
+    # a longer max_length raises the auto budget to hold one input
+    assert plan(["reward_model.max_length=40000"]).reward_model.forward.max_tokens == 40000
 
 
 def test_reward_model_micro_batch_kept_or_refused_naming_the_key(plan):
-    assert plan(["reward_model.micro_batch_size_per_gpu=3"]).reward_model.micro_batch == 3
+    # an explicit size keeps fixed rows (use_dynamic_bsz auto resolves off), as verl reads it
+    assert plan(["reward_model.micro_batch_size_per_gpu=3"]).reward_model.forward.rows == 3
     with pytest.raises(ConfigError) as e:
         plan(["reward_model.micro_batch_size_per_gpu=512", "reward_model.max_length=8192"])
     assert "'reward_model.micro_batch_size_per_gpu' = 512" in str(e.value) and "reward_model" in str(e.value)

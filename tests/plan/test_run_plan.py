@@ -253,6 +253,20 @@ def test_gae_plans_the_critic():
     assert p.predicted["gen"].parts["critic params"] > 0
 
 
+def test_critic_values_token_budget_follows_verl_keys():
+    gae = ["algorithm.adv_estimator=gae", f"{A}.use_dynamic_bsz=true"]
+    auto = plan(gae)
+    assert (auto.critic.values.max_tokens, auto.critic.values.rows) == (32768, None)   # the no-grad target
+    # verl's default: the values pass takes the update's budget where that is set
+    update_set = plan([*gae, "critic.ppo_max_token_len_per_gpu=4096"])
+    assert update_set.critic.update.max_tokens == update_set.critic.values.max_tokens == 4096
+    own = plan([*gae, "critic.ppo_max_token_len_per_gpu=4096", "critic.forward_max_token_len_per_gpu=16384"])
+    assert (own.critic.update.max_tokens, own.critic.values.max_tokens) == (4096, 16384)
+    with pytest.raises(ConfigError, match=r"'critic.forward_max_token_len_per_gpu' = 100 must be >= "
+                                          r"max_prompt_length \+ max_response_length = 512"):
+        plan([*gae, "critic.forward_max_token_len_per_gpu=100"])
+
+
 def test_config_check_prints_the_plan(tmp_path, capsys):
     model = tmp_path / "m"
     Q05.save_pretrained(model)

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from hybridrl.config.sections.base import Section
 from hybridrl.config.sections.model import check_activation_offload
 from hybridrl.config.sections.optim import OptimConfig
-from hybridrl.config.sections.rules import Findings, check_fsdp_size, check_update_batches
+from hybridrl.config.sections.rules import Findings, check_fsdp_size, check_token_len, check_update_batches
 from hybridrl.config.sections.values import Auto, LossAggMode, Strategy
 from hybridrl.config.tokenizer_files import same_tokenizer
 
@@ -34,7 +34,10 @@ class CriticConfig(Section):
     """micro-batches by token count instead of rows (auto as the actor's, for ppo_micro_batch_size_per_gpu; values
     follow the update's choice)"""
     ppo_max_token_len_per_gpu: Auto | int
-    """token budget with use_dynamic_bsz (update and values); auto = the run plan's choice"""
+    """token budget of an update micro-batch with use_dynamic_bsz; auto = the run plan's choice"""
+    forward_max_token_len_per_gpu: Auto | int
+    """token budget of a values micro-batch with use_dynamic_bsz (a forward without gradients, so it may be larger);
+    auto = ppo_max_token_len_per_gpu where that is set (verl's default), else the run plan's choice"""
     ppo_epochs: int
     """passes over each batch"""
     shuffle: bool
@@ -52,7 +55,8 @@ class CriticConfig(Section):
         found.positive(self, "critic", ("ulysses_sequence_parallel_size",))
         if cfg.algorithm.adv_estimator == "gae":  # the critic exists only then
             found.positive(self, "critic", ("ppo_mini_batch_size", "ppo_epochs", "optim.lr"))
-            found.positive_or_unset(self, "critic", ("ppo_max_token_len_per_gpu", "ppo_micro_batch_size_per_gpu",
+            found.positive_or_unset(self, "critic", ("ppo_max_token_len_per_gpu", "forward_max_token_len_per_gpu",
+                                                     "ppo_micro_batch_size_per_gpu",
                                                      "forward_micro_batch_size_per_gpu", "ppo_micro_batch_size"))
 
     def check(self, cfg, found: Findings) -> None:
@@ -62,6 +66,8 @@ class CriticConfig(Section):
             return
         check_fsdp_size("critic.model.fsdp_config.fsdp_size", self.model.fsdp_config.fsdp_size, cfg, found)
         check_update_batches("critic", "critic.model", self, self.model.use_remove_padding, cfg, found)
+        if self.use_dynamic_bsz is not False:
+            check_token_len("critic.forward_max_token_len_per_gpu", self.forward_max_token_len_per_gpu, cfg, found)
         actor_tok = cfg.data.tokenizer or cfg.actor_rollout_ref.model.path
         critic_tok = self.model.tokenizer_path
         if not same_tokenizer(critic_tok, actor_tok):

@@ -41,7 +41,14 @@ class RewardModelConfig(Section):
     micro_batch_size: int | None
     """deprecated global form; use micro_batch_size_per_gpu"""
     micro_batch_size_per_gpu: Auto | int
-    """sequences per reward-model forward per GPU; auto = the run plan's choice"""
+    """sequences per reward-model forward per GPU, without use_dynamic_bsz; auto = the run plan's choice"""
+    use_dynamic_bsz: Auto | bool
+    """micro-batches by tokens instead of rows: the inputs sorted by length, each forward as many of them as fit
+    forward_max_token_len_per_gpu counted at its longest (rows x longest: the padded batch it runs). auto = on on
+    GPUs where micro_batch_size_per_gpu is auto (an explicit size keeps fixed rows), off on CPU"""
+    forward_max_token_len_per_gpu: Auto | int
+    """token budget of a forward with use_dynamic_bsz (at least the longest input: max_length, or prompt + response);
+    auto = the run plan's choice"""
     max_length: int | None
     """reward-model input tokens at most; null = data.max_prompt_length + data.max_response_length"""
     truncation: Truncation
@@ -63,6 +70,10 @@ class RewardModelConfig(Section):
 
     def check_sizes(self, found: Findings) -> None:
         found.positive(self, RM, ("error_window_steps",))
+
+    def input_limit(self, data) -> int:
+        """The longest input the reward model scores: max_length, else prompt + response."""
+        return self.max_length or data.max_prompt_length + data.max_response_length
 
     def check(self, cfg, found: Findings) -> None:
         """Limits and the scorers' sandbox always; the model's or the judge's keys with `enable` (none is read
@@ -93,6 +104,11 @@ class RewardModelConfig(Section):
             errors.append(f"'{RM}.micro_batch_size_per_gpu' = {micro!r} must be 'auto' or a positive integer")
         if self.max_length is not None and self.max_length <= 0:
             errors.append(f"'{RM}.max_length' = {self.max_length} must be > 0 or null (prompt + response length)")
+        budget, longest = self.forward_max_token_len_per_gpu, self.input_limit(cfg.data)
+        if budget != "auto" and not (isinstance(budget, int) and budget >= longest):
+            errors.append(f"'{RM}.forward_max_token_len_per_gpu' = {budget!r} must be 'auto' or an integer >= the "
+                          f"longest reward-model input, {longest} tokens ({RM}.max_length, else max_prompt_length + "
+                          "max_response_length): a forward holds at least one input")
         fsdp, world = self.model.fsdp_config.fsdp_size, cfg.trainer.world_size
         if fsdp != -1 and (fsdp <= 0 or world % fsdp):
             errors.append(f"'{RM}.model.fsdp_config.fsdp_size' = {fsdp} must be -1 (all ranks) or a positive divisor "
