@@ -1,4 +1,5 @@
-"""Dotted paths into nested configs: `dotted_get(c, "a.b.c")` is c["a"]["b"]["c"] (c.a.b.c for typed sections).
+"""Dotted paths into nested configs: `dotted_get(c, "a.b.c")` is c["a"]["b"]["c"] (c.a.b.c for typed sections);
+`dotted_leaves(tree)` flattens a nested dict to its dotted leaf keys.
 
 It imports nothing from hybridrl, so any layer may use it (config rules, the run plan, the policy losses).
 """
@@ -27,3 +28,14 @@ def dotted_get(tree: Any, path: str, default: Any = _REQUIRED) -> Any:
             return default
         tree = tree.get(key, None) if hasattr(tree, "get") else getattr(tree, key, None)
     return default if tree is None else tree
+
+
+def dotted_leaves(tree: Mapping, prefix: str = "") -> dict[str, Any]:
+    """{"a.b.c": value} for every leaf of a nested mapping; an empty mapping is a leaf."""
+    out: dict[str, Any] = {}
+    for k, v in tree.items():
+        if isinstance(v, Mapping) and v:
+            out.update(dotted_leaves(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out

@@ -25,3 +25,10 @@ def test_lenient_returns_the_default_for_missing_or_none_and_reads_objects_by_at
     assert dotted_get(c, "a.missing", None) is None
     assert dotted_get(c, "obj.x.y", 1) == 5
     assert dotted_get(c, "obj.x.z", 1) == 1
+
+
+def test_dotted_leaves_flattens_to_leaf_keys_keeping_empty_mappings_and_lists():
+    from hybridrl.dotted import dotted_leaves
+
+    tree = {"a": {"b": {"c": 1}, "d": [1, 2]}, "e": {}, "f": None}
+    assert dotted_leaves(tree) == {"a.b.c": 1, "a.d": [1, 2], "e": {}, "f": None}

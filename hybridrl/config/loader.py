@@ -13,7 +13,10 @@ overrides, so overriding the source moves its dependants.
 
 A user YAML is nested like verl's; dotted keys inside it (`actor_rollout_ref.actor.fsdp_config.param_offload:
 False`, as the seed document writes them) are expanded. verl spellings in `schema.ALIASES` (rollout
-`vllm`/`sglang`, strategy `fsdp`) are rewritten to ours with a logged WARNING. The deprecated global micro-batch keys
+`vllm`/`sglang`, strategy `fsdp`) are rewritten to ours with a logged WARNING, and so are verl key spellings in
+`schema.KEY_RENAMES` (`reward_model.reward_kwargs.overlong_buffer_cfg.*`, added with `+` in verl's recipes);
+`schema.KEY_EQUALS` keys (`reward_model.reward_kwargs.max_resp_len`) are accepted only at the value of the key
+they stand for. The deprecated global micro-batch keys
 (`ppo_micro_batch_size`, `log_prob_micro_batch_size`) are converted to their `_per_gpu` form by dividing by
 the data-parallel size, as verl does; setting both forms is an error.
 """
@@ -31,8 +34,18 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from hybridrl.config.errors import ConfigError
-from hybridrl.config.schema import ALIAS_NOTES, ALIASES, CONFIG_DIR, check_schema, closest_key, load_defaults
+from hybridrl.config.schema import (
+    ALIAS_NOTES,
+    ALIASES,
+    CONFIG_DIR,
+    KEY_EQUALS,
+    KEY_RENAMES,
+    check_schema,
+    closest_key,
+    load_defaults,
+)
 from hybridrl.config.sections import ROOTS, PPOConfig, Section
+from hybridrl.dotted import dotted_leaves
 
 __all__ = ["load_config", "load_defaults", "parse_override", "Override", "CONFIG_DIR"]
 
@@ -185,6 +198,42 @@ def _read_user_yaml(config_file: str | Path) -> dict:
     return _fix_floats(_expand_dotted(data, f"config file {str(path)!r}"))
 
 
+def _renamed(key: str) -> str:
+    """`key` with a verl spelling of its prefix (schema.KEY_RENAMES) replaced by ours, logged."""
+    for old, new in KEY_RENAMES.items():
+        if key == old or key.startswith(old + "."):
+            ours = new + key[len(old):]
+            log.warning("config: %s is read as %s (verl's reward_kwargs spelling)", key, ours)
+            return ours
+    return key
+
+
+def _verl_spellings(tree: dict, source: str, equals: list[tuple[str, Any, str]]) -> dict:
+    """A user YAML tree with schema.KEY_RENAMES moved to our keys and schema.KEY_EQUALS taken out into `equals`
+    (key, value, source) for the check after resolution."""
+    out: dict = {}
+    for key, value in dotted_leaves(tree).items():
+        if key in KEY_EQUALS:
+            equals.append((key, value, source))
+            continue
+        node, parts = out, _renamed(key).split(".")
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+        node[parts[-1]] = value
+    return out
+
+
+def _check_equals(cfg: DictConfig, equals: list[tuple[str, Any, str]]) -> None:
+    errors = []
+    for key, value, source in equals:
+        target, rule = KEY_EQUALS[key]
+        want = OmegaConf.select(cfg, target)
+        if value != want:
+            errors.append(f"{source}: '{key}' = {value!r} must equal '{target}' = {want!r}: {rule}")
+    if errors:
+        raise ConfigError(errors)
+
+
 def _apply_aliases(cfg: DictConfig) -> None:
     for key, table in ALIASES.items():
         value = OmegaConf.select(cfg, key, default=None)
@@ -231,8 +280,9 @@ def load_config(config_file: str | Path | None = None, overrides: tuple[str, ...
     cfg = load_defaults(defaults)
     schema = OmegaConf.to_container(cfg, resolve=True)
     user_keys: set[str] = set()
+    equals: list[tuple[str, Any, str]] = []   # verl keys that must equal one of ours (schema.KEY_EQUALS)
     if config_file is not None:
-        user = _read_user_yaml(config_file)
+        user = _verl_spellings(_read_user_yaml(config_file), f"config file {str(config_file)!r}", equals)
         user_keys |= set(_leaf_paths(user))
         try:
             cfg = OmegaConf.merge(cfg, user)
@@ -242,6 +292,12 @@ def load_config(config_file: str | Path | None = None, overrides: tuple[str, ...
     for text in overrides:  # every bad override is reported, not only the first
         try:
             ov = parse_override(text)
+            if ov.key in KEY_EQUALS:
+                equals.append((ov.key, ov.value, f"override {text!r}"))
+                continue
+            ours = _renamed(ov.key)
+            if ours != ov.key:   # verl adds these keys (+key=...); ours exist: set them
+                ov = Override("set", ours, ov.value)
             user_keys.add(ov.key)
             _apply_override(cfg, ov, schema)
         except ConfigError as e:
@@ -254,6 +310,7 @@ def load_config(config_file: str | Path | None = None, overrides: tuple[str, ...
         OmegaConf.resolve(cfg)
     except OmegaConfBaseException as e:
         raise ConfigError([f"interpolation failed at '{getattr(e, 'full_key', '?')}': {e}"]) from e
+    _check_equals(cfg, equals)
     _apply_aliases(cfg)
     root = ROOTS[defaults]
     if not validate:

@@ -26,8 +26,8 @@ from hybridrl.config.errors import ConfigError
 from hybridrl.config.sections.base import Section, field_types, members, type_name
 from hybridrl.config.sections.values import AdvEstimator, PolicyLossMode
 
-__all__ = ["ALIASES", "ALIAS_NOTES", "CONFIG_DIR", "allowed_values", "check_schema", "closest_key", "key_paths",
-           "load_defaults"]
+__all__ = ["ALIASES", "ALIAS_NOTES", "CONFIG_DIR", "KEY_EQUALS", "KEY_RENAMES", "allowed_values", "check_schema",
+           "closest_key", "key_paths", "load_defaults"]
 
 CONFIG_DIR = Path(__file__).resolve().parent
 
@@ -45,6 +45,19 @@ ALIASES: dict[str, dict[str, str]] = {
     "actor_rollout_ref.actor.strategy": {"fsdp": "fsdp2"},
     "critic.strategy": {"fsdp": "fsdp2"},
     "reward_model.reward_manager": {"dapo": "naive"},
+}
+
+
+# verl key spellings read as ours at load (prefix -> our prefix, same meaning): newer verl recipes pass DAPO's overlong
+# buffer to the reward manager as reward_kwargs (`+reward_model.reward_kwargs.overlong_buffer_cfg.len=...`)
+KEY_RENAMES: dict[str, str] = {
+    "reward_model.reward_kwargs.overlong_buffer_cfg": "reward_model.overlong_buffer",
+}
+# verl keys whose only value here is another key's: key -> (that key, what the rule is)
+KEY_EQUALS: dict[str, tuple[str, str]] = {
+    "reward_model.reward_kwargs.max_resp_len": (
+        "data.max_response_length", "the overlong buffer counts from data.max_response_length (verl's recipes set "
+        "max_resp_len to it)"),
 }
 
 

@@ -20,6 +20,7 @@ import os
 from pathlib import Path
 
 from hybridrl.config.sections import PPOConfig
+from hybridrl.dotted import dotted_leaves
 
 __all__ = ["CONFIG_FILE", "ResumeConfigError", "save_resolved_config", "classify_changes", "check_resume_config"]
 
@@ -71,15 +72,6 @@ def save_resolved_config(ckpt_dir: str | os.PathLike, config: PPOConfig) -> None
     (Path(ckpt_dir) / CONFIG_FILE).write_text(json.dumps(config.to_dict(), indent=1))
 
 
-def _leaves(tree: dict, prefix: str = "") -> dict:
-    out = {}
-    for k, v in tree.items():
-        if isinstance(v, dict) and v:
-            out.update(_leaves(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
-    return out
-
 
 def _same(a, b) -> bool:
     """Equal values, with paths compared as the files they name ('~/m' and '/root/m' are one model)."""
@@ -111,7 +103,7 @@ def _special(key: str, saved: dict, now: dict) -> tuple[str, str] | None:
 
 def classify_changes(saved_config: dict, config: PPOConfig) -> dict[str, list[str]]:
     """{"refused" | "ignored" | "takes effect": ["key: saved → now (why)", ...]} for every key whose value differs."""
-    saved, now = _leaves(saved_config), _leaves(config.to_dict())
+    saved, now = dotted_leaves(saved_config), dotted_leaves(config.to_dict())
     out: dict[str, list[str]] = {"refused": [], "ignored": [], "takes effect": []}
     for key in sorted(set(saved) | set(now)):
         old, new = saved.get(key, "<unset>"), now.get(key, "<unset>")

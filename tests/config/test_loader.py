@@ -140,3 +140,40 @@ def test_deprecated_global_micro_batch_is_converted(caplog):
 def test_validate_false_skips_checks():
     cfg = load_config(overrides=["data.train_batch_size=7"], validate=False)
     assert cfg.data.train_batch_size == 7
+
+
+DAPO_KWARGS = ["+reward_model.reward_kwargs.overlong_buffer_cfg.enable=True",
+               "+reward_model.reward_kwargs.overlong_buffer_cfg.len=128",
+               "+reward_model.reward_kwargs.overlong_buffer_cfg.penalty_factor=0.5",
+               "+reward_model.reward_kwargs.overlong_buffer_cfg.log=True"]
+
+
+def test_verl_reward_kwargs_overlong_buffer_is_read_as_ours(caplog):
+    with caplog.at_level(logging.WARNING, logger="hybridrl.config"):
+        cfg = load_config(overrides=["data.max_response_length=1024", *DAPO_KWARGS,
+                                     "+reward_model.reward_kwargs.max_resp_len=1024"])
+    ob = cfg.reward_model.overlong_buffer
+    assert (ob.enable, ob.len, ob.penalty_factor, ob.log) == (True, 128, 0.5, True)
+    assert any("overlong_buffer_cfg.len is read as reward_model.overlong_buffer.len" in r.getMessage()
+               for r in caplog.records)
+    # max_resp_len is accepted only where it is data.max_response_length, from which the buffer counts
+    with pytest.raises(ConfigError, match=r"'reward_model.reward_kwargs.max_resp_len' = 2048 must equal "
+                                          r"'data.max_response_length' = 1024"):
+        load_config(overrides=["data.max_response_length=1024", "+reward_model.reward_kwargs.max_resp_len=2048"])
+
+
+def test_verl_reward_kwargs_in_a_config_file(tmp_path):
+    path = tmp_path / "dapo.yaml"
+    path.write_text("data:\n  max_response_length: 256\nreward_model:\n  reward_kwargs:\n    max_resp_len: 256\n"
+                    "    overlong_buffer_cfg:\n      enable: true\n      len: 64\n      penalty_factor: 1.0\n")
+    ob = load_config(path).reward_model.overlong_buffer
+    assert (ob.enable, ob.len, ob.penalty_factor) == (True, 64, 1.0)
+    path.write_text("reward_model:\n  reward_kwargs:\n    max_resp_len: 999\n")
+    with pytest.raises(ConfigError, match=r"config file .*dapo.yaml'.*'reward_model.reward_kwargs.max_resp_len' = 999 "
+                                          r"must equal 'data.max_response_length' = 512"):
+        load_config(path)
+    # the overlong buffer's own rules still apply under verl's name
+    with pytest.raises(ConfigError, match=r"'reward_model.overlong_buffer.len' = 600 must be in \(0, "
+                                          r"data.max_response_length = 512\]"):
+        load_config(overrides=["+reward_model.reward_kwargs.overlong_buffer_cfg.enable=true",
+                               "+reward_model.reward_kwargs.overlong_buffer_cfg.len=600"])
