@@ -110,7 +110,8 @@ command-line overrides:
 - `++a.b=value` sets or adds.
 - verl's newer DAPO recipes pass the overlong buffer as `+reward_model.reward_kwargs.overlong_buffer_cfg.{enable,len,
   penalty_factor,log}`: read as `reward_model.overlong_buffer.*` (logged); their `reward_kwargs.max_resp_len` is
-  accepted where it equals `data.max_response_length`, from which the buffer counts.
+  accepted where it equals `data.max_response_length`, from which the buffer counts; likewise
+  `actor_rollout_ref.ref.ulysses_sequence_parallel_size` where it equals the actor's (the reference runs on its mesh).
 
 `hybridrl config check FILE [overrides]` validates a config (types, allowed values, batch arithmetic,
 mesh divisibility) and prints the device layout; `hybridrl config show` prints the resolved YAML.

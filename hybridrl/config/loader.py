@@ -15,7 +15,7 @@ A user YAML is nested like verl's; dotted keys inside it (`actor_rollout_ref.act
 False`, as the seed document writes them) are expanded. verl spellings in `schema.ALIASES` (rollout
 `vllm`/`sglang`, strategy `fsdp`) are rewritten to ours with a logged WARNING, and so are verl key spellings in
 `schema.KEY_RENAMES` (`reward_model.reward_kwargs.overlong_buffer_cfg.*`, added with `+` in verl's recipes);
-`schema.KEY_EQUALS` keys (`reward_model.reward_kwargs.max_resp_len`) are accepted only at the value of the key
+`schema.KEY_EQUALS` keys (e.g. `reward_model.reward_kwargs.max_resp_len`) are accepted only at the value of the key
 they stand for. The deprecated global micro-batch keys
 (`ppo_micro_batch_size`, `log_prob_micro_batch_size`) are converted to their `_per_gpu` form by dividing by
 the data-parallel size, as verl does; setting both forms is an error.

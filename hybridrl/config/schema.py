@@ -58,6 +58,9 @@ KEY_EQUALS: dict[str, tuple[str, str]] = {
     "reward_model.reward_kwargs.max_resp_len": (
         "data.max_response_length", "the overlong buffer counts from data.max_response_length (verl's recipes set "
         "max_resp_len to it)"),
+    "actor_rollout_ref.ref.ulysses_sequence_parallel_size": (
+        "actor_rollout_ref.actor.ulysses_sequence_parallel_size", "the reference model runs on the actor's training "
+        "mesh and its Ulysses groups (verl's default for this key)"),
 }
 
 

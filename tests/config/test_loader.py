@@ -177,3 +177,14 @@ def test_verl_reward_kwargs_in_a_config_file(tmp_path):
                                           r"data.max_response_length = 512\]"):
         load_config(overrides=["+reward_model.reward_kwargs.overlong_buffer_cfg.enable=true",
                                "+reward_model.reward_kwargs.overlong_buffer_cfg.len=600"])
+
+
+def test_verl_reference_ulysses_key_is_accepted_at_the_actors_degree():
+    cfg = load_config(overrides=[f"{A}.ulysses_sequence_parallel_size=2", "trainer.n_gpus_per_node=2",
+                                 "actor_rollout_ref.model.use_remove_padding=true",
+                                 "actor_rollout_ref.ref.ulysses_sequence_parallel_size=2"])
+    assert cfg.actor_rollout_ref.actor.ulysses_sequence_parallel_size == 2
+    with pytest.raises(ConfigError, match=r"'actor_rollout_ref.ref.ulysses_sequence_parallel_size' = 4 must equal "
+                                          r"'actor_rollout_ref.actor.ulysses_sequence_parallel_size' = 1: the "
+                                          r"reference model runs on the actor's training mesh"):
+        load_config(overrides=["actor_rollout_ref.ref.ulysses_sequence_parallel_size=4"])
