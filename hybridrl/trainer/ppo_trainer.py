@@ -36,6 +36,7 @@ from hybridrl.rewards.error_guard import RewardErrorGuard
 from hybridrl.seeding import derive_seed, shuffle_seed, step_sampling_seed, validation_sampling_seed
 from hybridrl.trainer.dynamic_sampling import GroupCollector, merge_reward_metrics, sample_metric
 from hybridrl.trainer.early_update import early_update_step
+from hybridrl.trainer.generation_dump import dump_generations, ground_truths
 from hybridrl.trainer.metrics import (
     compute_data_metrics,
     compute_floor_metrics,
@@ -137,7 +138,7 @@ class RayPPOTrainer:
         val = self.val_dataset
         bs = int(cfg.data.val_batch_size or len(val))
         n = cfg.actor_rollout_ref.rollout.val_kwargs.n
-        scores, rewards, sources, uids, inputs, outputs = [], [], [], [], [], []
+        scores, rewards, sources, uids, inputs, outputs, gts = [], [], [], [], [], [], []
         extra: dict[str, list] = {}  # numeric extra info a scorer returned (e.g. {"score", "len"}), as verl reports it
         failed = {"errors": 0, "timeouts": 0, "missing_ground_truths": 0}  # scored 0: reported, never hidden
         rm_counts: dict[str, float] = {}
@@ -166,6 +167,10 @@ class RayPPOTrainer:
             uids.extend(batch.non_tensor_batch["uid"].tolist())
             inputs.extend(self.tokenizer.batch_decode(batch.batch["prompts"], skip_special_tokens=True))
             outputs.extend(self.tokenizer.batch_decode(batch.batch["responses"], skip_special_tokens=True))
+            gts.extend(ground_truths(batch.non_tensor_batch, len(batch)))
+        if cfg.trainer.validation_data_dir:
+            dump_generations(cfg.trainer.validation_data_dir, self.global_steps, inputs, outputs, gts, rewards,
+                             {"uid": uids, **{k: v for k, v in extra.items() if len(v) == len(inputs)}})
         # `acc`: the scorer's own "acc" where it gave one for every sample (verl's core variable; e.g. a rule score
         # reported next to a reward model's score), else the score itself
         def per_sample(values) -> bool:  # one number for every sample: reportable as a validation variable
@@ -444,11 +449,23 @@ class RayPPOTrainer:
         if batch is None:  # nothing trained (partial rollouts): the timings alone
             metrics.update({f"timing_s/{name}": float(sec) for name, sec in timing.items()})
             return metrics
+        if self.config.trainer.rollout_data_dir:
+            self._dump_rollout(batch)
         metrics.update(compute_data_metrics(batch, use_critic=self.use_critic))
         metrics.update(compute_timing_metrics(batch, timing))
         metrics.update(compute_throughout_metrics(batch, timing, self.n_gpus))
         metrics.update(compute_floor_metrics(batch, timing, metrics, self.plan, self.n_gpus))
         return metrics
+
+    def _dump_rollout(self, batch: DataProto) -> None:
+        """The step's trained samples to trainer.rollout_data_dir/{step}.jsonl (generation_dump.py)."""
+        decode = self.tokenizer.batch_decode
+        dump_generations(self.config.trainer.rollout_data_dir, self.global_steps,
+                         decode(batch.batch["prompts"], skip_special_tokens=True),
+                         decode(batch.batch["responses"], skip_special_tokens=True),
+                         ground_truths(batch.non_tensor_batch, len(batch)),
+                         batch.batch["token_level_scores"].sum(-1).tolist(),
+                         {"uid": batch.non_tensor_batch["uid"].tolist()})
 
     # ------------------------------------------------------------------ loop
     def _generation_batches(self) -> Iterator[DataProto]:

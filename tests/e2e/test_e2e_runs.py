@@ -45,8 +45,12 @@ def train_metrics(history):
 
 
 def test_grpo_three_steps_with_kl_loss(ray_local, tiny_model_dir, arith_dir, tmp_path):
+    import json
+
     cfg = load_config(overrides=overrides(tiny_model_dir, arith_dir, tmp_path / "grpo",
-                                          "actor_rollout_ref.actor.use_kl_loss=true", "trainer.test_freq=3"))
+                                          "actor_rollout_ref.actor.use_kl_loss=true", "trainer.test_freq=3",
+                                          f"trainer.rollout_data_dir={tmp_path / 'rollouts'}",
+                                          f"trainer.validation_data_dir={tmp_path / 'val'}"))
     history = run_ppo(cfg)["history"]
     steps = train_metrics(history)
     assert [h["training/global_step"] for h in steps] == [1, 2, 3]
@@ -56,6 +60,15 @@ def test_grpo_three_steps_with_kl_loss(ray_local, tiny_model_dir, arith_dir, tmp
             assert key in h and math.isfinite(h[key]), key
     assert any(k.startswith("val-core/arith/") for k in steps[-1])
     assert (tmp_path / "grpo" / "logs" / "metrics.jsonl").exists()
+    # verl's dumps: each step's 16 trained samples and the validation's 8, a JSON line each
+    assert sorted(p.name for p in (tmp_path / "rollouts").iterdir()) == ["1.jsonl", "2.jsonl", "3.jsonl"]
+    for h in steps:
+        rows = [json.loads(line) for line in (tmp_path / "rollouts" / f"{h['training/global_step']}.jsonl").open()]
+        assert len(rows) == 16 and {r["step"] for r in rows} == {h["training/global_step"]}
+        assert len({r["uid"] for r in rows}) == 4 and all(r["gts"] is not None and r["input"] for r in rows)
+        assert sum(r["score"] for r in rows) / 16 == pytest.approx(h["critic/score/mean"], abs=1e-6)
+    val = [json.loads(line) for line in (tmp_path / "val" / "3.jsonl").open()]
+    assert len(val) == 8 and all({"input", "output", "gts", "score", "step", "uid"} <= set(r) for r in val)
 
 
 def test_ppo_with_critic_three_steps(ray_local, tiny_model_dir, arith_dir, tmp_path):

@@ -29,6 +29,12 @@ class TrainerConfig(Section):
     {default_local_dir}/logs/metrics.jsonl) | tensorboard | wandb | mlflow"""
     log_val_generations: int
     """validation samples to log as text each test"""
+    rollout_data_dir: str | None
+    """a directory: each training step's samples written to {step}.jsonl (input, output, gts, score, step, uid), as
+    verl writes them; null = none"""
+    validation_data_dir: str | None
+    """a directory: each validation's samples written to {step}.jsonl (input, output, gts, score, step, uid and the
+    scorer's per-sample extra info); null = none"""
     nnodes: int
     """machines"""
     n_gpus_per_node: int
