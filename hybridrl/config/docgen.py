@@ -112,6 +112,8 @@ command-line overrides:
   penalty_factor,log}`: read as `reward_model.overlong_buffer.*` (logged); their `reward_kwargs.max_resp_len` is
   accepted where it equals `data.max_response_length`, from which the buffer counts; likewise
   `actor_rollout_ref.ref.ulysses_sequence_parallel_size` where it equals the actor's (the reference runs on its mesh).
+  verl's `actor.checkpoint.save_contents` is read as `actor.checkpoint.contents`, and its `load_contents` is accepted
+  where it equals them (a resume loads what was saved).
 
 `hybridrl config check FILE [overrides]` validates a config (types, allowed values, batch arithmetic,
 mesh divisibility) and prints the device layout; `hybridrl config show` prints the resolved YAML.

@@ -14,7 +14,8 @@ overrides, so overriding the source moves its dependants.
 A user YAML is nested like verl's; dotted keys inside it (`actor_rollout_ref.actor.fsdp_config.param_offload:
 False`, as the seed document writes them) are expanded. verl spellings in `schema.ALIASES` (rollout
 `vllm`/`sglang`, strategy `fsdp`) are rewritten to ours with a logged WARNING, and so are verl key spellings in
-`schema.KEY_RENAMES` (`reward_model.reward_kwargs.overlong_buffer_cfg.*`, added with `+` in verl's recipes);
+`schema.KEY_RENAMES` (`reward_model.reward_kwargs.overlong_buffer_cfg.*`, added with `+` in verl's recipes,
+`checkpoint.save_contents`);
 `schema.KEY_EQUALS` keys (e.g. `reward_model.reward_kwargs.max_resp_len`) are accepted only at the value of the key
 they stand for. The deprecated global micro-batch keys
 (`ppo_micro_batch_size`, `log_prob_micro_batch_size`) are converted to their `_per_gpu` form by dividing by
@@ -203,7 +204,7 @@ def _renamed(key: str) -> str:
     for old, new in KEY_RENAMES.items():
         if key == old or key.startswith(old + "."):
             ours = new + key[len(old):]
-            log.warning("config: %s is read as %s (verl's reward_kwargs spelling)", key, ours)
+            log.warning("config: %s is read as %s (verl's spelling)", key, ours)
             return ours
     return key
 

@@ -49,15 +49,20 @@ ALIASES: dict[str, dict[str, str]] = {
 
 
 # verl key spellings read as ours at load (prefix -> our prefix, same meaning): newer verl recipes pass DAPO's overlong
-# buffer to the reward manager as reward_kwargs (`+reward_model.reward_kwargs.overlong_buffer_cfg.len=...`)
+# buffer to the reward manager as reward_kwargs (`+reward_model.reward_kwargs.overlong_buffer_cfg.len=...`) and name
+# what a checkpoint saves `save_contents`
 KEY_RENAMES: dict[str, str] = {
     "reward_model.reward_kwargs.overlong_buffer_cfg": "reward_model.overlong_buffer",
+    "actor_rollout_ref.actor.checkpoint.save_contents": "actor_rollout_ref.actor.checkpoint.contents",
 }
 # verl keys whose only value here is another key's: key -> (that key, what the rule is)
 KEY_EQUALS: dict[str, tuple[str, str]] = {
     "reward_model.reward_kwargs.max_resp_len": (
         "data.max_response_length", "the overlong buffer counts from data.max_response_length (verl's recipes set "
         "max_resp_len to it)"),
+    "actor_rollout_ref.actor.checkpoint.load_contents": (
+        "actor_rollout_ref.actor.checkpoint.contents", "a resume loads what the checkpoint saved (verl's default "
+        "for this key)"),
     "actor_rollout_ref.ref.ulysses_sequence_parallel_size": (
         "actor_rollout_ref.actor.ulysses_sequence_parallel_size", "the reference model runs on the actor's training "
         "mesh and its Ulysses groups (verl's default for this key)"),

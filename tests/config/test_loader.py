@@ -188,3 +188,13 @@ def test_verl_reference_ulysses_key_is_accepted_at_the_actors_degree():
                                           r"'actor_rollout_ref.actor.ulysses_sequence_parallel_size' = 1: the "
                                           r"reference model runs on the actor's training mesh"):
         load_config(overrides=["actor_rollout_ref.ref.ulysses_sequence_parallel_size=4"])
+
+
+def test_verl_checkpoint_save_and_load_contents():
+    ckpt = f"{A}.checkpoint"
+    cfg = load_config(overrides=[f"{ckpt}.save_contents=['model', 'optimizer', 'extra', 'hf_model']",
+                                 f"{ckpt}.load_contents=[model,optimizer,extra,hf_model]"])
+    assert list(cfg.actor_rollout_ref.actor.checkpoint.contents) == ["model", "optimizer", "extra", "hf_model"]
+    with pytest.raises(ConfigError, match=r"'actor_rollout_ref.actor.checkpoint.load_contents' = \['model'\] must "
+                                          r"equal 'actor_rollout_ref.actor.checkpoint.contents'"):
+        load_config(overrides=[f"{ckpt}.load_contents=[model]"])
