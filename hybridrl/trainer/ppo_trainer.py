@@ -478,6 +478,11 @@ class RayPPOTrainer:
         cfg = self.config.trainer
         self.load_checkpoint()
         pending = dict(self.startup_metrics)
+        if cfg.val_only:   # evaluate the loaded weights and stop
+            val = self.validate()
+            self.tracker.log({**pending, **val}, step=self.global_steps)
+            self.history.append({"training/global_step": self.global_steps, **val})
+            return self.history
         if self.global_steps == 0:
             if cfg.val_before_train and self.val_dataset is not None:
                 val = self.validate()

@@ -198,3 +198,9 @@ def test_verl_checkpoint_save_and_load_contents():
     with pytest.raises(ConfigError, match=r"'actor_rollout_ref.actor.checkpoint.load_contents' = \['model'\] must "
                                           r"equal 'actor_rollout_ref.actor.checkpoint.contents'"):
         load_config(overrides=[f"{ckpt}.load_contents=[model]"])
+
+
+def test_val_only_needs_validation_data():
+    assert load_config(overrides=["trainer.val_only=true"]).trainer.val_only
+    with pytest.raises(ConfigError, match=r"'trainer.val_only' = true needs validation data: 'data.val_files' is null"):
+        load_config(overrides=["trainer.val_only=true", "data.val_files=null"])

@@ -99,6 +99,11 @@ def test_resume_after_checkpoint_matches_uninterrupted(ray_local, tiny_model_dir
     for want, got in zip(full[2:], resumed):
         for key in compared:
             assert got[key] == pytest.approx(want[key], rel=1e-5, abs=1e-6), (got["training/global_step"], key)
+    # val_only: the latest checkpoint's weights validated, nothing trained or saved
+    (val,) = run_ppo(load_config(overrides=overrides(tiny_model_dir, arith_dir, tmp_path / "cut", "trainer.val_only=true",
+                                                     "trainer.total_training_steps=6", "trainer.save_freq=1")))["history"]
+    assert val["training/global_step"] == 4 and any(k.startswith("val-core/arith/") for k in val)
+    assert "actor/pg_loss" not in val and not (tmp_path / "cut" / "global_step_5").exists()
 
 
 def test_hf_rollout_backend_runs_on_the_actor_module(ray_local, tiny_model_dir, arith_dir, tmp_path):

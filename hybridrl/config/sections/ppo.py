@@ -49,7 +49,7 @@ class PPOConfig(Section):
         self.critic.check(self, found)
         self.reward_model.check(self, found)
         self.algorithm.check(roles.rollout.n, found)
-        self.trainer.check(found)
+        self.trainer.check(found, self.data.val_files)
         found.raise_errors()
         return found.warnings
 

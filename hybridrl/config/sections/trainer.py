@@ -53,6 +53,9 @@ class TrainerConfig(Section):
     """checkpoint directory with resume_mode=resume_path"""
     val_before_train: bool
     """validate once before the first step"""
+    val_only: bool
+    """validate once (at the step a resume loads, else the initial weights) and stop without training; needs
+    data.val_files"""
     test_freq: int
     """validate every this many steps; -1 = never"""
     critic_warmup: int
@@ -77,7 +80,9 @@ class TrainerConfig(Section):
         found.positive(self, "trainer", ("nnodes", "n_gpus_per_node", "total_epochs"))
         found.positive_or_unset(self, "trainer", ("total_training_steps",))
 
-    def check(self, found: Findings) -> None:
+    def check(self, found: Findings, val_files) -> None:
+        if self.val_only and not val_files:
+            found.errors.append("'trainer.val_only' = true needs validation data: 'data.val_files' is null")
         actor_keep, critic_keep = self.max_actor_ckpt_to_keep, self.max_critic_ckpt_to_keep
         if critic_keep is not None and critic_keep != actor_keep:
             found.errors.append(f"'trainer.max_critic_ckpt_to_keep' = {critic_keep} differs from "
