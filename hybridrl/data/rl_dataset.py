@@ -15,6 +15,8 @@ Choices:
   otherwise `truncation` decides: error (ValueError naming the row) | left (keep the end) | right (keep the
   start); truncated rows are counted in `num_truncated`. Both counts are logged as `data/filtered_prompts` and
   `data/truncated_prompts` (`dataset_metrics`, with the run's first logged record) and reported in the run summary.
+- `max_samples` (data.train_max_samples / val_max_samples) keeps at most that many of the files' rows before
+  anything else, as verl does: a random subset seeded by data.seed with data.shuffle, else the first rows.
 - Rows are left-padded to max_prompt_length with pad_token_id; position_ids = cumsum(mask) - 1 clipped at 0
   (docs/CONTRACTS.md).
 """
@@ -24,6 +26,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
@@ -31,7 +34,7 @@ import torch
 from hybridrl.data.dataloader import StatefulDataLoader  # re-exported: callers import it from here too
 from hybridrl.protocol import DataProto, collate_rows
 
-__all__ = ["RLHFDataset", "StatefulDataLoader", "collate_fn", "dataset_metrics", "read_rows"]
+__all__ = ["RLHFDataset", "StatefulDataLoader", "collate_fn", "dataset_metrics", "read_rows", "select_rows"]
 
 log = logging.getLogger(__name__)
 TRUNCATION_MODES = ("error", "left", "right")
@@ -92,8 +95,23 @@ def read_rows(files, prompt_key: str = "prompt") -> list[dict]:
     return rows
 
 
+def select_rows(rows: list, max_samples: int, shuffle: bool, seed: int) -> list:
+    """At most `max_samples` of `rows` (-1: all): a random subset seeded by `seed` with `shuffle`, else the first
+    ones (verl's data.train_max_samples / val_max_samples)."""
+    if max_samples == -1 or max_samples >= len(rows):
+        return rows
+    if max_samples <= 0:
+        raise ValueError(f"max_samples={max_samples}: must be -1 (all rows) or positive")
+    if not shuffle:
+        return rows[:max_samples]
+    picked = np.random.default_rng(seed).choice(len(rows), size=max_samples, replace=False)
+    return [rows[i] for i in picked]
+
+
 class RLHFDataset(torch.utils.data.Dataset):
-    def __init__(self, files, tokenizer, data_config=None, tools: list[dict] | None = None):
+    def __init__(self, files, tokenizer, data_config=None, tools: list[dict] | None = None, max_samples: int = -1):
+        """`max_samples`: at most this many rows of the files, chosen by `select_rows` with the config's shuffle
+        and seed (before overlong prompts are filtered; `num_rows_read` counts the files' rows)."""
         self.tokenizer = tokenizer
         self.tools = tools
         self.prompt_key = _cfg(data_config, "prompt_key", "prompt")
@@ -111,7 +129,12 @@ class RLHFDataset(torch.utils.data.Dataset):
         self.num_filtered = self.num_truncated = 0
         self.rows: list[dict] = []
         self.prompt_ids: list[list[int]] = []
-        for row in read_rows(files, self.prompt_key):
+        rows = read_rows(files, self.prompt_key)
+        self.num_rows_read = len(rows)
+        rows = select_rows(rows, max_samples, bool(_cfg(data_config, "shuffle", True)), int(_cfg(data_config, "seed", 1)))
+        if len(rows) < self.num_rows_read:
+            log.warning("RLHFDataset: using %d of the files' %d rows (max_samples)", len(rows), self.num_rows_read)
+        for row in rows:
             ids = self._tokenize(row)
             if len(ids) > self.max_prompt_length:
                 if self.filter_overlong_prompts:

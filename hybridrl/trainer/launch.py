@@ -47,13 +47,14 @@ def prompt_tools(multi_turn: MultiTurnConfig) -> list[dict] | None:
     return [tool.schema for tool in load_tool_config(multi_turn.tool_config_path).values()]
 
 
-def load_dataset(files, key: str, tokenizer, data_config, tools: list[dict] | None = None):
-    """An RLHFDataset of the files named by `key`, refused when no row is left (an empty file, or every prompt
-    filtered as overlong), naming the files. `tools`: schemas the chat template offers in every prompt."""
+def load_dataset(files, key: str, tokenizer, data_config, tools: list[dict] | None = None, max_samples: int = -1):
+    """An RLHFDataset of the files named by `key` (at most `max_samples` of their rows), refused when no row is left
+    (an empty file, or every prompt filtered as overlong), naming the files. `tools`: schemas the chat template
+    offers in every prompt."""
     from hybridrl.data.rl_dataset import RLHFDataset
 
     paths = _files(files, key)
-    dataset = RLHFDataset(paths, tokenizer, data_config, tools=tools)
+    dataset = RLHFDataset(paths, tokenizer, data_config, tools=tools, max_samples=max_samples)
     if len(dataset) == 0:
         filtered = getattr(dataset, "num_filtered", 0)
         why = (f"all {filtered} prompts are longer than data.max_prompt_length={data_config.max_prompt_length}"
@@ -189,9 +190,10 @@ def _run_ppo_claimed(config: PPOConfig, cleanup: contextlib.ExitStack) -> dict:
     model_path = os.path.expanduser(config.actor_rollout_ref.model.path)
     tokenizer = policy_tokenizer(config)
     tools = prompt_tools(config.actor_rollout_ref.rollout.multi_turn)
-    train_set = load_dataset(config.data.train_files, "data.train_files", tokenizer, config.data, tools)
-    val_set = (load_dataset(config.data.val_files, "data.val_files", tokenizer, config.data, tools)
-               if config.data.val_files else None)
+    train_set = load_dataset(config.data.train_files, "data.train_files", tokenizer, config.data, tools,
+                             config.data.train_max_samples)
+    val_set = (load_dataset(config.data.val_files, "data.val_files", tokenizer, config.data, tools,
+                            config.data.val_max_samples) if config.data.val_files else None)
     # generation batches: data.gen_batch_size prompts (dynamic sampling may use several per step), else a step's
     gen_key = "gen_batch_size" if config.data.gen_batch_size is not None else "train_batch_size"
     gen_size = getattr(config.data, gen_key)

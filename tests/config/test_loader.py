@@ -204,3 +204,10 @@ def test_val_only_needs_validation_data():
     assert load_config(overrides=["trainer.val_only=true"]).trainer.val_only
     with pytest.raises(ConfigError, match=r"'trainer.val_only' = true needs validation data: 'data.val_files' is null"):
         load_config(overrides=["trainer.val_only=true", "data.val_files=null"])
+
+
+@pytest.mark.parametrize("key", ["data.train_max_samples", "data.val_max_samples"])
+def test_max_samples_are_all_rows_or_a_positive_count(key):
+    assert getattr(load_config(overrides=[f"{key}=16"]).data, key.removeprefix("data.")) == 16
+    with pytest.raises(ConfigError, match=rf"'{key}' = 0 must be -1 \(all rows\) or a positive number of rows"):
+        load_config(overrides=[f"{key}=0"])

@@ -55,6 +55,20 @@ def test_multiple_files_and_overlong_filter_counted(tmp_path, tok):
     assert ds[4]["extra_info"] == {} and ds[4]["index"] == 4  # no extra_info column: defaults
 
 
+def test_max_samples_keeps_the_first_rows_or_a_seeded_random_subset(tmp_path, tok):
+    write_verl_gsm8k(tmp_path / "g.parquet", n=10)
+    path = str(tmp_path / "g.parquet")
+
+    def truths(n=-1, **cfg):
+        ds = RLHFDataset(path, tok, {"max_prompt_length": 96, **cfg}, max_samples=n)
+        return [ds[i]["reward_model"]["ground_truth"] for i in range(len(ds))], ds.num_rows_read
+
+    assert truths(shuffle=False, n=3) == (["2", "4", "6"], 10)
+    first, _ = truths(shuffle=True, seed=7, n=4)
+    assert len(set(first)) == 4 and first == truths(shuffle=True, seed=7, n=4)[0] != truths(shuffle=True, seed=8, n=4)[0]
+    assert len(truths(n=-1)[0]) == len(truths(n=10)[0]) == len(truths(n=50)[0]) == 10
+
+
 @pytest.mark.parametrize("mode", ["left", "right", "error"])
 def test_truncation_modes(tmp_path, tok, mode):
     row = {"data_source": "arith", "prompt": [{"role": "user", "content": "word " * 100}],

@@ -35,6 +35,11 @@ class DataConfig(Section):
     which generates batches until train_batch_size prompts with signal are collected"""
     val_batch_size: int | None
     """null = the whole validation set in one batch"""
+    train_max_samples: int
+    """use at most this many rows of the training files (before overlong prompts are filtered): a random subset
+    seeded by data.seed with data.shuffle, else the first rows, as verl selects them; -1 = all"""
+    val_max_samples: int
+    """the same for the validation files; -1 = all"""
     return_raw_chat: bool
     """also return the untokenized chat (non_tensor `raw_prompt`)"""
     shuffle: bool
@@ -52,6 +57,10 @@ class DataConfig(Section):
     def check_sizes(self, found: Findings) -> None:
         found.positive(self, "data", ("train_batch_size", "max_prompt_length", "max_response_length"))
         found.positive_or_unset(self, "data", ("val_batch_size",))
+        for key in ("train_max_samples", "val_max_samples"):
+            value = getattr(self, key)
+            if value != -1 and value <= 0:
+                found.errors.append(f"'data.{key}' = {value} must be -1 (all rows) or a positive number of rows")
 
     def check(self, cfg, found: Findings) -> None:
         """Rules of the data keys (`cfg`: the whole PPOConfig)."""
