@@ -210,3 +210,24 @@ def test_my_task_recipe_converts_its_questions_and_plans_the_run(tmp_path, tiny_
     assert lines[0] == f"wrote 5 rows to {tmp_path / 'train.parquet'} (data_source 'my_task')"
     assert lines[1] == "defaults + overrides: valid" and lines[2].startswith("memory plan: peak ")
     assert "missing:" not in out.stdout  # model, data and reward file all exist
+
+
+DAPO_SCRIPT = SCRIPT.parent.parent / "dapo_long" / "run.sh"
+
+
+@pytest.mark.parametrize("gpus", [1, 8])
+def test_dapo_long_recipe_with_verls_keys_validates_and_plans_token_budgets(tmp_path, gpus):
+    import transformers
+
+    transformers.Qwen2Config(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
+                             num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True,
+                             max_position_embeddings=32768).save_pretrained(tmp_path)
+    env = {**os.environ, "HYBRIDRL_DRY_RUN": "1", "MODEL": str(tmp_path)}
+    out = subprocess.run(["bash", str(DAPO_SCRIPT), "1.5b", str(gpus)], env=env, capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr + out.stdout
+    assert ": valid" in out.stdout and f"{16 * gpus} prompts x n=8" in out.stdout
+    assert "micro-batches   per GPU: update <= " in out.stdout and "1.544B params" in out.stdout
+    # verl's spellings were read as ours, each said in a warning
+    assert "overlong_buffer_cfg.len is read as reward_model.overlong_buffer.len" in out.stderr
+    assert "checkpoint.save_contents is read as actor_rollout_ref.actor.checkpoint.contents" in out.stderr
