@@ -8,7 +8,8 @@
 #
 # MODEL: a local HF model directory (default: a random-weight Qwen2.5 of that size, made offline); DATA: a directory
 # with train.parquet / test.parquet in verl's schema (default: `hybridrl data make gsm8k-synthetic`).
-# HYBRIDRL_DRY_RUN=1 only validates the config and prints the plan.
+# MAX_PROMPT_LENGTH / MAX_RESPONSE_LENGTH: the lengths (default 1,024 / 8,192; the overlong buffer is the last quarter
+# of the responses' budget). HYBRIDRL_DRY_RUN=1 only validates the config and prints the plan.
 # Not taken from verl's recipe: rollout.enable_chunked_prefill (the engine prefills each prompt in one step) and
 # model.use_fused_kernels (the fused log-prob head always runs); both are refused as unknown keys.
 set -euo pipefail
@@ -17,8 +18,8 @@ case $size in 0.5b|1.5b|7b) ;; *) echo "size must be 0.5b, 1.5b or 7b, got $size
 MODEL=${MODEL:-$HOME/models/qwen2.5-$size-random}
 DATA=${DATA:-$HOME/data/gsm8k-synthetic}
 RUN=${RUN:-checkpoints/dapo_long/qwen2.5_${size}_${gpus}gpu}
-max_prompt_length=1024
-max_response_length=8192
+max_prompt_length=${MAX_PROMPT_LENGTH:-1024}
+max_response_length=${MAX_RESPONSE_LENGTH:-8192}
 train_prompt_bsz=$(( 16 * gpus ))
 
 args=(
@@ -48,7 +49,7 @@ args=(
   actor_rollout_ref.rollout.val_kwargs.n=1
   reward_model.reward_manager=dapo
   +reward_model.reward_kwargs.overlong_buffer_cfg.enable=true
-  +reward_model.reward_kwargs.overlong_buffer_cfg.len=2048
+  +reward_model.reward_kwargs.overlong_buffer_cfg.len=$(( max_response_length / 4 ))
   +reward_model.reward_kwargs.overlong_buffer_cfg.penalty_factor=1.0
   +reward_model.reward_kwargs.overlong_buffer_cfg.log=false
   +reward_model.reward_kwargs.max_resp_len=$max_response_length
