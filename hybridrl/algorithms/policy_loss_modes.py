@@ -49,7 +49,8 @@ def _clip_range(config) -> tuple[float, float]:
 def _aggregate(pg_losses, response_mask, loss_agg_mode, config, rollout_is_weights):
     if rollout_is_weights is not None:
         pg_losses = pg_losses * rollout_is_weights
-    batch_info = dotted_get(config, "global_batch_info", None) or {}
+    batch_info = {"loss_scale_factor": dotted_get(config, "loss_scale_factor", None),
+                  **(dotted_get(config, "global_batch_info", None) or {})}
     return agg_loss(pg_losses, response_mask, loss_agg_mode, **batch_info)
 
 

@@ -368,13 +368,13 @@ class DataParallelPPOActor(FSDPUpdater):
                 # entropy, KL and router terms, aggregated with `mode`
                 regularisers = self._router_losses(metrics)
                 if entropy is not None:
-                    entropy_loss = agg_loss(entropy, mask, mode)
+                    entropy_loss = agg_loss(entropy, mask, mode, loss_scale_factor=cfg.loss_scale_factor)
                     if entropy_coeff != 0:
                         regularisers = regularisers - entropy_coeff * entropy_loss
                     metrics["entropy"].append(entropy_loss.detach())
                 if loss.use_kl_loss:
                     kld = kl_penalty(log_prob, b["ref_log_prob"], cfg.kl_loss_type)
-                    kl_loss = agg_loss(kld, mask, mode)
+                    kl_loss = agg_loss(kld, mask, mode, loss_scale_factor=cfg.loss_scale_factor)
                     regularisers = regularisers + float(cfg.kl_loss_coef) * kl_loss
                     metrics["kl_loss"].append(kl_loss.detach())
                 total = pg_loss * pg_scale + regularisers * scale

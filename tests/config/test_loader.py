@@ -211,3 +211,9 @@ def test_max_samples_are_all_rows_or_a_positive_count(key):
     assert getattr(load_config(overrides=[f"{key}=16"]).data, key.removeprefix("data.")) == 16
     with pytest.raises(ConfigError, match=rf"'{key}' = 0 must be -1 \(all rows\) or a positive number of rows"):
         load_config(overrides=[f"{key}=0"])
+
+
+def test_loss_scale_factor_is_null_or_positive():
+    assert load_config(overrides=[f"{A}.loss_scale_factor=4096"]).actor_rollout_ref.actor.loss_scale_factor == 4096
+    with pytest.raises(ConfigError, match="loss_scale_factor"):
+        load_config(overrides=[f"{A}.loss_scale_factor=0"])

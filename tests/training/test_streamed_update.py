@@ -141,3 +141,18 @@ def test_refusals(base_model):
     a = actor(copy.deepcopy(base_model), "sgd", UpdateBatches(ROWS, 2, None))
     with pytest.raises(RuntimeError, match="begin_streamed_update"):
         a.accumulate(data)
+
+
+def test_loss_scale_factor_divides_the_seq_mean_token_sum_norm_losses(base_model):
+    """verl's actor.loss_scale_factor: the policy, entropy and KL losses of seq-mean-token-sum-norm are divided by it
+    instead of the responses' width (5 here), so twice the width halves the SGD step."""
+    data = batch(own_old=False)
+    data.batch["ref_log_prob"] = data.batch["old_log_probs"] + 0.1
+    batches = UpdateBatches(ROWS, 2, None)
+    cfg = dict(loss_agg_mode="seq-mean-token-sum-norm", entropy_coeff=0.01, use_kl_loss=True, kl_loss_coef=0.1)
+    default, _, _ = whole(base_model, data, "sgd", batches, **cfg)
+    same, _, _ = whole(base_model, data, "sgd", batches, loss_scale_factor=5, **cfg)
+    half, _, _ = whole(base_model, data, "sgd", batches, loss_scale_factor=10, **cfg)
+    assert_same_params(same, default)
+    for p, q, b in zip(half.parameters(), default.parameters(), base_model.parameters()):
+        torch.testing.assert_close(p - b, (q - b) / 2, atol=1e-7, rtol=1e-4)

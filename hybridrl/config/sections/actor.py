@@ -108,6 +108,9 @@ class ActorConfig(Section):
     """dual-clip lower bound for negative advantages"""
     loss_agg_mode: LossAggMode
     """token-mean | seq-mean-token-sum | seq-mean-token-mean | seq-mean-token-sum-norm"""
+    loss_scale_factor: int | None
+    """seq-mean-token-sum-norm's constant divisor (Dr.GRPO) for the policy, entropy and KL losses; null = the
+    responses' padded width (data.max_response_length)"""
     policy_loss: PolicyLossConfig
     entropy_coeff: float
     """entropy bonus weight in the policy loss"""
@@ -160,7 +163,7 @@ class ActorConfig(Section):
     def check_sizes(self, found: Findings) -> None:
         found.positive(self, ACTOR, ("ppo_mini_batch_size", "ppo_epochs", "ulysses_sequence_parallel_size", "optim.lr"))
         found.positive_or_unset(self, ACTOR, ("ppo_micro_batch_size_per_gpu", "ppo_max_token_len_per_gpu",
-                                              "ppo_micro_batch_size"))
+                                              "ppo_micro_batch_size", "loss_scale_factor"))
 
     def check(self, cfg, found: Findings) -> None:
         """Rules of the actor's keys (`cfg`: the whole PPOConfig, for the batch arithmetic)."""
