@@ -104,7 +104,8 @@ keys such as `actor_rollout_ref.actor.fsdp_config.param_offload: false` are acce
 command-line overrides:
 
 - `a.b=value` sets an existing key; the value is YAML (`8`, `1e-6`, `true`, `null`, `[console,wandb]`).
-  An unknown key is an error that names the closest known key.
+  An unknown key is an error that names the closest known key; a verl key with no counterpart here (vLLM engine
+  settings, megatron, torch.compile, ...; `schema.VERL_REFUSED`) is refused saying why and what to do instead.
 - `+a.b=value` adds a key; allowed only inside free dicts (default `{}`, e.g.
   `+actor_rollout_ref.model.override_config.attention_dropout=0.1`).
 - `++a.b=value` sets or adds.

@@ -42,8 +42,8 @@ from hybridrl.config.schema import (
     KEY_EQUALS,
     KEY_RENAMES,
     check_schema,
-    closest_key,
     load_defaults,
+    unknown_hint,
 )
 from hybridrl.config.sections import ROOTS, PPOConfig, Section
 from hybridrl.dotted import dotted_leaves
@@ -107,9 +107,8 @@ def _apply_override(cfg: DictConfig, ov: Override, schema: dict) -> None:
     exists = OmegaConf.select(cfg, ov.key, default=_MISSING, throw_on_resolution_failure=False) is not _MISSING
     free = _free_dict_prefix(ov.key, schema)
     if ov.kind == "set" and not exists:
-        hint = closest_key(ov.key, _siblings(ov.key, schema), _leaf_paths(schema))
         msg = f"override '{ov.key}={ov.value}': unknown key '{ov.key}'"
-        msg += f"; did you mean '{hint}'?" if hint else ""
+        msg += unknown_hint(ov.key, _siblings(ov.key, schema), _leaf_paths(schema))
         if free:
             msg += f" (to add a key under the free dict '{free}', write +{ov.key}=...)"
         raise ConfigError([msg])
@@ -118,7 +117,8 @@ def _apply_override(cfg: DictConfig, ov: Override, schema: dict) -> None:
     if not exists and not free:
         frees = [p for p in _leaf_paths(schema) if _node(schema, p) == {}]
         raise ConfigError([f"override '+{ov.key}': keys can be added only inside free dicts {frees}; "
-                           f"'{ov.key}' is not in the schema" + _hint(ov.key, schema)])
+                           f"'{ov.key}' is not in the schema" + unknown_hint(ov.key, _siblings(ov.key, schema),
+                                                                               _leaf_paths(schema))])
     OmegaConf.update(cfg, ov.key, ov.value, merge=False, force_add=True)
 
 
@@ -144,11 +144,6 @@ def _node(tree: dict, path: str):
             return None
         tree = tree[part]
     return tree
-
-
-def _hint(key: str, schema: dict) -> str:
-    hint = closest_key(key, _siblings(key, schema), _leaf_paths(schema))
-    return f" (closest known key: '{hint}')" if hint else ""
 
 
 def _expand_dotted(tree: dict, where: str) -> dict:

@@ -26,8 +26,8 @@ from hybridrl.config.errors import ConfigError
 from hybridrl.config.sections.base import Section, field_types, members, type_name
 from hybridrl.config.sections.values import AdvEstimator, PolicyLossMode
 
-__all__ = ["ALIASES", "ALIAS_NOTES", "CONFIG_DIR", "KEY_EQUALS", "KEY_RENAMES", "allowed_values", "check_schema",
-           "closest_key", "key_paths", "load_defaults"]
+__all__ = ["ALIASES", "ALIAS_NOTES", "CONFIG_DIR", "KEY_EQUALS", "KEY_RENAMES", "VERL_REFUSED", "allowed_values",
+           "check_schema", "closest_key", "key_paths", "load_defaults", "unknown_hint", "verl_refusal"]
 
 CONFIG_DIR = Path(__file__).resolve().parent
 
@@ -67,6 +67,44 @@ KEY_EQUALS: dict[str, tuple[str, str]] = {
         "actor_rollout_ref.actor.ulysses_sequence_parallel_size", "the reference model runs on the actor's training "
         "mesh and its Ulysses groups (verl's default for this key)"),
 }
+
+
+# verl keys refused with the reason (key or section prefix -> why it has no counterpart here and what to do),
+# named in the unknown-key error in place of a guessed closest key
+VERL_REFUSED: dict[str, str] = {
+    "actor_rollout_ref.rollout.enable_chunked_prefill": "a vLLM scheduler setting; hybridrl's engine prefills each "
+    "prompt whole within rollout.max_num_batched_tokens and runs prefill and decode steps apart: remove it",
+    "actor_rollout_ref.rollout.engine_kwargs": "vLLM / SGLang engine arguments; hybridrl's engine is configured by "
+    "the rollout.* keys: remove it",
+    "actor_rollout_ref.rollout.load_format": "the hybrid engine receives the actor's weights at every switch "
+    "(hybrid/reshard.py), there is nothing to load: remove it",
+    "actor_rollout_ref.rollout.layered_summon": "the engine always receives the merged weights one tensor at a time, "
+    "which is what layered_summon buys in verl: remove it",
+    "actor_rollout_ref.rollout.max_model_len": "the run plan sets the engine's longest sequence to "
+    "data.max_prompt_length + data.max_response_length: remove it",
+    "actor_rollout_ref.rollout.calculate_log_probs": "the engine always returns its samples' log-probs "
+    "(rollout_log_probs): remove it",
+    "actor_rollout_ref.model.use_shm": "models load from the local path as given: remove it",
+    "actor_rollout_ref.model.use_fused_kernels": "the fused log-prob / entropy head (training/fused_logprob.py) "
+    "always runs: remove it",
+    "actor_rollout_ref.actor.use_torch_compile": "the training model is not torch.compiled; its fused kernels come "
+    "from Liger (actor_rollout_ref.model.use_liger) and hybridrl's own: remove it",
+    "actor_rollout_ref.ref.use_torch_compile": "the reference model is not torch.compiled: remove it",
+    "actor_rollout_ref.actor.megatron": "hybridrl trains with FSDP2 only; tensor-parallel generation is "
+    "rollout.tensor_model_parallel_size and sequence parallelism ulysses_sequence_parallel_size: remove the megatron "
+    "keys",
+    "actor_rollout_ref.ref.megatron": "hybridrl trains with FSDP2 only (the reference shares the actor's mesh): "
+    "remove the megatron keys",
+    "reward_model.use_reward_loop": "verl's reward loop server; a model scores with reward_model.style=model, the "
+    "policy judges with style=judge: remove it",
+    "reward_model.model.use_fused_kernels": "the reward model runs its HF forward: remove it",
+    "data.image_key": "multimodal prompts are not supported (text chats only): remove it",
+}
+
+
+def verl_refusal(path: str) -> str | None:
+    """Why a verl key (or one under a verl section) is refused here, or None for any other unknown key."""
+    return next((why for key, why in VERL_REFUSED.items() if path == key or path.startswith(key + ".")), None)
 
 
 def load_defaults(name: str = "ppo_trainer") -> DictConfig:
@@ -167,6 +205,15 @@ def _leaf_errors(path: str, value: Any, ann: Any) -> list[str]:
             if v not in allowed]
 
 
+def unknown_hint(path: str, siblings: list[str], all_paths: list[str]) -> str:
+    """What follows "unknown key 'path'": verl's refusal reason where it is one of its keys, else the closest key."""
+    why = verl_refusal(path)
+    if why:
+        return f": verl's key, {why}"
+    hint = closest_key(path, siblings, all_paths)
+    return f"; did you mean '{hint}'?" if hint else ""
+
+
 def check_schema(tree: dict, root: type[Section]) -> None:
     """Raise ConfigError listing unknown keys, wrong types and values outside their allowed ones."""
     all_paths = key_paths(root)
@@ -177,8 +224,8 @@ def check_schema(tree: dict, root: type[Section]) -> None:
         for key, value in node.items():
             path = f"{prefix}{key}"
             if key not in types:
-                hint = closest_key(path, [f"{prefix}{k}" for k in types], all_paths)
-                errors.append(f"unknown key '{path}'" + (f"; did you mean '{hint}'?" if hint else ""))
+                errors.append(f"unknown key '{path}'" + unknown_hint(path, [f"{prefix}{k}" for k in types],
+                                                                      all_paths))
             elif is_section(types[key]) or types[key] is dict:
                 if not isinstance(value, dict):
                     errors.append(f"'{path}' must be a section (dict), got {value!r}")

@@ -217,3 +217,19 @@ def test_loss_scale_factor_is_null_or_positive():
     assert load_config(overrides=[f"{A}.loss_scale_factor=4096"]).actor_rollout_ref.actor.loss_scale_factor == 4096
     with pytest.raises(ConfigError, match="loss_scale_factor"):
         load_config(overrides=[f"{A}.loss_scale_factor=0"])
+
+
+def test_verl_keys_without_a_counterpart_are_refused_saying_why(tmp_path):
+    with pytest.raises(ConfigError) as e:
+        load_config(overrides=[f"{R}.enable_chunked_prefill=True", "+actor_rollout_ref.actor.megatron.context_parallel_size=2",
+                               f"{R}.nn=3"])
+    msg = str(e.value)
+    assert (f"unknown key '{R}.enable_chunked_prefill': verl's key, a vLLM scheduler setting; hybridrl's engine "
+            "prefills each prompt whole") in msg
+    assert "megatron.context_parallel_size' is not in the schema: verl's key, hybridrl trains with FSDP2 only" in msg
+    assert f"unknown key '{R}.nn'; did you mean '{R}.n'?" in msg   # any other key: the closest one
+    path = tmp_path / "verl.yaml"
+    path.write_text("actor_rollout_ref:\n  actor:\n    use_torch_compile: true\n")
+    with pytest.raises(ConfigError, match=r"unknown key 'actor_rollout_ref.actor.use_torch_compile': verl's key, the "
+                                          r"training model is not torch.compiled"):
+        load_config(path)
