@@ -172,7 +172,7 @@ def main(argv=None) -> dict:
     train_s = time.perf_counter() - t0
     model.eval()
     held = splits["heldout"]
-    scores = score_sequences(model, [e[0] for e in held], tokenizer.pad_token_id, device, rows=args.batch)
+    scores = score_sequences(model, [e[0] for e in held], args.batch, tokenizer.pad_token_id, device)
     labels, own = torch.tensor([e[1] for e in held]), torch.tensor([e[2] for e in held])
     k = max(1, len(losses) // 10)
     policy_labels = torch.tensor([e[1] for split in splits.values() for e in split if e[2]])

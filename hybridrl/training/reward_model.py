@@ -54,10 +54,10 @@ def last_token_scores(module: torch.nn.Module, input_ids: torch.Tensor, attentio
     return per_token[rows, last_valid_index(attention_mask).to(per_token.device)]
 
 
-def score_sequences(module: torch.nn.Module, sequences: list[list[int]], pad_token_id: int, device, *,
-                    rows: int | None = None, max_tokens: int | None = None, unshard_once: bool = False,
+def score_sequences(module: torch.nn.Module, sequences: list[list[int]], rows: int | None, pad_token_id: int, device,
+                    unshard_once: bool = False, *, max_tokens: int | None = None,
                     key: str = "reward_model.forward_max_token_len_per_gpu") -> torch.Tensor:
-    """[len(sequences)] fp32 scores on the CPU, in input order; micro-batches of `rows` sequences, or of
+    """[len(sequences)] fp32 scores on the CPU, in input order; micro-batches of `rows` sequences, or (rows None) of
     length-sorted sequences within `max_tokens` counted padded (token_bins.padded_length_bins; `key` names that
     budget in its errors)."""
     if (rows is None) == (max_tokens is None):

@@ -65,9 +65,8 @@ class RewardModelWorker(RoleWorker):
             if self._param_offload:
                 load_fsdp_params(self.module, self.compute_device)
             forward = self.plan.reward_model.forward
-            scores = score_sequences(self.module, sequences, self.pad_token_id, self.compute_device,
-                                     rows=forward.rows, max_tokens=forward.max_tokens,
-                                     unshard_once=forward.unshard_once)
+            scores = score_sequences(self.module, sequences, forward.rows, self.pad_token_id, self.compute_device,
+                                     forward.unshard_once, max_tokens=forward.max_tokens)
             if self._param_offload:
                 offload_fsdp_params(self.module)
         rm_scores, _ = place_at_last_token(scores, data.batch["response_mask"])

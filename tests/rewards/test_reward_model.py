@@ -45,15 +45,15 @@ def test_scores_equal_hf_forward_with_micro_batches_and_either_padding(rm, tok):
     want = hf_last_token_scores(rm, sequences)
     assert want.std() > 1e-3  # distinct texts score differently, so a misplaced read would show
     for micro in (1, 2, 4, 6):
-        got = score_sequences(rm, sequences, tok.pad_token_id, "cpu", rows=micro)
+        got = score_sequences(rm, sequences, micro, tok.pad_token_id, "cpu")
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
     longest = max(map(len, sequences))
     for budget in (longest, 2 * longest, 100 * longest):   # one input a forward .. all of them in one
-        got = score_sequences(rm, sequences, tok.pad_token_id, "cpu", max_tokens=budget)
+        got = score_sequences(rm, sequences, None, tok.pad_token_id, "cpu", max_tokens=budget)
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
     with pytest.raises(ValueError, match=r"reward_model.forward_max_token_len_per_gpu=\d+ is smaller than a "
                                          rf"sequence of {longest} tokens"):
-        score_sequences(rm, sequences, tok.pad_token_id, "cpu", max_tokens=longest - 1)
+        score_sequences(rm, sequences, None, tok.pad_token_id, "cpu", max_tokens=longest - 1)
     width = max(map(len, sequences))
     for left in (True, False):
         gaps = [[tok.pad_token_id] * (width - len(s)) for s in sequences]
