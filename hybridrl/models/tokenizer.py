@@ -1,11 +1,13 @@
 """The policy's tokenizer, loaded the same way by every part of a run that reads or writes its tokens (the driver's
 prompt tokenization, the multi-turn tool agent's chat-template deltas): `data.tokenizer`, else
 `actor_rollout_ref.model.path`; `actor_rollout_ref.model.custom_chat_template` (verl's key) replaces its chat
-template — for a model whose own template cannot render tool calls or tool messages, for example; pad = eos when
-the tokenizer has no pad token."""
+template — for a model whose own template cannot render tool calls or tool messages, for example;
+`data.apply_chat_template_kwargs` (verl's key) are bound to its apply_chat_template, so every render passes them;
+pad = eos when the tokenizer has no pad token."""
 
 from __future__ import annotations
 
+import functools
 import os
 from pathlib import Path
 
@@ -42,6 +44,9 @@ def policy_tokenizer(config):
     template = resolve_chat_template(config.actor_rollout_ref.model.custom_chat_template)
     if template is not None:
         tokenizer.chat_template = template
+    template_kwargs = dict(config.data.apply_chat_template_kwargs or {})
+    if template_kwargs:   # every render of this tokenizer passes them (a call's own arguments win)
+        tokenizer.apply_chat_template = functools.partial(tokenizer.apply_chat_template, **template_kwargs)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer

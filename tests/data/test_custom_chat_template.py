@@ -51,3 +51,36 @@ def test_bad_templates_are_refused_naming_the_key(value, rule):
     with pytest.raises(ConfigError) as e:
         load_config(overrides=[f"actor_rollout_ref.model.custom_chat_template={value}"])
     assert "actor_rollout_ref.model.custom_chat_template" in str(e.value) and rule in str(e.value)
+
+
+THINKING = ("{% for m in messages %}[{{ m['role'] }}]{{ m['content'] }}{% endfor %}"
+            "{% if add_generation_prompt %}[assistant]{% if enable_thinking is defined and not enable_thinking %}"
+            "<think></think>{% endif %}{% endif %}")
+
+
+def test_apply_chat_template_kwargs_reach_every_render_of_the_policy_tokenizer(tiny_model_dir, tmp_path):
+    import pickle
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from hybridrl.data import RLHFDataset
+
+    base = _config(tiny_model_dir).with_value("actor_rollout_ref.model.custom_chat_template", THINKING)
+    off = load_config(overrides=[f"actor_rollout_ref.model.path={tiny_model_dir}",
+                                 "+data.apply_chat_template_kwargs.enable_thinking=false"])
+    off = off.with_value("actor_rollout_ref.model.custom_chat_template", THINKING)
+    assert policy_tokenizer(base).apply_chat_template(MSGS, tokenize=False, add_generation_prompt=True) == \
+        "[user]hi[assistant]"
+    tok = policy_tokenizer(off)
+    assert tok.apply_chat_template(MSGS, tokenize=False, add_generation_prompt=True) == \
+        "[user]hi[assistant]<think></think>"
+    # a call's own argument wins; the bound arguments survive pickling (the tokenizer travels to workers)
+    assert tok.apply_chat_template(MSGS, tokenize=False, add_generation_prompt=True, enable_thinking=True) == \
+        "[user]hi[assistant]"
+    again = pickle.loads(pickle.dumps(tok))
+    assert again.apply_chat_template(MSGS, tokenize=False, add_generation_prompt=True).endswith("<think></think>")
+    rows = [{"data_source": "x", "prompt": MSGS, "reward_model": {"ground_truth": "1"}}]
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "d.parquet")
+    ids = RLHFDataset(str(tmp_path / "d.parquet"), tok, {"max_prompt_length": 64})[0]["raw_prompt_ids"]
+    assert tok.decode(ids).endswith("<think></think>")

@@ -42,6 +42,9 @@ class DataConfig(Section):
     """the same for the validation files; -1 = all"""
     return_raw_chat: bool
     """also return the untokenized chat (non_tensor `raw_prompt`)"""
+    apply_chat_template_kwargs: dict
+    """extra variables for the policy's chat template wherever it renders (prompts, tool and user turns, the judge),
+    e.g. +data.apply_chat_template_kwargs.enable_thinking=false for Qwen3; {} = none"""
     shuffle: bool
     """shuffle the training set every epoch"""
     seed: int
