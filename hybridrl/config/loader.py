@@ -212,9 +212,13 @@ def _verl_spellings(tree: dict, source: str, equals: list[tuple[str, Any, str]])
         if key in KEY_EQUALS:
             equals.append((key, value, source))
             continue
-        node, parts = out, _renamed(key).split(".")
+        ours = _renamed(key)
+        node, parts = out, ours.split(".")
         for part in parts[:-1]:
             node = node.setdefault(part, {})
+        if parts[-1] in node and node[parts[-1]] != value:
+            raise ConfigError([f"{source}: '{ours}' is given twice, as {node[parts[-1]]!r} and (as verl's '{key}') "
+                               f"{value!r}; keep one"])
         node[parts[-1]] = value
     return out
 
