@@ -1,6 +1,7 @@
 """End to end on one Ray CPU worker: the early update (actor.early_update=true) trains each part of the rollout's
 finished groups while the rest decode, and steps once after the last: the same steps as waiting for the rollout."""
 
+import json
 import math
 
 import pytest
@@ -28,7 +29,8 @@ def _run(tiny_model_dir, arith_dir, run_dir, early: str, *extra):
         "actor_rollout_ref.rollout.tensor_model_parallel_size=1", "trainer.total_training_steps=2",
         "data.train_batch_size=8", "actor_rollout_ref.actor.ppo_mini_batch_size=8",
         "actor_rollout_ref.actor.use_kl_loss=true", "actor_rollout_ref.actor.optim.lr=1e-2",
-        "algorithm.rollout_correction.rollout_is=token", f"actor_rollout_ref.actor.early_update={early}", *extra))
+        "algorithm.rollout_correction.rollout_is=token", f"actor_rollout_ref.actor.early_update={early}",
+        f"trainer.rollout_data_dir={run_dir}/rollouts", *extra))
     return train_metrics(run_ppo(cfg)["history"])
 
 
@@ -46,6 +48,11 @@ def test_early_update_gives_the_steps_of_the_whole_batch_update(ray_local, tiny_
         assert 0.0 <= e["actor/early_update_frac"] <= 1.0 and "actor/early_update_frac" not in w
         assert e["timing_s/update_after_gen"] >= 0 and e["timing_s/ref"] > 0
         assert "timing_s/old_log_prob" not in e
+    # the dumped samples: the same ones (in the order their groups finished, with the early update)
+    for step in (1, 2):
+        dumps = [sorted((r["input"], r["output"], r["score"]) for r in map(json.loads, (d / f"{step}.jsonl").open()))
+                 for d in (tmp_path / "early" / "rollouts", tmp_path / "waited" / "rollouts")]
+        assert len(dumps[0]) == 32 and dumps[0] == dumps[1]
 
 
 def test_early_update_true_is_refused_where_it_is_not_the_same_update(tiny_model_dir, arith_dir, tmp_path):
