@@ -15,7 +15,16 @@ import re
 import sys
 from typing import get_args, get_origin
 
-from hybridrl.config.schema import ALIASES, CONFIG_DIR, allowed_values, is_section
+from hybridrl.config.schema import (
+    ALIAS_NOTES,
+    ALIASES,
+    CONFIG_DIR,
+    KEY_EQUALS,
+    KEY_RENAMES,
+    VERL_REFUSED,
+    allowed_values,
+    is_section,
+)
 from hybridrl.config.sections import ROOTS
 from hybridrl.config.sections.base import Section, field_docs, field_types, members, type_name
 
@@ -204,8 +213,26 @@ budget or at the model length the KV was sized for), beside the turn and length 
 """
 
 
+def render_verl_keys() -> str:
+    """The verl keys read under another spelling, accepted only at one value, or refused (schema's tables)."""
+    lines = ["## verl keys read differently", "",
+             "The tables above use verl's key names. These verl keys are read differently "
+             "(`hybridrl/config/schema.py`); any other verl key missing from the tables is refused as unknown, naming "
+             "the closest key:", "",
+             "| verl key | here |", "|---|---|"]
+    for key, table in ALIASES.items():
+        spellings = ", ".join(f"`{a}` as `{c}`" for a, c in table.items())
+        note = ALIAS_NOTES.get(key)
+        lines.append(f"| `{key}` values | {spellings}, with a warning" + (f": {_cell(note)}" if note else "") + " |")
+    lines += [f"| `{old}` | read as `{new}`, with a warning |" for old, new in KEY_RENAMES.items()]
+    lines += [f"| `{key}` | accepted only where it equals `{target}`: {_cell(rule)} |"
+              for key, (target, rule) in KEY_EQUALS.items()]
+    lines += [f"| `{key}` | refused: {_cell(why)} |" for key, why in VERL_REFUSED.items()]
+    return "\n".join(lines) + "\n"
+
+
 def render_all() -> str:
-    return INTRO + "".join("\n" + render_file(name) for name in ROOTS)
+    return INTRO + "".join("\n" + render_file(name) for name in ROOTS) + "\n" + render_verl_keys()
 
 
 def main() -> None:
