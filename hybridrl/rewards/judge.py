@@ -24,7 +24,7 @@ import string
 import torch
 
 from hybridrl.protocol import DataProto
-from hybridrl.rewards.token_level import last_user_message, place_at_last_token
+from hybridrl.rewards.token_level import ground_truths, last_user_message, place_at_last_token
 
 __all__ = ["JudgeRewardModel", "judge_template_errors", "parse_judge_score", "render_judge_prompt",
            "score_pattern_errors", "template_fields"]
@@ -99,8 +99,7 @@ class JudgeRewardModel:
         """Token ids of each sample's judge prompt (the policy's chat template, generation prompt added)."""
         responses, mask = batch.batch["responses"], batch.batch["response_mask"].bool()
         raw = batch.non_tensor_batch.get("raw_prompt")
-        truths = [rm.get("ground_truth") if isinstance(rm, dict) else None
-                  for rm in batch.non_tensor_batch.get("reward_model", [None] * len(batch))]
+        truths = ground_truths(batch.non_tensor_batch, len(batch))
         out = []
         for i in range(len(batch)):
             response = self.tokenizer.decode(responses[i][mask[i]].tolist(), skip_special_tokens=True)

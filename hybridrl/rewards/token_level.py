@@ -1,4 +1,5 @@
-"""Small pieces the model-based rewards share: a per-sample score as a token-level reward, the text of a chat.
+"""Small pieces the model-based rewards share: a per-sample score as a token-level reward, the text of a chat, the
+samples' ground truths.
 
 verl's convention: a sequence score is the reward of the last valid response token, every other token gets 0.
 A response with no valid token cannot hold it there; its score goes to position 0 (the reward manager counts
@@ -9,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["last_user_message", "last_valid_index", "place_at_last_token", "score_metrics"]
+__all__ = ["ground_truths", "last_user_message", "last_valid_index", "place_at_last_token", "score_metrics"]
 
 
 def place_at_last_token(scores: torch.Tensor, response_mask: torch.Tensor) -> tuple[torch.Tensor, int]:
@@ -43,3 +44,11 @@ def score_metrics(scores: torch.Tensor) -> dict[str, float]:
     s = scores.float()
     return {"reward_model/score/mean": s.mean().item(), "reward_model/score/max": s.max().item(),
             "reward_model/score/min": s.min().item()}
+
+
+def ground_truths(non_tensor_batch: dict, n: int) -> list:
+    """Each of the `n` samples' `reward_model.ground_truth` (verl's field), None where it has none."""
+    infos = non_tensor_batch.get("reward_model")
+    if infos is None:
+        return [None] * n
+    return [info.get("ground_truth") if isinstance(info, dict) else None for info in infos]

@@ -18,32 +18,18 @@ import os
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import torch
+from hybridrl.trainer.tracking import to_python
 
-__all__ = ["dump_generations", "ground_truths"]
+__all__ = ["dump_generations"]
 
 
 def _native(value: Any) -> Any:
-    if isinstance(value, torch.Tensor):
-        return value.tolist()
-    if isinstance(value, np.generic):
-        return value.item()
-    if isinstance(value, np.ndarray):
-        return value.tolist()
+    """tracking.to_python through dicts and lists (a ground truth may be either)."""
     if isinstance(value, dict):
         return {str(k): _native(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [_native(v) for v in value]
-    return value
-
-
-def ground_truths(non_tensor_batch: dict, n: int) -> list:
-    """Each sample's `reward_model.ground_truth` (verl's field), None where it has none."""
-    infos = non_tensor_batch.get("reward_model")
-    if infos is None:
-        return [None] * n
-    return [info.get("ground_truth") if isinstance(info, dict) else None for info in infos]
+    return to_python(value)
 
 
 def dump_generations(directory: str | os.PathLike, step: int, inputs: list[str], outputs: list[str], gts: list,

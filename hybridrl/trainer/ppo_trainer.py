@@ -33,10 +33,11 @@ from hybridrl.data.rl_dataset import collate_fn
 from hybridrl.plan.partial_rollout import rollout_correction
 from hybridrl.protocol import DataProto
 from hybridrl.rewards.error_guard import RewardErrorGuard
+from hybridrl.rewards.token_level import ground_truths
 from hybridrl.seeding import derive_seed, shuffle_seed, step_sampling_seed, validation_sampling_seed
 from hybridrl.trainer.dynamic_sampling import GroupCollector, merge_reward_metrics, sample_metric
 from hybridrl.trainer.early_update import early_update_step
-from hybridrl.trainer.generation_dump import dump_generations, ground_truths
+from hybridrl.trainer.generation_dump import dump_generations
 from hybridrl.trainer.metrics import (
     compute_data_metrics,
     compute_floor_metrics,

@@ -72,7 +72,6 @@ def save_resolved_config(ckpt_dir: str | os.PathLike, config: PPOConfig) -> None
     (Path(ckpt_dir) / CONFIG_FILE).write_text(json.dumps(config.to_dict(), indent=1))
 
 
-
 def _same(a, b) -> bool:
     """Equal values, with paths compared as the files they name ('~/m' and '/root/m' are one model)."""
     def norm(v):

@@ -60,7 +60,7 @@ CONSOLE_KEYS = (
 )
 
 
-def _to_python(value: Any) -> Any:
+def to_python(value: Any) -> Any:
     """Numpy / torch scalars and arrays → Python numbers and lists; anything else unchanged."""
     if hasattr(value, "detach"):  # torch.Tensor, without importing torch here
         value = value.detach().cpu().numpy()
@@ -72,7 +72,7 @@ def _to_python(value: Any) -> Any:
 
 
 def _fmt(value: Any) -> str:
-    value = _to_python(value)
+    value = to_python(value)
     if isinstance(value, bool) or not isinstance(value, int | float):
         return str(value)
     if isinstance(value, int):
@@ -140,7 +140,7 @@ class _ConsoleBackend:
         return (now - base_time) / (step - base_step) * max(0, self.total_steps - step)
 
     def log(self, data: dict, step: int) -> None:
-        logger.debug("step %d metrics: %s", step, {k: _to_python(v) for k, v in data.items()})
+        logger.debug("step %d metrics: %s", step, {k: to_python(v) for k, v in data.items()})
         now = self.clock()
         if step <= 0:  # before training (dataset statistics, validation): training's time starts after it
             self.base = (step, now)
@@ -164,7 +164,7 @@ class _FileBackend:
         print(f"[tracking] file logger writing to {self.path}", flush=True)
 
     def log(self, data: dict, step: int) -> None:
-        record = {"step": int(step), "data": {k: _to_python(v) for k, v in data.items()}}
+        record = {"step": int(step), "data": {k: to_python(v) for k, v in data.items()}}
         self.fp.write(json.dumps(record, default=str) + "\n")
         self.fp.flush()
 
@@ -185,7 +185,7 @@ class _TensorboardBackend:
     def log(self, data: dict, step: int) -> None:
         skipped = []
         for key, value in data.items():
-            value = _to_python(value)
+            value = to_python(value)
             if isinstance(value, int | float) and not isinstance(value, bool):
                 self.writer.add_scalar(key, value, step)
             else:
@@ -214,7 +214,7 @@ class _WandbBackend:
         self.mode = mode
 
     def log(self, data: dict, step: int) -> None:
-        self.wandb.log({k: _to_python(v) for k, v in data.items()}, step=step)
+        self.wandb.log({k: to_python(v) for k, v in data.items()}, step=step)
 
     def log_table(self, key: str, columns: list[str], rows: list[list], step: int) -> None:
         self.wandb.log({key: self.wandb.Table(columns=columns, data=rows)}, step=step)
@@ -257,7 +257,7 @@ class _MlflowBackend:
         now = int(time.time() * 1000)
         metrics, skipped = [], []
         for key, value in data.items():
-            value = _to_python(value)
+            value = to_python(value)
             if isinstance(value, int | float) and not isinstance(value, bool):
                 metrics.append(self.metric(self.key(key), float(value), now, int(step)))
             else:
@@ -311,7 +311,7 @@ class Tracking:
     def log_generations(self, samples: Sequence[Sequence[Any]], step: int, console: bool = True) -> None:
         """(input, output, score) samples to every backend: console prints them (unless console=False),
         file → generations.jsonl next to the metrics, tensorboard → text, wandb → table `val/generations`."""
-        rows = [[_to_python(x) for x in s] for s in samples]
+        rows = [[to_python(x) for x in s] for s in samples]
         if console and "console" in self.logger:
             ValidationGenerationsLogger(stream=self.logger["console"].stream).log(samples, step)
         if "file" in self.logger:

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from hybridrl.trainer.generation_dump import dump_generations, ground_truths
+from hybridrl.rewards.token_level import ground_truths
+from hybridrl.trainer.generation_dump import dump_generations
 
 
 def test_lines_hold_the_samples_with_native_values_and_replace_a_previous_dump(tmp_path):
