@@ -97,6 +97,13 @@ def rearrange_prompt_groups(groups: list[list[int]], prompt_lens: list[int], res
         return [p + sum(response_lens[i] for i in rows) for p, rows in units]
 
     num = _agreed_count(_fewest_bins(costs(), max_token_len, key), group)
+    _split_to(units, num, key)
+    return [sorted(r for u in b for r in units[u][1]) for b in _balanced_bins(costs(), num)]
+
+
+def _split_to(units: list[tuple[int, list[int]]], num: int, key: str) -> None:
+    """Halve the (prompt length, rows) unit with the most rows, each half keeping the prompt, until there are `num`
+    units (the micro-batch count another rank needs)."""
     while len(units) < num:
         widest = max(range(len(units)), key=lambda u: len(units[u][1]))
         p, rows = units[widest]
@@ -104,7 +111,6 @@ def rearrange_prompt_groups(groups: list[list[int]], prompt_lens: list[int], res
             raise RuntimeError(f"dynamic bsz: another rank needs {num} micro-batches but this rank has only "
                                f"{sum(len(r) for _, r in units)} rows; raise {key} or balance the batch across ranks")
         units[widest:widest + 1] = [(p, rows[:len(rows) // 2]), (p, rows[len(rows) // 2:])]
-    return [sorted(r for u in b for r in units[u][1]) for b in _balanced_bins(costs(), num)]
 
 
 def padded_length_bins(seq_lens: list[int], max_tokens: int, group=None,
@@ -126,15 +132,9 @@ def padded_length_bins(seq_lens: list[int], max_tokens: int, group=None,
             bins[-1].append(i)
         else:
             bins.append([i])
-    num = _agreed_count(len(bins), group)
-    while len(bins) < num:
-        widest = max(range(len(bins)), key=lambda b: len(bins[b]))
-        rows = bins[widest]
-        if len(rows) < 2:
-            raise RuntimeError(f"dynamic bsz: another rank needs {num} micro-batches but this rank has only "
-                               f"{len(seq_lens)} rows; raise {key} or balance the batch across ranks")
-        bins[widest:widest + 1] = [rows[:len(rows) // 2], rows[len(rows) // 2:]]
-    return [sorted(b) for b in bins]
+    units = [(0, b) for b in bins]   # no prompt to keep
+    _split_to(units, _agreed_count(len(bins), group), key)
+    return [sorted(rows) for _, rows in units]
 
 
 def restore_order(chunks: list[torch.Tensor], bins: list[list[int]] | None) -> torch.Tensor:
