@@ -207,20 +207,20 @@ def _renamed(key: str) -> str:
 def _verl_spellings(tree: dict, source: str, equals: list[tuple[str, Any, str]]) -> dict:
     """A user YAML tree with schema.KEY_RENAMES moved to our keys and schema.KEY_EQUALS taken out into `equals`
     (key, value, source) for the check after resolution."""
-    out: dict = {}
+    flat: dict = {}
+    spelled: dict[str, str] = {}   # our key -> the key the file gave it under
     for key, value in dotted_leaves(tree).items():
         if key in KEY_EQUALS:
             equals.append((key, value, source))
             continue
         ours = _renamed(key)
-        node, parts = out, ours.split(".")
-        for part in parts[:-1]:
-            node = node.setdefault(part, {})
-        if parts[-1] in node and node[parts[-1]] != value:
-            raise ConfigError([f"{source}: '{ours}' is given twice, as {node[parts[-1]]!r} and (as verl's '{key}') "
-                               f"{value!r}; keep one"])
-        node[parts[-1]] = value
-    return out
+        if ours in flat and flat[ours] != value:
+            given = {key: value, spelled[ours]: flat[ours]}   # one spelling is ours, the other verl's
+            verl = key if key != ours else spelled[ours]
+            raise ConfigError([f"{source}: '{ours}' is given twice, as {given[ours]!r} and (as verl's '{verl}') "
+                               f"{given[verl]!r}; keep one"])
+        flat[ours], spelled[ours] = value, key
+    return _expand_dotted(flat, source)
 
 
 def _check_equals(cfg: DictConfig, equals: list[tuple[str, Any, str]]) -> None:

@@ -173,6 +173,11 @@ def test_verl_reward_kwargs_in_a_config_file(tmp_path):
     with pytest.raises(ConfigError, match=r"'reward_model.overlong_buffer.len' is given twice, as 32 and \(as verl's "
                                           r"'reward_model.reward_kwargs.overlong_buffer_cfg.len'\) 64; keep one"):
         load_config(path)
+    path.write_text("reward_model:\n  reward_kwargs:\n    overlong_buffer_cfg:\n      len: 64\n  overlong_buffer:\n"
+                    "    len: 32\n")   # the verl spelling first: the message still names which is which
+    with pytest.raises(ConfigError, match=r"'reward_model.overlong_buffer.len' is given twice, as 32 and \(as verl's "
+                                          r"'reward_model.reward_kwargs.overlong_buffer_cfg.len'\) 64; keep one"):
+        load_config(path)
     path.write_text("reward_model:\n  reward_kwargs:\n    max_resp_len: 999\n")
     with pytest.raises(ConfigError, match=r"config file .*dapo.yaml'.*'reward_model.reward_kwargs.max_resp_len' = 999 "
                                           r"must equal 'data.max_response_length' = 512"):
