@@ -5,7 +5,10 @@ Override syntax follows verl/Hydra so a verl command line carries over:
   `a.b=c`    set an existing key (an unknown key is an error naming the closest known key);
   `+a.b=c`   add a key that does not exist. Allowed only inside free dicts (keys whose default is `{}`,
              e.g. `actor_rollout_ref.model.override_config`, forwarded to the HF model config): anywhere
-             else a new key would be ignored by the code, so it is an error rather than a silent no-op;
+             else a new key would be ignored by the code, so it is an error rather than a silent no-op. On a key
+             that exists here it sets it, with a logged warning: verl's recipes add keys its base config lacks
+             and ours has (`+algorithm.filter_groups.enable=True`, `+trainer.rollout_data_dir=...`), where
+             Hydra's "already exists" error would stop a verl command line that is valid in verl;
   `++a.b=c`  set or add (same free-dict rule for adding).
 Values are parsed as YAML (ints, floats incl. `1e-6`, bools, `null`, lists `[a,b]`, dicts `{k: v}`); an
 empty value is the empty string. Interpolations (`${data.max_prompt_length}`) are resolved after all
@@ -112,8 +115,9 @@ def _apply_override(cfg: DictConfig, ov: Override, schema: dict) -> None:
         if free:
             msg += f" (to add a key under the free dict '{free}', write +{ov.key}=...)"
         raise ConfigError([msg])
-    if ov.kind == "add" and exists:
-        raise ConfigError([f"override '+{ov.key}': key '{ov.key}' already exists; write {ov.key}=... to change it"])
+    if ov.kind == "add" and exists and not free:
+        log.warning("config: +%s sets a key that exists here (verl's recipes add it to a base config that lacks it)",
+                    ov.key)
     if not exists and not free:
         frees = [p for p in _leaf_paths(schema) if _node(schema, p) == {}]
         raise ConfigError([f"override '+{ov.key}': keys can be added only inside free dicts {frees}; "
@@ -223,12 +227,17 @@ def _verl_spellings(tree: dict, source: str, equals: list[tuple[str, Any, str]])
     return _expand_dotted(flat, source)
 
 
+def _canonical(key: str, value: Any) -> Any:
+    """`value` of `key` with verl's spelling (schema.ALIASES, e.g. strategy fsdp) read as ours."""
+    return ALIASES.get(key, {}).get(value, value) if isinstance(value, str) else value
+
+
 def _check_equals(cfg: DictConfig, equals: list[tuple[str, Any, str]]) -> None:
     errors = []
     for key, value, source in equals:
         target, rule = KEY_EQUALS[key]
         want = OmegaConf.select(cfg, target)
-        if value != want:
+        if _canonical(target, value) != _canonical(target, want):
             errors.append(f"{source}: '{key}' = {value!r} must equal '{target}' = {want!r}: {rule}")
     if errors:
         raise ConfigError(errors)
@@ -289,6 +298,7 @@ def load_config(config_file: str | Path | None = None, overrides: tuple[str, ...
         except OmegaConfBaseException as e:
             raise ConfigError([f"config file {str(config_file)!r} does not merge with the defaults: {e}"]) from e
     errors: list[str] = []
+    spelled: dict[str, tuple[str, Any]] = {}   # our key -> (the override that set it, value), for renamed keys
     for text in overrides:  # every bad override is reported, not only the first
         try:
             ov = parse_override(text)
@@ -296,6 +306,11 @@ def load_config(config_file: str | Path | None = None, overrides: tuple[str, ...
                 equals.append((ov.key, ov.value, f"override {text!r}"))
                 continue
             ours = _renamed(ov.key)
+            earlier = spelled.get(ours)
+            if earlier is not None and earlier[0] != ov.key and earlier[1] != ov.value:
+                raise ConfigError([f"override {text!r}: '{ours}' is also set by {earlier[0]}={earlier[1]!r} "
+                                   f"(one of the two is verl's spelling of it); keep one"])
+            spelled[ours] = (ov.key, ov.value)
             if ours != ov.key:   # verl adds these keys (+key=...); ours exist: set them
                 ov = Override("set", ours, ov.value)
             user_keys.add(ov.key)

@@ -37,6 +37,9 @@ ALIAS_NOTES: dict[str, str] = {
                                       "(set rollout.name=native to silence this)",
     "reward_model.reward_manager": "hybridrl's per-sample manager, which applies reward_model.overlong_buffer as "
                                    "verl's DAPO manager does (set reward_manager=naive to silence this)",
+    "actor_rollout_ref.rollout.mode": "hybridrl's engine has one mode, in-process, for single-turn, multi-turn and "
+                                      "agent-loop rollouts alike (verl's async server mode samples the same "
+                                      "distribution); set rollout.mode=sync to silence this",
 }
 
 # verl spellings rewritten to ours at load (key -> {alias: canonical})
@@ -45,15 +48,21 @@ ALIASES: dict[str, dict[str, str]] = {
     "actor_rollout_ref.actor.strategy": {"fsdp": "fsdp2"},
     "critic.strategy": {"fsdp": "fsdp2"},
     "reward_model.reward_manager": {"dapo": "naive"},
+    "actor_rollout_ref.rollout.mode": {"async": "sync"},
 }
 
 
 # verl key spellings read as ours at load (prefix -> our prefix, same meaning): newer verl recipes pass DAPO's overlong
-# buffer to the reward manager as reward_kwargs (`+reward_model.reward_kwargs.overlong_buffer_cfg.len=...`) and name
-# what a checkpoint saves `save_contents`
+# buffer to the reward manager as reward_kwargs (`+reward_model.reward_kwargs.overlong_buffer_cfg.len=...`), name
+# what a checkpoint saves `save_contents`, and spell the optimizer's clipping and schedule as its engine workers read
+# them (`optim.clip_grad`, `optim.lr_scheduler_type`; verl's legacy workers read `grad_clip` and `warmup_style`)
 KEY_RENAMES: dict[str, str] = {
     "reward_model.reward_kwargs.overlong_buffer_cfg": "reward_model.overlong_buffer",
     "actor_rollout_ref.actor.checkpoint.save_contents": "actor_rollout_ref.actor.checkpoint.contents",
+    "actor_rollout_ref.actor.optim.clip_grad": "actor_rollout_ref.actor.grad_clip",
+    "critic.optim.clip_grad": "critic.grad_clip",
+    "actor_rollout_ref.actor.optim.lr_scheduler_type": "actor_rollout_ref.actor.optim.warmup_style",
+    "critic.optim.lr_scheduler_type": "critic.optim.warmup_style",
 }
 # verl keys whose only value here is another key's: key -> (that key, what the rule is)
 KEY_EQUALS: dict[str, tuple[str, str]] = {
@@ -66,6 +75,13 @@ KEY_EQUALS: dict[str, tuple[str, str]] = {
     "actor_rollout_ref.ref.ulysses_sequence_parallel_size": (
         "actor_rollout_ref.actor.ulysses_sequence_parallel_size", "the reference model runs on the actor's training "
         "mesh and its Ulysses groups (verl's default for this key)"),
+    "actor_rollout_ref.ref.strategy": (
+        "actor_rollout_ref.actor.strategy", "the reference model is sharded as the actor is, on its mesh"),
+    "actor_rollout_ref.ref.fsdp_config.fsdp_size": (
+        "actor_rollout_ref.actor.fsdp_config.fsdp_size", "the reference model is sharded as the actor is, on its mesh"),
+    "data.trust_remote_code": (
+        "actor_rollout_ref.model.trust_remote_code", "prompts are tokenized with the policy's tokenizer, loaded with "
+        "the model's trust_remote_code"),
 }
 
 
@@ -99,6 +115,51 @@ VERL_REFUSED: dict[str, str] = {
     "policy judges with style=judge: remove it",
     "reward_model.model.use_fused_kernels": "the reward model runs its HF forward: remove it",
     "data.image_key": "multimodal prompts are not supported (text chats only): remove it",
+    "actor_rollout_ref.actor.fsdp_config.use_torch_compile": "the training model is not torch.compiled: remove it",
+    "actor_rollout_ref.ref.fsdp_config.use_torch_compile": "the reference model is not torch.compiled: remove it",
+    "critic.model.use_shm": "models load from the local path as given: remove it",
+    "reward_model.model.use_shm": "models load from the local path as given: remove it",
+    "reward_model.model.use_remove_padding": "the reward model's forwards are length-sorted batches within a token "
+    "budget (reward_model.use_dynamic_bsz, forward_max_token_len_per_gpu): remove it",
+    "actor_rollout_ref.actor.entropy_checkpointing": "the fused log-prob / entropy head (training/fused_logprob.py) "
+    "never holds the logits of a micro-batch, which is what entropy checkpointing saves in verl: remove it",
+    "actor_rollout_ref.ref.entropy_checkpointing": "the reference pass computes no entropy: remove it",
+    "actor_rollout_ref.actor.fsdp_config.forward_prefetch": "an FSDP1 setting; FSDP2 prefetches the next layer's "
+    "all-gather on its own: remove it",
+    "actor_rollout_ref.ref.fsdp_config.forward_prefetch": "an FSDP1 setting; FSDP2 prefetches the next layer's "
+    "all-gather on its own: remove it",
+    "actor_rollout_ref.actor.fsdp_config.offload_policy": "offloading is actor.fsdp_config.param_offload and "
+    "optimizer_offload (auto: the run plan's choice): use those",
+    "actor_rollout_ref.ref.fsdp_config.offload_policy": "the reference's offloading is ref.fsdp_config.param_offload: "
+    "use that",
+    "actor_rollout_ref.rollout.data_parallel_size": "the engine's data-parallel size is the world size over "
+    "rollout.tensor_model_parallel_size: remove it",
+    "actor_rollout_ref.rollout.expert_parallel_size": "the engine shards experts by tensor parallelism, not expert "
+    "parallelism: remove it",
+    "actor_rollout_ref.rollout.checkpoint_engine": "the actor's weights reach the engine one tensor at a time through "
+    "the reshard (hybrid/reshard.py), never in buckets: remove it",
+    "actor_rollout_ref.rollout.multi_stage_wake_up": "the engine always wakes its weights first, then its KV cache: "
+    "remove it",
+    "actor_rollout_ref.nccl_timeout": "collectives use torch.distributed's default timeout: remove it",
+    "trainer.use_legacy_worker_impl": "verl's switch between its two worker implementations; hybridrl has one: "
+    "remove it",
+    "reward_model.rollout": "a generative reward model on its own rollout engine; here the policy judges with "
+    "reward_model.style=judge, or a scoring model runs with style=model: remove the reward_model.rollout keys",
+    "reward_model.num_workers": "rule-based scores are computed in the driver (a code sandbox runs its own "
+    "processes): remove it",
+    "global_profiler": "no profiler integration; benchmarks/profile_update.py and profile_decode.py profile the "
+    "update and the decode step: remove the global_profiler keys",
+    "actor_rollout_ref.actor.profiler": "no profiler integration (see benchmarks/profile_update.py): remove it",
+    "actor_rollout_ref.ref.profiler": "no profiler integration: remove it",
+    "actor_rollout_ref.rollout.profiler": "no profiler integration (see benchmarks/profile_decode.py): remove it",
+    "critic.profiler": "no profiler integration: remove it",
+    "actor_rollout_ref.rollout.quantization": "the engine runs the actor's weights in the model dtype (no "
+    "quantized rollout): remove it",
+    "actor_rollout_ref.actor.optim.override_optimizer_config": "Megatron optimizer options; the FSDP2 actor's "
+    "optimizer offload is actor.fsdp_config.optimizer_offload: remove them",
+    "data.custom_cls": "a dataset class of your own is not loaded; convert the rows to the trainer's parquet schema "
+    "(hybridrl data convert) and point data.train_files at it",
+    "data.sampler": "no curriculum sampler classes; the prompts are shuffled by data.shuffle / data.seed: remove it",
 }
 
 

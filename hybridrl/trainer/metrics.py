@@ -107,6 +107,8 @@ def compute_data_metrics(batch: DataProto, use_critic: bool = True) -> dict[str,
         metrics["critic/vf_explained_var"] = explained.item()
     metrics.update(_stats("response_length", resp_len))
     metrics["response_length/clip_ratio"] = (resp_len == max_resp).float().mean().item()
+    metrics.update(_stats("response_length_non_aborted", resp_len[kept]))
+    metrics["response_length_non_aborted/clip_ratio"] = (resp_len[kept] == max_resp).float().mean().item()
     metrics["response/aborted_ratio"] = aborted.float().mean().item()
     metrics.update(_stats("prompt_length", prompt_len))
     metrics["prompt_length/clip_ratio"] = (prompt_len == max_prompt).float().mean().item()
@@ -185,14 +187,16 @@ compute_throughput_metrics = compute_throughout_metrics
 
 
 # ---------------------------------------------------------------------------------------------- validation
-def compute_floor_metrics(batch: DataProto, timing_raw: dict[str, float], metrics: dict, plan, n_gpus: int
-                          ) -> dict[str, float]:
+def compute_floor_metrics(batch: DataProto, timing_raw: dict[str, float], metrics: dict, plan, n_gpus: int,
+                          ppo_epochs: int = 1) -> dict[str, float]:
     """Each phase's floor next to its time: `perf/floor_s/{phase}` (the FLOPs, or for decode the bytes, it cannot
     avoid, over the GPUs' datasheet peak, device_peaks.py) and `perf/vs_floor/{phase}` (measured / floor).
     Training passes count the matmul FLOPs of the tokens they run (2 x matmul params per token forward, each prompt
     once per group with shared-prompt forwards) plus causal attention (2 x heads x head_dim x len^2 per layer);
-    the update is forward + backward (3x forward; 2x with LoRA, whose frozen base gets no weight gradient). Decode:
-    the engine's `rollout/decode_floor_s` against `rollout/decode_s`. Nothing on CPUs or unknown GPUs."""
+    the update is forward + backward (3x forward; 2x with LoRA, whose frozen base gets no weight gradient), once per
+    PPO epoch. Decode: the engine's `rollout/decode_floor_s` against `rollout/decode_s`. verl's model-FLOPs
+    utilisations are the same counts over the time: `perf/mfu/actor` (the update), `perf/mfu/actor_infer` (the
+    old-log-prob pass). Nothing on CPUs or unknown GPUs."""
     from hybridrl.device_peaks import peaks_of
 
     peaks = peaks_of(plan.device.name) if plan is not None and plan.device.type == "cuda" else None
@@ -208,13 +212,17 @@ def compute_floor_metrics(batch: DataProto, timing_raw: dict[str, float], metric
     forward = (2 * (shape.decoder_active_params + shape.embed_params) * tokens
                + 2 * shape.heads * shape.head_dim * shape.layers * float((lens**2).sum()))
     flops_per_s = n_gpus * peaks.bf16_flops
-    floors = {"update_actor": forward * (2 if plan.actor.lora_base_dtype else 3) / flops_per_s,
+    update_passes = (2 if plan.actor.lora_base_dtype else 3) * ppo_epochs
+    floors = {"update_actor": forward * update_passes / flops_per_s,
               "old_log_prob": forward / flops_per_s, "ref": forward / flops_per_s}
     out = {}
     for phase, floor in floors.items():
         if phase in timing_raw:
             out[f"perf/floor_s/{phase}"] = floor
             out[f"perf/vs_floor/{phase}"] = timing_raw[phase] / floor
+    for phase, name in (("update_actor", "actor"), ("old_log_prob", "actor_infer")):
+        if timing_raw.get(phase):
+            out[f"perf/mfu/{name}"] = floors[phase] / timing_raw[phase]
     if metrics.get("rollout/decode_floor_s"):
         out["perf/floor_s/gen_decode"] = metrics["rollout/decode_floor_s"]
         out["perf/vs_floor/gen_decode"] = metrics["rollout/decode_s"] / metrics["rollout/decode_floor_s"]

@@ -82,6 +82,7 @@ def balance_batch(batch: DataProto, world_size: int, group_size: int = 1) -> dic
         return {}
     units = [sum(lengths[i:i + group_size]) for i in range(0, n, group_size)]
     per = len(units) // world_size
+    before = [sum(lengths[r * n // world_size:(r + 1) * n // world_size]) for r in range(world_size)]
     order = sorted(range(len(units)), key=lambda i: -units[i])
     parts: list[list[int]] = [[] for _ in range(world_size)]
     loads = [0] * world_size
@@ -90,7 +91,11 @@ def balance_batch(batch: DataProto, world_size: int, group_size: int = 1) -> dic
         parts[k].append(i)
         loads[k] += units[i]
     batch.reorder(torch.tensor([u * group_size + j for p in parts for u in p for j in range(group_size)]))
-    return {"training/seqlen_balance_max_over_min": max(loads) / max(1, min(loads))}
+    return {"training/seqlen_balance_max_over_min": max(loads) / max(1, min(loads)),
+            # verl's names: each rank's tokens in the dispatch's split before and after balancing
+            "global_seqlen/min": min(before), "global_seqlen/max": max(before),
+            "global_seqlen/minmax_diff": max(before) - min(before), "global_seqlen/mean": sum(before) / world_size,
+            "global_seqlen/balanced_min": min(loads), "global_seqlen/balanced_max": max(loads)}
 
 
 class RayPPOTrainer:
@@ -455,7 +460,8 @@ class RayPPOTrainer:
         metrics.update(compute_data_metrics(batch, use_critic=self.use_critic))
         metrics.update(compute_timing_metrics(batch, timing))
         metrics.update(compute_throughout_metrics(batch, timing, self.n_gpus))
-        metrics.update(compute_floor_metrics(batch, timing, metrics, self.plan, self.n_gpus))
+        metrics.update(compute_floor_metrics(batch, timing, metrics, self.plan, self.n_gpus,
+                                             self.config.actor_rollout_ref.actor.ppo_epochs))
         return metrics
 
     def _dump_rollout(self, batch: DataProto) -> None:

@@ -377,6 +377,7 @@ class DataParallelPPOActor(FSDPUpdater):
                     kl_loss = agg_loss(kld, mask, mode, loss_scale_factor=cfg.loss_scale_factor)
                     regularisers = regularisers + float(cfg.kl_loss_coef) * kl_loss
                     metrics["kl_loss"].append(kl_loss.detach())
+                    metrics["kl_coef"].append(float(cfg.kl_loss_coef))   # verl's actor/kl_coef
                 total = pg_loss * pg_scale + regularisers * scale
                 self.backward(total, last=i == len(micros) - 1)
             metrics["pg_loss"].append(pg_loss.detach())

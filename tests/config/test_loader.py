@@ -56,8 +56,7 @@ def test_plus_adds_only_inside_free_dicts():
     with pytest.raises(ConfigError, match="free dicts") as e:
         load_config(overrides=["+data.new_key=1"])
     assert "data.new_key" in str(e.value)
-    with pytest.raises(ConfigError, match="already exists"):
-        load_config(overrides=["+data.seed=1"])
+    assert load_config(overrides=["+data.seed=1"]).data.seed == 1   # verl's recipes add keys ours has: set
     with pytest.raises(ConfigError, match=r"write \+actor_rollout_ref.model.override_config.x"):
         load_config(overrides=["actor_rollout_ref.model.override_config.x=1"])
 
@@ -243,3 +242,75 @@ def test_verl_keys_without_a_counterpart_are_refused_saying_why(tmp_path):
     with pytest.raises(ConfigError, match=r"unknown key 'actor_rollout_ref.actor.use_torch_compile': verl's key, the "
                                           r"training model is not torch.compiled"):
         load_config(path)
+
+
+def test_plus_on_a_key_verl_lacks_but_ours_has_sets_it(caplog):
+    """verl's DAPO recipes add keys its base config lacks (`+algorithm.filter_groups.enable=True`); a verl command
+    line valid in verl must not stop here on Hydra's 'already exists'."""
+    fg = "algorithm.filter_groups"
+    with caplog.at_level(logging.WARNING, logger="hybridrl.config"):
+        cfg = load_config(overrides=[f"+{fg}.enable=True", f"+{fg}.metric=acc", "+trainer.rollout_data_dir=/tmp/x"])
+    assert cfg.algorithm.filter_groups.enable and cfg.algorithm.filter_groups.metric == "acc"
+    assert cfg.trainer.rollout_data_dir == "/tmp/x"
+    assert any(f"+{fg}.enable sets a key that exists here" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.parametrize("role", [A, "critic"])
+def test_verl_engine_optimizer_spellings_are_read_as_ours(role, caplog):
+    """verl's engine workers read `optim.clip_grad` and `optim.lr_scheduler_type`; ours are the legacy workers'
+    `grad_clip` and `optim.warmup_style`. Given both ways with different values, the run is refused."""
+    with caplog.at_level(logging.WARNING, logger="hybridrl.config"):
+        cfg = load_config(overrides=[f"{role}.optim.clip_grad=0.5", f"{role}.optim.lr_scheduler_type=cosine"])
+    section = cfg.actor_rollout_ref.actor if role == A else cfg.critic
+    assert section.grad_clip == 0.5 and section.optim.warmup_style == "cosine"
+    assert any(f"{role}.optim.clip_grad is read as {role}.grad_clip" in r.getMessage() for r in caplog.records)
+    assert load_config(overrides=[f"{role}.grad_clip=0.5", f"{role}.optim.clip_grad=0.5"])  # the same value: fine
+    with pytest.raises(ConfigError, match=rf"override '{role}.optim.clip_grad=0.3': '{role}.grad_clip' is also set "
+                                          rf"by {role}.grad_clip=1.0 \(one of the two is verl's spelling of it\)"):
+        load_config(overrides=[f"{role}.grad_clip=1.0", f"{role}.optim.clip_grad=0.3"])
+    with pytest.raises(ConfigError, match=r"lr_scheduler_type.*'wsd' is not one of|warmup_style.*'wsd'"):
+        load_config(overrides=[f"{role}.optim.lr_scheduler_type=wsd"])
+
+
+def test_verl_async_rollout_mode_runs_the_engine(caplog):
+    with caplog.at_level(logging.WARNING, logger="hybridrl.config"):
+        cfg = load_config(overrides=[f"{R}.mode=async"])
+    assert cfg.actor_rollout_ref.rollout.mode == "sync"
+    assert any(f"{R}.mode=async is read as {R}.mode=sync" in r.getMessage() for r in caplog.records)
+    with pytest.raises(ConfigError, match=rf"'{R}.mode'"):
+        load_config(overrides=[f"{R}.mode=stream"])
+
+
+def test_verl_reference_and_data_keys_accepted_at_the_value_they_stand_for():
+    ref = "actor_rollout_ref.ref"
+    cfg = load_config(overrides=[f"{ref}.strategy=fsdp", f"{A}.strategy=fsdp2", f"{ref}.fsdp_config.fsdp_size=-1",
+                                 "data.trust_remote_code=false"])   # verl's spelling of a value reads as ours
+    assert cfg.actor_rollout_ref.actor.strategy == "fsdp2"
+    with pytest.raises(ConfigError) as e:
+        load_config(overrides=[f"{ref}.strategy=megatron", f"{ref}.fsdp_config.fsdp_size=2",
+                               "data.trust_remote_code=true"])
+    msg = str(e.value)
+    assert (f"'{ref}.strategy' = 'megatron' must equal '{A}.strategy' = 'fsdp2': the reference model is sharded as "
+            "the actor is") in msg
+    assert f"'{ref}.fsdp_config.fsdp_size' = 2 must equal '{A}.fsdp_config.fsdp_size' = -1" in msg
+    assert ("'data.trust_remote_code' = True must equal 'actor_rollout_ref.model.trust_remote_code' = False: prompts "
+            "are tokenized with the policy's tokenizer") in msg
+
+
+@pytest.mark.parametrize("override,reason", [
+    ("trainer.use_legacy_worker_impl=auto", "verl's switch between its two worker implementations"),
+    ("+actor_rollout_ref.nccl_timeout=600", "collectives use torch.distributed's default timeout"),
+    (f"{A}.fsdp_config.use_torch_compile=false", "the training model is not torch.compiled"),
+    (f"{A}.fsdp_config.forward_prefetch=true", "FSDP2 prefetches the next layer's all-gather on its own"),
+    (f"{A}.entropy_checkpointing=true", "never holds the logits of a micro-batch"),
+    (f"{R}.expert_parallel_size=2", "the engine shards experts by tensor parallelism"),
+    (f"{R}.checkpoint_engine.update_weights_bucket_megabytes=2048", "one tensor at a time through the reshard"),
+    ("reward_model.rollout.gpu_memory_utilization=0.5", "a generative reward model on its own rollout engine"),
+    ("critic.model.use_shm=false", "models load from the local path as given"),
+    ("+data.custom_cls.path=my_dataset.py", "convert the rows to the trainer's parquet schema"),
+    ("global_profiler.tool=nsys", "no profiler integration"),
+])
+def test_more_verl_keys_are_refused_saying_why(override, reason):
+    with pytest.raises(ConfigError, match="verl's key, ") as e:
+        load_config(overrides=[override])
+    assert reason in str(e.value)

@@ -24,6 +24,9 @@ def test_balance_batch_is_a_permutation_with_balanced_contiguous_partitions():
     loads = [sum(lengths[r] for r in rows[:4]), sum(lengths[r] for r in rows[4:])]
     assert loads == [20, 20]  # the first half goes to rank 0, the second to rank 1 (contiguous dispatch)
     assert metrics["training/seqlen_balance_max_over_min"] == 1.0
+    assert {k: v for k, v in metrics.items() if k.startswith("global_seqlen/")} == {   # verl's names
+        "global_seqlen/min": 6, "global_seqlen/max": 34, "global_seqlen/minmax_diff": 28, "global_seqlen/mean": 20,
+        "global_seqlen/balanced_min": 20, "global_seqlen/balanced_max": 20}
 
 
 def test_balance_batch_leaves_indivisible_batches_alone():

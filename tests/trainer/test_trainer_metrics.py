@@ -55,6 +55,8 @@ def test_data_metrics_match_hand_computed_values():
         "critic/vf_explained_var": 1 - (1 / 7) / (2 / 7 + 1e-5),
         "response_length/mean": 3.5, "response_length/max": 4.0, "response_length/min": 3.0,
         "response_length/clip_ratio": 0.5, "response/aborted_ratio": 0.0,
+        "response_length_non_aborted/mean": 3.5, "response_length_non_aborted/max": 4.0,
+        "response_length_non_aborted/min": 3.0, "response_length_non_aborted/clip_ratio": 0.5,
         "prompt_length/mean": 2.5, "prompt_length/max": 3.0, "prompt_length/min": 2.0,
         "prompt_length/clip_ratio": 0.5,
     }
@@ -69,6 +71,8 @@ def test_data_metrics_without_critic_and_aborted_rows_are_counted():
     assert m["response/aborted_ratio"] == pytest.approx(1 / 3)
     assert m["critic/score/max"] == pytest.approx(1.0)  # the aborted row's score 28 is excluded
     assert m["response_length/min"] == 0.0  # but its length is part of the length statistics
+    assert m["response_length_non_aborted/min"] == 3.0 and m["response_length_non_aborted/mean"] == 3.5  # verl's
+    assert m["response_length_non_aborted/clip_ratio"] == 0.5
 
 
 def test_data_metrics_errors_name_the_problem():
@@ -214,5 +218,10 @@ def test_floor_metrics_put_each_phase_next_to_its_flop_or_byte_floor():
     assert out["perf/vs_floor/ref"] == pytest.approx(0.5 / (forward / 989e12))
     assert out["perf/vs_floor/gen_decode"] == pytest.approx(4.0)
     assert "perf/floor_s/old_log_prob" not in out  # no such phase ran
+    assert out["perf/mfu/actor"] == pytest.approx(3 * forward / 989e12 / 1.0)   # verl's name: floor over time
+    assert "perf/mfu/actor_infer" not in out
+    two = compute_floor_metrics(batch, {"update_actor": 1.0, "old_log_prob": 0.25}, {}, plan, 1, ppo_epochs=2)
+    assert two["perf/floor_s/update_actor"] == pytest.approx(6 * forward / 989e12)   # each epoch is a pass
+    assert two["perf/mfu/actor_infer"] == pytest.approx(forward / 989e12 / 0.25)
     plan.device = SimpleNamespace(type="cpu", name="cpu")
     assert compute_floor_metrics(batch, timing, {}, plan, 1) == {}

@@ -101,9 +101,10 @@ class ActorConfig(Section):
     clip_ratio: float
     """PPO ratio clip epsilon"""
     clip_ratio_low: float | None
-    """null = clip_ratio"""
+    """null = clip_ratio. verl's default is 0.2 (not null), so there clip_ratio alone does not move the bounds;
+    here it moves both unless this is set"""
     clip_ratio_high: float | None
-    """null = clip_ratio"""
+    """null = clip_ratio (verl's default: 0.2; see clip_ratio_low)"""
     clip_ratio_c: float
     """dual-clip lower bound for negative advantages"""
     loss_agg_mode: LossAggMode

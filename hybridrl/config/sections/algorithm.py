@@ -20,7 +20,7 @@ class AlgorithmConfig(Section):
     """GAE lambda"""
     adv_estimator: AdvEstimator
     """gae | grpo | rloo | reinforce_plus_plus | reinforce_plus_plus_baseline | remax, or a name registered with
-    register_adv_est by model.external_lib"""
+    register_adv_est by model.external_lib (verl's default: gae)"""
     norm_adv_by_std_in_grpo: bool
     """false = Dr.GRPO"""
     use_kl_in_reward: bool

@@ -29,7 +29,8 @@ class DataConfig(Section):
     max_response_length: int
     """generated tokens per sample at most"""
     train_batch_size: int
-    """prompts per step (before rollout.n); at most the training set's rows (the demo's 600 give 2 steps an epoch)"""
+    """prompts per step (before rollout.n); at most the training set's rows (the demo's 600 give 2 steps an epoch;
+    verl's default: 1024)"""
     gen_batch_size: int | None
     """prompts per generation batch; null = train_batch_size. Another value only with algorithm.filter_groups.enable,
     which generates batches until train_batch_size prompts with signal are collected"""
@@ -41,7 +42,8 @@ class DataConfig(Section):
     val_max_samples: int
     """the same for the validation files; -1 = all"""
     return_raw_chat: bool
-    """also return the untokenized chat (non_tensor `raw_prompt`)"""
+    """also return the untokenized chat (non_tensor `raw_prompt`; verl's default: true, which its agent loops
+    need; here multi-turn rollouts work from the token ids)"""
     apply_chat_template_kwargs: dict
     """extra variables for the policy's chat template wherever it renders (prompts, tool and user turns, the judge),
     e.g. +data.apply_chat_template_kwargs.enable_thinking=false for Qwen3; {} = none"""
@@ -50,7 +52,7 @@ class DataConfig(Section):
     seed: int
     """seed of the dataloader shuffle"""
     filter_overlong_prompts: bool
-    """drop (and count) prompts longer than max_prompt_length"""
+    """drop (and count) prompts longer than max_prompt_length (verl's default: false, with truncation=error)"""
     truncation: Truncation
     """error | left | right, when filter_overlong_prompts is false"""
     dataloader_num_workers: int

@@ -33,7 +33,7 @@ class OptimConfig(Section):
     lr_warmup_steps_ratio: float
     """warmup steps as a fraction of total training steps"""
     warmup_style: WarmupStyle
-    """constant | cosine"""
+    """constant | cosine (verl's engine workers spell it optim.lr_scheduler_type, read as this key)"""
     min_lr_ratio: float
     """cosine schedule floor as a fraction of lr"""
     total_training_steps: int

@@ -218,7 +218,8 @@ class RewardModelWeightsConfig(Section):
     input_tokenizer: str | None
     """the policy's tokenizer (e.g. ${actor_rollout_ref.model.path}): responses are decoded with it and prompt +
     response re-rendered with the reward model's own chat template (needs data.return_raw_chat=true); null = the reward
-    model reads the policy's token ids, so its tokenizer must be the policy's"""
+    model reads the policy's token ids, so its tokenizer must be the policy's (verl's default: the policy's
+    path, which needs data.return_raw_chat=true)"""
     trust_remote_code: bool
     """passed to transformers' from_pretrained"""
     override_config: dict
@@ -231,6 +232,7 @@ class RewardModelFSDPConfig(Section):
     """`reward_model.model.fsdp_config`."""
 
     param_offload: bool
-    """shards on CPU except during the reward pass (false: resident on the GPUs in every phase)"""
+    """shards on CPU except during the reward pass (false: resident on the GPUs in every phase; verl's default:
+    false)"""
     fsdp_size: int
     """-1 = shard over all ranks; smaller = HSDP"""

@@ -22,7 +22,8 @@ class RolloutConfig(LogProbPassConfig):
     """native (our paged-KV engine) | hf (transformers generate, any causal LM); vllm and sglang run on the native
     engine, with a warning"""
     mode: Literal["sync"]
-    """sync = the driver waits for the whole batch"""
+    """sync = the driver waits for the whole batch (verl's default: async, its server mode, read as sync with a
+    warning: the engine serves single-turn, multi-turn and agent-loop rollouts in one mode)"""
     temperature: float
     """sampling temperature (0 = greedy)"""
     top_k: int
@@ -33,7 +34,7 @@ class RolloutConfig(LogProbPassConfig):
     """false = greedy"""
     n: int
     """samples per prompt (GRPO group size: grpo and rloo compare a prompt's samples, so they need n > 1; PPO with gae
-    may use 1)"""
+    may use 1; verl's default: 1)"""
     prompt_length: int
     """prompt tokens the engine accepts"""
     response_length: int
@@ -50,14 +51,14 @@ class RolloutConfig(LogProbPassConfig):
     free_cache_engine: bool
     """sleep the engine after each rollout (hybrid engine)"""
     tensor_model_parallel_size: int
-    """TP size of a generation engine; rollout dp = world / this"""
+    """TP size of a generation engine; rollout dp = world / this (verl's default: 2)"""
     max_num_batched_tokens: int
     """token budget of one prefill step"""
     max_num_seqs: int
     """sequences decoded together at most. Where the KV cache that fits next to the training state cannot hold them
     all at full length, the run plan lowers it with ignore_eos (every sequence reaches the limit; the rest wait their
     turn) and keeps it otherwise: the engine then preempts the sequence admitted last by recompute if the cache runs
-    out (rollout/num_preemptions)"""
+    out (rollout/num_preemptions; verl's default: 256)"""
     block_size: int
     """tokens per KV-cache block"""
     enable_prefix_sharing: bool
