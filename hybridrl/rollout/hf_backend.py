@@ -49,6 +49,7 @@ class HFRolloutEngine:
     @torch.no_grad()
     def generate(self, prompt_token_ids: list[list[int]], sampling_params: SamplingParams) -> list[RequestOutput]:
         p = sampling_params
+        self.stats = {"generated_tokens": 0}   # like the native engine's, the stats of the last call
         device = next(self.model.parameters()).device
         rows = [prompt for prompt in prompt_token_ids for _ in range(p.n)]
         width = max(len(r) for r in rows)

@@ -50,6 +50,7 @@ __all__ = [
     "flatten_validation_metrics",
     "bootstrap_metric",
     "reduce_metrics",
+    "StepWorkerMetrics",
 ]
 
 # Sections whose per-token time is reported, and which tokens they process (verl's table + old_log_prob).
@@ -324,6 +325,47 @@ def flatten_validation_metrics(data_src2var2metric2val: dict[str, dict[str, dict
                 core = (var == core_var and name.startswith(("mean", "maj", "best")) and f"@{n_max}" in name)
                 out[f"{'val-core' if core else 'val-aux'}/{src}/{var}/{name}"] = value
     return out
+
+
+# the engine's stats (rollout/*) that are levels, rates or peaks rather than amounts: a step with several generate
+# calls averages them (the peaks: their max) where it adds up the amounts (tokens, steps, seconds)
+ROLLOUT_LEVELS = frozenset({"num_kv_blocks", "kv_block_bytes", "tail_time_frac", "running_seqs_mean",
+                            "spec_acceptance_rate", "spec_mean_acceptance_length", "spec_tokens_per_verify_step"})
+ROLLOUT_PEAKS = frozenset({"kv_blocks_peak", "kv_blocks_peak_unshared"})
+
+
+class StepWorkerMetrics:
+    """What the workers return over one step's calls (each call: a list with a value per rank), folded: a call's
+    `timing_s/*` is its slowest rank's and the step's calls add up; an amount the rollout engine counts (tokens,
+    decode steps, seconds: `rollout/*` but ROLLOUT_LEVELS / ROLLOUT_PEAKS) is the ranks' mean, added up over the
+    step's generate calls (dynamic sampling makes several); peaks (memory, KV blocks) are the max over ranks and
+    calls; anything else the mean."""
+
+    def __init__(self):
+        self.lists: dict[str, list] = {}
+        self.added: dict[str, float] = {}
+
+    def absorb(self, out) -> None:
+        """One call's outputs (a DataProto whose meta_info may hold `metrics`: name -> value or per-rank list)."""
+        for key, value in out.meta_info.pop("metrics", {}).items():
+            values = value if isinstance(value, list) else [value]
+            if key.startswith("timing_s/"):
+                self.added[key] = self.added.get(key, 0.0) + max(values)
+            elif key.startswith("rollout/") and key.removeprefix("rollout/") not in ROLLOUT_LEVELS | ROLLOUT_PEAKS:
+                self.added[key] = self.added.get(key, 0.0) + sum(values) / len(values)
+            else:
+                self.lists.setdefault(key, []).extend(values)
+
+    def fold(self, metrics: dict, timing: dict) -> None:
+        """Into the step's metrics, and its timings (`timing_s/x` as `x`, unless the driver timed `x` itself)."""
+        for key, total in self.added.items():
+            if key.startswith("timing_s/"):
+                timing.setdefault(key.removeprefix("timing_s/"), total)
+            else:
+                metrics[key] = total
+        for key, mean in reduce_metrics(self.lists).items():
+            peak = key.startswith(("perf/max_memory", "memory/")) or key.removeprefix("rollout/") in ROLLOUT_PEAKS
+            metrics[key] = max(self.lists[key]) if peak else mean
 
 
 def reduce_metrics(metrics: dict[str, Any]) -> dict[str, float]:

@@ -39,6 +39,7 @@ from hybridrl.trainer.dynamic_sampling import GroupCollector, merge_reward_metri
 from hybridrl.trainer.early_update import early_update_step
 from hybridrl.trainer.generation_dump import dump_generations
 from hybridrl.trainer.metrics import (
+    StepWorkerMetrics,
     compute_data_metrics,
     compute_floor_metrics,
     compute_throughout_metrics,
@@ -46,7 +47,6 @@ from hybridrl.trainer.metrics import (
     flatten_validation_metrics,
     multi_turn_stats_metrics,
     process_validation_metrics,
-    reduce_metrics,
 )
 from hybridrl.trainer.partial_rollout import STATE_FILE as PARTIAL_STATE_FILE
 from hybridrl.trainer.partial_rollout import PartialRolloutBuffer
@@ -425,12 +425,8 @@ class RayPPOTrainer:
         """One PPO/GRPO step on `batch`; dynamic sampling draws further generation batches from `more_batches`."""
         metrics: dict = {}
         timing: dict = {}
-        worker_metrics: dict[str, list] = {}
-
-        def absorb(out: DataProto):
-            for k, v in out.meta_info.pop("metrics", {}).items():
-                worker_metrics.setdefault(k, []).extend(v if isinstance(v, list) else [v])
-
+        worker_metrics = StepWorkerMetrics()
+        absorb = worker_metrics.absorb
         with marked_timer("step", timing):
             if self.plan is not None and self.plan.actor.early_update:   # the update starts during the rollout
                 batch = early_update_step(self, batch, metrics, timing, absorb)
@@ -438,13 +434,7 @@ class RayPPOTrainer:
                 batch = self._collect_batch(batch, more_batches or iter(()), metrics, timing, absorb)
                 if batch is not None:  # None: partial rollouts with no group complete yet
                     batch = self._train_on(batch, metrics, timing, absorb)
-        for k, v in reduce_metrics(worker_metrics).items():
-            if k.startswith(("perf/max_memory", "memory/")):
-                metrics[k] = max(worker_metrics[k])  # the peak over ranks, not the mean
-            elif k.startswith("timing_s/"):
-                timing.setdefault(k.removeprefix("timing_s/"), max(worker_metrics[k]))
-            else:
-                metrics[k] = v
+        worker_metrics.fold(metrics, timing)
         # rows the dispatch repeated to make batches divisible (computed on, then dropped): counted, never silent
         padded = sum(getattr(self.actor_rollout_wg, "padded_rows", {}).values())
         for wg in (self.critic_wg, self.reward_model):

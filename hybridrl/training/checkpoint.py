@@ -45,6 +45,7 @@ __all__ = ["save_checkpoint", "load_checkpoint", "save_hf_model", "CHECKPOINT_ME
 logger = logging.getLogger("hybridrl.checkpoint")
 
 CHECKPOINT_META = "hybridrl_checkpoint.json"
+FRESH_OPTIMIZER = "FRESH"   # in optim/: the optimizer had taken no step when the checkpoint was saved
 _CONTENTS = ("model", "optimizer", "extra", "hf_model")
 _OPTIM_SETTINGS = ("initial_lr", "betas", "weight_decay", "eps")  # what the config sets per param group, besides lr
 
@@ -146,7 +147,15 @@ def save_checkpoint(ckpt_dir, module, optimizer=None, lr_scheduler=None, *, hf_c
     if "optimizer" in contents:
         if optimizer is None:
             raise ValueError("checkpoint.contents has 'optimizer' but no optimizer was given")
+        # before the first optimizer step (partial rollouts' first steps, critic warm-up) the state is empty, and
+        # torch fills it for the state dict with a step at lr 0 (step = 1, zero moments): left in place that step
+        # would shift AdamW's bias correction for the rest of the run, so a saving run would train differently
+        fresh = not optimizer.state
         dcp.save(get_optimizer_state_dict(module, optimizer), checkpoint_id=str(ckpt_dir / "optim"))
+        if fresh:
+            optimizer.state.clear()
+            if rank == 0:
+                (ckpt_dir / "optim" / FRESH_OPTIMIZER).write_text("no optimizer step before this checkpoint\n")
     if "extra" in contents:
         state = {"lr_scheduler": lr_scheduler.state_dict() if lr_scheduler is not None else None,
                  "rng": _rng_state(), "extra": extra or {}}
@@ -191,6 +200,8 @@ def load_checkpoint(ckpt_dir, module, optimizer=None, lr_scheduler=None, *,
         osd = get_optimizer_state_dict(module, optimizer)
         _loading("optimizer", ckpt_dir / "optim", lambda: dcp.load(osd, checkpoint_id=str(ckpt_dir / "optim")))
         set_optimizer_state_dict(module, optimizer, osd)
+        if (ckpt_dir / "optim" / FRESH_OPTIMIZER).exists():   # saved before any step: resume with none, too
+            optimizer.state.clear()
     extra = _load_extra(ckpt_dir, lr_scheduler) if "extra" in contents else {}
     if configured is not None:
         _reapply_configured_optim(optimizer, lr_scheduler, configured, ckpt_dir)

@@ -139,12 +139,15 @@ def test_stop_tokens_and_eos_finish_with_stop():
 def test_hf_backend_matches_native_greedy():
     model = tiny_hf_model("qwen2")
     native = make_engine(model).generate(PROMPTS, SamplingParams(n=2, temperature=0, max_tokens=6, ignore_eos=True))
-    hf = HFRolloutEngine(model, pad_token_id=0).generate(
-        PROMPTS, SamplingParams(n=2, temperature=0, max_tokens=6, ignore_eos=True))
+    engine = HFRolloutEngine(model, pad_token_id=0)
+    hf = engine.generate(PROMPTS, SamplingParams(n=2, temperature=0, max_tokens=6, ignore_eos=True))
     for a, b in zip(native, hf):
         assert [c.token_ids for c in a.outputs] == [c.token_ids for c in b.outputs]
         for ca, cb in zip(a.outputs, b.outputs):
             torch.testing.assert_close(torch.tensor(ca.logprobs), torch.tensor(cb.logprobs), atol=1e-4, rtol=0)
+    assert engine.stats["generated_tokens"] == 3 * 2 * 6
+    engine.generate(PROMPTS[:1], SamplingParams(n=1, temperature=0, max_tokens=4, ignore_eos=True))
+    assert engine.stats["generated_tokens"] == 4   # the last call's, as the native engine's stats (per step)
 
 
 def test_kv_budget_charges_only_the_engine_to_gpu_memory_utilization():

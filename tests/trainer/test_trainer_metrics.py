@@ -225,3 +225,23 @@ def test_floor_metrics_put_each_phase_next_to_its_flop_or_byte_floor():
     assert two["perf/mfu/actor_infer"] == pytest.approx(forward / 989e12 / 0.25)
     plan.device = SimpleNamespace(type="cpu", name="cpu")
     assert compute_floor_metrics(batch, timing, {}, plan, 1) == {}
+
+
+def test_step_worker_metrics_add_a_steps_calls_and_average_ranks():
+    """Two generate calls in a step (dynamic sampling), two ranks each: amounts the engine counts add up over the
+    calls (each call the ranks' mean), times add each call's slowest rank, peaks take the max, levels the mean."""
+    from hybridrl.trainer.metrics import StepWorkerMetrics
+
+    step = StepWorkerMetrics()
+    for tokens, peak, frac, secs in (([100, 300], [10, 12], [0.2, 0.4], [1.0, 1.5]), ([50, 50], [20, 8], [0.1, 0.3],
+                                                                                      [0.5, 0.2])):
+        step.absorb(DataProto(meta_info={"metrics": {
+            "rollout/generated_tokens": tokens, "rollout/kv_blocks_peak": peak, "rollout/tail_time_frac": frac,
+            "timing_s/gen_engine": secs, "memory/gen/peak_allocated_gb": [3.0, 4.0], "actor/pg_loss": [1.0, 3.0]}}))
+    step.absorb(DataProto(meta_info={}))   # a call without metrics
+    metrics, timing = {}, {"gen": 9.0}
+    step.fold(metrics, timing)
+    assert metrics["rollout/generated_tokens"] == 200 + 50
+    assert metrics["rollout/kv_blocks_peak"] == 20 and metrics["memory/gen/peak_allocated_gb"] == 4.0
+    assert metrics["rollout/tail_time_frac"] == pytest.approx(0.25) and metrics["actor/pg_loss"] == 2.0
+    assert timing == {"gen": 9.0, "gen_engine": 1.5 + 0.5}   # the driver's own timing of gen is kept
