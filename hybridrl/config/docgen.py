@@ -190,14 +190,16 @@ tool-call traces (`hybridrl sft data.multiturn.enable=true`: `messages` rows wit
 messages, laid out as the rollout lays them out, loss on the assistant's tokens only), then multi-turn GRPO with the
 calculator, validation reporting `val-core/bignum/acc/mean@1` and the tool-use rate; one GPU, run end to end on CPU
 with a tiny model, not measured on a GPU yet. Tool config entries: `class_name` (`hybridrl.tools.builtin.calculator`,
-`hybridrl.tools.builtin.python`, or any `module.function` returning a string, which then needs a `tool_schema`),
-`config.type: native`, `config.timeout_s` (default 30), `config.memory_mb` (python). Tool-call formats
+`hybridrl.tools.builtin.python`, any `module.function` returning a string, or a `module.Class` with verl's BaseTool
+interface, built once with `(config, tool_schema)` and driven create / execute / release per call with the sample's
+`extra_info.tools_kwargs.<tool>.create_kwargs`; the last two need a `tool_schema`), `config.type: native`, `config.timeout_s` (default 30), `config.memory_mb` (python). Tool-call formats
 (`multi_turn.format`): `hermes`, `qwen3_coder`, `llama3_json`; calls inside `<think>` blocks are not run. verl's
 interactions (`interaction_config_path`, verl's YAML: a list under `interaction` of `name`, `class_name`, `config`;
 built in: `hybridrl.rollout.interactions.Gsm8kInteraction`, also under verl's class name; `FILE.py:Class` names a
-class in a file, relative to the YAML) answer a turn without a tool call with a user message, chosen per sample by
-`extra_info.interaction_kwargs.name` (its other keys, e.g. `ground_truth`, are passed to the interaction); their
-scores are in each sample's `multi_turn_stats.turn_scores`. Recipe `examples/smollm2_interaction/run.sh`:
+class in a file, relative to the YAML; an entry without `name` is named as verl names it, the class name without
+"Interaction", lowercased) answer a turn without a tool call with a user message, chosen per sample by
+`extra_info.interaction_kwargs.name` (all its keys, e.g. `ground_truth`, are passed to the interaction, as verl
+passes them); their scores (None: no score for that turn) are in each sample's `multi_turn_stats.turn_scores`. Recipe `examples/smollm2_interaction/run.sh`:
 SmolLM2-135M-Instruct learns a + b with a simulated user that says "incorrect, try again" and allows up to two
 retries (`max_user_turns=2`); run on CPU with a tiny model, not measured on a GPU yet.
 With `tensor_model_parallel_size` > 1 the tools run once per engine, on rank 0 of its TP group, and their answers are

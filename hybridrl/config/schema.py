@@ -36,7 +36,9 @@ ALIAS_NOTES: dict[str, str] = {
     "actor_rollout_ref.rollout.name": "hybridrl has no vLLM or SGLang backend: rollouts run on its native engine "
                                       "(set rollout.name=native to silence this)",
     "reward_model.reward_manager": "hybridrl's per-sample manager, which applies reward_model.overlong_buffer as "
-                                   "verl's DAPO manager does (set reward_manager=naive to silence this)",
+                                   "verl's DAPO manager does and scores each sample in a worker process within "
+                                   "reward_model.timeout_s as verl's PRIME manager does (set reward_manager=naive to "
+                                   "silence this)",
     "actor_rollout_ref.rollout.mode": "hybridrl's engine has one mode, in-process, for single-turn, multi-turn and "
                                       "agent-loop rollouts alike (verl's async server mode samples the same "
                                       "distribution); set rollout.mode=sync to silence this",
@@ -47,7 +49,7 @@ ALIASES: dict[str, dict[str, str]] = {
     "actor_rollout_ref.rollout.name": {"vllm": "native", "sglang": "native"},
     "actor_rollout_ref.actor.strategy": {"fsdp": "fsdp2"},
     "critic.strategy": {"fsdp": "fsdp2"},
-    "reward_model.reward_manager": {"dapo": "naive"},
+    "reward_model.reward_manager": {"dapo": "naive", "prime": "naive"},
     "actor_rollout_ref.rollout.mode": {"async": "sync"},
 }
 
@@ -160,6 +162,27 @@ VERL_REFUSED: dict[str, str] = {
     "data.custom_cls": "a dataset class of your own is not loaded; convert the rows to the trainer's parquet schema "
     "(hybridrl data convert) and point data.train_files at it",
     "data.sampler": "no curriculum sampler classes; the prompts are shuffled by data.shuffle / data.seed: remove it",
+    "actor_rollout_ref.rollout.agent": "verl's agent-loop workers; an agent loop here is a subclass of "
+    "hybridrl.rollout.agent_loop.AgentLoop named by actor_rollout_ref.rollout.multi_turn.agent_loop.path / .name "
+    "(.kwargs go to its constructor), run by the engine in-process: use those keys",
+    "reward_model.reward_manager.source": "reward managers are chosen by name (naive, batch; verl's dapo and prime "
+    "are read as naive); scoring code of your own is custom_reward_function.path / .name: use that",
+    "reward_model.reward_manager.module": "reward managers are chosen by name; scoring code of your own is "
+    "custom_reward_function.path / .name: use that",
+    "data.return_raw_input_ids": "a reward model reads the policy's token ids, or re-renders the chat with "
+    "reward_model.model.input_tokenizer: remove it",
+    "data.filter_overlong_prompts_workers": "prompts are tokenized and filtered once, when the dataset loads: remove "
+    "it",
+    "data.validation_shuffle": "validation is not shuffled: remove it",
+    "data.tool_config_path": "the tool file is actor_rollout_ref.rollout.multi_turn.tool_config_path: set that",
+    "reward_model.sandbox_fusion": "no remote sandbox service; code runs in hybridrl's local sandbox "
+    "(reward_model.sandbox.*): remove it",
+    "reward_model.launch_reward_fn_async": "rule-based rewards are scored in the driver after the rollout, in a "
+    "worker process within reward_model.timeout_s: remove it",
+    "actor_rollout_ref.rollout.multi_turn.use_inference_chat_template": "multi-turn trajectories are the engine's "
+    "own token ids, with the tool and user turns rendered once by the chat template: remove it",
+    "actor_rollout_ref.rollout.multi_turn.tokenization_sanity_check_mode": "multi-turn trajectories are the engine's "
+    "own token ids, never re-tokenized, so there is nothing to check: remove it",
 }
 
 

@@ -1,15 +1,19 @@
 """Loading a user's reward function from a Python file (`custom_reward_function.path` / `.name`).
 
-Returns a `CustomRewardFunction`: callable, and picklable as (path, name) so the reward manager's scorer
-worker process can load the same file again (a function imported from an arbitrary path cannot be pickled by
+Returns a `CustomRewardFunction`: callable, and picklable as (path, name, reward kwargs) so the reward manager's
+scorer worker process can load the same file again (a function imported from an arbitrary path cannot be pickled by
 reference). The file is imported and the function checked at construction, so a wrong path or name fails at
-startup, not at the first reward.
+startup, not at the first reward. As in verl (`get_custom_reward_fn`): `reward_kwargs` are merged into every call and
+win over the call's own keywords, and an `async def` function (verl's reward loop awaits them) is run to completion
+on an event loop of its own, so it scores like a plain one.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import importlib.util
+import inspect
 import sys
 from pathlib import Path
 
@@ -38,15 +42,19 @@ def import_from_file(path: Path, name: str, key: str = "custom_reward_function")
 
 
 class CustomRewardFunction:
-    def __init__(self, path: str | Path, name: str = "compute_score"):
+    def __init__(self, path: str | Path, name: str = "compute_score", reward_kwargs: dict | None = None):
         self.path = Path(path).expanduser().resolve()
         self.name = name
+        self.reward_kwargs = dict(reward_kwargs or {})
         if not self.path.is_file():
             raise FileNotFoundError(f"custom_reward_function.path={str(path)!r}: file not found")
         self._fn = import_from_file(self.path, name)
 
     def __call__(self, *args, **kwargs):
-        return self._fn(*args, **kwargs)
+        result = self._fn(*args, **{**kwargs, **self.reward_kwargs})
+        if inspect.isawaitable(result):
+            return asyncio.run(_awaited(result))
+        return result
 
     @property
     def function(self):
@@ -54,17 +62,22 @@ class CustomRewardFunction:
         return self._fn
 
     def __getstate__(self):
-        return {"path": str(self.path), "name": self.name}
+        return {"path": str(self.path), "name": self.name, "reward_kwargs": self.reward_kwargs}
 
     def __setstate__(self, state):
-        self.__init__(state["path"], state["name"])
+        self.__init__(state["path"], state["name"], state.get("reward_kwargs"))
 
     def __repr__(self) -> str:
         return f"CustomRewardFunction({str(self.path)!r}, {self.name!r})"
 
 
-def load_custom_reward_function(path: str | Path | None, name: str = "compute_score") -> CustomRewardFunction | None:
-    """None when path is None (use the default scorer); otherwise the loaded function."""
+async def _awaited(awaitable):
+    return await awaitable
+
+
+def load_custom_reward_function(path: str | Path | None, name: str = "compute_score",
+                                reward_kwargs: dict | None = None) -> CustomRewardFunction | None:
+    """None when path is None (use the default scorer); otherwise the loaded function, with `reward_kwargs` bound."""
     if path is None:
         return None
-    return CustomRewardFunction(path, name or "compute_score")
+    return CustomRewardFunction(path, name or "compute_score", reward_kwargs)

@@ -4,7 +4,8 @@
 The config is verl's YAML, a list under `interaction`:
 
     interaction:
-      - name: gsm8k                                            # optional; default: the class name
+      - name: gsm8k                                  # optional; default as verl's: the class name without its
+                                                     # "Interaction" suffix, lowercased (Gsm8kInteraction -> gsm8k)
         class_name: hybridrl.rollout.interactions.Gsm8kInteraction   # verl.interactions.* names map here too
         config: {}                                            # passed to the constructor
       - name: add
@@ -12,9 +13,11 @@ The config is verl's YAML, a list under `interaction`:
 
 A class has verl's `BaseInteraction` shape, its methods plain or `async`:
 `start_interaction(instance_id, **interaction_kwargs)`, `generate_response(instance_id, messages,
-**interaction_kwargs) -> (done, text, score, extra)`, `finalize_interaction(instance_id)`. A sample chooses its
-interaction with `extra_info.interaction_kwargs.name` (the dataset copies `extra_info.interaction_kwargs` into
-the batch as verl does); the other kwargs (e.g. `ground_truth`) are passed to every call.
+**interaction_kwargs) -> (done, text, score, extra)`, `finalize_interaction(instance_id)` (or verl's base
+signature `finalize_interaction()`, called without the id). A sample chooses its interaction with
+`extra_info.interaction_kwargs.name` (the dataset copies `extra_info.interaction_kwargs` into the batch as verl
+does); all its kwargs, the name included as verl passes it, go to every call. A turn whose score is None adds no
+turn score (verl skips it too).
 
 Choices:
 - Methods run on the agent's turn threads; a coroutine is run to completion there (`asyncio.run`), so verl's
@@ -39,6 +42,20 @@ VERL_ALIASES = {"verl.interactions.gsm8k_interaction.Gsm8kInteraction": "hybridr
 def call(value):
     """The result of an interaction method, awaited when it is a coroutine."""
     return asyncio.run(value) if inspect.isawaitable(value) else value
+
+
+def default_name(class_name: str) -> str:
+    """verl's name for an interaction entry without one: the class name without "Interaction", lowercased."""
+    return class_name.removesuffix("Interaction").lower() if class_name.endswith("Interaction") else class_name.lower()
+
+
+def finalize(interaction, instance_id: str) -> None:
+    """`finalize_interaction(instance_id)`, or `finalize_interaction()` for a class keeping verl's base signature."""
+    try:
+        takes_id = bool(inspect.signature(interaction.finalize_interaction).parameters)
+    except (TypeError, ValueError):   # a builtin or C callable: give it the id
+        takes_id = True
+    call(interaction.finalize_interaction(instance_id) if takes_id else interaction.finalize_interaction())
 
 
 class Gsm8kInteraction:
@@ -94,7 +111,7 @@ def _build(entry, where: str, folder: Path = Path(".")):
     if missing:
         raise ValueError(f"{where}: {path} lacks {missing} (verl's BaseInteraction methods)")
     config = entry.get("config") or {}
-    name = entry.get("name") or cls_name
+    name = entry.get("name") or default_name(cls_name)
     return name, cls({**config, "name": name})
 
 

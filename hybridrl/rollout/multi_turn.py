@@ -39,6 +39,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 
 from hybridrl.rollout.interactions import call as run_interaction
+from hybridrl.rollout.interactions import finalize as finalize_interaction
 from hybridrl.rollout.tool_parser import FORMATS, ParsedCall, get_format, strip_reasoning
 from hybridrl.tools.registry import Tool
 
@@ -166,6 +167,7 @@ class ToolAgent:
         if not tools and not self.interactions:
             raise ValueError(f"{KEY}.enable: no tools (tool_config_path) and no interactions (interaction_config_path)")
         self.requests: list = []   # per prompt of the current generate call: its interaction kwargs (begin)
+        self.tools_kwargs: list = []   # per prompt: verl's extra_info.tools_kwargs (tool name -> create_kwargs, ...)
         self.schemas = [t.schema for t in tools.values()]
         self.format = get_format(settings.format)
         self.eos = set(eos_token_ids)
@@ -247,7 +249,8 @@ class ToolAgent:
         if interaction is not None:
             return self.pool.submit(self._interact, seq, st, interaction, ended_on, budget)
         st.dropped_calls += max(0, len(calls) - s.max_parallel_calls)
-        return self.pool.submit(self._run_turn, st, calls[:s.max_parallel_calls], ended_on, budget)
+        return self.pool.submit(self._run_turn, st, calls[:s.max_parallel_calls], ended_on, budget,
+                                self._tools_kwargs(seq.request_id))
 
     def begin(self, interaction_kwargs) -> None:
         """The per-prompt interaction kwargs of the next generate call (index = the engine's request id); None or
@@ -255,14 +258,21 @@ class ToolAgent:
         self.requests = list(interaction_kwargs) if interaction_kwargs is not None else []
 
     def begin_batch(self, non_tensor: dict) -> None:
-        """The engine-agent protocol's per-call start: the prompt batch's non-tensor entries (interaction kwargs)."""
+        """The engine-agent protocol's per-call start: the prompt batch's non-tensor entries (interaction kwargs, and
+        each prompt's extra_info.tools_kwargs: a class tool's `create` gets its `create_kwargs`, as in verl)."""
         self.begin(non_tensor.get("interaction_kwargs"))
+        extra = non_tensor.get("extra_info")
+        self.tools_kwargs = [] if extra is None else [
+            (e.get("tools_kwargs") or {}) if isinstance(e, dict) else {} for e in extra]
+
+    def _tools_kwargs(self, request_id: int) -> dict:
+        return self.tools_kwargs[request_id] if request_id < len(self.tools_kwargs) else {}
 
     def trajectory_stats(self, seq) -> dict:
         """The trajectory's counts, once it has ended; an interaction it started is finalized here."""
         started = getattr(seq, "interaction", None)
         if started is not None:
-            run_interaction(started.finalize_interaction(str(seq.seq_id)))
+            finalize_interaction(started, str(seq.seq_id))
             seq.interaction = None
         return (seq.agent_state or TrajectoryStats()).as_dict()
 
@@ -288,12 +298,13 @@ class ToolAgent:
         self.call_pool.shutdown(wait=False, cancel_futures=True)
 
     # ------------------------------------------------------------------ on the tool threads
-    def _answer(self, call: ParsedCall) -> tuple[str, dict]:
+    def _answer(self, call: ParsedCall, tools_kwargs: dict) -> tuple[str, dict]:
         """A call's tool message and the counts it adds (added by the turn's thread: calls run concurrently)."""
         if call.error is not None or call.name not in self.tools:
             text = call.error or f"Error: unknown tool {call.name!r}; available: {sorted(self.tools)}"
             return text, {"tool_calls": 1, "malformed_calls": 1, "tool_errors": 1}
-        out = self.tools[call.name].run(call.arguments)
+        create_kwargs = (tools_kwargs.get(call.name) or {}).get("create_kwargs") or {}
+        out = self.tools[call.name].run(call.arguments, create_kwargs=create_kwargs)
         s = self.settings
         counts = {"tool_calls": 1, "tool_time_s": out.seconds, "tool_errors": int(out.status != "ok"),
                   "tool_crashes": int(out.status == "crash"), "tool_timeouts": int(out.status == "timeout"),
@@ -301,13 +312,14 @@ class ToolAgent:
         return truncate_tool_response(out.text, s.max_tool_response_length, s.tool_response_truncate_side), counts
 
     def _interact(self, seq, st: TrajectoryStats, interaction, ended_on: int | None, budget: int) -> TurnOutcome:
-        kwargs = {k: v for k, v in self.requests[seq.request_id].items() if k != "name"}
+        kwargs = dict(self.requests[seq.request_id])   # the name included, as verl passes it
         instance = str(seq.seq_id)
         if getattr(seq, "interaction", None) is None:
             run_interaction(interaction.start_interaction(instance, **kwargs))
             seq.interaction = interaction
         done, text, score, _ = run_interaction(interaction.generate_response(instance, self._messages(seq), **kwargs))
-        st.turn_scores.append(float(score))
+        if score is not None:   # verl adds no turn score for None
+            st.turn_scores.append(float(score))
         if done:
             return TurnOutcome(None, "stop")
         return self._append(st, [text], "user", ended_on, budget)
@@ -325,9 +337,9 @@ class ToolAgent:
         return messages
 
     def _run_turn(self, st: TrajectoryStats, calls: list[ParsedCall], ended_on: int | None,
-                  budget: int) -> TurnOutcome:
+                  budget: int, tools_kwargs: dict) -> TurnOutcome:
         contents = []
-        for future in [self.call_pool.submit(self._answer, call) for call in calls]:
+        for future in [self.call_pool.submit(self._answer, call, tools_kwargs) for call in calls]:
             text, counts = future.result()
             contents.append(text)
             for key, value in counts.items():

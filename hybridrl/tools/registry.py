@@ -11,15 +11,24 @@ services hybridrl does not run:
       - class_name: my_package.my_module.lookup           # any function taking the arguments as keywords -> str
         config: {type: native, timeout_s: 5}
         tool_schema: {type: function, function: {name: lookup, description: ..., parameters: {...}}}
+      - class_name: my_package.my_tools.Gsm8kTool         # a class with verl's BaseTool interface
+        config: {type: native, timeout_s: 5}              # (the whole mapping goes to the class, as verl passes it)
+        tool_schema: {type: function, function: {name: calc_gsm8k_reward, ...}}
 
 Choices:
-- A tool is a plain function (str result), not verl's create/execute/release class: a rollout needs no per-call
-  instance state here. `config.type` must be `native` (verl's `mcp` needs MCP servers: refused, named).
+- `class_name` names a function or a class. A function is called with the arguments as keywords and returns the
+  answer (a str). A class must have verl's BaseTool interface (`create` and `execute` methods; duck-typed, verl
+  need not be installed; tools/class_tools.py): one instance is built at load with `(config, tool_schema)`, and
+  each call is a create/execute/release session on it, with the sample's `create_kwargs` (verl's
+  `extra_info.tools_kwargs.<tool name>.create_kwargs`, e.g. the ground truth; {} when the caller has none); the
+  step reward execute returns is kept in `ToolOutcome.reward`. Any other class is refused at load. `config.type`
+  must be `native` (verl's `mcp` needs MCP servers: refused, named).
 - Each call is checked against the tool's schema (required and unknown arguments) before it runs, and always
   yields a `ToolOutcome`, never an exception: `ok`, `error` (bad arguments, or the tool answered "Error: ..."),
-  `crash` (the function raised) or `timeout`. A function still running after `timeout_s` is abandoned: its
-  thread cannot be killed and finishes in the background (the rollout goes on with an error message); the python
-  tool's sandbox kills its process itself, so its timeouts leave nothing behind.
+  `crash` (the function, or a class's create/execute/release, raised; a release that raises keeps execute's
+  answer) or `timeout`. A call still running after `timeout_s` is abandoned: its thread cannot be killed and
+  finishes in the background (the rollout goes on with an error message); an async execute is cancelled and its
+  instance released; the python tool's sandbox kills its process itself, so its timeouts leave nothing behind.
 - The python tool's `required_layers` (sandbox layer names, or `all`; default none) is checked when the file is
   loaded: a machine lacking one raises SandboxUnavailableError naming the entry, the layers and why, before any
   rollout; every call then asks the sandbox for them again.
@@ -29,6 +38,7 @@ Choices:
 from __future__ import annotations
 
 import importlib
+import inspect
 import threading
 import time
 from collections.abc import Callable
@@ -37,7 +47,7 @@ from pathlib import Path
 
 import yaml
 
-from hybridrl.tools import builtin, sandbox
+from hybridrl.tools import builtin, class_tools, sandbox
 
 __all__ = ["Tool", "ToolOutcome", "load_tool_config"]
 
@@ -52,23 +62,32 @@ class ToolOutcome:
     text: str
     status: str  # ok | error | crash | timeout
     seconds: float = 0.0
+    reward: float | None = None  # the step reward a verl-style class's execute returned (None: none, or a function)
 
 
 @dataclass(frozen=True)
 class Tool:
     name: str
     schema: dict  # OpenAI/Hermes style {"type": "function", "function": {...}}: what the chat template renders
-    fn: Callable[..., str | tuple[str, str]]  # -> text, or (text, status) for tools that know their status
+    fn: Callable[..., str | tuple[str, str]] | None  # -> text, or (text, status) for tools that know their status
     timeout_s: float
+    instance: object | None = None  # a verl-style tool object (class_tools.py), used instead of fn
 
-    def run(self, arguments: dict) -> ToolOutcome:
-        """Check `arguments` against the schema, call the function with a time limit; never raises."""
+    def run(self, arguments: dict, create_kwargs: dict | None = None) -> ToolOutcome:
+        """Check `arguments` against the schema, call the tool with a time limit; never raises. `create_kwargs`
+        (the sample's, for a verl-style class's create) is ignored by function tools."""
         problem = _argument_problem(self.name, self.schema, arguments)
         if problem:
             return ToolOutcome(problem, "error")
+        if self.instance is not None:
+            def call():
+                return class_tools.run_session(self.instance, self.name, arguments, create_kwargs, self.timeout_s)
+        else:
+            def call():
+                return (*_function_answer(self.fn(**arguments)), None)
         t0 = time.perf_counter()
-        text, status = _call_with_timeout(self.fn, arguments, self.timeout_s)
-        return ToolOutcome(text, status, time.perf_counter() - t0)
+        text, status, reward = _call_with_timeout(call, self.timeout_s)
+        return ToolOutcome(text, status, time.perf_counter() - t0, reward)
 
 
 def _argument_problem(name: str, schema: dict, arguments) -> str | None:
@@ -83,21 +102,24 @@ def _argument_problem(name: str, schema: dict, arguments) -> str | None:
     return None
 
 
-def _call_with_timeout(fn, arguments: dict, timeout_s: float) -> tuple[str, str]:
+def _function_answer(result) -> tuple[str, str]:
+    return result if isinstance(result, tuple) else (str(result), _status_of(str(result)))
+
+
+def _call_with_timeout(call: Callable[[], tuple], timeout_s: float) -> tuple[str, str, float | None]:
     box: list = []
 
     def target():
         try:
-            result = fn(**arguments)
-            box.append(result if isinstance(result, tuple) else (str(result), _status_of(str(result))))
+            box.append(call())
         except Exception as e:  # a crashing tool is a message to the model, not a failed rollout
-            box.append((f"Error: the tool raised {type(e).__name__}: {e}"[:2000], "crash"))
+            box.append((f"Error: the tool raised {type(e).__name__}: {e}"[:2000], "crash", None))
 
     thread = threading.Thread(target=target, name="hybridrl-tool-call", daemon=True)
     thread.start()
     thread.join(timeout_s)
     if not box:
-        return f"Error: the tool did not answer within {timeout_s:g}s", "timeout"
+        return f"Error: the tool did not answer within {timeout_s:g}s", "timeout", None
     return box[0]
 
 
@@ -114,17 +136,18 @@ def _python_tool(timeout_s: float, memory_mb: int, required: tuple[str, ...]):
     return run
 
 
-def _import_function(class_name: str, where: str):
+def _import_tool(class_name: str, where: str):
     module_name, _, attr = class_name.rpartition(".")
     if not module_name:
-        raise ValueError(f"{where}: class_name={class_name!r} must be a dotted path 'package.module.function'")
+        raise ValueError(f"{where}: class_name={class_name!r} must be a dotted path 'package.module.function' "
+                         "(or 'package.module.Class')")
     try:
         module = importlib.import_module(module_name)
     except ImportError as e:
         raise ValueError(f"{where}: class_name={class_name!r}: cannot import module {module_name!r} ({e})") from e
     fn = getattr(module, attr, None)
     if not callable(fn):
-        raise ValueError(f"{where}: class_name={class_name!r}: {module_name} has no function {attr!r}")
+        raise ValueError(f"{where}: class_name={class_name!r}: {module_name} has no function or class {attr!r}")
     return fn
 
 
@@ -160,11 +183,12 @@ def _build(entry, where: str) -> Tool:
         raise ValueError(f"{where}: config must be a mapping, got {config!r}")
     kind = config.get("type", "native")
     if kind != "native":
-        raise ValueError(f"{where}: config.type={kind!r}: only 'native' tools (Python functions) are supported; "
+        raise ValueError(f"{where}: config.type={kind!r}: only 'native' tools (Python functions or classes) are supported; "
                          "MCP tools need MCP servers, which hybridrl does not run")
     timeout_s = float(_positive(config, "timeout_s", DEFAULT_TIMEOUT_S, where))
     class_name = entry["class_name"]
     schema = entry.get("tool_schema")
+    instance = None
     if class_name.startswith(BUILTIN_PREFIX):
         name = class_name[len(BUILTIN_PREFIX):]
         if name not in builtin.TOOLS:
@@ -181,9 +205,12 @@ def _build(entry, where: str) -> Tool:
     else:
         if schema is None:
             raise ValueError(f"{where}: class_name={class_name!r} is not a built-in, so it needs a tool_schema")
-        fn = _import_function(class_name, where)
+        schema = _check_schema(schema, where)  # before a class is built with it
+        fn = _import_tool(class_name, where)
+        if inspect.isclass(fn):
+            instance, fn = class_tools.build_instance(fn, config, schema, where, class_name), None
     schema = _check_schema(schema, where)
-    return Tool(schema["function"]["name"], schema, fn, timeout_s)
+    return Tool(schema["function"]["name"], schema, fn, timeout_s, instance)
 
 
 def yaml_entries(path: Path, key: str, list_name: str) -> list:

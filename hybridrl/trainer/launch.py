@@ -67,7 +67,8 @@ def build_reward_fns(config: PPOConfig, tokenizer):
     from hybridrl.rewards import RewardManager, default_compute_score, load_custom_reward_function
     from hybridrl.rewards.reward_manager import OverlongBuffer, takes_rm_score
 
-    custom = load_custom_reward_function(config.custom_reward_function.path, config.custom_reward_function.name)
+    crf = config.custom_reward_function
+    custom = load_custom_reward_function(crf.path, crf.name, crf.reward_kwargs)
     score = custom or default_compute_score
     rm = config.reward_model
     if rm.enable and custom is not None and not takes_rm_score(custom, rm.reward_manager):

@@ -55,6 +55,54 @@ def make_batch(tok, texts, truths, data_source="arith", resp_len=24):
                                 "extra_info": [{"index": i} for i in range(len(texts))]})
 
 
+VERL_STYLE = textwrap.dedent('''
+    import asyncio
+
+    def with_bonus(data_source, solution_str, ground_truth, extra_info=None, bonus=0.0, scale=1.0):
+        return scale * float(solution_str.endswith(ground_truth)) + bonus
+
+    async def judged(data_source, solution_str, ground_truth, extra_info=None, **kwargs):
+        await asyncio.sleep(0)
+        return {"score": float(solution_str.endswith(ground_truth)), "kw": len(kwargs)}
+''')
+
+
+def test_verl_reward_kwargs_and_async_scorers(tmp_path, tok):
+    """verl's get_custom_reward_fn: reward_kwargs join every call and win over the call's own; async functions are
+    awaited. Both survive the pickling that takes the scorer into its worker process."""
+    path = tmp_path / "verl_style.py"
+    path.write_text(VERL_STYLE)
+    fn = load_custom_reward_function(path, "with_bonus", {"bonus": 0.5})
+    assert fn("x", "is 7", "7") == 1.5 and fn("x", "is 8", "7") == 0.5
+    assert fn("x", "is 7", "7", bonus=9.0) == 1.5          # the configured value wins, as in verl
+    assert pickle.loads(pickle.dumps(fn))("x", "is 7", "7", scale=2.0) == 2.5
+    judged = load_custom_reward_function(path, "judged", {"a": 1})
+    assert judged("x", "is 7", "7") == {"score": 1.0, "kw": 1}
+    manager = RewardManager(tok, compute_score=pickle.loads(pickle.dumps(judged)), timeout_s=10.0)
+    try:
+        out = manager(make_batch(tok, ["it is 7", "it is 3"], ["7", "7"]))
+    finally:
+        manager.close()
+    assert out["reward_tensor"].sum(-1).tolist() == [1.0, 0.0]
+
+
+def test_reward_kwargs_key_reaches_the_scorer(tmp_path):
+    from hybridrl.config.loader import load_config
+    from hybridrl.trainer.launch import build_reward_fns
+
+    path = tmp_path / "verl_style.py"
+    path.write_text(VERL_STYLE)
+    cfg = load_config(overrides=[f"custom_reward_function.path={path}", "custom_reward_function.name=with_bonus",
+                                 "+custom_reward_function.reward_kwargs.bonus=0.25"])
+    assert cfg.custom_reward_function.reward_kwargs == {"bonus": 0.25}
+    train, val = build_reward_fns(cfg, tokenizer=None)
+    try:
+        assert train.compute_score("x", "7", "7") == 1.25 and val.compute_score("x", "6", "7") == 0.25
+    finally:
+        train.close()
+        val.close()
+
+
 def test_load_custom_reward_function(scorer_file):
     fn = load_custom_reward_function(scorer_file, "compute_score")
     assert fn("x", "answer 7", "7")["score"] == 1.0

@@ -20,14 +20,14 @@ def test_interaction_config_follows_verls_yaml(tmp_path):
     got = load_interactions(_yaml(tmp_path, [
         {"name": "gsm8k", "class_name": "verl.interactions.gsm8k_interaction.Gsm8kInteraction", "config": {}},
         {"class_name": "multi_turn_tools.CountdownInteraction", "config": {"tries": 2}}]))
-    assert isinstance(got["gsm8k"], Gsm8kInteraction) and got["CountdownInteraction"].tries == 2
+    assert isinstance(got["gsm8k"], Gsm8kInteraction) and got["countdown"].tries == 2   # verl's default name
     with pytest.raises(ValueError, match=r"interaction\[0\]: class_name 'nowhere.Thing' cannot be imported"):
         load_interactions(_yaml(tmp_path, [{"class_name": "nowhere.Thing"}]))
     with pytest.raises(ValueError, match="lacks"):
         load_interactions(_yaml(tmp_path, [{"class_name": "multi_turn_tools.crash"}]))
     # FILE.py:Class: a file relative to the YAML's folder (a recipe's own interaction beside its config)
     (tmp_path / "mine.py").write_text("from multi_turn_tools import CountdownInteraction as Mine\n")
-    assert load_interactions(_yaml(tmp_path, [{"class_name": "mine.py:Mine", "config": {"tries": 4}}]))["Mine"].tries == 4
+    assert load_interactions(_yaml(tmp_path, [{"class_name": "mine.py:Mine", "config": {"tries": 4}}]))["mine"].tries == 4
     with pytest.raises(ValueError, match=r"class_name 'nowhere.py:Thing' cannot be imported .*No such file"):
         load_interactions(_yaml(tmp_path, [{"class_name": "nowhere.py:Thing"}]))
     with pytest.raises(ValueError, match=r"class_name 'mine.py:Other' cannot be imported .*no such name"):
@@ -105,5 +105,44 @@ def test_async_interaction_sees_the_conversation_and_its_limits_hold(tiny_model_
         seq.say(tok, "x<|im_end|>")
         with pytest.raises(ValueError, match="interaction_kwargs.name='missing'"):
             agent.on_turn_end(seq, budget=100)
+    finally:
+        agent.close()
+
+
+class VerlBaseShaped:
+    """verl's BaseInteraction as its base class writes it: finalize_interaction() takes no id; a turn may score
+    None; the kwargs carry the interaction's name, as verl passes them."""
+
+    def __init__(self, config):
+        self.kwargs, self.finalized = [], 0
+
+    async def start_interaction(self, instance_id, **kwargs):
+        self.kwargs.append(kwargs)
+        return instance_id
+
+    async def generate_response(self, instance_id, messages, **kwargs):
+        self.kwargs.append(kwargs)
+        return len(self.kwargs) > 2, "go on", None if len(self.kwargs) == 2 else 0.5, {}
+
+    async def finalize_interaction(self):
+        self.finalized += 1
+
+
+def test_verl_base_interaction_signatures(tiny_model_dir):
+    interaction = VerlBaseShaped({})
+    tok, agent = _agent(tiny_model_dir, {"feedback": interaction})
+    try:
+        agent.begin([{"name": "feedback", "ground_truth": "7"}])
+        seq = _Seq(tok, PROMPT)
+        seq.say(tok, "a<|im_end|>")
+        outcome = agent.on_turn_end(seq, budget=100).result(timeout=10)
+        seq.token_ids += outcome.token_ids
+        seq.turn_start = len(seq.token_ids)
+        seq.say(tok, "b<|im_end|>")
+        assert agent.on_turn_end(seq, budget=100).result(timeout=10).finish_reason == "stop"
+        stats = agent.trajectory_stats(seq)
+        assert stats["turn_scores"] == [0.5]   # the None score adds no turn score
+        assert interaction.finalized == 1 and all(k == {"name": "feedback", "ground_truth": "7"}
+                                                  for k in interaction.kwargs)
     finally:
         agent.close()

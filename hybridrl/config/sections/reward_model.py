@@ -21,9 +21,13 @@ class CustomRewardFunctionConfig(Section):
     """`custom_reward_function`."""
 
     path: str | None
-    """a Python file with compute_score(data_source, solution_str, ground_truth, extra_info=None)"""
+    """a Python file with compute_score(data_source, solution_str, ground_truth, extra_info=None); an `async def`
+    function is awaited"""
     name: str
     """the function's name in that file"""
+    reward_kwargs: dict
+    """keyword arguments added to every call of that function, over the call's own (verl's key:
+    +custom_reward_function.reward_kwargs.bonus=0.5)"""
 
 
 @dataclass(frozen=True)
