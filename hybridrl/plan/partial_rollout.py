@@ -57,6 +57,17 @@ def plan_partial_rollout(g, n: int, train_batch_size: int, update_dps: list[int]
                               rollout_is_threshold=float(g(f"{RC}.rollout_is_threshold")))
 
 
+def cohorts_in_flight(g, response_len: int) -> int:
+    """How many steps' fresh samples one generate call may hold at most: a sample ends within ceil(response /
+    per-step budget) calls, and a group is dropped once it is max_staleness steps old; 1 when partial rollouts are
+    off. The engine's concurrency and KV are planned for that many cohorts, so that carried samples decode beside
+    the fresh ones rather than in waves after them."""
+    if not g(f"{KEY}.enable"):
+        return 1
+    budget = int(g(f"{KEY}.max_new_tokens_per_step"))
+    return max(1, min(-(-response_len // budget), int(g(f"{KEY}.max_staleness")) + 1))
+
+
 def rollout_correction(section: RolloutCorrectionConfig, plan: PartialRolloutPlan | None) -> RolloutCorrectionConfig:
     """`algorithm.rollout_correction` as the trainer applies it: with partial rollouts, at the plan's IS level."""
     return section if plan is None else replace(section, rollout_is=plan.rollout_is)

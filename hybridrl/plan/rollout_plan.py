@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from hybridrl.config.errors import ConfigError
 from hybridrl.config.sections.rollout import RolloutConfig, SpeculativeDecodingConfig
 from hybridrl.plan.memory import GiB, MemoryModel, Residency
-from hybridrl.plan.partial_rollout import PartialRolloutPlan, plan_partial_rollout
+from hybridrl.plan.partial_rollout import PartialRolloutPlan, cohorts_in_flight, plan_partial_rollout
 from hybridrl.plan.sizing import ACTOR_FSDP, SAFETY, DeviceSpec, Sizing, is_auto
 from hybridrl.rollout.config import EngineConfig, SpeculativeConfig
 from hybridrl.training.fsdp import resolve_dtype
@@ -112,6 +112,12 @@ def kv_need(prompts: int, n: int, prompt_len: int, response_len: int, block_size
     return min(shared, cap), min(unshared, cap)
 
 
+def step_samples(sizing: Sizing) -> int:
+    """Samples one engine's training call holds at most: the step's fresh ones, and with partial rollouts those
+    carried from earlier steps (plan/partial_rollout.cohorts_in_flight)."""
+    return sizing.layout.rollout_samples_per_dp * cohorts_in_flight(sizing.get, sizing.response_len)
+
+
 def kv_demand(sizing: Sizing, val_prompts: int | None, judge: bool) -> tuple[int, int, int, int]:
     """(blocks, blocks_unshared, step, seqs): the KV blocks per engine of the largest generate call (the step's,
     validation's, the judge's) with and without prompt sharing, those this step's rollout holds (a hybrid engine
@@ -119,14 +125,25 @@ def kv_demand(sizing: Sizing, val_prompts: int | None, judge: bool) -> tuple[int
     get, layout = sizing.get, sizing.layout
     block_size, sharing = get(f"{ROLLOUT}.block_size"), get(f"{ROLLOUT}.enable_prefix_sharing")
     samples = layout.rollout_samples_per_dp
+    carried = step_samples(sizing) - samples
     val_n = get(f"{ROLLOUT}.val_kwargs.n")
     val_per_dp = -(-(val_prompts or 0) // layout.rollout_dp)
-    seqs = min(get(f"{ROLLOUT}.max_num_seqs"), max(samples, val_per_dp * val_n))
+    seqs = min(get(f"{ROLLOUT}.max_num_seqs"), max(samples + carried, val_per_dp * val_n))
+    if carried:
+        sizing.choices.append(
+            f"partial rollouts: an engine runs up to {samples + carried} sequences at once ({samples} fresh and up "
+            f"to {carried} carried from earlier steps), KV planned for them"
+            + (f"; {ROLLOUT}.max_num_seqs = {seqs} makes the rest wait their turn"
+               if seqs < samples + carried else ""))
 
     def need(prompts: int, n: int) -> tuple[int, int]:
         return kv_need(prompts, n, sizing.prompt_len, sizing.response_len, block_size, sharing, seqs)
 
     train, train_unshared = need(layout.rollout_prompts_per_dp, layout.n)
+    if carried:   # carried samples are single sequences, each up to the full length; within the concurrency's need
+        cap = seqs * -(-sizing.seq_len // block_size)
+        more, more_unshared = need(carried, 1)
+        train, train_unshared = min(cap, train + more), min(cap, train_unshared + more_unshared)
     val, val_unshared = need(val_per_dp, val_n)
     blocks, unshared = max(train, val), max(train_unshared, val_unshared)
     if judge:  # the judge's call: one prompt per sample (prompt + verdict within P + R), nothing shared
@@ -140,7 +157,7 @@ def kv_room(sizing: Sizing, memory: MemoryModel, residency: Residency, seqs: int
     """KV blocks per engine that fit the device budget beside everything else the rollout (and a resident engine's
     training passes) hold, with `seqs` sequences at once, and within `gpu_memory_utilization`'s ceiling."""
     get, seq_len = sizing.get, sizing.seq_len
-    block_size, rows = get(f"{ROLLOUT}.block_size"), min(seqs, sizing.layout.rollout_samples_per_dp)
+    block_size, rows = get(f"{ROLLOUT}.block_size"), min(seqs, step_samples(sizing))
     prefill = min(get(f"{ROLLOUT}.max_num_batched_tokens"), seqs * seq_len)
     room = _kv_room(memory, residency, sizing.budget, block_size, seq_len, sizing.response_len, rows, prefill)
     if sizing.device.total_bytes is None:
@@ -194,7 +211,7 @@ def plan_kv_cache(sizing: Sizing, val_prompts: int | None, judge: bool) -> KvCac
                     f"{ROLLOUT}.max_num_seqs={fitting} keeps the worst case instead")
             blocks, step = room, min(step, room)
     prefill = min(get(f"{ROLLOUT}.max_num_batched_tokens"), seqs * seq_len)
-    sizing.predicted["gen"] = memory.gen(step, block_size, min(seqs, sizing.layout.rollout_samples_per_dp), prefill)
+    sizing.predicted["gen"] = memory.gen(step, block_size, min(seqs, step_samples(sizing)), prefill)
     return KvCachePlan(blocks=blocks, blocks_unshared=unshared, max_num_seqs=seqs,
                        bytes=blocks * memory.kv_block_bytes(block_size), prompt_len=sizing.prompt_len,
                        response_len=sizing.response_len, block_size=block_size,

@@ -62,3 +62,23 @@ def test_kv_of_a_call_counts_its_continuations():
                                             "trainer.n_gpus_per_node=1"]), HF, CPU)
     fresh = plan.rollout.kv_cache.blocks_for(2, 8)
     assert fresh < plan.rollout.kv_cache.blocks_for(2, 8, continuations=3) <= plan.rollout.kv_cache.blocks
+
+
+def test_carried_samples_run_beside_the_fresh_ones():
+    """A step's call holds its fresh samples and those carried from earlier steps: the engine's concurrency and KV
+    are planned for every cohort still in flight (a sample ends within ceil(response / budget) calls, a group is
+    dropped after max_staleness steps), so carried samples do not decode in waves after the fresh ones."""
+    base = ["data.train_batch_size=8", "actor_rollout_ref.actor.ppo_mini_batch_size=8", "trainer.n_gpus_per_node=1",
+            "data.max_response_length=1024", "data.max_prompt_length=64"]
+    off = make_plan(load_config(overrides=base), HF, CPU).rollout.kv_cache
+    assert off.max_num_seqs == 64                                   # 8 prompts x 8
+    plan = make_plan(load_config(overrides=[*base, *ON]), HF, CPU)   # 1024 / 256 = 4 cohorts (staleness 4)
+    kv = plan.rollout.kv_cache
+    assert kv.max_num_seqs == 4 * 64 and kv.blocks_for(8, 8, continuations=3 * 64) <= kv.blocks
+    assert kv.blocks_for(8, 8, continuations=3 * 64) > off.blocks
+    assert any("up to 256 sequences at once (64 fresh and up to 192 carried" in c for c in plan.choices)
+    stale = make_plan(load_config(overrides=[*base, *ON, f"{PR}.max_staleness=1"]), HF, CPU).rollout.kv_cache
+    assert stale.max_num_seqs == 2 * 64                            # groups are dropped after one step
+    capped = make_plan(load_config(overrides=[*base, *ON, "actor_rollout_ref.rollout.max_num_seqs=100"]), HF, CPU)
+    assert capped.rollout.kv_cache.max_num_seqs == 100
+    assert any("max_num_seqs = 100 makes the rest wait their turn" in c for c in capped.choices)
