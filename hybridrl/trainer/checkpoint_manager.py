@@ -9,9 +9,13 @@ Guarantee: a directory named `global_step_N` is always complete. Contents are wr
 `root/.tmp-global_step_N-<random>/`; commit fsyncs every file, writes COMPLETE (fsynced), renames the
 temp directory to `global_step_N` (one atomic rename on POSIX, same filesystem by construction),
 fsyncs `root`, and then replaces the tracker file atomically (temp file + fsync + os.replace). A crash
-before the rename leaves only a `.tmp-*` directory, removed when the next manager starts; a crash
-between rename and tracker update leaves the tracker on the previous (complete) step. Loading checks
-the marker, so a directory copied in by hand or by an older tool without it is refused, not trusted.
+before the marker leaves only a `.tmp-*` directory, removed when the next manager starts; a crash after the
+marker but before the rename leaves a sealed `.tmp-*` directory, which the next manager restores as
+`global_step_N` (and the tracker to it) instead of removing; a crash between rename and tracker update leaves the
+tracker on the previous (complete) step. Loading checks the marker, so a directory copied in by hand or by another
+tool without it (verl's own checkpoints) is refused, not trusted: `auto` resume stops with an error naming it when it
+is newer than every complete checkpoint (starting over beside it would hide it), and a save never deletes it (a
+step that would replace it moves it aside as `global_step_N.unverified-<time>`).
 
 Integrity: the marker records every file's size and blake2b checksum (checkpoint_integrity.py); resuming
 re-hashes them first. A corrupt, truncated or missing file is reported by name; `auto` resume then falls back
@@ -29,7 +33,7 @@ cleanup deletes any `.tmp-*` directory it finds.
 
 Retention (`max_to_keep`, None = keep all): after a commit, the new checkpoint plus the
 max_to_keep - 1 highest other steps are kept; the rest of the complete `global_step_*` directories are
-deleted (counted in `num_deleted`). Directories without the marker are never deleted, only reported.
+deleted (counted in `num_deleted`). Directories without the marker are never deleted.
 Resume modes (trainer.resume_mode): `auto` = the tracker's step if that checkpoint is complete, else
 the highest complete step, else None; `disable` = None; `resume_path` = trainer.resume_from_path,
 which must be an existing, complete, verifying `global_step_N` directory. A run holds `run_lock.RunLock` on
@@ -66,6 +70,7 @@ COMPLETE_MARKER = "COMPLETE"
 RESUME_MODES = ("auto", "disable", "resume_path")
 _STEP_DIR = re.compile(r"^global_step_(\d+)$")
 _TMP_PREFIX = ".tmp-"
+_SEALED_TMP = re.compile(r"^\.tmp-(?:old-)?global_step_(\d+)-[0-9a-f]+$")   # begin()'s and commit()'s temp names
 
 
 def step_of(path: str | os.PathLike) -> int:
@@ -139,11 +144,44 @@ def _is_disk_full(e: BaseException | None) -> bool:
     return False
 
 
+def restore_sealed(root: Path) -> list[int]:
+    """Rename the sealed (marked, verifying) `.tmp-*` checkpoint directories an interrupted commit left to their
+    `global_step_N` where none exists, a step's new directory before an old one moved aside for it, and move the
+    tracker up to the newest restored step; returns the restored steps."""
+    restored = []
+    sealed = sorted((p for p in root.iterdir() if _SEALED_TMP.match(p.name) and p.is_dir() and is_complete(p)),
+                    key=lambda p: p.name.startswith(f"{_TMP_PREFIX}old-"))
+    for p in sealed:
+        final = root / f"global_step_{_SEALED_TMP.match(p.name).group(1)}"
+        if not final.exists() and not verify_checkpoint(p, COMPLETE_MARKER):
+            os.rename(p, final)
+            restored.append(step_of(final))
+            logger.warning("restored %s from %s, sealed by a save that stopped before renaming it", final, p.name)
+    if restored:
+        _fsync_dir(root)
+        tracker = root / TRACKER_FILE
+        text = tracker.read_text(encoding="utf-8").strip() if tracker.is_file() else ""
+        if not text.isdigit() or max(restored) > int(text):
+            _write_tracker(root, max(restored))
+    return restored
+
+
+def _write_tracker(root: Path, step: int) -> None:
+    """The tracker file replaced atomically (temp file, fsync, os.replace, fsync of the directory)."""
+    tmp = root / f"{_TMP_PREFIX}tracker-{secrets.token_hex(4)}"
+    _write_durable(tmp, str(step))
+    os.replace(tmp, root / TRACKER_FILE)
+    _fsync_dir(root)
+
+
 def remove_stale_temp(root: str | os.PathLike) -> tuple[int, int]:
-    """Remove the `.tmp-*` leftovers of interrupted saves under `root` (only while holding its run lock: they may
-    be a live run's otherwise); returns (entries, bytes) removed, logged when any."""
+    """Restore sealed checkpoints an interrupted commit left (restore_sealed), then remove the other `.tmp-*`
+    leftovers of interrupted saves under `root` (only while holding its run lock: they may be a live run's
+    otherwise); returns (entries, bytes) removed, logged when any."""
     removed = freed = 0
     root = Path(root)
+    if root.is_dir():
+        restore_sealed(root)
     for p in root.iterdir() if root.is_dir() else ():
         if p.name.startswith(_TMP_PREFIX):
             freed += _tree_bytes(p) if p.is_dir() else p.stat().st_size
@@ -185,8 +223,14 @@ class CheckpointManager:
                 steps.append(int(m.group(1)))
         return sorted(steps)
 
+    def unmarked_steps(self) -> list[int]:
+        """Steps of the `global_step_N` directories without the marker (not written by this manager), ascending."""
+        return sorted(int(m.group(1)) for p in self.root.iterdir()
+                      if (m := _STEP_DIR.match(p.name)) and p.is_dir() and not is_complete(p))
+
     def clean_stale(self) -> int:
-        """Remove `.tmp-*` leftovers of interrupted saves; returns how many were removed."""
+        """Restore the sealed `.tmp-*` checkpoints an interrupted commit left, remove the other `.tmp-*` leftovers
+        of interrupted saves; returns how many were removed."""
         return remove_stale_temp(self.root)[0]
 
     # ------------------------------------------------------------------ saving
@@ -241,6 +285,11 @@ class CheckpointManager:
         _write_durable(tmp / COMPLETE_MARKER, marker)
         final = self.step_dir(step)
         old = None
+        if final.exists() and not is_complete(final):   # not ours (no marker): kept under another name
+            kept = self.root / f"{final.name}.unverified-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
+            os.rename(final, kept)
+            logger.warning("%s has no %s marker (not written by hybridrl): moved to %s, not deleted", final,
+                           COMPLETE_MARKER, kept.name)
         if final.exists():  # re-saving a step (e.g. after resuming from it): swap, never expose a partial dir
             old = self.root / f"{_TMP_PREFIX}old-global_step_{step}-{secrets.token_hex(4)}"
             os.rename(final, old)
@@ -249,7 +298,7 @@ class CheckpointManager:
         _fsync_dir(self.root)
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
-        self._write_tracker(step)
+        _write_tracker(self.root, step)
         self._apply_retention(keep_step=step)
         return final
 
@@ -265,12 +314,6 @@ class CheckpointManager:
             if error is None:
                 raise
             raise error from e
-
-    def _write_tracker(self, step: int) -> None:
-        tmp = self.root / f"{_TMP_PREFIX}tracker-{secrets.token_hex(4)}"
-        _write_durable(tmp, str(step))
-        os.replace(tmp, self.root / TRACKER_FILE)
-        _fsync_dir(self.root)
 
     def _apply_retention(self, keep_step: int) -> None:
         if self.max_to_keep is None:
@@ -307,6 +350,17 @@ class CheckpointManager:
         complete checkpoint is corrupt, CheckpointCorruptError names them all (starting fresh would hide it)."""
         tracked = self.read_tracker()
         steps = self.complete_steps()
+        foreign = [u for u in self.unmarked_steps() if not steps or u > steps[-1]]
+        if foreign:
+            names = ", ".join(self.step_dir(u).name for u in foreign)
+            raise CheckpointCorruptError(
+                f"{self.root} holds {names} without the {COMPLETE_MARKER} marker, newer than "
+                + (f"its last complete checkpoint, {self.step_dir(steps[-1]).name}" if steps else
+                   "any complete checkpoint") + ": written by another tool (verl's checkpoints have their own "
+                "format) or copied in unfinished, so hybridrl cannot resume from it, and resuming from an older "
+                "step or starting over beside it would hide it. Move it away, point trainer.default_local_dir "
+                "elsewhere, or set trainer.resume_mode=disable (a save never deletes such a directory: it is moved "
+                "aside as global_step_N.unverified-<time>)")
         if tracked is not None and tracked not in steps:
             logger.warning("tracker points to step %d but %s is missing or incomplete; using %s", tracked,
                            self.step_dir(tracked), f"step {steps[-1]}" if steps else "no checkpoint")

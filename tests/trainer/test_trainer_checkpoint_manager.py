@@ -11,6 +11,7 @@ import torch.multiprocessing as mp
 from hybridrl.trainer.checkpoint_manager import (
     COMPLETE_MARKER,
     TRACKER_FILE,
+    CheckpointCorruptError,
     CheckpointManager,
     save_distributed,
     step_of,
@@ -99,8 +100,49 @@ def test_find_latest_falls_back_when_tracker_is_stale_or_garbage(tmp_path):
     assert mgr.find_latest() == tmp_path / "global_step_2"
     (tmp_path / TRACKER_FILE).write_text("garbage")
     assert mgr.find_latest() == tmp_path / "global_step_2"
-    (tmp_path / "global_step_7").mkdir()  # incomplete: never chosen
+    (tmp_path / "global_step_1b").mkdir()  # not a step directory: ignored
     assert mgr.find_latest() == tmp_path / "global_step_2"
+
+
+def test_unmarked_checkpoints_are_never_resumed_past_nor_deleted(tmp_path):
+    """A global_step_N without the marker (verl's own checkpoints, a copy): auto resume stops naming it when it is
+    newer than every complete one, and a save of that step moves it aside instead of deleting it."""
+    mgr = CheckpointManager(tmp_path)
+    mgr.save(2, write_model("w2"))
+    foreign = tmp_path / "global_step_4"
+    (foreign / "actor").mkdir(parents=True)
+    (foreign / "actor" / "model_world_size_1_rank_0.pt").write_text("verl's")
+    with pytest.raises(CheckpointCorruptError, match=r"global_step_4 without the COMPLETE marker, newer than its "
+                                                     r"last complete checkpoint, global_step_2.*resume_mode=disable"):
+        mgr.find_latest()
+    assert mgr.resolve_resume("disable") is None
+    mgr.save(4, write_model("w4"))   # a fresh run reaching step 4 keeps the foreign directory
+    kept = [p for p in tmp_path.iterdir() if p.name.startswith("global_step_4.unverified-")]
+    assert len(kept) == 1 and (kept[0] / "actor" / "model_world_size_1_rank_0.pt").read_text() == "verl's"
+    assert mgr.find_latest() == tmp_path / "global_step_4"   # no unmarked step directory is newer now
+    (tmp_path / "global_step_1").mkdir()   # older than the complete ones: not in the way of resuming
+    assert mgr.find_latest() == tmp_path / "global_step_4"
+    assert mgr.unmarked_steps() == [1]
+
+
+def test_a_sealed_checkpoint_left_by_an_interrupted_commit_is_restored(tmp_path):
+    """A crash after the marker but before the rename (or between moving the old step aside and renaming the new)
+    leaves complete `.tmp-*` directories: the next manager restores them instead of deleting them."""
+    mgr = CheckpointManager(tmp_path)
+    mgr.save(3, write_model("w3"))
+    tmp = mgr.begin(5)
+    write_model("w5")(tmp)
+    mgr.commit(5)
+    os.rename(tmp_path / "global_step_5", tmp)          # as if it stopped before its rename
+    (tmp_path / TRACKER_FILE).write_text("3")
+    old = tmp_path / ".tmp-old-global_step_3-00aa"       # and a step moved aside for a re-save that never landed
+    os.rename(tmp_path / "global_step_3", old)
+    unsealed = tmp_path / ".tmp-global_step_6-00bb"      # interrupted before its marker: removed
+    unsealed.mkdir()
+    restarted = CheckpointManager(tmp_path)
+    assert restarted.complete_steps() == [3, 5] and restarted.num_stale_removed == 1 and not unsealed.exists()
+    assert (tmp_path / "global_step_5" / "actor" / "model.pt").read_text() == "w5"
+    assert restarted.read_tracker() == 5 and restarted.find_latest() == tmp_path / "global_step_5"
 
 
 def test_resume_modes(tmp_path):
