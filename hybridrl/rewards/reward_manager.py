@@ -51,6 +51,8 @@ from hybridrl.rewards.score_worker import ScorerProcess
 
 __all__ = ["OverlongBuffer", "RewardManager", "default_compute_score_batch", "overlong_reward", "takes_rm_score"]
 
+FLOAT32_MAX = 3.4028234663852886e38
+
 log = logging.getLogger(__name__)
 MODES = ("naive", "batch")
 
@@ -163,6 +165,8 @@ class RewardManager:
         score = float(raw)  # TypeError / KeyError / ValueError are the caller's "error"
         if not math.isfinite(score):  # one inf turns every advantage of its group (or batch) into NaN
             raise ValueError(f"score is {score} (not finite)")
+        if abs(score) > FLOAT32_MAX:   # the reward tensor is fp32: it would be inf there
+            raise ValueError(f"score is {score:g}, beyond float32's range (|x| <= {FLOAT32_MAX:g})")
         return score, extra
 
     def _rule_inputs(self, data: DataProto) -> tuple[list[str], list, list]:
@@ -221,6 +225,9 @@ class RewardManager:
                     status, value = "error", f"unusable score {value!r}: {e!r}"[:500]
             if status == "timeout":
                 timeouts += 1
+                if timeouts <= 3:
+                    log.warning("reward scorer gave no score for sample %d (data_source=%r) within "
+                                "reward_model.timeout_s=%s", i, sources[i], self.timeout_s)
             elif status == "error":
                 errors += 1
                 if errors <= 3:

@@ -233,6 +233,7 @@ class RayPPOTrainer:
             self.kl_ctrl.value = state["kl_coef"]
         self.global_steps = int(state["global_step"])
         print(f"[hybridrl] resumed from {path} at step {self.global_steps}")
+        self.tracker.resumed(self.global_steps)
         self._load_partial_rollouts(path / PARTIAL_STATE_FILE)
         return self.global_steps
 
@@ -503,13 +504,17 @@ class RayPPOTrainer:
                 with marked_timer("testing", timing):
                     metrics.update(self.validate())
                 metrics["timing_s/testing"] = timing["testing"]
-            if cfg.save_freq > 0 and (self.global_steps % cfg.save_freq == 0 or last):
-                timing = {}
-                with marked_timer("save_checkpoint", timing):
-                    self.save_checkpoint()
-                metrics["timing_s/save_checkpoint"] = timing["save_checkpoint"]
             metrics["training/global_step"] = self.global_steps
             metrics["training/epoch"] = getattr(self.train_loader, "epoch", 0)
+            if cfg.save_freq > 0 and (self.global_steps % cfg.save_freq == 0 or last):
+                timing = {}
+                try:
+                    with marked_timer("save_checkpoint", timing):
+                        self.save_checkpoint()
+                except BaseException:   # the step trained: its metrics are logged before the save's error stops the run
+                    self.tracker.log(metrics, step=self.global_steps)
+                    raise
+                metrics["timing_s/save_checkpoint"] = timing["save_checkpoint"]
             self.tracker.log(metrics, step=self.global_steps)
             if self.memory_timeline is not None:
                 self.memory_timeline.record_metrics(self.global_steps, metrics)

@@ -156,21 +156,71 @@ class _ConsoleBackend:
 
 
 class _FileBackend:
+    """metrics.jsonl, one JSON record a line, appended across runs of one directory. A record is written whole in
+    one write; a file whose last line was cut (a full disk, a kill) gets a line break first, so the next record is
+    never glued onto it. A resume drops the records of steps after the checkpoint (`resumed`): the killed run logged
+    them, the resumed one logs them again."""
+
     def __init__(self, log_dir: Path):
         env = os.environ.get("VERL_FILE_LOGGER_PATH")
         self.path = Path(env) if env else log_dir / "metrics.jsonl"
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.fp = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - closed in finish()
+        if self.fp.tell() and not _ends_with_newline(self.path):
+            self._write("\n")
         print(f"[tracking] file logger writing to {self.path}", flush=True)
+
+    def _write(self, text: str) -> None:
+        try:
+            self.fp.write(text)
+            self.fp.flush()
+        except OSError as e:
+            raise OSError(e.errno, f"trainer.logger 'file': writing {self.path} failed ({e.strerror}); free space "
+                                   "or drop 'file' from trainer.logger") from e
 
     def log(self, data: dict, step: int) -> None:
         record = {"step": int(step), "data": {k: to_python(v) for k, v in data.items()}}
-        self.fp.write(json.dumps(record, default=str) + "\n")
-        self.fp.flush()
+        self._write(json.dumps(record, default=str) + "\n")
+
+    def resumed(self, step: int) -> None:
+        self.fp.close()   # the rewrite replaces the file: append to the new one
+        for path in (self.path, self.path.with_name("generations.jsonl")):
+            _drop_records_after(path, step)
+        self.fp = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - closed in finish()
 
     def finish(self) -> None:
         if not self.fp.closed:
             self.fp.close()
+
+
+def _ends_with_newline(path: Path) -> bool:
+    with open(path, "rb") as f:
+        f.seek(-1, os.SEEK_END)
+        return f.read(1) == b"\n"
+
+
+def _drop_records_after(path: Path, step: int) -> int:
+    """Rewrite a JSONL log without its records of steps > `step` (and lines that do not parse: a cut last line);
+    the file is replaced atomically. Returns how many lines were dropped."""
+    if not path.is_file():
+        return 0
+    kept, dropped = [], 0
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            keep = int(json.loads(line)["step"]) <= step
+        except (ValueError, KeyError, TypeError):
+            keep = False
+        if keep:
+            kept.append(line)
+        else:
+            dropped += bool(line.strip())
+    if dropped:
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
+        os.replace(tmp, path)
+        logger.warning("%s: dropped %d record(s) of steps after %d, logged by the run this one resumes", path,
+                       dropped, step)
+    return dropped
 
 
 class _TensorboardBackend:
@@ -307,6 +357,11 @@ class Tracking:
         for name, backend_impl in self.logger.items():
             if backend is None or name in backend:
                 backend_impl.log(data, step)
+
+    def resumed(self, step: int) -> None:
+        """A run resumed from the checkpoint of `step`: the file backend drops what was logged after it."""
+        if "file" in self.logger:
+            self.logger["file"].resumed(step)
 
     def log_generations(self, samples: Sequence[Sequence[Any]], step: int, console: bool = True) -> None:
         """(input, output, score) samples to every backend: console prints them (unless console=False),

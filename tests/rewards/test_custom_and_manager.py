@@ -173,3 +173,11 @@ def test_manager_bad_settings(tok):
         RewardManager(tok, compute_score=lambda *a: 1.0, timeout_s=1.0)
     with pytest.raises(ValueError, match="no rule scorer"):  # unknown data_source is an error, not a 0
         RewardManager(tok, timeout_s=None)(make_batch(tok, ["#### 1"], ["1"], data_source="mystery"))
+
+
+def test_a_score_beyond_float32_is_an_error_not_a_crash():
+    assert RewardManager._as_score(1e30) == (1e30, {})
+    with pytest.raises(ValueError, match="beyond float32's range"):
+        RewardManager._as_score(1e39)
+    with pytest.raises(ValueError, match="beyond float32's range"):
+        RewardManager._as_score({"score": -1e39})

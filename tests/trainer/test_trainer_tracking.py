@@ -92,6 +92,36 @@ def test_file_path_from_env_and_resumed_run_appends(tmp_path, monkeypatch):
     assert [json.loads(line)["step"] for line in path.read_text().splitlines()] == [1, 2]
 
 
+def test_a_resumed_run_drops_what_the_killed_run_logged_after_its_checkpoint(tmp_path, monkeypatch):
+    """Killed after logging steps 3-4 with the checkpoint at step 2: the resumed run logs 3 and 4 again, once each;
+    a last line cut by a full disk or a kill is neither glued to the next record nor kept."""
+    monkeypatch.delenv("VERL_FILE_LOGGER_PATH", raising=False)
+    with Tracking("p", "e", "file", log_dir=tmp_path) as t:
+        for step in range(1, 5):
+            t.log({"x": step}, step=step)
+        t.log_generations([("q", "a", 1.0)], step=4, console=False)
+    path = tmp_path / "metrics.jsonl"
+    with open(path, "a") as f:
+        f.write('{"step": 5, "data": {"x": ')   # cut mid-record
+    with Tracking("p", "e", "file", log_dir=tmp_path) as t:
+        t.resumed(2)
+        for step in (3, 4):
+            t.log({"x": step * 10}, step=step)
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [(r["step"], r["data"]["x"]) for r in records] == [(1, 1), (2, 2), (3, 30), (4, 40)]
+    assert (tmp_path / "generations.jsonl").read_text() == ""   # step 4's validation samples are re-logged too
+
+
+def test_a_cut_last_line_gets_a_line_break_before_the_next_record(tmp_path, monkeypatch):
+    monkeypatch.delenv("VERL_FILE_LOGGER_PATH", raising=False)
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"step": 1, "data": {}}\n{"step": 2, "da')
+    with Tracking("p", "e", "file", log_dir=tmp_path) as t:
+        t.log({"x": 3}, step=3)
+    lines = path.read_text().splitlines()
+    assert lines[-1] == '{"step": 3, "data": {"x": 3}}' and lines[1] == '{"step": 2, "da'
+
+
 def test_unknown_backend_lists_valid_ones():
     with pytest.raises(ValueError, match=r"\['swanlab'\].*'console', 'file', 'tensorboard', 'wandb', 'mlflow'"):
         Tracking("p", "e", ["console", "swanlab"])
