@@ -117,10 +117,9 @@ def _train(args) -> int:
 
         run_demo(args)
         return 0
-    from hybridrl.trainer.main_ppo import run
+    from hybridrl.trainer.main_ppo import run_until_stopped
 
-    run(_load(args))
-    return 0
+    return run_until_stopped(_load(args))
 
 
 def _unavailable(module: str, error: str):
@@ -170,7 +169,7 @@ def build_parser(with_plugins: bool = True) -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from hybridrl.config.errors import ConfigError
+    from hybridrl.config.errors import ConfigError, RunStopError
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     argv = sys.argv[1:] if argv is None else list(argv)
@@ -187,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         return int(args.func(args) or 0)
-    except (ConfigError, FileNotFoundError) as e:
+    except (ConfigError, FileNotFoundError, RunStopError) as e:
         print(f"hybridrl: error: {e}", file=sys.stderr)
         return 1
 

@@ -53,6 +53,19 @@ def test_config_check_bad_config_exits_1_with_the_key(capsys):
     assert "/nonexistent/c.yaml" in capsys.readouterr().err
 
 
+def test_config_check_for_cuda_on_a_machine_without_one_says_how(capsys, tiny_model_dir, tmp_path):
+    data = tmp_path / "train.parquet"
+    data.write_bytes(b"")
+    args = ["config", "check", f"actor_rollout_ref.model.path={tiny_model_dir}", f"data.train_files={data}",
+            "data.val_files=null", "trainer.device=cuda"]
+    if __import__("torch").cuda.is_available():
+        return
+    assert cli.main(args) == 1
+    err = capsys.readouterr().err
+    assert "'trainer.device' = cuda but this process sees no CUDA device" in err and "--gpu-memory-gb N" in err
+    assert "Traceback" not in err
+
+
 def test_config_show_prints_resolved_yaml_with_overrides(capsys):
     assert cli.main(["config", "show", "--config", SEED, "data.max_prompt_length=100"]) == 0
     shown = yaml.safe_load(capsys.readouterr().out)

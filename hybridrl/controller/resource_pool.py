@@ -17,8 +17,11 @@ machine and rank 0's machine would host ranks the config meant for another.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import signal
+import threading
 import time
 from typing import Any
 
@@ -37,12 +40,27 @@ def init_ray(address: str | None = None, num_cpus: int | None = None, **ray_init
             raise ValueError(f"init_ray: num_cpus={num_cpus} only applies to a local Ray, not when joining "
                              f"the cluster at {address!r}; drop one of them")
         kwargs = {"include_dashboard": False, **ray_init_kwargs}
-        if address:
-            ray.init(address=address, **kwargs)
-        else:
-            _quiet_default_token_auth_notice()
-            ray.init(num_cpus=num_cpus, **kwargs)
+        with _keep_signal_handlers():
+            if address:
+                ray.init(address=address, **kwargs)
+            else:
+                _quiet_default_token_auth_notice()
+                ray.init(num_cpus=num_cpus, **kwargs)
     return dict(ray.cluster_resources())
+
+
+@contextlib.contextmanager
+def _keep_signal_handlers():
+    """ray.init replaces the driver's SIGTERM handler (with a sys.exit); the driver's own handlers (the clean stop
+    of main_ppo.run_until_stopped) are put back. Only the main thread may set handlers."""
+    main = threading.current_thread() is threading.main_thread()
+    saved = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)} if main else {}
+    try:
+        yield
+    finally:
+        for signum, handler in saved.items():
+            if handler is not None:   # None: a handler set outside Python, which cannot be put back
+                signal.signal(signum, handler)
 
 
 class _DropRecord(logging.Filter):

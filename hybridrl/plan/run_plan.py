@@ -94,7 +94,8 @@ def local_device(config: PPOConfig) -> DeviceSpec:
         p = torch.cuda.get_device_properties(0)
         return DeviceSpec("cuda", p.name, int(p.total_memory), host_available_bytes())
     if device == "cuda":
-        raise ValueError("trainer.device=cuda but this process sees no CUDA device")
+        raise ConfigError(["'trainer.device' = cuda but this process sees no CUDA device (to plan for GPUs from a "
+                           "machine without one: hybridrl config check --gpu-memory-gb N)"])
     return DeviceSpec("cpu", "cpu", None)
 
 

@@ -13,12 +13,14 @@ from __future__ import annotations
 
 from collections import deque
 
+from hybridrl.config.errors import RunStopError
+
 __all__ = ["FAILURE_KEYS", "RewardErrorGuard", "RewardErrorLimitError"]
 
 FAILURE_KEYS = ("reward/errors", "reward/timeouts", "reward_model/judge_failures")
 
 
-class RewardErrorLimitError(RuntimeError):
+class RewardErrorLimitError(RuntimeError, RunStopError):
     """Too many samples failed to score; the message gives the counts, the limit and the keys that set it."""
 
 

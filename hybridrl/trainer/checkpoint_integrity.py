@@ -14,13 +14,15 @@ import json
 import os
 from pathlib import Path
 
+from hybridrl.config.errors import RunStopError
+
 __all__ = ["CHECKSUM_ALGORITHM", "CheckpointCorruptError", "file_digest", "file_checksums", "verify_checkpoint"]
 
 CHECKSUM_ALGORITHM = "blake2b"
 _CHUNK = 1 << 20
 
 
-class CheckpointCorruptError(RuntimeError):
+class CheckpointCorruptError(RuntimeError, RunStopError):
     """A checkpoint's files do not match the checksums its COMPLETE marker recorded."""
 
 

@@ -53,6 +53,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from hybridrl.config.errors import RunStopError
 from hybridrl.trainer.checkpoint_integrity import (
     CHECKSUM_ALGORITHM,
     CheckpointCorruptError,
@@ -119,7 +120,7 @@ def _write_durable(path: Path, text: str) -> None:
         os.fsync(f.fileno())
 
 
-class CheckpointSaveError(OSError):
+class CheckpointSaveError(OSError, RunStopError):
     """A save that did not complete; its temporary directory is gone and earlier checkpoints are untouched."""
 
 

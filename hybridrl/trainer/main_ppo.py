@@ -19,7 +19,7 @@ import signal
 import sys
 from pathlib import Path
 
-from hybridrl.config.errors import ConfigError
+from hybridrl.config.errors import ConfigError, RunStopError
 from hybridrl.config.loader import load_config
 from hybridrl.config.sections import PPOConfig
 from hybridrl.config.validate import validate_config
@@ -86,11 +86,37 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
+    try:
+        return run_until_stopped(config)
+    except RunStopError as e:   # its message says what to do: no traceback
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+
+
+def _stop_in(error: BaseException) -> DriverStopped | None:
+    """The DriverStopped behind `error`: itself, or in its cause / context chain (Ray wraps an exception raised in
+    a signal handler while it waits in C code in a SystemError)."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        if isinstance(error, DriverStopped):
+            return error
+        seen.add(id(error))
+        error = error.__cause__ or error.__context__
+    return None
+
+
+def run_until_stopped(config: PPOConfig) -> int:
+    """`run(config)` with SIGTERM / SIGINT turned into a clean stop: the run's cleanup runs, then the process exits
+    with 128 + the signal and a line naming the checkpoint a restart resumes from (`python -m
+    hybridrl.trainer.main_ppo` and `hybridrl train` both run this way; init_ray keeps the handlers over ray.init)."""
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, _raise_stopped)
     try:
         run(config)
-    except DriverStopped as stop:
+    except BaseException as e:
+        stop = _stop_in(e)
+        if stop is None:
+            raise
         _exit_stopped(stop, config)
     return 0
 

@@ -233,7 +233,8 @@ class RayPPOTrainer:
             self.kl_ctrl.value = state["kl_coef"]
         self.global_steps = int(state["global_step"])
         print(f"[hybridrl] resumed from {path} at step {self.global_steps}")
-        self.tracker.resumed(self.global_steps)
+        if self.tracker is not None:
+            self.tracker.resumed(self.global_steps)
         self._load_partial_rollouts(path / PARTIAL_STATE_FILE)
         return self.global_steps
 

@@ -19,6 +19,7 @@ import logging
 import os
 from pathlib import Path
 
+from hybridrl.config.errors import RunStopError
 from hybridrl.config.sections import PPOConfig
 from hybridrl.dotted import dotted_leaves
 
@@ -64,7 +65,7 @@ NOTES = {
 }
 
 
-class ResumeConfigError(ValueError):
+class ResumeConfigError(ValueError, RunStopError):
     """The config changes a setting that cannot change on resume."""
 
 

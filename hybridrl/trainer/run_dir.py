@@ -13,13 +13,14 @@ import os
 import tempfile
 from pathlib import Path
 
+from hybridrl.config.errors import RunStopError
 from hybridrl.trainer.checkpoint_manager import remove_stale_temp
 from hybridrl.trainer.run_lock import RunDirLockedError, RunLock
 
 __all__ = ["RunDirNotWritableError", "check_writable", "run_log_dirs", "claim_run_dir"]
 
 
-class RunDirNotWritableError(PermissionError):
+class RunDirNotWritableError(PermissionError, RunStopError):
     """A directory the run must write to cannot be written."""
 
 

@@ -22,6 +22,8 @@ import socket
 import time
 from pathlib import Path
 
+from hybridrl.config.errors import RunStopError
+
 __all__ = ["RunLock", "RunDirLockedError", "LOCK_FILE"]
 
 logger = logging.getLogger("hybridrl.run_lock")
@@ -29,7 +31,7 @@ logger = logging.getLogger("hybridrl.run_lock")
 LOCK_FILE = "hybridrl.lock"
 
 
-class RunDirLockedError(RuntimeError):
+class RunDirLockedError(RuntimeError, RunStopError):
     """Another live run holds the run directory."""
 
 

@@ -123,6 +123,9 @@ class _Recorder:
     def log(self, data, step):
         self.steps.append((step, dict(data)))
 
+    def resumed(self, step):
+        self.resumed_at = step
+
 
 @pytest.mark.parametrize("resume", [True, False], ids=["resumed", "fresh"])
 def test_logged_steps_never_go_back_after_a_resume(tmp_path, resume):
@@ -139,5 +142,6 @@ def test_logged_steps_never_go_back_after_a_resume(tmp_path, resume):
     trainer.fit()
     steps = [s for s, _ in trainer.tracker.steps]
     assert steps == ([3, 4] if resume else [0, 1, 2, 3, 4])
+    assert getattr(trainer.tracker, "resumed_at", None) == (2 if resume else None)   # the file log is cut there
     assert "data/filtered_prompts" in trainer.tracker.steps[0][1]
     assert all("data/filtered_prompts" not in d for _, d in trainer.tracker.steps[1:])

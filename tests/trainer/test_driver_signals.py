@@ -55,3 +55,29 @@ def test_signal_without_a_checkpoint_says_so(tmp_path):
     done = _stop_driver(tmp_path / "empty", signal.SIGTERM)
     assert done.returncode == 143
     assert "stopped by SIGTERM: no checkpoint saved under" in done.stderr and "trainer.save_freq=5" in done.stderr
+
+
+# the same through `hybridrl train`, with a local Ray started first: ray.init must not take SIGTERM over
+CLI_DRIVER = """
+import sys, time
+sys.path.insert(0, {repo!r})
+from hybridrl import cli
+from hybridrl.controller.resource_pool import init_ray
+from hybridrl.trainer import main_ppo
+def run(config):
+    init_ray(num_cpus=1)
+    try:
+        print("running", flush=True)
+        time.sleep(60)
+    finally:
+        print("cleanup ran", flush=True)
+main_ppo.run = run
+sys.exit(cli.main(["train", "trainer.default_local_dir={run_dir}", "trainer.save_freq=5"]))
+"""
+
+
+def test_hybridrl_train_with_ray_up_exits_cleanly_on_sigterm(tmp_path, monkeypatch):
+    monkeypatch.setattr(sys.modules[__name__], "DRIVER", CLI_DRIVER)
+    done = _stop_driver(tmp_path / "run", signal.SIGTERM)
+    assert done.returncode == 143, done.stderr[-2000:]
+    assert "cleanup ran" in done.stdout and "stopped by SIGTERM: no checkpoint saved under" in done.stderr
