@@ -60,6 +60,8 @@ def plan_actor(sizing: Sizing, kv_cache: KvCachePlan, share_prompts: bool, lora_
     seq_len, response_len, kv_bytes = sizing.seq_len, sizing.response_len, kv_cache.bytes
     tokens_of = sizing.micro_tokens(share_prompts)
     log_prob_candidates = list(range(layout.samples_per_train_rank, 0, -1))
+    # token budgets are per GPU (verl's): with Ulysses a micro-batch holds budget x sp tokens, 1/sp of them per GPU
+    per_gpu_seq = -(-seq_len // layout.ulysses_sp)
 
     update_key = f"{ACTOR}.ppo_micro_batch_size_per_gpu"
     if not sizing.dynamic(f"{ACTOR}.use_dynamic_bsz", update_key):
@@ -70,7 +72,7 @@ def plan_actor(sizing: Sizing, kv_cache: KvCachePlan, share_prompts: bool, lora_
         predicted["update_actor"] = memory.update_actor(rows, seq_len, response_len, kv_bytes, tokens_of(rows))
     else:
         tokens = sizing.pick_tokens(f"{ACTOR}.ppo_max_token_len_per_gpu", sizing.update_tokens_target,
-                                    lambda t: memory.update_actor(1, t, response_len, kv_bytes))
+                                    lambda t: memory.update_actor(1, t, response_len, kv_bytes), longest=per_gpu_seq)
         update = MicroBatching(max_tokens=tokens)
         predicted["update_actor"] = memory.update_actor(1, tokens, response_len, kv_bytes)
 
@@ -79,7 +81,8 @@ def plan_actor(sizing: Sizing, kv_cache: KvCachePlan, share_prompts: bool, lora_
     def log_prob_pass(phase: str, section: str, unshard_once: bool) -> MicroBatching:
         if sizing.dynamic(f"{section}.log_prob_use_dynamic_bsz", f"{section}.log_prob_micro_batch_size_per_gpu"):
             tokens = sizing.pick_tokens(f"{section}.log_prob_max_token_len_per_gpu", LOGPROB_TOKENS_TARGET,
-                                        lambda t: memory.log_prob(phase, 1, t, response_len, unshard_once, kv_bytes))
+                                        lambda t: memory.log_prob(phase, 1, t, response_len, unshard_once, kv_bytes),
+                                        longest=per_gpu_seq)
             predicted[phase] = memory.log_prob(phase, 1, tokens, response_len, unshard_once, kv_bytes)
             return MicroBatching(max_tokens=tokens, unshard_once=unshard_once)
         rows = sizing.pick(f"{section}.log_prob_micro_batch_size_per_gpu", log_prob_candidates, LOGPROB_TOKENS_TARGET,

@@ -52,10 +52,13 @@ def plan_critic(sizing: Sizing, kv_cache: KvCachePlan, actor: ActorPlan) -> Crit
     dynamic = sizing.dynamic("critic.use_dynamic_bsz", "critic.ppo_micro_batch_size_per_gpu")
     if dynamic:  # the values pass: its own key, else the update's budget where set (verl), else the log-prob target
         key, values_key = "critic.ppo_max_token_len_per_gpu", "critic.forward_max_token_len_per_gpu"
-        update_tokens = sizing.pick_tokens(key, sizing.update_tokens_target, lambda t: update_peak(1, t))
+        per_gpu_seq = -(-seq_len // layout.parallel.critic_sp)   # per-GPU budgets (verl's), as the actor's
+        update_tokens = sizing.pick_tokens(key, sizing.update_tokens_target, lambda t: update_peak(1, t),
+                                           longest=per_gpu_seq)
         if is_auto(sizing.get(values_key)) and not is_auto(sizing.get(key)):
             values_key = key
-        values_tokens = sizing.pick_tokens(values_key, LOGPROB_TOKENS_TARGET, lambda t: values_peak(1, t))
+        values_tokens = sizing.pick_tokens(values_key, LOGPROB_TOKENS_TARGET, lambda t: values_peak(1, t),
+                                           longest=per_gpu_seq)
         predicted["values"] = values_peak(1, values_tokens)
         predicted["update_critic"] = update_peak(1, update_tokens)
         update = MicroBatching(max_tokens=update_tokens)

@@ -73,7 +73,12 @@ class RunPlan:
                  f"dtypes          rollout engine {self.rollout.dtype}, reference and reward model {self.frozen_dtype}"
                  + (f", LoRA base {self.actor.lora_base_dtype}" if self.actor.lora_base_dtype else ""),
                  *([self.reward_model.describe()] if self.reward_model is not None else []),
-                 self.actor.describe(), *self.rollout.describe(),
+                 self.actor.describe(),
+                 *([f"ulysses         token budgets are per GPU: a group of {self.layout.ulysses_sp} packs "
+                    f"{self.layout.ulysses_sp} x the budget into a micro-batch, 1/{self.layout.ulysses_sp} of it on "
+                    "each GPU (verl's meaning)"]
+                   if self.layout.ulysses_sp > 1 and self.actor.update.rows is None else []),
+                 *self.rollout.describe(),
                  *(f"  auto: {c}" for c in self.choices)]
         if self.predicted:
             lines.append("predicted peak per GPU (GiB), by phase:")

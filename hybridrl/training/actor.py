@@ -62,7 +62,13 @@ from hybridrl.config.sections.actor import ActorConfig
 from hybridrl.protocol import DataProto
 from hybridrl.training.fsdp import keep_unsharded, should_keep_unsharded
 from hybridrl.training.fused_logprob import fused_logprob_entropy, plain_linear_head
-from hybridrl.training.micro_batches import UpdateBatches, loss_scales, make_micro_batches, normaliser_count
+from hybridrl.training.micro_batches import (
+    UpdateBatches,
+    loss_scales,
+    make_micro_batches,
+    normaliser_count,
+    sp_size_of,
+)
 from hybridrl.training.moe import RouterTaps, load_balancing_loss, router_settings, router_z_loss
 from hybridrl.training.response_forward import forward_response_logits
 from hybridrl.training.token_bins import restore_order
@@ -172,7 +178,8 @@ class DataParallelPPOActor(FSDPUpdater):
         micros, bins = make_micro_batches(data, bool(meta.get("use_dynamic_bsz", False)),
                                           meta.get("micro_batch_size"), meta.get("max_token_len"),
                                           size_key="log_prob_micro_batch_size_per_gpu",
-                                          token_key="log_prob_max_token_len_per_gpu", share_prompts=self.share_prompts)
+                                          token_key="log_prob_max_token_len_per_gpu", share_prompts=self.share_prompts,
+                                          sp_size=sp_size_of(self.sp_group))
         log_probs, entropies = [], []
         once = should_keep_unsharded(self.module, meta.get("unshard_once", False), len(micros), self.device)
         with torch.no_grad(), keep_unsharded(self.module, once):
@@ -265,7 +272,7 @@ class DataParallelPPOActor(FSDPUpdater):
                              f"{st.pg_mode!r}")
         sizes = self.batches
         micros, _ = make_micro_batches(data, sizes.dynamic, sizes.micro_rows, sizes.max_tokens,
-                                       share_prompts=self.share_prompts)
+                                       share_prompts=self.share_prompts, sp_size=sp_size_of(self.sp_group))
         counts = [normaliser_count(m.batch["response_mask"], st.pg_mode).to(self.device) for m in micros]
         st.count = st.count + torch.stack(counts).sum()
         self.own_old_log_probs = None
@@ -336,7 +343,7 @@ class DataParallelPPOActor(FSDPUpdater):
     def _update_mini_batch(self, mini: DataProto, loss: _LossSettings, metrics):
         sizes = self.batches
         micros, _ = make_micro_batches(mini, sizes.dynamic, sizes.micro_rows, sizes.max_tokens,
-                                       share_prompts=self.share_prompts)
+                                       share_prompts=self.share_prompts, sp_size=sp_size_of(self.sp_group))
         self._micro_steps(micros, loss_scales(micros, loss.pg_mode), loss_scales(micros, loss.mode), loss, metrics)
 
     def _micro_steps(self, micros: list[DataProto], pg_scales, scales, loss: _LossSettings, metrics) -> None:

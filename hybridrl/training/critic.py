@@ -15,7 +15,7 @@ from hybridrl.algorithms import compute_value_loss, masked_mean
 from hybridrl.config.sections.critic import CriticConfig
 from hybridrl.protocol import DataProto
 from hybridrl.training.fsdp import keep_unsharded, should_keep_unsharded
-from hybridrl.training.micro_batches import UpdateBatches, loss_scales, make_micro_batches
+from hybridrl.training.micro_batches import UpdateBatches, loss_scales, make_micro_batches, sp_size_of
 from hybridrl.training.response_forward import forward_response_logits
 from hybridrl.training.token_bins import restore_order
 from hybridrl.training.transfer import to_device
@@ -56,7 +56,7 @@ class DataParallelPPOCritic(FSDPUpdater):
             data, bool(meta.get("use_dynamic_bsz", False)),
             meta.get("micro_batch_size"), meta.get("max_token_len"),
             size_key="critic.forward_micro_batch_size_per_gpu", token_key="critic.forward_max_token_len_per_gpu",
-            share_prompts=self.share_prompts)
+            share_prompts=self.share_prompts, sp_size=sp_size_of(self.sp_group))
         once = should_keep_unsharded(self.module, meta.get("unshard_once", False), len(micros), self.device)
         with torch.no_grad(), keep_unsharded(self.module, once):
             values = [self._forward_micro_batch(m, to_device(m.batch["response_mask"], self.device))
@@ -75,7 +75,8 @@ class DataParallelPPOCritic(FSDPUpdater):
         sizes = self.batches
         micros, _ = make_micro_batches(mini, sizes.dynamic, sizes.micro_rows, sizes.max_tokens,
                                        size_key="critic.ppo_micro_batch_size_per_gpu",
-                                       token_key="critic.ppo_max_token_len_per_gpu", share_prompts=self.share_prompts)
+                                       token_key="critic.ppo_max_token_len_per_gpu", share_prompts=self.share_prompts,
+                                       sp_size=sp_size_of(self.sp_group))
         for i, (micro, scale) in enumerate(zip(micros, loss_scales(micros, mode))):  # no host sync between them
             mask = to_device(micro.batch["response_mask"], self.device)
             with self.training_forward():

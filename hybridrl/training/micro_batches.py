@@ -18,7 +18,7 @@ from hybridrl.seeding import derive_seed
 from hybridrl.training.packing import prompt_groups
 from hybridrl.training.token_bins import rearrange_micro_batches, rearrange_prompt_groups
 
-__all__ = ["UpdateBatches", "make_micro_batches", "iter_mini_batches", "loss_scale", "loss_scales", "normaliser",
+__all__ = ["UpdateBatches", "make_micro_batches", "sp_size_of", "iter_mini_batches", "loss_scale", "loss_scales", "normaliser",
            "normaliser_count"]
 
 
@@ -79,15 +79,26 @@ def loss_scales(micros: list[DataProto], loss_agg_mode: str) -> list[float]:
     return [c / total if total > 0 else 0.0 for c in counts]
 
 
+def sp_size_of(sp_group) -> int:
+    """The Ulysses group's size (1 without one)."""
+    import torch.distributed as dist
+
+    return 1 if sp_group is None else dist.get_world_size(sp_group)
+
+
 def make_micro_batches(data: DataProto, use_dynamic_bsz: bool, micro_batch_size: int | None,
                        max_token_len: int | None, size_key: str = "ppo_micro_batch_size_per_gpu",
-                       token_key: str = "ppo_max_token_len_per_gpu", share_prompts: bool = False):
+                       token_key: str = "ppo_max_token_len_per_gpu", share_prompts: bool = False, sp_size: int = 1):
     """Returns (micro-batches, bins): bins are the row indices of each micro-batch (dynamic bsz) or None.
     share_prompts: dynamic micro-batches keep the rows of a prompt together and count its tokens once
-    (`rearrange_prompt_groups`), as the shared-prompt forward runs them."""
+    (`rearrange_prompt_groups`), as the shared-prompt forward runs them. `max_token_len` is per GPU, as verl's
+    *_max_token_len_per_gpu: with Ulysses (`sp_size` ranks holding one micro-batch, each running 1/sp_size of its
+    tokens) a micro-batch holds max_token_len x sp_size tokens, as in verl's dp_actor / dp_critic."""
     if use_dynamic_bsz:
         if max_token_len is None:
             raise ValueError(f"use_dynamic_bsz=true needs {token_key}")
+        if sp_size > 1:
+            max_token_len, token_key = int(max_token_len) * sp_size, f"{token_key} x ulysses size {sp_size}"
         mask = data.batch["attention_mask"]
         if share_prompts:
             b = data.batch

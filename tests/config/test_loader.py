@@ -314,3 +314,19 @@ def test_more_verl_keys_are_refused_saying_why(override, reason):
     with pytest.raises(ConfigError, match="verl's key, ") as e:
         load_config(overrides=[override])
     assert reason in str(e.value)
+
+
+def test_token_budgets_are_per_gpu_with_ulysses():
+    """verl's meaning: a Ulysses group's micro-batch holds the per-GPU budget times its size, so a budget of half
+    prompt + response is enough at SP 2 (and below it is refused, naming the rule)."""
+    sp2 = [f"{A}.ulysses_sequence_parallel_size=2", "trainer.n_gpus_per_node=2", "data.train_batch_size=8",
+           f"{A}.ppo_mini_batch_size=8", "actor_rollout_ref.model.use_remove_padding=true",
+           "data.max_prompt_length=512", "data.max_response_length=512", f"{A}.use_dynamic_bsz=true"]
+    assert load_config(overrides=[*sp2, f"{A}.ppo_max_token_len_per_gpu=512"]).actor_rollout_ref.actor \
+        .ppo_max_token_len_per_gpu == 512
+    with pytest.raises(ConfigError, match=r"'actor_rollout_ref.actor.ppo_max_token_len_per_gpu' = 511 must be >= "
+                                          r"\(max_prompt_length \+ max_response_length = 1024\) / "
+                                          r"ulysses_sequence_parallel_size 2 = 512"):
+        load_config(overrides=[*sp2, f"{A}.ppo_max_token_len_per_gpu=511"])
+    with pytest.raises(ConfigError, match=r"log_prob_max_token_len_per_gpu' = 300 must be >= .* = 512"):
+        load_config(overrides=[*sp2, f"{R}.log_prob_use_dynamic_bsz=true", f"{R}.log_prob_max_token_len_per_gpu=300"])

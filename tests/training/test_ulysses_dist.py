@@ -78,6 +78,11 @@ def _worker(rank, world, model_dir, other_arch_dirs):
     lp_sp, ent_sp = actor.compute_log_prob(data, calculate_entropy=True)
     lp_ref, ent_ref = plain.compute_log_prob(copy.deepcopy(data), calculate_entropy=True)
     torch.testing.assert_close(lp_sp[mask], lp_ref[mask], atol=1e-5, rtol=1e-5)
+    # a per-GPU token budget (verl's meaning): 7 tokens a GPU x 2 ranks hold a 13-token row
+    dynamic = copy.deepcopy(data)
+    dynamic.meta_info.update(use_dynamic_bsz=True, max_token_len=7)
+    lp_dyn, _ = actor.compute_log_prob(dynamic)
+    torch.testing.assert_close(lp_dyn[mask], lp_ref[mask], atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(ent_sp[mask], ent_ref[mask], atol=1e-5, rtol=1e-5)
 
     data.batch["old_log_probs"] = lp_ref

@@ -35,7 +35,8 @@ class LogProbPassConfig(Section):
     """micro-batches by token count instead of rows; auto as actor.use_dynamic_bsz, for
     log_prob_micro_batch_size_per_gpu"""
     log_prob_max_token_len_per_gpu: Auto | int
-    """token budget with log_prob_use_dynamic_bsz; auto = the run plan's choice"""
+    """token budget per GPU with log_prob_use_dynamic_bsz (with Ulysses a micro-batch holds it x the SP size, as in
+    verl); auto = the run plan's choice"""
     log_prob_unshard_once: Auto | bool
     """all-gather FSDP shards once per pass, not per micro-batch (true|false|auto: if the bf16 model <= 25% of GPU
     memory)"""
@@ -44,7 +45,7 @@ class LogProbPassConfig(Section):
         """A log-prob pass needs a token budget that holds one sequence, or a micro-batch size without one."""
         if self.log_prob_use_dynamic_bsz is not False:
             check_token_len(f"{prefix}.log_prob_max_token_len_per_gpu", self.log_prob_max_token_len_per_gpu, cfg,
-                            found)
+                            found, cfg.actor_rollout_ref.actor.ulysses_sequence_parallel_size)
         elif self.log_prob_micro_batch_size_per_gpu is None and self.log_prob_micro_batch_size is None:
             found.errors.append(f"'{prefix}.log_prob_micro_batch_size_per_gpu' is null: set it (or "
                                 "log_prob_use_dynamic_bsz)")
@@ -95,7 +96,8 @@ class ActorConfig(Section):
     ppo_max_token_len_per_gpu: Auto | int
     """token budget of a micro-batch with use_dynamic_bsz; auto = the run plan's choice: 16384 tokens, raised on GPUs
     for models under ~6B to the work of 32k tokens of a 1.5B (at most 65536) so the GPU's work hides the host's kernel
-    launches; at least the longest sequence; lowered to fit memory"""
+    launches; at least the longest sequence (over the Ulysses SP size: a group's micro-batch holds this x the SP
+    size, 1/SP of it on each GPU, as in verl); lowered to fit memory"""
     grad_clip: float
     """max global grad norm"""
     clip_ratio: float

@@ -34,7 +34,8 @@ class CriticConfig(Section):
     """micro-batches by token count instead of rows (auto as the actor's, for ppo_micro_batch_size_per_gpu; values
     follow the update's choice)"""
     ppo_max_token_len_per_gpu: Auto | int
-    """token budget of an update micro-batch with use_dynamic_bsz; auto = the run plan's choice"""
+    """token budget per GPU of an update micro-batch with use_dynamic_bsz (x critic.ulysses_sequence_parallel_size per
+    micro-batch, as in verl); auto = the run plan's choice"""
     forward_max_token_len_per_gpu: Auto | int
     """token budget of a values micro-batch with use_dynamic_bsz (a forward without gradients, so it may be larger);
     auto = ppo_max_token_len_per_gpu where that is set (verl's default), else the run plan's choice"""
@@ -67,7 +68,8 @@ class CriticConfig(Section):
         check_fsdp_size("critic.model.fsdp_config.fsdp_size", self.model.fsdp_config.fsdp_size, cfg, found)
         check_update_batches("critic", "critic.model", self, self.model.use_remove_padding, cfg, found)
         if self.use_dynamic_bsz is not False:
-            check_token_len("critic.forward_max_token_len_per_gpu", self.forward_max_token_len_per_gpu, cfg, found)
+            check_token_len("critic.forward_max_token_len_per_gpu", self.forward_max_token_len_per_gpu, cfg, found,
+                            self.ulysses_sequence_parallel_size)
         actor_tok = cfg.data.tokenizer or cfg.actor_rollout_ref.model.path
         critic_tok = self.model.tokenizer_path
         if not same_tokenizer(critic_tok, actor_tok):

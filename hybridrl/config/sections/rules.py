@@ -93,7 +93,7 @@ def check_update_batches(prefix: str, model_prefix: str, role, use_remove_paddin
         check_mini_batch(prefix, role.ppo_mini_batch_size, cfg.actor_rollout_ref.rollout.n,
                          cfg.trainer.world_size // sp, micro, may_be_dynamic(role.use_dynamic_bsz, micro), found)
     if role.use_dynamic_bsz is not False:
-        check_token_len(f"{prefix}.ppo_max_token_len_per_gpu", role.ppo_max_token_len_per_gpu, cfg, found)
+        check_token_len(f"{prefix}.ppo_max_token_len_per_gpu", role.ppo_max_token_len_per_gpu, cfg, found, sp)
 
 
 def may_be_dynamic(use_dynamic_bsz: bool | str, micro: int | str | None) -> bool:
@@ -101,8 +101,13 @@ def may_be_dynamic(use_dynamic_bsz: bool | str, micro: int | str | None) -> bool
     return use_dynamic_bsz is True or (use_dynamic_bsz == "auto" and (micro is None or micro == "auto"))
 
 
-def check_token_len(key: str, value: int | str, cfg, found: Findings) -> None:
-    need = cfg.data.max_prompt_length + cfg.data.max_response_length
+def check_token_len(key: str, value: int | str, cfg, found: Findings, sp: int = 1) -> None:
+    """A per-GPU token budget must let a micro-batch hold one sequence: with Ulysses (`sp` ranks) a micro-batch holds
+    value x sp tokens (verl's meaning), so the budget is at least prompt + response over sp."""
+    seq = cfg.data.max_prompt_length + cfg.data.max_response_length
+    need = -(-seq // sp)
     if isinstance(value, int) and value < need:
-        found.errors.append(f"'{key}' = {value} must be >= max_prompt_length + max_response_length = {need} "
-                            "with dynamic batch size (a single sequence must fit)")
+        rule = (f"max_prompt_length + max_response_length = {seq}" if sp == 1 else
+                f"(max_prompt_length + max_response_length = {seq}) / ulysses_sequence_parallel_size {sp} = {need}")
+        found.errors.append(f"'{key}' = {value} must be >= {rule} with dynamic batch size (a single sequence must "
+                            "fit a micro-batch)")
