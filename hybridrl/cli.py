@@ -63,7 +63,11 @@ def _config_check(args) -> int:
         raise SystemExit("config check: --host-memory-gb goes with --gpu-memory-gb (without it the plan reads this "
                          "machine's GPU and host memory)")
     host = int(args.host_memory_gb * 1024**3) if args.host_memory_gb else None
-    device = (DeviceSpec("cuda", f"a {args.gpu_memory_gb:g} GiB GPU", int(args.gpu_memory_gb * 1024**3), host)
+    if args.gpu_name and not args.gpu_memory_gb:
+        raise SystemExit("config check: --gpu-name goes with --gpu-memory-gb (the name gives the datasheet peaks the "
+                         "floors and speculative decoding's verify rows use, not the memory)")
+    name = args.gpu_name or (f"a {args.gpu_memory_gb:g} GiB GPU" if args.gpu_memory_gb else None)
+    device = (DeviceSpec("cuda", name, int(args.gpu_memory_gb * 1024**3), host)
               if args.gpu_memory_gb else local_device(config))
     problems = path_problems(config)
     unplanned = _no_plan_reason(config)
@@ -156,6 +160,9 @@ def build_parser(with_plugins: bool = True) -> argparse.ArgumentParser:
     _add_config_args(check)
     check.add_argument("--gpu-memory-gb", type=float, default=None,
                        help="plan for GPUs of this memory (GiB) instead of this machine's device")
+    check.add_argument("--gpu-name", default=None,
+                       help="with --gpu-memory-gb: the GPU's name as torch reports it (e.g. 'NVIDIA H200'), for its "
+                            "datasheet peaks (hybridrl/device_peaks.py)")
     check.add_argument("--host-memory-gb", type=float, default=None,
                        help="with --gpu-memory-gb: the host memory available per node (GiB), to check what the "
                             "offloads pin (unchecked without it)")

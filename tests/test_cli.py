@@ -66,6 +66,18 @@ def test_config_check_for_cuda_on_a_machine_without_one_says_how(capsys, tiny_mo
     assert "Traceback" not in err
 
 
+def test_config_check_names_the_gpu_for_its_peaks(capsys, tiny_model_dir, tmp_path):
+    data = tmp_path / "train.parquet"
+    data.write_bytes(b"")
+    base = ["config", "check", f"actor_rollout_ref.model.path={tiny_model_dir}", f"data.train_files={data}",
+            "data.val_files=null", "actor_rollout_ref.rollout.speculative.enable=true", "--gpu-memory-gb", "141"]
+    assert cli.main([*base, "--gpu-name", "NVIDIA H200"]) == 0
+    out = capsys.readouterr().out
+    assert "device          NVIDIA H200, 141.0 GiB per GPU" in out and "within half NVIDIA H200's ridge point" in out
+    assert cli.main(base) == 0
+    assert "no known peaks for a 141 GiB GPU" in capsys.readouterr().out
+
+
 def test_config_show_prints_resolved_yaml_with_overrides(capsys):
     assert cli.main(["config", "show", "--config", SEED, "data.max_prompt_length=100"]) == 0
     shown = yaml.safe_load(capsys.readouterr().out)

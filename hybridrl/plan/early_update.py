@@ -115,9 +115,8 @@ def plan_early_update(sizing: Sizing, actor: ActorPlan) -> ActorPlan:
             return actor
         before = max(p.total for p in sizing.predicted.values())
         sizing.predicted["gen"] = both
-        choices.append(f"{KEY} = true (finished groups train beside the decode tail: the rollout and the update at "
-                       f"once are predicted at {both.total / GiB:.1f} GiB, the run's peak "
-                       f"{before / GiB:.1f} GiB without it; false keeps that)")
-    else:
-        choices.append(f"{KEY} = true")
+        if is_auto(value):   # the plan's choices are its own, not what the config set
+            choices.append(f"{KEY} = true (finished groups train beside the decode tail: the rollout and the update "
+                           f"at once are predicted at {both.total / GiB:.1f} GiB, the run's peak "
+                           f"{before / GiB:.1f} GiB without it; false keeps that)")
     return replace(actor, early_update=True)

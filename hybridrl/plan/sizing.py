@@ -261,6 +261,8 @@ class Sizing:
             raise ConfigError([f"'{key}' = auto: even one sequence of {longest} tokens is predicted to need "
                                f"{peak(tokens).total / GiB:.1f} GiB in phase {peak(tokens).phase}, over {SAFETY:.0%} "
                                f"of {self.device.total_bytes / GiB:.1f} GiB; " + self.no_fit_hint(peak(tokens))])
-        fit = "" if budget is None else f" (predicted {peak(tokens).phase} peak {peak(tokens).total / GiB:.1f} GiB)"
-        self.choices.append(f"{key} = {tokens}{fit}")
+        # no peak quoted here: the recompute and offload choices made after this one change it (the table of
+        # predicted peaks per phase has the final ones)
+        self.choices.append(f"{key} = {tokens}" + ("" if tokens == max(tokens_target, longest) else
+                                                   f" (lowered from {max(tokens_target, longest)} to fit memory)"))
         return tokens
