@@ -1,6 +1,7 @@
 """RewardManager: turn rollout responses into token-level scores [B, R] (verl's naive / batch managers).
 
-- Each response is decoded from its valid tokens (`responses` where `response_mask` is 1; special tokens
+- Each response is decoded from its valid tokens as verl decodes it (`responses` where the attention mask is 1:
+  in a multi-turn trajectory the tool and user messages and the template text between turns too; special tokens
   skipped) and scored with `compute_score(data_source, solution_str, ground_truth, extra_info)` (naive) or
   once per batch with `compute_score(data_sources=, solution_strs=, ground_truths=, extra_infos=)` (batch).
 - The score goes on the last valid response token, zeros elsewhere. A scorer returning a dict contributes its
@@ -192,9 +193,10 @@ class RewardManager:
         if mask is None:
             mask = data.batch["attention_mask"][:, -resp_len:]
         valid = mask.bool().cpu()
-        attention = data.batch.get("attention_mask")  # verl measures the length on the attention mask
-        lengths = (attention[:, -resp_len:] if attention is not None else mask).sum(-1).tolist()
-        texts = [self.tokenizer.decode(responses[i].cpu()[valid[i]].tolist(), skip_special_tokens=True)
+        attention = data.batch.get("attention_mask")  # verl measures the length and decodes on the attention mask
+        attended = (attention[:, -resp_len:] if attention is not None else mask).bool().cpu()
+        lengths = attended.sum(-1).tolist()
+        texts = [self.tokenizer.decode(responses[i].cpu()[attended[i]].tolist(), skip_special_tokens=True)
                  for i in range(bsz)]
         rm = data.batch.get("rm_scores")
         rm_list = None if rm is None else rm.float().sum(-1).tolist()  # one non-zero token per row

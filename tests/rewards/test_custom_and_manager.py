@@ -181,3 +181,26 @@ def test_a_score_beyond_float32_is_an_error_not_a_crash():
         RewardManager._as_score(1e39)
     with pytest.raises(ValueError, match="beyond float32's range"):
         RewardManager._as_score({"score": -1e39})
+
+
+def test_multi_turn_responses_are_decoded_whole_as_verl_decodes_them(tok):
+    """verl decodes every attended response token for the scorer (a tool's answer between the assistant's turns
+    included); the score still lands on the last token the model wrote."""
+    seen = []
+
+    def scorer(data_source, solution_str, ground_truth, extra_info=None):
+        seen.append(solution_str)
+        return 1.0
+
+    batch = make_batch(tok, ["call tool answer from tool final 42"], ["42"])
+    ids = batch.batch["responses"][0].tolist()
+    tool = tok.encode(" answer from tool", add_special_tokens=False)
+    start = next(i for i in range(len(ids)) if ids[i:i + len(tool)] == tool)
+    batch.batch["attention_mask"] = torch.cat([torch.ones(1, 4, dtype=torch.long),
+                                               batch.batch["response_mask"].clone()], dim=1)
+    batch.batch["response_mask"][0, start:start + len(tool)] = 0          # the tool's tokens: not the model's
+    batch.batch["response_mask"][0, int(batch.batch["attention_mask"][0, 4:].sum()) - 1] = 0   # nor the last one
+    out = RewardManager(tok, compute_score=scorer, timeout_s=None)(batch)
+    assert seen == ["call tool answer from tool final 42"]
+    last_model_token = int(batch.batch["response_mask"][0].nonzero()[-1])
+    assert out["reward_tensor"][0].nonzero().flatten().tolist() == [last_model_token]
