@@ -280,5 +280,7 @@ def collate_rows(rows: Iterable[dict]) -> DataProto:
     if not rows:
         raise ValueError("collate_rows: empty list")
     tensors = {k: torch.stack([r[k] for r in rows]) for k, v in rows[0].items() if isinstance(v, torch.Tensor)}
-    others = {k: _as_object_array([r[k] for r in rows]) for k, v in rows[0].items() if not isinstance(v, torch.Tensor)}
+    # non-tensor entries: every row's keys (rows of files with different columns hold None where theirs lack one)
+    keys = dict.fromkeys(k for r in rows for k, v in r.items() if not isinstance(v, torch.Tensor))
+    others = {k: _as_object_array([r.get(k) for r in rows]) for k in keys}
     return DataProto(tensors, others)

@@ -88,8 +88,7 @@ def read_rows(files, prompt_key: str = "prompt") -> list[dict]:
             raise FileNotFoundError(f"data file {str(p)!r} not found")
         table = pq.read_table(path)
         _check_schema(str(path), table.schema, prompt_key)
-        cols = [c for c in (prompt_key, "data_source", "reward_model", "ability", "extra_info") if c in table.schema.names]
-        for r, row in enumerate(table.select(cols).to_pylist()):
+        for r, row in enumerate(table.to_pylist()):   # every column, as verl keeps them (data.reward_fn_key may name any)
             row["_file"], row["_row"] = str(path), r
             rows.append(row)
     return rows
@@ -196,6 +195,9 @@ class RLHFDataset(torch.utils.data.Dataset):
                "index": extra_info.get("index", idx) if isinstance(extra_info, dict) else idx}
         if self.return_raw_chat:
             out["raw_prompt"] = row[self.prompt_key]
+        for key, value in row.items():   # the files' other columns, as verl's dataset passes them on
+            if key not in out and key != self.prompt_key and not key.startswith("_"):
+                out[key] = value
         return out
 
 

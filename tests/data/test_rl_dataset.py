@@ -44,6 +44,19 @@ def test_verl_gsm8k_parquet_loads_unchanged(tmp_path, tok):
     assert item["index"] == 2 and item["ability"] == "math"
 
 
+def test_the_files_other_columns_reach_the_batch(tmp_path, tok):
+    """verl's dataset passes every column on (data.reward_fn_key may name one of them); files with different
+    columns batch together, None where a row's file lacks one."""
+    rows = write_verl_gsm8k(tmp_path / "a.parquet", n=2)
+    pq.write_table(pa.Table.from_pylist([{**r, "task": f"t{i}", "difficulty": i} for i, r in enumerate(rows)]),
+                   tmp_path / "b.parquet")
+    ds = RLHFDataset([str(tmp_path / "a.parquet"), str(tmp_path / "b.parquet")], tok, {"max_prompt_length": 96})
+    assert ds[2]["task"] == "t0" and ds[3]["difficulty"] == 1 and "task" not in ds[0]
+    batch = StatefulDataLoader(ds, batch_size=4, shuffle=False).__iter__().__next__()
+    assert list(batch.non_tensor_batch["task"]) == [None, None, "t0", "t1"]
+    assert batch.non_tensor_batch["data_source"][3] == "openai/gsm8k"
+
+
 def test_multiple_files_and_overlong_filter_counted(tmp_path, tok):
     write_verl_gsm8k(tmp_path / "a.parquet", n=4)
     long_row = {"data_source": "arith", "prompt": [{"role": "user", "content": "word " * 200}], "ability": "math",
