@@ -89,7 +89,7 @@ def test_template_renders_tools_calls_and_answers_as_the_agent_parses_and_append
                                 "error")[0][0]
         prompt, response, mask = sft
         turn1 = tok.encode(call_text, add_special_tokens=False)
-        seq = SimpleNamespace(token_ids=prompt + turn1, turn_start=len(prompt), agent_state=None)
+        seq = SimpleNamespace(token_ids=prompt + turn1, turn_start=len(prompt), agent_state=None, request_id=0)
         assert agent.ends_turn(seq)
         appended = agent.on_turn_end(seq, budget=1000).result(timeout=30).token_ids
         turn2 = tok.encode(f"#### {product}", add_special_tokens=False) + [tok.eos_token_id]

@@ -52,10 +52,12 @@ def test_calls_inside_reasoning_are_counted_not_parsed():
 
 
 class _Seq:
-    """The fields of an engine Sequence the agent reads: its tokens, where the current turn starts, its state."""
+    """The fields of an engine Sequence the agent reads: its tokens, where the current turn starts, its state, its
+    prompt's index in the generate call."""
 
     def __init__(self, prompt_ids, turn_ids):
         self.token_ids, self.turn_start, self.agent_state = prompt_ids + turn_ids, len(prompt_ids), None
+        self.request_id = 0
 
 
 def _agent(tokenizer_dir, tmp_path, entries, **settings):
