@@ -67,6 +67,15 @@ def need_critic(config: PPOConfig) -> bool:
     return config.algorithm.adv_estimator == "gae"
 
 
+REWARD_EXTRAS = "reward_extra_info"   # non-tensor key: per sample, the dict of what the scorer reported beside its score
+
+
+def _columns(rows) -> dict[str, list]:
+    """Per-sample dicts as columns (None where a sample lacks a key), as verl's rollout dump writes them."""
+    keys = dict.fromkeys(k for row in rows for k in row)
+    return {k: [row.get(k) for row in rows] for k in keys}
+
+
 def need_reference(config: PPOConfig) -> bool:
     return config.actor_rollout_ref.actor.use_kl_loss or config.algorithm.use_kl_in_reward
 
@@ -305,6 +314,9 @@ class RayPPOTrainer:
             for key, value in rm_metrics.items():
                 metrics[key] = metrics.get(key, 0.0) + value if key in RM_COUNTS else value
             batch.batch["token_level_scores"] = result["reward_tensor"]
+            extras = result.get("reward_extra_info") or {}   # the scorer's per-sample extras, for the rollout dumps
+            batch.non_tensor_batch[REWARD_EXTRAS] = np.array([{k: v[i] for k, v in extras.items()}
+                                                              for i in range(len(batch))], dtype=object)
         return result
 
     def _partial_rollout(self, batch: DataProto, meta: dict, metrics: dict, timing: dict, absorb) -> DataProto | None:
@@ -464,7 +476,8 @@ class RayPPOTrainer:
                          decode(batch.batch["responses"], skip_special_tokens=True),
                          ground_truths(batch.non_tensor_batch, len(batch)),
                          batch.batch["token_level_scores"].sum(-1).tolist(),
-                         {"uid": batch.non_tensor_batch["uid"].tolist()})
+                         {"uid": batch.non_tensor_batch["uid"].tolist(), **_columns(batch.non_tensor_batch.get(
+                             REWARD_EXTRAS, ()))})
 
     # ------------------------------------------------------------------ loop
     def _generation_batches(self) -> Iterator[DataProto]:

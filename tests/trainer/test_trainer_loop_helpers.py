@@ -64,3 +64,13 @@ def test_balance_batch_moves_whole_groups_when_prompts_are_shared():
     assert math.isclose(metrics["training/seqlen_balance_max_over_min"], 21 / 19)
     odd = batch_with_lengths([3, 1, 2, 2, 5, 5])     # 3 groups over 2 ranks: left as it is
     assert balance_batch(odd, world_size=2, group_size=2) == {} and odd.batch["row"].tolist() == list(range(6))
+
+
+def test_reward_extras_become_the_rollout_dumps_columns():
+    """The scorer's per-sample extras (kept in the batch as dicts) are written as verl writes them: a column each,
+    None where a sample's scorer reported no such key."""
+    from hybridrl.trainer.ppo_trainer import _columns
+
+    rows = [{"acc": True, "pred": "4"}, {"acc": False}, {}]
+    assert _columns(rows) == {"acc": [True, False, None], "pred": ["4", None, None]}
+    assert _columns(()) == {}
