@@ -199,7 +199,9 @@ built in: `hybridrl.rollout.interactions.Gsm8kInteraction`, also under verl's cl
 class in a file, relative to the YAML; an entry without `name` is named as verl names it, the class name without
 "Interaction", lowercased) answer a turn without a tool call with a user message, chosen per sample by
 `extra_info.interaction_kwargs.name` (all its keys, e.g. `ground_truth`, are passed to the interaction, as verl
-passes them); their scores (None: no score for that turn) are in each sample's `multi_turn_stats.turn_scores`. Recipe `examples/smollm2_interaction/run.sh`:
+passes them); their scores (None: no score for that turn) are in each sample's `multi_turn_stats.turn_scores`, and a
+reward function's `extra_info` holds the trajectory's `num_turns`, `turn_scores` and `tool_rewards` (a class tool's
+step rewards), as verl's managers add them. Recipe `examples/smollm2_interaction/run.sh`:
 SmolLM2-135M-Instruct learns a + b with a simulated user that says "incorrect, try again" and allows up to two
 retries (`max_user_turns=2`); run on CPU with a tiny model, not measured on a GPU yet.
 With `tensor_model_parallel_size` > 1 the tools run once per engine, on rank 0 of its TP group, and their answers are

@@ -1,5 +1,7 @@
 """RewardManager: turn rollout responses into token-level scores [B, R] (verl's naive / batch managers).
 
+- A multi-turn trajectory's extra_info also holds `num_turns`, `turn_scores` (its interaction's) and `tool_rewards`
+  (its class tools' step rewards), as verl's managers add them.
 - Each response is decoded from its valid tokens as verl decodes it (`responses` where the attention mask is 1:
   in a multi-turn trajectory the tool and user messages and the template text between turns too; special tokens
   skipped) and scored with `compute_score(data_source, solution_str, ground_truth, extra_info)` (naive) or
@@ -53,6 +55,8 @@ from hybridrl.rewards.score_worker import ScorerProcess
 __all__ = ["OverlongBuffer", "RewardManager", "default_compute_score_batch", "overlong_reward", "takes_rm_score"]
 
 FLOAT32_MAX = 3.4028234663852886e38
+# what a multi-turn trajectory adds to its extra_info for the scorer, under verl's names
+MULTI_TURN_EXTRAS = ("num_turns", "turn_scores", "tool_rewards")
 
 log = logging.getLogger(__name__)
 MODES = ("naive", "batch")
@@ -183,6 +187,10 @@ class RewardManager:
         truths = [rm.get("ground_truth") if isinstance(rm, dict) else None
                   for rm in data.non_tensor_batch["reward_model"]]
         extras = list(data.non_tensor_batch["extra_info"]) if "extra_info" in data.non_tensor_batch else [None] * len(data)
+        turns = data.non_tensor_batch.get("multi_turn_stats")
+        if turns is not None:   # as verl's managers add them for multi-turn scorers
+            extras = [{**(e if isinstance(e, dict) else {}), **{k: st.get(k) for k in MULTI_TURN_EXTRAS if k in st}}
+                      for e, st in zip(extras, turns)]
         return sources, truths, extras
 
     # ------------------------------------------------------------------ entry point

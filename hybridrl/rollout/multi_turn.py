@@ -97,6 +97,7 @@ class TrajectoryStats:
     calls_in_reasoning: int = 0  # written inside <think> blocks: not run
     interaction_turns: int = 0   # user messages an interaction answered with
     turn_scores: list = field(default_factory=list)  # each interaction answer's score
+    tool_rewards: list = field(default_factory=list)  # each class tool call's step reward (verl's tool_rewards)
     appended: list = field(default_factory=list)  # the messages appended after each assistant turn
     truncated_responses: int = 0
     cut: str = ""              # "" | "turns" | "length" | "turn_length": ended by a limit (assistant / tool turns,
@@ -307,6 +308,7 @@ class ToolAgent:
         out = self.tools[call.name].run(call.arguments, create_kwargs=create_kwargs)
         s = self.settings
         counts = {"tool_calls": 1, "tool_time_s": out.seconds, "tool_errors": int(out.status != "ok"),
+                  "tool_rewards": [] if out.reward is None else [out.reward],
                   "tool_crashes": int(out.status == "crash"), "tool_timeouts": int(out.status == "timeout"),
                   "truncated_responses": int(len(out.text) > s.max_tool_response_length)}
         return truncate_tool_response(out.text, s.max_tool_response_length, s.tool_response_truncate_side), counts

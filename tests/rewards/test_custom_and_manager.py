@@ -1,6 +1,7 @@
 import pickle
 import textwrap
 
+import numpy as np
 import pytest
 import torch
 from transformers import AutoTokenizer
@@ -204,3 +205,19 @@ def test_multi_turn_responses_are_decoded_whole_as_verl_decodes_them(tok):
     assert seen == ["call tool answer from tool final 42"]
     last_model_token = int(batch.batch["response_mask"][0].nonzero()[-1])
     assert out["reward_tensor"][0].nonzero().flatten().tolist() == [last_model_token]
+
+
+def test_multi_turn_scorers_get_verls_extra_info(tok):
+    seen = []
+
+    def scorer(data_source, solution_str, ground_truth, extra_info=None):
+        seen.append(extra_info)
+        return 0.0
+
+    batch = make_batch(tok, ["a", "b"], ["1", "2"])
+    batch.non_tensor_batch["multi_turn_stats"] = np.array(
+        [{"num_turns": 4, "turn_scores": [0.5], "tool_rewards": [1.0], "tool_calls": 1}, {"num_turns": 2}],
+        dtype=object)
+    RewardManager(tok, compute_score=scorer, timeout_s=None)(batch)
+    assert seen == [{"index": 0, "num_turns": 4, "turn_scores": [0.5], "tool_rewards": [1.0]},
+                    {"index": 1, "num_turns": 2}]

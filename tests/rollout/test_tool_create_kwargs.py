@@ -56,13 +56,15 @@ def test_each_sample_checks_against_its_own_create_kwargs(tiny_model_dir, tmp_pa
     call = '<tool_call>\n{"name": "check_answer", "arguments": {"answer": "7"}}\n</tool_call><|im_end|>'
     prompt = "<|im_start|>user\nWhat is 3+4?<|im_end|>\n<|im_start|>assistant\n"
     try:
-        answers = []
+        answers, rewards = [], []
         for request_id in range(3):
             seq = _Seq(tok, prompt, request_id)
             seq.token_ids += tok.encode(call, add_special_tokens=False)
             outcome = agent.on_turn_end(seq, budget=200).result(timeout=10)
             answers.append(tok.decode(outcome.token_ids))
+            rewards.append(agent.trajectory_stats(seq)["tool_rewards"])
     finally:
         agent.close()
     assert "correct=True" in answers[0] and "correct=False" in answers[1]   # each sample's own ground truth
+    assert rewards == [[1.0], [0.0], [0.0]]   # execute's step rewards, verl's tool_rewards
     assert "correct=False" in answers[2]   # no tools_kwargs: create gets {}
