@@ -1,5 +1,6 @@
 """The hybridrl CLI: config show/check exit codes, train dispatch, plugin registration and failures."""
 
+import signal
 import subprocess
 import sys
 import types
@@ -143,3 +144,23 @@ def test_bench_names_point_at_existing_scripts():
     root = Path(__file__).resolve().parent.parent / "benchmarks"
     assert {"grpo", "rollout", "decode", "logprob", "plot"} <= set(SCRIPTS)
     assert all((root / script).exists() for script in SCRIPTS.values())
+
+
+def test_an_error_that_stops_a_run_prints_its_message_without_a_traceback(capsys, monkeypatch):
+    from hybridrl.rewards.error_guard import RewardErrorLimitError
+    from hybridrl.trainer import main_ppo
+
+    def run(config):
+        raise RewardErrorLimitError("step 3: 9 of 16 samples failed, over reward_model.max_error_fraction=0.5")
+
+    monkeypatch.setattr(main_ppo, "run", run)
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}   # the run installs its own
+    try:
+        assert cli.main(["train", "trainer.total_training_steps=1"]) == 1
+        err = capsys.readouterr().err
+        assert "hybridrl: error: step 3: 9 of 16 samples failed" in err and "Traceback" not in err
+        assert main_ppo.main(["trainer.total_training_steps=1"]) == 1
+        assert "error: step 3: 9 of 16" in capsys.readouterr().err
+    finally:
+        for signum, handler in handlers.items():
+            signal.signal(signum, handler)

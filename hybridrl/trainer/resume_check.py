@@ -35,7 +35,7 @@ NOT_COMPARED = ("trainer.resume_mode", "trainer.resume_from_path", "trainer.defa
 
 _WEIGHTS = "the checkpoint holds weights trained from the saved value; to start from a checkpoint's weights with " \
            "other settings, merge it (`hybridrl merge`) and start a fresh run (trainer.resume_mode=disable) from it"
-_DATA = "the saved dataloader position counts batches of the saved data order; change it only in a fresh run"
+_DATA = "the saved dataloader position is a place in the saved data order; change it only in a fresh run"
 REFUSED = {
     "actor_rollout_ref.model.path": _WEIGHTS,
     "actor_rollout_ref.model.override_config": _WEIGHTS,
@@ -48,8 +48,6 @@ REFUSED = {
                                                        "saved dtype",
     "actor_rollout_ref.actor.checkpoint.contents": "the checkpoint holds only what the saved value lists",
     "data.train_files": _DATA,
-    "data.train_batch_size": _DATA,
-    "data.gen_batch_size": _DATA,
     "data.shuffle": _DATA,
     "data.seed": _DATA,
 }
@@ -60,6 +58,8 @@ NOTES = {
     "optim.": "applied to the loaded optimizer and lr schedule",
     "trainer.total_epochs": "the run ends at the new horizon; a cosine schedule's horizon follows it",
     "trainer.total_training_steps": "the run ends at the new horizon; a cosine schedule's horizon follows it",
+    "data.train_batch_size": "the prompts go on at the saved sample of the saved order, in batches of the new size",
+    "data.gen_batch_size": "the prompts go on at the saved sample of the saved order, in batches of the new size",
     "trainer.nnodes": "model and optimizer are resharded; RNG states are not restored (sampling differs)",
     "trainer.n_gpus_per_node": "model and optimizer are resharded; RNG states are not restored (sampling differs)",
 }

@@ -167,3 +167,13 @@ def test_loader_batches_and_resumes_exactly(tmp_path, tok):
         StatefulDataLoader(ds, batch_size=4, seed=6).load_state_dict(state)
     with pytest.raises(ValueError, match="train_batch_size=64"):
         StatefulDataLoader(ds, batch_size=64)
+    # resumed with another batch size (as verl allows): the same order from the same sample, in the new size
+    wider = StatefulDataLoader(ds, batch_size=6, shuffle=True, seed=5)
+    wider.load_state_dict(state)
+    rows = [list(b.non_tensor_batch["index"]) for b in wider]
+    assert rows == [epoch0[8:14], epoch0[14:20]] and wider.batch_index == 4
+    older = {k: v for k, v in state.items() if k != "sample_index"}   # a checkpoint that counted batches only
+    narrow = StatefulDataLoader(ds, batch_size=2, shuffle=True, seed=5)
+    narrow.load_state_dict(older)
+    tail = [i for b in narrow for i in b.non_tensor_batch["index"]]
+    assert tail[:12] == epoch0[8:20] and len(tail) == 14   # size 2 reaches the 2 rows size 4 drops

@@ -68,10 +68,15 @@ def test_the_same_path_written_differently_is_no_change(monkeypatch, tmp_path):
 def test_refusal_names_every_conflicting_key_with_both_values(tmp_path, caplog):
     (tmp_path / CONFIG_FILE).write_text(json.dumps(saved("actor_rollout_ref.model.path=/models/a")))
     with pytest.raises(ResumeConfigError) as err:
-        check_resume_config(tmp_path, config("actor_rollout_ref.model.path=/models/b", "data.train_batch_size=2048"))
+        check_resume_config(tmp_path, config("actor_rollout_ref.model.path=/models/b", "data.shuffle=false"))
     msg = str(err.value)
     assert "actor_rollout_ref.model.path: '/models/a' in the checkpoint, '/models/b' now" in msg
-    assert "data.train_batch_size: 256 in the checkpoint, 2048 now" in msg
+    assert "data.shuffle: True in the checkpoint, False now" in msg
+    # a new batch size is not refused (verl resumes too): the prompts go on at the saved sample
+    with caplog.at_level(logging.WARNING, logger="hybridrl.resume"):
+        check_resume_config(tmp_path, config("actor_rollout_ref.model.path=/models/a", "data.train_batch_size=128",
+                                             "actor_rollout_ref.actor.ppo_mini_batch_size=128"))
+    assert "data.train_batch_size: 256 in the checkpoint, 128 now" in caplog.text
     with caplog.at_level(logging.WARNING, logger="hybridrl.resume"):
         check_resume_config(tmp_path, config("actor_rollout_ref.model.path=/models/a", "trainer.save_freq=5"))
     assert "trainer.save_freq: -1 in the checkpoint, 5 now" in caplog.text and "take effect" in caplog.text
