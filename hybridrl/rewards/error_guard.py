@@ -51,3 +51,11 @@ class RewardErrorGuard:
                 "train on. The reward warnings above name the failures (a scorer raising, non-finite "
                 "scores, timeouts, missing ground truths); fix the scorer or the data, or raise the limit")
         return fraction
+
+    def state_dict(self) -> dict:
+        """The window's steps, saved with a checkpoint so a resumed run counts the failures before it."""
+        return {"steps": [list(s) for s in self._steps]}
+
+    def load_state_dict(self, state: dict) -> None:
+        self._steps.clear()
+        self._steps.extend(tuple(int(x) for x in s) for s in state.get("steps", []))   # the window keeps the last ones

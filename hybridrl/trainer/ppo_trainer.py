@@ -218,7 +218,8 @@ class RayPPOTrainer:
             if self.use_critic:
                 self.critic_wg.save_checkpoint(str(tmp / "critic"))
             state = {"global_step": step, "dataloader": self.train_loader.state_dict(),
-                     "kl_coef": self.kl_ctrl.value if self.kl_ctrl else None}
+                     "kl_coef": self.kl_ctrl.value if self.kl_ctrl else None,
+                     "reward_errors": self.reward_guard.state_dict()}
             (tmp / "trainer_state.json").write_text(json.dumps(state))
             if self.partial is not None:  # the groups in flight: a resumed run continues them
                 torch.save(self.partial.state_dict(), tmp / PARTIAL_STATE_FILE)
@@ -240,6 +241,7 @@ class RayPPOTrainer:
         self.train_loader.load_state_dict(state["dataloader"])
         if self.kl_ctrl is not None and state.get("kl_coef") is not None:
             self.kl_ctrl.value = state["kl_coef"]
+        self.reward_guard.load_state_dict(state.get("reward_errors", {}))
         self.global_steps = int(state["global_step"])
         print(f"[hybridrl] resumed from {path} at step {self.global_steps}")
         if self.tracker is not None:
@@ -503,6 +505,10 @@ class RayPPOTrainer:
             if pending:
                 self.tracker.log(pending, step=0)
             pending = {}
+        if self.global_steps >= self.total_training_steps:
+            print(f"[hybridrl] nothing to train: the run resumed at step {self.global_steps}, already at or past its "
+                  f"last step {self.total_training_steps} (trainer.total_training_steps / total_epochs); raise it to "
+                  "train on", flush=True)
         # a step bar on interactive terminals only: in log files the console logger's one line per step says it all
         bar = make_progress_bar(self.total_training_steps, min(self.global_steps, self.total_training_steps),
                                 disable=not sys.stderr.isatty())

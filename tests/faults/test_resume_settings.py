@@ -150,3 +150,15 @@ def test_logged_steps_never_go_back_after_a_resume(tmp_path, resume):
     assert getattr(trainer.tracker, "resumed_at", None) == (2 if resume else None)   # the file log is cut there
     assert "data/filtered_prompts" in trainer.tracker.steps[0][1]
     assert all("data/filtered_prompts" not in d for _, d in trainer.tracker.steps[1:])
+
+
+def test_a_run_resumed_past_its_last_step_says_so(tmp_path, capsys):
+    from fault_inject import make_trainer, trained_run
+
+    run = tmp_path / "run"
+    trained_run(run, steps=(1, 2))
+    trainer = make_trainer(run, "trainer.total_training_steps=2")
+    trainer.tracker = _Recorder()
+    trainer.train_step = lambda batch, batches: pytest.fail("nothing is left to train")
+    trainer.fit()
+    assert "nothing to train: the run resumed at step 2, already at or past its last step 2" in capsys.readouterr().out

@@ -80,6 +80,21 @@ def test_guard_stops_at_the_limit_over_its_window():
     assert "error_window_steps=2" in str(e.value)
 
 
+def test_guard_window_survives_a_resume():
+    """Saved with the checkpoint: a resumed run counts the failures of the steps before it in its window."""
+    guard = RewardErrorGuard(max_fraction=0.5, window=2)
+    guard.check(1, {"reward/errors": 1, "reward/samples": 4})
+    import json
+
+    resumed = RewardErrorGuard(max_fraction=0.5, window=2)
+    resumed.load_state_dict(json.loads(json.dumps(guard.state_dict())))   # as trainer_state.json holds it
+    with pytest.raises(RewardErrorLimitError, match=r"4 of 8 samples in steps 1-2"):
+        resumed.check(2, {"reward/errors": 3, "reward/samples": 4})
+    narrower = RewardErrorGuard(max_fraction=0.5, window=1)   # a smaller window keeps the last steps only
+    narrower.load_state_dict({"steps": [[1, 4, 4], [2, 0, 4]]})
+    assert narrower.check(3, {"reward/errors": 0, "reward/samples": 4}) == 0.0
+
+
 def test_guard_default_stops_only_when_every_sample_of_a_step_failed():
     guard = RewardErrorGuard()
     assert guard.check(1, {"reward/errors": 7, "reward/samples": 8}) == 7 / 8
