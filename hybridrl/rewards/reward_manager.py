@@ -15,8 +15,9 @@
   too many samples fail: rewards/error_guard.py). A sample whose ground truth is missing (None or NaN) is not
   scored: it gets 0 and counts as an error, and also in `reward/missing_ground_truths`. `reward/samples` is the
   batch size. With a timeout the scorer runs in a worker process that is replaced when it overruns
-  (score_worker.py). In batch mode the deadline is timeout_s × batch size and a failure zeroes (and counts)
-  every sample of the batch. `timeout_s=None` scores in-process with no limit.
+  (score_worker.py); a scorer that times out on the first HUNG_AFTER samples of a call without scoring one stops the
+  run at once (RewardErrorLimitError: it hangs on every input, and timing out on each would take hours). In batch
+  mode the deadline is timeout_s × batch size and a failure zeroes (and counts) every sample of the batch. `timeout_s=None` scores in-process with no limit.
 - With the default scorer, a data_source it cannot score (unknown, or a code source needing a sandbox) fails
   the call with the reason (a config error, not a sample error).
 - An empty response (no valid token) is still scored (on ""); its score cannot sit on a valid token, so it is
@@ -50,11 +51,13 @@ import torch
 
 from hybridrl.protocol import DataProto
 from hybridrl.rewards.default import default_compute_score, unscorable_sources_error
+from hybridrl.rewards.error_guard import RewardErrorLimitError
 from hybridrl.rewards.score_worker import ScorerProcess
 
 __all__ = ["OverlongBuffer", "RewardManager", "default_compute_score_batch", "overlong_reward", "takes_rm_score"]
 
 FLOAT32_MAX = 3.4028234663852886e38
+HUNG_AFTER = 8   # timeouts in a row, from a call's first sample, that mean the scorer hangs on every input
 # what a multi-turn trajectory adds to its extra_info for the scorer, under verl's names
 MULTI_TURN_EXTRAS = ("num_turns", "turn_scores", "tool_rewards")
 
@@ -151,8 +154,11 @@ class RewardManager:
     def _score_present(self, sources, texts, truths, extras, rm_scores) -> list[tuple[str, object]]:
         if self.mode == "naive":
             rm = [None] * len(texts) if rm_scores is None else [{"rm_score": x} for x in rm_scores]
-            return [self._call((ds, s, gt, ei), kw, self.timeout_s)
-                    for ds, s, gt, ei, kw in zip(sources, texts, truths, extras, rm)]
+            results = []
+            for ds, s, gt, ei, kw in zip(sources, texts, truths, extras, rm):
+                results.append(self._call((ds, s, gt, ei), kw, self.timeout_s))
+                self._stop_if_hung(results, len(texts))
+            return results
         budget = None if self.timeout_s is None else self.timeout_s * len(texts)
         rm = {} if rm_scores is None else {"rm_scores": rm_scores}
         status, value = self._call((), {"data_sources": sources, "solution_strs": texts, "ground_truths": truths,
@@ -160,6 +166,16 @@ class RewardManager:
         if status == "ok" and (not isinstance(value, (list, tuple)) or len(value) != len(texts)):
             status, value = "error", f"batch compute_score must return a list of {len(texts)} scores, got {value!r}"[:500]
         return list(zip(["ok"] * len(texts), value)) if status == "ok" else [(status, value)] * len(texts)
+
+    def _stop_if_hung(self, results: list, total: int) -> None:
+        """A scorer that has timed out on the first HUNG_AFTER samples of a call and scored none hangs on every
+        input: going on would take timeout_s per sample of the step (hours at thousands of samples) for the same
+        verdict, so the run stops here, saying so."""
+        if len(results) == HUNG_AFTER < total and all(status == "timeout" for status, _ in results):
+            raise RewardErrorLimitError(
+                f"the reward scorer gave no score within reward_model.timeout_s={self.timeout_s} for each of the "
+                f"first {HUNG_AFTER} samples of {total} and scored none: it appears to hang on every input; fix it, "
+                "or raise reward_model.timeout_s if it is only slow")
 
     @staticmethod
     def _as_score(value) -> tuple[float, dict]:

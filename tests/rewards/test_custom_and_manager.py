@@ -221,3 +221,31 @@ def test_multi_turn_scorers_get_verls_extra_info(tok):
     RewardManager(tok, compute_score=scorer, timeout_s=None)(batch)
     assert seen == [{"index": 0, "num_turns": 4, "turn_scores": [0.5], "tool_rewards": [1.0]},
                     {"index": 1, "num_turns": 2}]
+
+
+HANGING = textwrap.dedent('''
+    import time
+
+    def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+        if "slow" in solution_str or "hang" in solution_str:
+            time.sleep(60)
+        return 1.0
+''')
+
+
+def test_a_scorer_hanging_on_every_input_stops_the_run_at_once(tmp_path, tok):
+    """Timing out on each of thousands of samples would take hours for the same verdict; a scorer that is slow on a
+    few samples only goes on (they count as timeouts)."""
+    from hybridrl.rewards.error_guard import RewardErrorLimitError
+    from hybridrl.rewards.reward_manager import HUNG_AFTER
+
+    path = tmp_path / "hang.py"
+    path.write_text(HANGING)
+    manager = RewardManager(tok, compute_score=load_custom_reward_function(path), timeout_s=0.2)
+    try:
+        with pytest.raises(RewardErrorLimitError, match=rf"first {HUNG_AFTER} samples of 12 and scored none"):
+            manager(make_batch(tok, ["hang"] * 12, ["1"] * 12))
+        out = manager(make_batch(tok, ["slow", "slow", "ok 1"], ["1"] * 3))
+        assert out["reward_tensor"].sum().item() == 1.0 and out["metrics"]["reward/timeouts"] == 2
+    finally:
+        manager.close()
