@@ -249,6 +249,9 @@ class Sizing:
         default prompt + response: a micro-batch must hold one), lowered while its predicted phase peak does not
         fit (never below that sequence)."""
         value, budget, longest = self.get(key), self.budget, longest or self.seq_len
+        if not is_auto(value) and value < longest:
+            raise ConfigError([f"'{key}' = {value} must be >= {longest} with dynamic batch size: a micro-batch must "
+                               f"hold one sequence ({longest} tokens per GPU)"])
         if not is_auto(value):
             if budget is not None and peak(value).total > budget:
                 raise ConfigError([self.over(key, value, peak(value))

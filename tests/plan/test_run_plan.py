@@ -522,3 +522,16 @@ def test_update_gathers_its_weights_once_where_it_costs_at_most_one_kept_layer()
     with pytest.raises(ConfigError, match=f"'{A}.update_unshard_once' = True"):
         plan([*LORA7, f"{A}.update_unshard_once=true"], hf=Q7, device=small)
     assert not plan(long_tail, hf=q15, device=DeviceSpec("cpu", "cpu", None)).actor.update.unshard_once
+
+
+def test_a_budget_below_one_sequence_is_refused_where_the_plan_turns_dynamic_batches_on():
+    """use_dynamic_bsz auto: on on GPUs, off on the CPU. A per-GPU budget that cannot hold one sequence is refused
+    by the plan where it turns them on, and nowhere else."""
+    small = [f"{A}.use_dynamic_bsz=auto", f"{A}.ppo_micro_batch_size_per_gpu=auto", f"{A}.ppo_max_token_len_per_gpu=300"]
+    cfg = load_config(overrides=[*STEP, *small])   # the config alone does not decide it
+    make_plan(cfg, Q05, DeviceSpec("cpu", "cpu", None))
+    with pytest.raises(ConfigError, match=rf"'{A}.ppo_max_token_len_per_gpu' = 300 must be >= 512 with dynamic "
+                                          r"batch size: a micro-batch must hold one sequence"):
+        make_plan(cfg, Q05, H200)
+    with pytest.raises(ConfigError, match=rf"'{A}.ppo_max_token_len_per_gpu' = 300 must be >= max_prompt_length"):
+        load_config(overrides=[*STEP, *small, f"{A}.use_dynamic_bsz=true"])   # asked for: refused at once

@@ -43,7 +43,7 @@ class LogProbPassConfig(Section):
 
     def check_log_prob_batches(self, prefix: str, cfg, found: Findings) -> None:
         """A log-prob pass needs a token budget that holds one sequence, or a micro-batch size without one."""
-        if self.log_prob_use_dynamic_bsz is not False:
+        if self.log_prob_use_dynamic_bsz is True:   # auto: the plan checks it where it turns them on
             check_token_len(f"{prefix}.log_prob_max_token_len_per_gpu", self.log_prob_max_token_len_per_gpu, cfg,
                             found, cfg.actor_rollout_ref.actor.ulysses_sequence_parallel_size)
         elif self.log_prob_micro_batch_size_per_gpu is None and self.log_prob_micro_batch_size is None:

@@ -67,7 +67,7 @@ class CriticConfig(Section):
             return
         check_fsdp_size("critic.model.fsdp_config.fsdp_size", self.model.fsdp_config.fsdp_size, cfg, found)
         check_update_batches("critic", "critic.model", self, self.model.use_remove_padding, cfg, found)
-        if self.use_dynamic_bsz is not False:
+        if self.use_dynamic_bsz is True:   # auto: the plan checks it where it turns them on
             check_token_len("critic.forward_max_token_len_per_gpu", self.forward_max_token_len_per_gpu, cfg, found,
                             self.ulysses_sequence_parallel_size)
         actor_tok = cfg.data.tokenizer or cfg.actor_rollout_ref.model.path

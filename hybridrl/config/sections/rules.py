@@ -92,7 +92,7 @@ def check_update_batches(prefix: str, model_prefix: str, role, use_remove_paddin
     if check_sp(prefix, model_prefix, sp, use_remove_padding, cfg, found):
         check_mini_batch(prefix, role.ppo_mini_batch_size, cfg.actor_rollout_ref.rollout.n,
                          cfg.trainer.world_size // sp, micro, may_be_dynamic(role.use_dynamic_bsz, micro), found)
-    if role.use_dynamic_bsz is not False:
+    if role.use_dynamic_bsz is True:   # auto: the plan checks the budget where it turns dynamic batches on
         check_token_len(f"{prefix}.ppo_max_token_len_per_gpu", role.ppo_max_token_len_per_gpu, cfg, found, sp)
 
 
