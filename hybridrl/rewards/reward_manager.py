@@ -17,7 +17,8 @@
   batch size. With a timeout the scorer runs in a worker process that is replaced when it overruns
   (score_worker.py); a scorer that times out on the first HUNG_AFTER samples of a call without scoring one stops the
   run at once (RewardErrorLimitError: it hangs on every input, and timing out on each would take hours). In batch
-  mode the deadline is timeout_s × batch size and a failure zeroes (and counts) every sample of the batch. `timeout_s=None` scores in-process with no limit.
+  mode the deadline is timeout_s × batch size and a failure zeroes (and counts) every sample of the batch.
+  `timeout_s=None` scores in-process with no limit.
 - With the default scorer, a data_source it cannot score (unknown, or a code source needing a sandbox) fails
   the call with the reason (a config error, not a sample error).
 - An empty response (no valid token) is still scored (on ""); its score cannot sit on a valid token, so it is

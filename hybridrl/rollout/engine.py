@@ -88,11 +88,10 @@ from hybridrl.rollout.config import EngineConfig
 from hybridrl.rollout.model_runner import ModelRunner, StepHandle, TokenFeed
 from hybridrl.rollout.ngram_draft import NgramDrafter
 from hybridrl.rollout.sampling_params import CompletionOutput, Continuation, RequestOutput, SamplingParams
-from hybridrl.rollout.scheduler import SPEC_COUNTERS, ScheduledBatch, Scheduler
+from hybridrl.rollout.scheduler import PEAK_STATS, SPEC_COUNTERS, ScheduledBatch, Scheduler
 from hybridrl.rollout.sequence import Sequence
 from hybridrl.rollout.turn_sync import TurnSync
 
-_PEAK_KEYS = ("kv_blocks_peak", "kv_blocks_peak_unshared")
 TAIL_FRACTION = 0.1     # a decode step with fewer than this share of the call's sequences running is in the tail
 _Launched = tuple[ScheduledBatch, StepHandle]   # a step launched on the device, not read yet
 
@@ -407,7 +406,7 @@ class LLMEngine:
         self.stats["cuda_graph_capture_s"] = self.runner.last_capture_s  # graphs are captured on first use
         self.stats.update(self.runner.timing)
         for key, value in call.sched.stats.items():
-            self.stats[key] = max(self.stats[key], value) if key in _PEAK_KEYS else self.stats[key] + value
+            self.stats[key] = max(self.stats[key], value) if key in PEAK_STATS else self.stats[key] + value
         st = self.stats
         if self.config.speculative.enable:  # 0 where nothing was drafted
             st["spec_acceptance_rate"] = st["spec_accepted_tokens"] / max(1, st["spec_draft_tokens"])

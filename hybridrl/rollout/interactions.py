@@ -46,7 +46,7 @@ def call(value):
 
 def default_name(class_name: str) -> str:
     """verl's name for an interaction entry without one: the class name without "Interaction", lowercased."""
-    return class_name.removesuffix("Interaction").lower() if class_name.endswith("Interaction") else class_name.lower()
+    return class_name.removesuffix("Interaction").lower()
 
 
 def finalize(interaction, instance_id: str) -> None:

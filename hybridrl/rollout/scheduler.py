@@ -56,6 +56,8 @@ from hybridrl.rollout.sequence import PLACEHOLDER, SeqStatus, Sequence
 DRAFTLESS_STEPS = 8
 PROBE_EVERY = 16
 
+# the stats that are peaks (the largest over a call's steps), not amounts that add up
+PEAK_STATS = ("kv_blocks_peak", "kv_blocks_peak_unshared")
 # speculative decoding's counters (engine.stats adds the rates derived from them)
 SPEC_COUNTERS = ("spec_verify_steps", "spec_draft_tokens", "spec_drafted_seqs", "spec_accepted_tokens",
                  "spec_emitted_tokens", "spec_discarded_tokens", "spec_probe_steps")

@@ -205,11 +205,10 @@ def _build(entry, where: str) -> Tool:
     else:
         if schema is None:
             raise ValueError(f"{where}: class_name={class_name!r} is not a built-in, so it needs a tool_schema")
-        schema = _check_schema(schema, where)  # before a class is built with it
         fn = _import_tool(class_name, where)
-        if inspect.isclass(fn):
-            instance, fn = class_tools.build_instance(fn, config, schema, where, class_name), None
     schema = _check_schema(schema, where)
+    if inspect.isclass(fn):   # a verl-style tool class, built once with the checked schema
+        instance, fn = class_tools.build_instance(fn, config, schema, where, class_name), None
     return Tool(schema["function"]["name"], schema, fn, timeout_s, instance)
 
 

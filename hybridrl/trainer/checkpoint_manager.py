@@ -160,11 +160,22 @@ def restore_sealed(root: Path) -> list[int]:
             logger.warning("restored %s from %s, sealed by a save that stopped before renaming it", final, p.name)
     if restored:
         _fsync_dir(root)
-        tracker = root / TRACKER_FILE
-        text = tracker.read_text(encoding="utf-8").strip() if tracker.is_file() else ""
-        if not text.isdigit() or max(restored) > int(text):
+        tracked = _read_tracker(root)
+        if tracked is None or max(restored) > tracked:
             _write_tracker(root, max(restored))
     return restored
+
+
+def _read_tracker(root: Path) -> int | None:
+    """The tracker's step; None without one or when it holds no step number (logged)."""
+    path = root / TRACKER_FILE
+    if not path.is_file():
+        return None
+    text = path.read_text(encoding="utf-8").strip()
+    if not text.isdigit():
+        logger.warning("%s holds %r, not a step number; ignoring it", path, text)
+        return None
+    return int(text)
 
 
 def _write_tracker(root: Path, step: int) -> None:
@@ -327,14 +338,7 @@ class CheckpointManager:
 
     # ------------------------------------------------------------------ loading
     def read_tracker(self) -> int | None:
-        path = self.root / TRACKER_FILE
-        if not path.is_file():
-            return None
-        text = path.read_text(encoding="utf-8").strip()
-        if not text.isdigit():
-            logger.warning("%s holds %r, not a step number; ignoring it", path, text)
-            return None
-        return int(text)
+        return _read_tracker(self.root)
 
     def verify(self, path: str | os.PathLike) -> list[str]:
         """Problems with a complete checkpoint's files against its marker's checksums ([] = verified)."""

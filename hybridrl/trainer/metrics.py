@@ -38,6 +38,7 @@ import numpy as np
 import torch
 
 from hybridrl.protocol import DataProto
+from hybridrl.rollout.scheduler import PEAK_STATS
 
 __all__ = [
     "compute_data_metrics",
@@ -331,7 +332,7 @@ def flatten_validation_metrics(data_src2var2metric2val: dict[str, dict[str, dict
 # calls averages them (the peaks: their max) where it adds up the amounts (tokens, steps, seconds)
 ROLLOUT_LEVELS = frozenset({"num_kv_blocks", "kv_block_bytes", "tail_time_frac", "running_seqs_mean",
                             "spec_acceptance_rate", "spec_mean_acceptance_length", "spec_tokens_per_verify_step"})
-ROLLOUT_PEAKS = frozenset({"kv_blocks_peak", "kv_blocks_peak_unshared"})
+ROLLOUT_PEAKS = frozenset(PEAK_STATS)
 
 
 class StepWorkerMetrics:

@@ -316,9 +316,10 @@ class RayPPOTrainer:
             for key, value in rm_metrics.items():
                 metrics[key] = metrics.get(key, 0.0) + value if key in RM_COUNTS else value
             batch.batch["token_level_scores"] = result["reward_tensor"]
-            extras = result.get("reward_extra_info") or {}   # the scorer's per-sample extras, for the rollout dumps
-            batch.non_tensor_batch[REWARD_EXTRAS] = np.array([{k: v[i] for k, v in extras.items()}
-                                                              for i in range(len(batch))], dtype=object)
+            if self.config.trainer.rollout_data_dir:   # the scorer's per-sample extras, for the rollout dumps
+                extras = result.get("reward_extra_info") or {}
+                batch.non_tensor_batch[REWARD_EXTRAS] = np.array([{k: v[i] for k, v in extras.items()}
+                                                                  for i in range(len(batch))], dtype=object)
         return result
 
     def _partial_rollout(self, batch: DataProto, meta: dict, metrics: dict, timing: dict, absorb) -> DataProto | None:
