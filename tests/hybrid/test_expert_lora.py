@@ -17,6 +17,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import transformers
+from gloo_ranks import end_process_group
 from test_borrow_weights import GREEDY, PROMPTS, engine_for
 from test_hybrid_engine import actor_update, hf_greedy, run_two_ranks
 
@@ -250,8 +251,7 @@ def _fsdp_worker(rank, world, port, model_dir, q):
 
         q.put((rank, None, None, traceback.format_exc()))
     finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        end_process_group()
 
 
 def test_fsdp_actor_and_tp_engine_generate_with_the_merged_experts():

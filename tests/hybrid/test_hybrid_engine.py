@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from gloo_ranks import end_process_group
 from typed_sections import FP32_MASTERS, model_source
 
 PROMPTS = [[5, 17, 33, 2, 9], [44, 3, 12], [7, 7, 7, 7, 7, 7, 7]]
@@ -121,8 +122,7 @@ def _worker(rank, world, port, model_dir, q):
 
         q.put((rank, None, None, None, None, None, None, traceback.format_exc()))
     finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        end_process_group()
 
 
 def test_hybrid_engine_reshards_and_follows_updates():

@@ -10,6 +10,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from gloo_ranks import end_process_group
 from typed_sections import FP32_MASTERS, actor_section, model_source
 
 pytestmark = pytest.mark.slow
@@ -98,7 +99,7 @@ def _grpo_step(model_dir, data_dir, reward, q):
 
         q.put(dict(error=traceback.format_exc()))
     finally:
-        dist.destroy_process_group()
+        end_process_group()
 
 
 def test_one_grpo_step_on_smollm2_through_the_hybrid_engine(smollm2_dir, smollm2_add_task, tmp_path):
@@ -157,7 +158,7 @@ def _tp3_rollout(rank, model_dir, store, prompts, q):
 
         q.put((rank, None, None, traceback.format_exc()))
     finally:
-        dist.destroy_process_group()
+        end_process_group()
 
 
 def test_fsdp_to_tp3_reshard_on_smollm2_heads_equals_hf(smollm2_dir, tmp_path):

@@ -3,6 +3,7 @@
 import pytest
 import torch
 import torch.distributed as dist
+from gloo_ranks import end_process_group
 from test_hybrid_engine import run_two_ranks
 from torch import nn
 from tp_slicing_engine import SlicingEngine
@@ -47,7 +48,7 @@ def _worker(rank, world, port, strategy, q):
         if got.shape != want.shape or not torch.equal(got, want):
             errors.append(f"{name}: got {tuple(got.shape)} want {tuple(want.shape)}")
     q.put((rank, errors, stats.bytes_received, stats.tensors))
-    dist.destroy_process_group()
+    end_process_group()
 
 
 @pytest.mark.parametrize("strategy", ["slice", "gather"])
@@ -114,7 +115,7 @@ def _experts_worker(rank, world, port, expert_parallel, q):
         if got.shape != want.shape or not torch.equal(got, want) or not torch.equal(held, want):
             errors.append(f"{name}: got {tuple(got.shape)} want {tuple(want.shape)}")
     q.put((rank, errors, stats.bytes_received))
-    dist.destroy_process_group()
+    end_process_group()
 
 
 @pytest.mark.parametrize("expert_parallel", [False, True])

@@ -12,6 +12,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 import yaml
+from gloo_ranks import end_process_group
 from test_rollout_tp import free_port
 from tool_model_data import TOOL_MODEL_PROMPTS, bignum_prompts, tool_conversation
 
@@ -89,7 +90,7 @@ def _worker(rank, port, model_dir, out_dir):
     results, calls = _run(model_dir, out_dir, group)
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
         json.dump({"results": results, "tool_calls": calls}, f)
-    dist.destroy_process_group()
+    end_process_group()
 
 
 def test_tp2_multi_turn_equals_tp1(tool_model_dir, tmp_path):

@@ -12,6 +12,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn.functional as F
+from gloo_ranks import end_process_group
 from rollout_helpers import hf_logprobs, make_engine, tiny_config, tiny_hf_model
 
 from hybridrl.models import moe as moe_module
@@ -237,7 +238,7 @@ def _tp_worker(rank, port, out_dir):
                   "logprobs": [c.logprobs for o in outs for c in o.outputs]}
         with open(os.path.join(out_dir, f"{kind}_{ep}_rank{rank}.json"), "w") as f:
             json.dump(result, f)
-    dist.destroy_process_group()
+    end_process_group()
 
 
 @pytest.mark.slow

@@ -9,6 +9,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from gloo_ranks import end_process_group
 from rollout_helpers import make_engine, tiny_hf_model
 
 from hybridrl.rollout.config import EngineConfig
@@ -34,7 +35,7 @@ def _worker(rank, port, out_dir):
     group = dist.new_group([0, 1])
     for kind in KINDS:
         _run_one(rank, group, out_dir, kind)
-    dist.destroy_process_group()
+    end_process_group()
 
 
 def _run_one(rank, group, out_dir, kind):

@@ -7,6 +7,7 @@ import socket
 import pytest
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from gloo_ranks import end_process_group
 
 from hybridrl.trainer.checkpoint_manager import (
     COMPLETE_MARKER,
@@ -215,7 +216,7 @@ def _dist_worker(rank, world, port, root):
         with open(os.path.join(os.path.dirname(root), f"result_{rank}.json"), "w") as f:
             json.dump([str(path), ok_files, err], f)
     finally:
-        dist.destroy_process_group()
+        end_process_group()
 
 
 @pytest.mark.slow

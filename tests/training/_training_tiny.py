@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from gloo_ranks import end_process_group
 from typed_sections import actor_section
 
 from hybridrl.protocol import DataProto
@@ -139,7 +140,7 @@ def _entry(rank, world, port, fn, args, errq):
         errq.put((rank, traceback.format_exc()))
         raise
     finally:
-        dist.destroy_process_group()
+        end_process_group()
 
 
 def run_ranks(fn, world: int = 2, *args) -> None:
