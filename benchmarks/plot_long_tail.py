@@ -34,8 +34,12 @@ MILESTONES = [
         [("defaults_time_first.json", "hybrid#")],
     ),
     (
-        "this tree: same, captures without warm-up",
+        "same, captures without warm-up",
         [("defaults_warm_capture_1.json", "hybrid#"), ("defaults_warm_capture_23.json", "hybrid#")],
+    ),
+    (
+        "this tree: grouped K/V heads in the update's FlashAttention",
+        [("defaults_gqa_native.json", "hybrid#"), ("defaults_gqa_native_3.json", "hybrid#")],
     ),
 ]
 PARTS = [("generation", "tab:blue"), ("update", "tab:orange"), ("other", "tab:gray")]

@@ -159,15 +159,16 @@ SMALL = [
                     "--out", "{out}/decode_pdl_1.5b.json"),
                  py("benchmarks/decode_pdl.py", "--model", "7B", "--rows", "8,64", "--out", "{out}/decode_pdl_7b.json"))),
     Scenario("varlen-attention", "the update's packed causal attention (forward + backward, shared prompts) on "
-             "long-tailed micro-batches: FlashAttention-2 with grouped K/V heads (HYBRIDRL_GQA=native) against the "
-             "default path (K/V repeated before torch 2.13), with cuDNN's fused attention timed beside them as a "
-             "candidate, 1.5B and 7B heads; then the long-tail 1.5B update with each GQA path", "nvidia-h200", "long_tail", (
+             "long-tailed micro-batches: FlashAttention-2 with grouped K/V heads (HYBRIDRL_GQA=native, the default) "
+             "against torch's varlen_attn (K/V repeated before torch 2.13), 1.5B and 7B heads; then the long-tail "
+             "1.5B update with each", "nvidia-h200", "long_tail", (
                  py("benchmarks/varlen_attention.py", "--shape", "1.5B", "--out", "{out}/varlen_attention_1.5b.json"),
                  py("benchmarks/varlen_attention.py", "--shape", "7B", "--prompts", "16", "--limit", "16384",
                     "--mean-len", "3500", "--at-limit", "0.023", "--micro-tokens", "16640",
                     "--out", "{out}/varlen_attention_7b.json"),
                  long_tail_update("full:nockpt:tok32768", "update_gqa_native.json", repeat=3, HYBRIDRL_GQA="native"),
-                 long_tail_update("full:nockpt:tok32768", "update_gqa_auto.json", repeat=3, HYBRIDRL_GQA="auto"))),
+                 long_tail_update("full:nockpt:tok32768", "update_gqa_varlen_attn.json", repeat=3,
+                                  HYBRIDRL_GQA="varlen_attn"))),
     Scenario("update-unshard-once-1.5b", "the long-tail 1.5B update (256 rows, mean 1,000 of 4,096, 16k-token "
              "micro-batches): weights gathered per micro-batch vs once per mini-batch, with 14 or 13 kept layers",
              "nvidia-h200", "long_tail", (

@@ -70,7 +70,7 @@ def test_unshared_segments_are_the_documents():
 @pytest.mark.gpu
 @pytest.mark.parametrize("share", [False, True])
 @pytest.mark.parametrize("kv_heads", [2, 4])
-@pytest.mark.parametrize("gqa", ["auto", "native"])
+@pytest.mark.parametrize("gqa", ["varlen_attn", "native"])
 def test_flash_kernel_equals_dense_reference_forward_and_backward(share, kv_heads, gqa, monkeypatch):
     monkeypatch.setenv("HYBRIDRL_GQA", gqa)
     b = grouped_batch(prompt_rows=(0, 1, 0, 2, 1, 0, 3, 3) * 3, prompt_len=150, resp_len=90).batch
@@ -97,7 +97,7 @@ def test_unknown_gqa_mode_is_refused_naming_the_variable_and_the_choices(monkeyp
     monkeypatch.setenv("HYBRIDRL_GQA", "repeated")
     q, k = torch.zeros(4, 4, 8), torch.zeros(4, 2, 8)
     cu = torch.tensor([0, 4], dtype=torch.int32)
-    with pytest.raises(ValueError, match=r"HYBRIDRL_GQA='repeated'.*auto, native"):
+    with pytest.raises(ValueError, match=r"HYBRIDRL_GQA='repeated'.*native, varlen_attn"):
         varlen_causal_attention(q, k, k, cu, cu, 4, 4, None)
 
 
