@@ -10,10 +10,16 @@ compared with it key by key. A changed key is
 - taking effect otherwise, since everything else is read from the config as the run goes. The optimizer
   settings (`*.optim.*`: lr, betas, weight decay, schedule) are re-applied over the loaded optimizer and
   scheduler state by `training.checkpoint.load_checkpoint`.
+
+A model or tokenizer directory that moved is not a change: each checkpoint also saves a fingerprint of the local
+directories those keys name (`model_files.json`: each model file's name, size and three 1 MiB samples of its bytes),
+and a new path whose files give the saved fingerprint takes effect, said so. Without a saved fingerprint (a hub
+id, an older checkpoint) the path text is what is compared.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -23,18 +29,25 @@ from hybridrl.config.errors import RunStopError
 from hybridrl.config.sections import PPOConfig
 from hybridrl.dotted import dotted_leaves
 
-__all__ = ["CONFIG_FILE", "ResumeConfigError", "save_resolved_config", "classify_changes", "check_resume_config"]
+__all__ = ["CONFIG_FILE", "MODEL_FILES", "ResumeConfigError", "save_resolved_config", "classify_changes",
+           "check_resume_config", "model_fingerprint"]
 
 logger = logging.getLogger("hybridrl.resume")
 
 CONFIG_FILE = "config.json"
+MODEL_FILES = "model_files.json"
+# the path keys whose directories are fingerprinted, so that a moved copy resumes
+FINGERPRINTED = ("actor_rollout_ref.model.path", "critic.model.path", "data.tokenizer", "critic.model.tokenizer_path")
+_MODEL_SUFFIXES = (".json", ".safetensors", ".bin", ".pt", ".model", ".txt", ".tiktoken", ".jinja", ".py")
+_SAMPLE = 1 << 20
 
 # how a resumed run is pointed at its checkpoint, or derived from other keys: never compared
 NOT_COMPARED = ("trainer.resume_mode", "trainer.resume_from_path", "trainer.default_local_dir",
                 "actor_rollout_ref.actor.optim.total_training_steps", "critic.optim.total_training_steps")
 
-_WEIGHTS = "the checkpoint holds weights trained from the saved value; to start from a checkpoint's weights with " \
-           "other settings, merge it (`hybridrl merge`) and start a fresh run (trainer.resume_mode=disable) from it"
+_WEIGHTS = "the checkpoint holds weights trained from the saved value (a moved copy of it resumes where the checkpoint " \
+           "has its fingerprint); to start from a checkpoint's weights with other settings, merge it (`hybridrl " \
+           "merge`) and start a fresh run (trainer.resume_mode=disable) from it"
 _DATA = "the saved dataloader position is a place in the saved data order; change it only in a fresh run"
 REFUSED = {
     "actor_rollout_ref.model.path": _WEIGHTS,
@@ -69,8 +82,32 @@ class ResumeConfigError(ValueError, RunStopError):
     """The config changes a setting that cannot change on resume."""
 
 
+def model_fingerprint(path) -> str | None:
+    """A digest of a local model or tokenizer directory: every file with a model suffix, by name and size, with its
+    first, middle and last MiB. None where `path` is no local directory (a hub id, unset). Another checkpoint of the
+    same shapes differs in those bytes; reading 3 MiB a file keeps this cheap at any model size."""
+    if not isinstance(path, str) or not os.path.isdir(os.path.expanduser(path)):
+        return None
+    digest = hashlib.blake2b(digest_size=16)
+    for f in sorted(Path(os.path.expanduser(path)).iterdir()):
+        if not f.is_file() or f.suffix not in _MODEL_SUFFIXES:
+            continue
+        size = f.stat().st_size
+        digest.update(f"{f.name}\0{size}\0".encode())
+        with open(f, "rb") as fp:
+            for offset in sorted({0, max(0, size // 2 - _SAMPLE // 2), max(0, size - _SAMPLE)}):
+                fp.seek(offset)
+                digest.update(fp.read(_SAMPLE))
+    return digest.hexdigest()
+
+
 def save_resolved_config(ckpt_dir: str | os.PathLike, config: PPOConfig) -> None:
-    (Path(ckpt_dir) / CONFIG_FILE).write_text(json.dumps(config.to_dict(), indent=1))
+    """The resolved config (`config.json`) and the fingerprints of its local model directories (`model_files.json`)."""
+    tree = config.to_dict()
+    (Path(ckpt_dir) / CONFIG_FILE).write_text(json.dumps(tree, indent=1))
+    leaves = dotted_leaves(tree)
+    prints = {key: model_fingerprint(leaves.get(key)) for key in FINGERPRINTED}
+    (Path(ckpt_dir) / MODEL_FILES).write_text(json.dumps({k: v for k, v in prints.items() if v}, indent=1))
 
 
 def _same(a, b) -> bool:
@@ -101,8 +138,15 @@ def _special(key: str, saved: dict, now: dict) -> tuple[str, str] | None:
     return None
 
 
-def classify_changes(saved_config: dict, config: PPOConfig) -> dict[str, list[str]]:
-    """{"refused" | "ignored" | "takes effect": ["key: saved → now (why)", ...]} for every key whose value differs."""
+def _moved(key: str, new, saved_prints: dict) -> bool:
+    """The saved directory of `key` is found, by its fingerprint, at the new path."""
+    return key in saved_prints and model_fingerprint(new) == saved_prints[key]
+
+
+def classify_changes(saved_config: dict, config: PPOConfig, saved_prints: dict | None = None) -> dict[str, list[str]]:
+    """{"refused" | "ignored" | "takes effect": ["key: saved → now (why)", ...]} for every key whose value differs.
+    `saved_prints`: the checkpoint's model fingerprints (`model_files.json`), where it has them."""
+    saved_prints = saved_prints or {}
     saved, now = dotted_leaves(saved_config), dotted_leaves(config.to_dict())
     out: dict[str, list[str]] = {"refused": [], "ignored": [], "takes effect": []}
     for key in sorted(set(saved) | set(now)):
@@ -112,6 +156,8 @@ def classify_changes(saved_config: dict, config: PPOConfig) -> dict[str, list[st
         if key.startswith("critic.") and now.get("algorithm.adv_estimator") != "gae":
             continue  # no critic in this run: its settings are unused, resumed or not
         verdict = _special(key, saved, now)
+        if verdict is None and key in FINGERPRINTED and _moved(key, new, saved_prints):
+            verdict = ("takes effect", "the same files, moved: their fingerprint matches the checkpoint's")
         if verdict is None and (why := _rule(key, REFUSED)):
             verdict = ("refused", why)
         if verdict is None and (why := _rule(key, IGNORED)):
@@ -130,7 +176,9 @@ def check_resume_config(ckpt_dir: str | os.PathLike, config: PPOConfig) -> dict[
         logger.warning("%s has no %s (saved before configs were kept with checkpoints): settings changed since "
                        "cannot be checked", ckpt_dir, CONFIG_FILE)
         return {}
-    changes = classify_changes(json.loads(path.read_text(encoding="utf-8")), config)
+    prints_path = Path(ckpt_dir) / MODEL_FILES
+    prints = json.loads(prints_path.read_text(encoding="utf-8")) if prints_path.is_file() else {}
+    changes = classify_changes(json.loads(path.read_text(encoding="utf-8")), config, prints)
     if changes["refused"]:
         raise ResumeConfigError(f"cannot resume from {ckpt_dir} with these settings changed:\n  - "
                                 + "\n  - ".join(changes["refused"]))

@@ -12,7 +12,8 @@ Choices:
   `{log_dir}/metrics.jsonl`; appended to, so a resumed run continues the same file. Non-finite floats
   are written as JSON's NaN / Infinity tokens (Python's json and pandas read them);
 - tensorboard: `torch.utils.tensorboard.SummaryWriter` in `$TENSORBOARD_DIR` or `{log_dir}/tensorboard`;
-  non-numeric values are skipped with a warning naming them (scalars only there);
+  non-numeric values are skipped with a warning naming them (scalars only there); a resume writes a purge mark, so
+  the steps a killed run logged after its checkpoint are not shown twice;
 - wandb: offline mode when neither WANDB_MODE nor WANDB_API_KEY is set (no account, no network
   here); a missing package is an ImportError that says how to fix it, never a silent no-op;
 - mlflow: `$MLFLOW_TRACKING_URI` when set (a server, a database, a directory), else a local file store in
@@ -225,11 +226,11 @@ def _drop_records_after(path: Path, step: int) -> int:
 
 class _TensorboardBackend:
     def __init__(self, log_dir: Path):
-        SummaryWriter = _require("torch.utils.tensorboard", "tensorboard", "pip install tensorboard").SummaryWriter
+        self.SummaryWriter = _require("torch.utils.tensorboard", "tensorboard", "pip install tensorboard").SummaryWriter
         self.dir = Path(os.environ.get("TENSORBOARD_DIR") or log_dir / "tensorboard")
         self.dir.mkdir(parents=True, exist_ok=True)
         print(f"[tracking] tensorboard logs in {self.dir}", flush=True)
-        self.writer = SummaryWriter(str(self.dir))
+        self.writer = self.SummaryWriter(str(self.dir))
         self.num_skipped = 0
 
     def log(self, data: dict, step: int) -> None:
@@ -248,6 +249,12 @@ class _TensorboardBackend:
     def log_text(self, tag: str, text: str, step: int) -> None:
         self.writer.add_text(tag, text, step)
         self.writer.flush()
+
+    def resumed(self, step: int) -> None:
+        """Reopen the writer with a purge mark: TensorBoard drops the events of steps after `step` that the killed
+        run wrote, where the resumed run writes them again."""
+        self.writer.close()
+        self.writer = self.SummaryWriter(str(self.dir), purge_step=step + 1)
 
     def finish(self) -> None:
         self.writer.close()
@@ -359,9 +366,12 @@ class Tracking:
                 backend_impl.log(data, step)
 
     def resumed(self, step: int) -> None:
-        """A run resumed from the checkpoint of `step`: the file backend drops what was logged after it."""
-        if "file" in self.logger:
-            self.logger["file"].resumed(step)
+        """A run resumed from the checkpoint of `step`: the file backend drops the records logged after it and
+        tensorboard purges them. wandb and mlflow start a new run in each process, so nothing is logged twice into
+        one run there."""
+        for name in ("file", "tensorboard"):
+            if name in self.logger:
+                self.logger[name].resumed(step)
 
     def log_generations(self, samples: Sequence[Sequence[Any]], step: int, console: bool = True) -> None:
         """(input, output, score) samples to every backend: console prints them (unless console=False),

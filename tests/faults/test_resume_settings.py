@@ -3,6 +3,7 @@ settings really do), and a checkpoint file that fails to load is named."""
 
 import json
 import logging
+import shutil
 
 import pytest
 import torch
@@ -11,9 +12,11 @@ from fault_inject import largest_file, tiny_trained_actor, truncate
 from hybridrl.config.loader import load_config
 from hybridrl.trainer.resume_check import (
     CONFIG_FILE,
+    MODEL_FILES,
     ResumeConfigError,
     check_resume_config,
     classify_changes,
+    save_resolved_config,
 )
 from hybridrl.training.checkpoint import CheckpointLoadError, load_checkpoint, save_checkpoint
 
@@ -80,6 +83,36 @@ def test_refusal_names_every_conflicting_key_with_both_values(tmp_path, caplog):
     with caplog.at_level(logging.WARNING, logger="hybridrl.resume"):
         check_resume_config(tmp_path, config("actor_rollout_ref.model.path=/models/a", "trainer.save_freq=5"))
     assert "trainer.save_freq: -1 in the checkpoint, 5 now" in caplog.text and "take effect" in caplog.text
+
+
+def _model_dir(path, seed):
+    """A model-like directory: a config and a weights file whose bytes depend on `seed` (same names and sizes)."""
+    path.mkdir(parents=True)
+    (path / "config.json").write_text('{"hidden_size": 8}')
+    (path / "model.safetensors").write_bytes(torch.randn(3 << 18, generator=torch.Generator().manual_seed(seed))
+                                             .numpy().tobytes())
+    return path
+
+
+def test_a_moved_model_resumes_and_another_model_at_the_new_path_is_refused(tmp_path, caplog):
+    old_dir = _model_dir(tmp_path / "models/a", seed=0)
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    save_resolved_config(ckpt, config(f"actor_rollout_ref.model.path={old_dir}"))
+    assert "actor_rollout_ref.model.path" in json.loads((ckpt / MODEL_FILES).read_text())
+    moved = tmp_path / "elsewhere/a"
+    shutil.copytree(old_dir, moved)
+    shutil.rmtree(old_dir)
+    with caplog.at_level(logging.WARNING, logger="hybridrl.resume"):
+        changes = check_resume_config(ckpt, config(f"actor_rollout_ref.model.path={moved}"))
+    assert verdicts(changes) == {"actor_rollout_ref.model.path": "takes effect"}
+    assert "the same files, moved" in caplog.text
+    other = _model_dir(tmp_path / "other/a", seed=1)   # same file names and sizes, other weights
+    with pytest.raises(ResumeConfigError, match="actor_rollout_ref.model.path"):
+        check_resume_config(ckpt, config(f"actor_rollout_ref.model.path={other}"))
+    (moved / "model.safetensors").write_bytes(b"\0" + (moved / "model.safetensors").read_bytes()[1:])
+    with pytest.raises(ResumeConfigError, match="actor_rollout_ref.model.path"):   # one byte changed in a sample
+        check_resume_config(ckpt, config(f"actor_rollout_ref.model.path={moved}"))
 
 
 def test_checkpoint_without_saved_config_is_said_to_be_unchecked(tmp_path, caplog):

@@ -137,6 +137,25 @@ def test_tensorboard_writes_events_and_counts_skipped(tmp_path, monkeypatch):
     assert t.logger["tensorboard"].num_skipped == 1
 
 
+def test_tensorboard_resume_purges_the_steps_after_the_checkpoint(tmp_path, monkeypatch):
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    monkeypatch.delenv("TENSORBOARD_DIR", raising=False)
+    killed = Tracking("p", "e", ["tensorboard"], log_dir=tmp_path)
+    for step in range(1, 6):
+        killed.log({"x": float(step)}, step=step)
+    killed.finish()   # the run is killed after logging step 5; its last checkpoint is step 3
+    resumed = Tracking("p", "e", ["tensorboard"], log_dir=tmp_path)
+    resumed.resumed(3)
+    for step in (4, 5):
+        resumed.log({"x": 10.0 * step}, step=step)
+    resumed.finish()
+    events = EventAccumulator(str(tmp_path / "tensorboard"))
+    events.Reload()
+    assert [(e.step, e.value) for e in events.Scalars("x")] == [(1, 1.0), (2, 2.0), (3, 3.0), (4, 40.0), (5, 50.0)]
+
+
 def test_missing_packages_give_clear_errors(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)
     with pytest.raises(ImportError, match="pip install tensorboard"):
