@@ -10,12 +10,12 @@ on an event loop of its own, so it scores like a plain one.
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import importlib.util
-import inspect
 import sys
 from pathlib import Path
+
+from hybridrl.awaiting import resolved
 
 __all__ = ["CustomRewardFunction", "import_from_file", "load_custom_reward_function"]
 
@@ -51,10 +51,7 @@ class CustomRewardFunction:
         self._fn = import_from_file(self.path, name)
 
     def __call__(self, *args, **kwargs):
-        result = self._fn(*args, **{**kwargs, **self.reward_kwargs})
-        if inspect.isawaitable(result):
-            return asyncio.run(_awaited(result))
-        return result
+        return resolved(self._fn(*args, **{**kwargs, **self.reward_kwargs}))
 
     @property
     def function(self):
@@ -69,10 +66,6 @@ class CustomRewardFunction:
 
     def __repr__(self) -> str:
         return f"CustomRewardFunction({str(self.path)!r}, {self.name!r})"
-
-
-async def _awaited(awaitable):
-    return await awaitable
 
 
 def load_custom_reward_function(path: str | Path | None, name: str = "compute_score",

@@ -28,20 +28,16 @@ Choices:
 
 from __future__ import annotations
 
-import asyncio
 import importlib
 import inspect
 from pathlib import Path
 
-__all__ = ["Gsm8kInteraction", "call", "load_interactions"]
+from hybridrl.awaiting import resolved
+
+__all__ = ["Gsm8kInteraction", "load_interactions"]
 
 KEY = "actor_rollout_ref.rollout.multi_turn.interaction_config_path"
 VERL_ALIASES = {"verl.interactions.gsm8k_interaction.Gsm8kInteraction": "hybridrl.rollout.interactions.Gsm8kInteraction"}
-
-
-def call(value):
-    """The result of an interaction method, awaited when it is a coroutine."""
-    return asyncio.run(value) if inspect.isawaitable(value) else value
 
 
 def default_name(class_name: str) -> str:
@@ -55,7 +51,7 @@ def finalize(interaction, instance_id: str) -> None:
         takes_id = bool(inspect.signature(interaction.finalize_interaction).parameters)
     except (TypeError, ValueError):   # a builtin or C callable: give it the id
         takes_id = True
-    call(interaction.finalize_interaction(instance_id) if takes_id else interaction.finalize_interaction())
+    resolved(interaction.finalize_interaction(instance_id) if takes_id else interaction.finalize_interaction())
 
 
 class Gsm8kInteraction:

@@ -38,7 +38,7 @@ from __future__ import annotations
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 
-from hybridrl.rollout.interactions import call as run_interaction
+from hybridrl.awaiting import resolved as run_interaction
 from hybridrl.rollout.interactions import finalize as finalize_interaction
 from hybridrl.rollout.tool_parser import FORMATS, ParsedCall, get_format, strip_reasoning
 from hybridrl.tools.registry import Tool
