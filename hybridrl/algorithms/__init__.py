@@ -2,7 +2,7 @@
 
 Modules: utils (masked statistics, chunked fp32 log-prob / entropy), advantages (estimators and the
 compute_advantage dispatcher), policy_loss (agg_loss, PPO clip-higher + dual-clip loss, entropy loss),
-policy_loss_modes (verl's registered losses: vanilla, gspo, gpg, clip_cov, kl_cov, cispo), registry
+policy_loss_modes (verl's registered losses: vanilla, gspo, gpg, clip_cov, kl_cov, cispo, sapo, geo_mean), registry
 (register_adv_est / get_adv_estimator_fn, register_policy_loss / get_policy_loss_fn), value_loss (clipped
 value loss), kl (KL estimators, controllers, in-reward penalty). core_algos re-exports
 all of them under verl's module name (verl.trainer.ppo.core_algos). rollout_correction (truncated IS weights,
@@ -13,12 +13,17 @@ from hybridrl.algorithms.advantages import (
     AdvantageEstimator,
     compute_advantage,
     compute_gae_advantage_return,
+    compute_gpg_outcome_advantage,
     compute_grpo_outcome_advantage,
+    compute_grpo_passk_outcome_advantage,
+    compute_grpo_vectorized_outcome_advantage,
+    compute_opo_outcome_advantage,
     compute_reinforce_plus_plus_baseline_outcome_advantage,
     compute_reinforce_plus_plus_outcome_advantage,
     compute_remax_outcome_advantage,
     compute_response_mask,
     compute_rloo_outcome_advantage,
+    compute_rloo_vectorized_outcome_advantage,
 )
 from hybridrl.algorithms.kl import (
     KL_PENALTY_NAMES,
@@ -37,9 +42,11 @@ from hybridrl.algorithms.policy_loss import (
 from hybridrl.algorithms.policy_loss_modes import (
     compute_policy_loss_cispo,
     compute_policy_loss_clip_cov,
+    compute_policy_loss_geo_mean,
     compute_policy_loss_gpg,
     compute_policy_loss_gspo,
     compute_policy_loss_kl_cov,
+    compute_policy_loss_sapo,
     compute_policy_loss_vanilla,
 )
 from hybridrl.algorithms.registry import (
@@ -65,12 +72,17 @@ __all__ = [
     "AdvantageEstimator",
     "compute_advantage",
     "compute_gae_advantage_return",
+    "compute_gpg_outcome_advantage",
     "compute_grpo_outcome_advantage",
+    "compute_grpo_passk_outcome_advantage",
+    "compute_grpo_vectorized_outcome_advantage",
+    "compute_opo_outcome_advantage",
     "compute_reinforce_plus_plus_baseline_outcome_advantage",
     "compute_reinforce_plus_plus_outcome_advantage",
     "compute_remax_outcome_advantage",
     "compute_response_mask",
     "compute_rloo_outcome_advantage",
+    "compute_rloo_vectorized_outcome_advantage",
     "KL_PENALTY_NAMES",
     "AdaptiveKLController",
     "FixedKLController",
@@ -83,9 +95,11 @@ __all__ = [
     "compute_policy_loss",
     "compute_policy_loss_cispo",
     "compute_policy_loss_clip_cov",
+    "compute_policy_loss_geo_mean",
     "compute_policy_loss_gpg",
     "compute_policy_loss_gspo",
     "compute_policy_loss_kl_cov",
+    "compute_policy_loss_sapo",
     "compute_policy_loss_vanilla",
     "ADV_ESTIMATOR_REGISTRY",
     "POLICY_LOSS_REGISTRY",

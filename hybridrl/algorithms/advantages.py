@@ -18,6 +18,15 @@ Choices (each as verl does it, so a verl run's numbers carry over):
 - reinforce_plus_plus_baseline: score - group mean (singleton: mean 0), broadcast over the response,
   whitened over the whole batch's mask.
 - remax: reverse cumulative sum of masked rewards minus the greedy baseline `reward_baselines` [B].
+- grpo_vectorized: grpo with verl's groupwise statistics (std from the sums of scores and squares, floored at
+  sqrt(epsilon)); equal to grpo except where a group's variance is below epsilon. It reads
+  norm_adv_by_std_in_grpo from the config, where verl's ignores the config's value and always divides by the std.
+- rloo_vectorized: rloo, except that a singleton gets 0 (verl's vectorised form multiplies by count > 1).
+- grpo_passk (Pass@k, arXiv 2503.19595): only the best sample of each group gets a non-zero advantage, best minus
+  second best (over the group's unbiased std + eps with norm_adv_by_std_in_grpo); every group needs 2 samples.
+- opo (arXiv 2505.23585): score minus the group's length-weighted mean score (singleton: baseline 0).
+- gpg (arXiv 2504.02546): alpha·(score - group mean) with alpha = B / (samples with a non-zero score) over the
+  whole batch (singleton: mean 0); verl's f_norm = 1.
 - Groups are keyed by `index` values (any hashable, e.g. uid strings); rows of a group need not be adjacent.
 """
 
@@ -39,6 +48,11 @@ __all__ = [
     "compute_reinforce_plus_plus_outcome_advantage",
     "compute_reinforce_plus_plus_baseline_outcome_advantage",
     "compute_remax_outcome_advantage",
+    "compute_grpo_vectorized_outcome_advantage",
+    "compute_rloo_vectorized_outcome_advantage",
+    "compute_grpo_passk_outcome_advantage",
+    "compute_opo_outcome_advantage",
+    "compute_gpg_outcome_advantage",
     "compute_advantage",
     "compute_response_mask",
 ]
@@ -51,6 +65,14 @@ class AdvantageEstimator(str, Enum):
     REINFORCE_PLUS_PLUS = "reinforce_plus_plus"
     REINFORCE_PLUS_PLUS_BASELINE = "reinforce_plus_plus_baseline"
     REMAX = "remax"
+    GRPO_VECTORIZED = "grpo_vectorized"
+    RLOO_VECTORIZED = "rloo_vectorized"
+    GRPO_PASSK = "grpo_passk"
+    OPO = "opo"
+    GPG = "gpg"
+
+
+GROUPED = ("rloo", "reinforce_plus_plus_baseline", "grpo_vectorized", "rloo_vectorized", "grpo_passk", "opo", "gpg")
 
 
 def _check_shapes(name: str, mask: torch.Tensor, **tensors: torch.Tensor) -> None:
@@ -62,18 +84,22 @@ def _check_shapes(name: str, mask: torch.Tensor, **tensors: torch.Tensor) -> Non
 
 def _group_stats(scores_b: torch.Tensor, index, name: str):
     """Per-row group size, group mean and unbiased group std (as tensors [B]), groups keyed by index."""
-    if len(index) != scores_b.shape[0]:
-        raise ValueError(f"{name}: index (uid) has {len(index)} entries but the batch has {scores_b.shape[0]} rows")
-    group_of: dict = {}
-    gid_b = torch.tensor([group_of.setdefault(u, len(group_of)) for u in index], dtype=torch.long,
-                         device=scores_b.device)
-    num_groups = len(group_of)
+    gid_b = _group_ids(index, scores_b.shape[0], name, scores_b.device)
+    num_groups = int(gid_b.max()) + 1 if len(gid_b) else 0
     count_g = torch.zeros(num_groups, dtype=scores_b.dtype, device=scores_b.device).index_add_(
         0, gid_b, torch.ones_like(scores_b))
     mean_g = torch.zeros_like(count_g).index_add_(0, gid_b, scores_b) / count_g
     sq_g = torch.zeros_like(count_g).index_add_(0, gid_b, (scores_b - mean_g[gid_b]) ** 2)
     std_g = torch.sqrt(sq_g / (count_g - 1).clamp(min=1))
     return count_g[gid_b], mean_g[gid_b], std_g[gid_b]
+
+
+def _group_ids(index, n: int, name: str, device) -> torch.Tensor:
+    """Row -> group number (in order of first appearance), groups keyed by index values."""
+    if len(index) != n:
+        raise ValueError(f"{name}: index (uid) has {len(index)} entries but the batch has {n} rows")
+    group_of: dict = {}
+    return torch.tensor([group_of.setdefault(u, len(group_of)) for u in index], dtype=torch.long, device=device)
 
 
 @register_adv_est(AdvantageEstimator.GAE)
@@ -180,6 +206,103 @@ def compute_remax_outcome_advantage(token_level_rewards: torch.Tensor, reward_ba
     return advantages, returns
 
 
+@register_adv_est(AdvantageEstimator.GRPO_VECTORIZED)
+@torch.no_grad()
+def compute_grpo_vectorized_outcome_advantage(token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index,
+                                              epsilon: float = 1e-6, norm_adv_by_std_in_grpo: bool = True,
+                                              config=None, **kwargs):
+    name = "compute_grpo_vectorized_outcome_advantage"
+    _check_shapes(name, response_mask, token_level_rewards=token_level_rewards)
+    scores = token_level_rewards.float().sum(dim=-1)
+    if config is not None:
+        norm_adv_by_std_in_grpo = _cfg(config, "norm_adv_by_std_in_grpo", norm_adv_by_std_in_grpo)
+    gid = _group_ids(index, scores.shape[0], name, scores.device)
+    count = torch.zeros(int(gid.max()) + 1 if len(gid) else 0, device=scores.device).index_add_(
+        0, gid, torch.ones_like(scores))
+    s1 = torch.zeros_like(count).index_add_(0, gid, scores)
+    s2 = torch.zeros_like(count).index_add_(0, gid, scores * scores)
+    mean = s1 / count.clamp(min=1)
+    var = (s2 - s1 * s1 / count.clamp(min=1)) / (count - 1).clamp(min=1)
+    std = torch.sqrt(var.clamp(min=epsilon))
+    single = count <= 1
+    mean, std = torch.where(single, 0.0, mean), torch.where(single, 1.0, std)
+    adv = (scores - mean[gid]) / (std[gid] + epsilon) if norm_adv_by_std_in_grpo else scores - mean[gid]
+    adv = adv.unsqueeze(-1) * response_mask
+    return adv, adv
+
+
+@register_adv_est(AdvantageEstimator.RLOO_VECTORIZED)
+@torch.no_grad()
+def compute_rloo_vectorized_outcome_advantage(token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index,
+                                              epsilon: float = 1e-6, config=None, **kwargs):
+    _check_shapes("compute_rloo_vectorized_outcome_advantage", response_mask, token_level_rewards=token_level_rewards)
+    scores = token_level_rewards.float().sum(dim=-1)
+    count, mean, _ = _group_stats(scores, index, "compute_rloo_vectorized_outcome_advantage")
+    adv = torch.where(count > 1, count * (scores - mean) / (count - 1).clamp(min=1), 0.0)
+    adv = adv.unsqueeze(-1) * response_mask
+    return adv, adv
+
+
+@register_adv_est(AdvantageEstimator.GRPO_PASSK)
+@torch.no_grad()
+def compute_grpo_passk_outcome_advantage(token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index,
+                                         epsilon: float = 1e-6, norm_adv_by_std_in_grpo: bool = True, config=None,
+                                         **kwargs):
+    name = "compute_grpo_passk_outcome_advantage"
+    _check_shapes(name, response_mask, token_level_rewards=token_level_rewards)
+    if config is not None:
+        norm_adv_by_std_in_grpo = _cfg(config, "norm_adv_by_std_in_grpo", norm_adv_by_std_in_grpo)
+    scores = token_level_rewards.float().sum(dim=-1)
+    gid = _group_ids(index, scores.shape[0], name, scores.device)
+    adv = torch.zeros_like(scores)
+    for g in torch.unique(gid).tolist():
+        rows = torch.nonzero(gid == g).squeeze(-1)
+        group = scores[rows]
+        if group.numel() < 2:
+            raise ValueError(f"{name}: Pass@k needs at least 2 samples per group; group {str(index[int(rows[0])])!r} "
+                             f"has {group.numel()}")
+        top, top_at = torch.topk(group, 2)
+        best = top[0] - top[1]
+        if norm_adv_by_std_in_grpo:
+            best = best / (torch.std(group) + epsilon)
+        adv[rows[top_at[0]]] = best
+    adv = adv.unsqueeze(-1) * response_mask
+    return adv, adv
+
+
+@register_adv_est(AdvantageEstimator.OPO)
+@torch.no_grad()
+def compute_opo_outcome_advantage(token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index,
+                                  epsilon: float = 1e-6, config=None, **kwargs):
+    name = "compute_opo_outcome_advantage"
+    _check_shapes(name, response_mask, token_level_rewards=token_level_rewards)
+    scores = token_level_rewards.float().sum(dim=-1)
+    lengths = response_mask.float().sum(dim=-1)
+    gid = _group_ids(index, scores.shape[0], name, scores.device)
+    groups = int(gid.max()) + 1 if len(gid) else 0
+    count = torch.zeros(groups, device=scores.device).index_add_(0, gid, torch.ones_like(scores))
+    weighted = torch.zeros_like(count).index_add_(0, gid, lengths * scores)
+    total_len = torch.zeros_like(count).index_add_(0, gid, lengths)
+    baseline = torch.where(count > 1, weighted / total_len, 0.0)
+    adv = (scores - baseline[gid]).unsqueeze(-1) * response_mask
+    return adv, adv
+
+
+@register_adv_est(AdvantageEstimator.GPG)
+@torch.no_grad()
+def compute_gpg_outcome_advantage(token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index,
+                                  epsilon: float = 1e-6, f_norm: float = 1.0, alpha: float = 1.0, config=None,
+                                  **kwargs):
+    """`alpha` is accepted for verl's signature; as in verl it is recomputed from the batch."""
+    _check_shapes("compute_gpg_outcome_advantage", response_mask, token_level_rewards=token_level_rewards)
+    scores = token_level_rewards.float().sum(dim=-1)
+    count, mean, _ = _group_stats(scores, index, "compute_gpg_outcome_advantage")
+    alpha = scores.shape[0] / torch.count_nonzero(scores).clamp(min=1)
+    adv = alpha * (scores - torch.where(count == 1, 0.0, mean)) / f_norm
+    adv = adv.unsqueeze(-1) * response_mask
+    return adv, adv
+
+
 def compute_response_mask(data: DataProto) -> torch.Tensor:
     """response_mask from attention_mask's last R columns (R = responses' width), as verl derives it."""
     missing = [k for k in ("responses", "attention_mask") if k not in data.batch]
@@ -224,7 +347,7 @@ def compute_advantage(data: DataProto, adv_estimator, gamma: float = 1.0, lam: f
         adv, ret = estimator_fn(rewards, mask, _need(data, "uid", name, non_tensor=True),
                                 norm_adv_by_std_in_grpo=norm_adv_by_std_in_grpo)
     else:
-        if name in ("rloo", "reinforce_plus_plus_baseline"):
+        if name in GROUPED:
             _need(data, "uid", name, non_tensor=True)
         if name == "remax":
             _need(data, "reward_baselines", name)

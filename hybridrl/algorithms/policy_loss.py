@@ -34,7 +34,8 @@ def agg_loss(loss_mat: torch.Tensor, loss_mask: torch.Tensor, loss_agg_mode: str
     """Aggregate a [B, R] loss matrix into a scalar (see the module docstring for each mode).
 
     verl's global-batch arguments: with `batch_num_tokens` (token-mean) or `global_batch_size` (seq-mean modes)
-    the sum is divided by that global count and multiplied by `dp_size` instead of taking the local mean;
+    the sum is divided by that global count instead of the local one; either way the result is multiplied by
+    `dp_size` (verl's convention: the data-parallel gradient average divides it out again);
     `loss_scale_factor` replaces R as seq-mean-token-sum-norm's constant. Entries outside the mask are zeroed
     before anything is summed, so NaN/inf in padding never reaches the loss."""
     if loss_agg_mode not in LOSS_AGG_MODES:
@@ -43,7 +44,7 @@ def agg_loss(loss_mat: torch.Tensor, loss_mask: torch.Tensor, loss_agg_mode: str
     loss_mask = loss_mask.float() if loss_mask.dtype in (torch.bfloat16, torch.float16) else loss_mask
     if loss_agg_mode == "token-mean":
         if batch_num_tokens is None:
-            return masked_mean(loss_mat, loss_mask)
+            return masked_mean(loss_mat, loss_mask) * dp_size
         return masked_sum(loss_mat, loss_mask) / batch_num_tokens * dp_size
     seq_sum_b = masked_sum(loss_mat, loss_mask, axis=-1)
     tokens_b = torch.sum(loss_mask, dim=-1)
@@ -52,7 +53,7 @@ def agg_loss(loss_mat: torch.Tensor, loss_mask: torch.Tensor, loss_agg_mode: str
     nonempty_b = (tokens_b > 0).float()
     per_seq_b = seq_sum_b if loss_agg_mode == "seq-mean-token-sum" else seq_sum_b / (tokens_b + 1e-8)
     if global_batch_size is None:
-        return masked_mean(per_seq_b, nonempty_b)
+        return masked_mean(per_seq_b, nonempty_b) * dp_size
     return masked_sum(per_seq_b, nonempty_b) / global_batch_size * dp_size
 
 

@@ -402,7 +402,9 @@ class RayPPOTrainer:
             batch = self._old_and_ref_log_probs(batch, timing, absorb)
         entropys = batch.batch.pop("entropys", None)
         if entropys is not None:
-            metrics["actor/entropy"] = agg_loss(entropys, batch.batch["response_mask"], "token-mean").item()
+            actor = cfg.actor_rollout_ref.actor   # aggregated as the actor's loss is, as verl logs it
+            metrics["actor/entropy"] = agg_loss(entropys, batch.batch["response_mask"], actor.loss_agg_mode,
+                                                loss_scale_factor=actor.loss_scale_factor).item()
         if self.use_critic:
             with marked_timer("values", timing):
                 values = self.critic_wg.compute_values(batch)

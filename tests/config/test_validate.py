@@ -98,7 +98,7 @@ def test_kl_twice_is_a_warning_not_an_error(seed_yaml, caplog):
 
 def test_grpo_with_one_sample_warns():
     warnings = validate_config(load_config(overrides=["actor_rollout_ref.rollout.n=1"], validate=False))
-    assert any("every advantage is 0" in w for w in warnings)
+    assert any("no group baseline and each advantage is the sample's raw score" in w for w in warnings)
 
 
 def test_packaged_defaults_are_a_grpo_run_without_warnings():

@@ -59,12 +59,14 @@ def test_gspo_changes_the_update_and_vanilla_is_the_default(base_model):
     assert m_gspo["actor/pg_clipfrac_lower"] == 0.0 and "actor/ppo_kl" in m_vanilla
 
 
-def test_gspo_accumulates_over_micro_batches_by_its_own_aggregation(base_model):
-    """gspo always averages over sequences: micro-batches of 1 must give the one-micro-batch gradient even when
-    loss_agg_mode (token-mean) would weight them by token counts."""
+@pytest.mark.parametrize("mode", ["gspo", "sapo", "geo_mean"])
+def test_sequence_losses_accumulate_over_micro_batches_by_their_own_aggregation(base_model, mode):
+    """gspo, sapo and geo_mean always average over sequences: micro-batches of 1 must give the one-micro-batch
+    gradient even when loss_agg_mode (token-mean) would weight them by token counts."""
     data = off_policy_batch()
-    one, _ = update_delta(base_model, actor_cfg("gspo"), data, micro=4)
-    four, _ = update_delta(base_model, actor_cfg("gspo"), data, micro=1)
+    one, metrics = update_delta(base_model, actor_cfg(mode), data, micro=4)
+    four, _ = update_delta(base_model, actor_cfg(mode), data, micro=1)
+    assert one.abs().max() > 0 and "actor/ppo_kl" in metrics
     torch.testing.assert_close(four, one, atol=1e-6, rtol=1e-4)
 
 

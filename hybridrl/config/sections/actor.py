@@ -115,6 +115,11 @@ class ActorConfig(Section):
     """seq-mean-token-sum-norm's constant divisor (Dr.GRPO) for the policy, entropy and KL losses; null = the
     responses' padded width (data.max_response_length)"""
     policy_loss: PolicyLossConfig
+    tau_pos: float
+    """policy_loss.loss_mode=sapo: the gate's temperature on tokens with a positive advantage"""
+    tau_neg: float
+    """policy_loss.loss_mode=sapo: the gate's temperature on tokens with a zero or negative advantage (above tau_pos:
+    negative updates fade faster)"""
     entropy_coeff: float
     """entropy bonus weight in the policy loss"""
     use_kl_loss: bool
@@ -167,6 +172,8 @@ class ActorConfig(Section):
         found.positive(self, ACTOR, ("ppo_mini_batch_size", "ppo_epochs", "ulysses_sequence_parallel_size", "optim.lr"))
         found.positive_or_unset(self, ACTOR, ("ppo_micro_batch_size_per_gpu", "ppo_max_token_len_per_gpu",
                                               "ppo_micro_batch_size", "loss_scale_factor"))
+        if self.policy_loss.loss_mode == "sapo":
+            found.positive(self, ACTOR, ("tau_pos", "tau_neg"))
 
     def check(self, cfg, found: Findings) -> None:
         """Rules of the actor's keys (`cfg`: the whole PPOConfig, for the batch arithmetic)."""
@@ -239,8 +246,9 @@ class PolicyLossConfig(Section):
 
     loss_mode: PolicyLossMode
     """policy loss from verl's registry: vanilla (PPO clip-higher + dual-clip) | gspo (sequence ratio, always
-    seq-mean-token-mean) | gpg | clip_cov | kl_cov | cispo, or a name registered with register_policy_loss by
-    model.external_lib"""
+    seq-mean-token-mean) | gpg | clip_cov | kl_cov | cispo | sapo (smooth gate, actor.tau_pos / tau_neg; always
+    seq-mean-token-mean) | geo_mean (GMPO: geometric mean of the clipped token ratios per sequence), or a name
+    registered with register_policy_loss by model.external_lib"""
     clip_cov_ratio: float
     """clip_cov: share of tokens whose gradient is cut"""
     clip_cov_lb: float

@@ -9,6 +9,9 @@ from hybridrl.config.sections.base import Section
 from hybridrl.config.sections.rules import Findings
 from hybridrl.config.sections.values import AdvEstimator, FilterMetric, KLType
 
+# estimators whose baseline is the rest of the prompt's group (a group of one keeps its raw score)
+GROUP_BASELINED = ("grpo", "grpo_vectorized", "rloo", "opo", "gpg", "reinforce_plus_plus_baseline")
+
 
 @dataclass(frozen=True)
 class AlgorithmConfig(Section):
@@ -19,8 +22,9 @@ class AlgorithmConfig(Section):
     lam: float
     """GAE lambda"""
     adv_estimator: AdvEstimator
-    """gae | grpo | rloo | reinforce_plus_plus | reinforce_plus_plus_baseline | remax, or a name registered with
-    register_adv_est by model.external_lib (verl's default: gae)"""
+    """gae | grpo | rloo | reinforce_plus_plus | reinforce_plus_plus_baseline | remax | grpo_vectorized |
+    rloo_vectorized | grpo_passk (best sample over the second best; n >= 2) | opo (length-weighted baseline) | gpg,
+    or a name registered with register_adv_est by model.external_lib (verl's default: gae)"""
     norm_adv_by_std_in_grpo: bool
     """false = Dr.GRPO"""
     use_kl_in_reward: bool
@@ -36,10 +40,17 @@ class AlgorithmConfig(Section):
         (`n`: rollout.n, the samples per prompt)."""
         self.filter_groups.check(n, found)
         self.rollout_correction.check(found)
-        if self.adv_estimator in ("grpo", "rloo") and n == 1:
+        if self.adv_estimator in GROUP_BASELINED and n == 1:
             found.warnings.append(f"'algorithm.adv_estimator' = {self.adv_estimator} with "
-                                  "'actor_rollout_ref.rollout.n' = 1: every group has one sample, so every advantage "
-                                  "is 0 (set rollout.n > 1)")
+                                  "'actor_rollout_ref.rollout.n' = 1: every group has one sample, so there is no group "
+                                  "baseline and each advantage is the sample's raw score (set rollout.n > 1)")
+        if self.adv_estimator == "rloo_vectorized" and n == 1:
+            found.warnings.append("'algorithm.adv_estimator' = rloo_vectorized with 'actor_rollout_ref.rollout.n' = 1: "
+                                  "a group of one sample has no leave-one-out baseline and gets advantage 0, so "
+                                  "nothing trains (set rollout.n > 1)")
+        if self.adv_estimator == "grpo_passk" and n < 2:
+            found.errors.append(f"'algorithm.adv_estimator' = grpo_passk needs 'actor_rollout_ref.rollout.n' >= 2 (it "
+                                f"credits the best sample over the second best of each group), got {n}")
 
 
 @dataclass(frozen=True)

@@ -11,8 +11,9 @@ Strategy = Literal["fsdp2"]
 Device = Literal["auto", "cuda", "cpu"]
 # the policy losses registered in hybridrl.algorithms.registry (a test keeps the two equal); names registered by
 # model.external_lib are accepted too
-PolicyLossMode = Literal["vanilla", "gspo", "gpg", "clip_cov", "kl_cov", "cispo"]
-AdvEstimator = Literal["gae", "grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "remax"]
+PolicyLossMode = Literal["vanilla", "gspo", "gpg", "clip_cov", "kl_cov", "cispo", "sapo", "geo_mean"]
+AdvEstimator = Literal["gae", "grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "remax",
+                       "grpo_vectorized", "rloo_vectorized", "grpo_passk", "opo", "gpg"]
 CheckpointContent = Literal["model", "optimizer", "extra", "hf_model"]
 LoggerName = Literal["console", "file", "tensorboard", "wandb", "mlflow"]
 FilterMetric = Literal["acc", "score", "seq_reward", "seq_final_reward"]
