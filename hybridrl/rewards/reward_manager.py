@@ -4,16 +4,18 @@
   (its class tools' step rewards), as verl's managers add them.
 - Each response is decoded from its valid tokens as verl decodes it (`responses` where the attention mask is 1:
   in a multi-turn trajectory the tool and user messages and the template text between turns too; special tokens
-  skipped) and scored with `compute_score(data_source, solution_str, ground_truth, extra_info)` (naive) or
-  once per batch with `compute_score(data_sources=, solution_strs=, ground_truths=, extra_infos=)` (batch).
+  skipped) and scored with `compute_score(data_source=, solution_str=, ground_truth=, extra_info=)` (naive; by
+  keyword, as verl calls it, so any parameter order works) or once per batch with
+  `compute_score(data_sources=, solution_strs=, ground_truths=, extra_infos=)` (batch).
 - The score goes on the last valid response token, zeros elsewhere. A scorer returning a dict contributes its
   "score"; all its keys (like verl, "score" included) land in `reward_extra_info`, one entry per sample (None where
   a sample had no such key).
 - A scorer that raises, returns a non-number (a string such as "0.5" included: only int, float, bool and numpy
   numbers count, as in verl) or a non-finite one (NaN, inf, -inf), or overruns `timeout_s` gives 0
   for that sample and is counted (`reward/errors`, `reward/timeouts`); the run goes on (the trainer stops it when
-  too many samples fail: rewards/error_guard.py). A sample whose ground truth is missing (None or NaN) is not
-  scored: it gets 0 and counts as an error, and also in `reward/missing_ground_truths`. `reward/samples` is the
+  too many samples fail: rewards/error_guard.py). A sample whose ground truth is missing (None or NaN) counts in
+  `reward/missing_ground_truths`; the default scorer does not score it (0, counted as an error), a custom function
+  gets it as None (as in verl: length, format or judge rewards need none). `reward/samples` is the
   batch size. With a timeout the scorer runs in a worker process that is replaced when it overruns
   (score_worker.py); a scorer that times out on the first HUNG_AFTER samples of a call without scoring one stops the
   run at once (RewardErrorLimitError: it hangs on every input, and timing out on each would take hours). In batch
@@ -123,6 +125,8 @@ class RewardManager:
         self.tokenizer, self.reward_fn_key, self.mode = tokenizer, reward_fn_key, mode
         self.overlong_buffer = overlong_buffer
         self.timeout_s, self.num_examine = timeout_s, num_examine
+        # a custom function decides what a missing ground truth means; the default scorers cannot score one
+        self.scores_missing_truths = compute_score is not None
         self.compute_score = compute_score or (default_compute_score if mode == "naive" else default_compute_score_batch)
         self.combines_rm = takes_rm_score(self.compute_score, mode)
         self._worker = ScorerProcess(self.compute_score) if timeout_s is not None else None
@@ -144,7 +148,7 @@ class RewardManager:
         """(status, value) per sample; samples without a ground truth, or in `skip` (scored by their agent loop), are
         not sent to the scorer. `rm_scores`: a float per sample for a scorer that combines them, else None."""
         results: list[tuple[str, object]] = [("error", MISSING_TRUTH)] * len(texts)
-        have = [i for i, gt in enumerate(truths) if i not in skip and not _missing(gt)]
+        have = [i for i, gt in enumerate(truths) if i not in skip and (self.scores_missing_truths or not _missing(gt))]
         if have:
             pick = lambda xs: None if xs is None else [xs[i] for i in have]  # noqa: E731
             for i, r in zip(have, self._score_present(pick(sources), pick(texts), pick(truths), pick(extras),
@@ -157,7 +161,8 @@ class RewardManager:
             rm = [None] * len(texts) if rm_scores is None else [{"rm_score": x} for x in rm_scores]
             results = []
             for ds, s, gt, ei, kw in zip(sources, texts, truths, extras, rm):
-                results.append(self._call((ds, s, gt, ei), kw, self.timeout_s))
+                results.append(self._call((), {"data_source": ds, "solution_str": s, "ground_truth": gt,
+                                                "extra_info": ei, **(kw or {})}, self.timeout_s))
                 self._stop_if_hung(results, len(texts))
             return results
         budget = None if self.timeout_s is None else self.timeout_s * len(texts)

@@ -212,11 +212,12 @@ def case_non_finite_reward(tmp: Path) -> str:
 
 
 def case_missing_ground_truth(tmp: Path) -> str:
-    out, calls = _scored(["1", None, "2"], [1.0, 1.0])
+    out, calls = _scored(["1", None, "2"], [1.0, 0.5, 1.0])
     m = out["metrics"]
-    assert out["reward_tensor"].sum(-1).tolist() == [1.0, 0.0, 1.0] and calls == 2, (out["reward_tensor"], calls)
-    assert m["reward/errors"] == 1 and m["reward/missing_ground_truths"] == 1, m
-    return "not scored: 0 and counted (reward/errors=1, reward/missing_ground_truths=1); the scorer never sees None"
+    assert out["reward_tensor"].sum(-1).tolist() == [1.0, 0.5, 1.0] and calls == 3, (out["reward_tensor"], calls)
+    assert m["reward/errors"] == 0 and m["reward/missing_ground_truths"] == 1, m
+    return ("a custom scorer gets None, as in verl, and the sample is counted (reward/missing_ground_truths=1); the "
+            "default scorer does not score it (0, counted as an error)")
 
 
 def case_empty_val_file(tmp: Path) -> str:

@@ -34,7 +34,7 @@ def test_penalty_is_zero_until_the_buffer_then_linear_to_minus_factor():
 
 
 def test_manager_adds_the_penalty_on_the_last_valid_token_and_logs_it():
-    manager = RewardManager(CountingTokenizer(), compute_score=lambda ds, s, gt, ei: 1.0, timeout_s=None,
+    manager = RewardManager(CountingTokenizer(), compute_score=lambda data_source, solution_str, ground_truth, extra_info: 1.0, timeout_s=None,
                             overlong_buffer=OverlongBuffer(5, 1.0, 20, log=True))
     out = manager(batch_of_lengths([10, 17, 20, 0]))
     totals = out["reward_tensor"].sum(-1).tolist()
@@ -45,7 +45,7 @@ def test_manager_adds_the_penalty_on_the_last_valid_token_and_logs_it():
     assert out["reward_extra_info"]["overlong"] == [False, True, True, False]
     assert out["metrics"]["reward/overlong_samples"] == 2
     assert out["metrics"]["reward/overlong_reward_mean"] == pytest.approx(-1.4 / 4)
-    plain = RewardManager(CountingTokenizer(), compute_score=lambda ds, s, gt, ei: 1.0, timeout_s=None,
+    plain = RewardManager(CountingTokenizer(), compute_score=lambda data_source, solution_str, ground_truth, extra_info: 1.0, timeout_s=None,
                           overlong_buffer=OverlongBuffer(5, 1.0, 20))
     assert "overlong_reward" not in plain(batch_of_lengths([20]))["reward_extra_info"]  # log: false
 

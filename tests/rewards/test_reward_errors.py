@@ -64,12 +64,41 @@ def test_non_finite_scores_never_reach_the_advantages(tok):  # noqa: F811
 
 
 @pytest.mark.parametrize("mode", ["naive", "batch"])
-def test_missing_ground_truth_is_an_error_not_scored(tok, mode):  # noqa: F811
-    fn = score_by_text if mode == "naive" else score_batch_by_text
-    rm = RewardManager(tok, compute_score=fn, timeout_s=None, mode=mode)
-    out = rm(make_batch(tok, ["one", "one", "half"], ["1", None, float("nan")]))
+def test_a_custom_scorer_gets_a_missing_ground_truth_as_none(tok, mode):  # noqa: F811
+    seen = []
+
+    def naive(data_source, solution_str, ground_truth, extra_info=None):
+        seen.append(ground_truth)
+        return 0.25 if ground_truth is None else 1.0
+
+    def batch(data_sources, solution_strs, ground_truths, extra_infos=None):
+        return [naive(d, s, g, e) for d, s, g, e in zip(data_sources, solution_strs, ground_truths, extra_infos)]
+
+    rm = RewardManager(tok, compute_score=naive if mode == "naive" else batch, timeout_s=None, mode=mode)
+    out = rm(make_batch(tok, ["one", "one", "half"], ["1", None, None]))
+    assert seen == ["1", None, None]   # as verl: every sample reaches the function, None included
+    assert out["reward_tensor"].sum(-1).tolist() == [1.0, 0.25, 0.25]
+    assert out["metrics"]["reward/errors"] == 0 and out["metrics"]["reward/missing_ground_truths"] == 2
+
+
+def test_the_default_scorer_does_not_score_a_missing_ground_truth(tok):  # noqa: F811
+    rm = RewardManager(tok, timeout_s=None)
+    out = rm(make_batch(tok, ["#### 1", "#### 1", "#### 1"], ["1", None, float("nan")], data_source="openai/gsm8k"))
     assert out["reward_tensor"].sum(-1).tolist() == [1.0, 0.0, 0.0]
     assert out["metrics"]["reward/errors"] == 2 and out["metrics"]["reward/missing_ground_truths"] == 2
+
+
+def test_a_custom_scorer_is_called_by_keyword_in_any_parameter_order(tok):  # noqa: F811
+    def reordered(solution_str, ground_truth, data_source=None, extra_info=None):
+        return float(solution_str == "one" and ground_truth == "1" and data_source == "x")
+
+    def keyword_only(*, data_source, solution_str, ground_truth, extra_info=None):
+        return reordered(solution_str, ground_truth, data_source)
+
+    for fn in (reordered, keyword_only):
+        rm = RewardManager(tok, compute_score=fn, timeout_s=None)
+        out = rm(make_batch(tok, ["one", "half"], ["1", "1"], data_source="x"))
+        assert out["reward_tensor"].sum(-1).tolist() == [1.0, 0.0] and out["metrics"]["reward/errors"] == 0
 
 
 def test_guard_stops_at_the_limit_over_its_window():
