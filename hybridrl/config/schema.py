@@ -116,7 +116,6 @@ VERL_REFUSED: dict[str, str] = {
     "reward_model.use_reward_loop": "verl's reward loop server; a model scores with reward_model.style=model, the "
     "policy judges with style=judge: remove it",
     "reward_model.model.use_fused_kernels": "the reward model runs its HF forward: remove it",
-    "data.image_key": "multimodal prompts are not supported (text chats only): remove it",
     "actor_rollout_ref.actor.fsdp_config.use_torch_compile": "the training model is not torch.compiled: remove it",
     "actor_rollout_ref.ref.fsdp_config.use_torch_compile": "the reference model is not torch.compiled: remove it",
     "critic.model.use_shm": "models load from the local path as given: remove it",

@@ -63,6 +63,16 @@ def load_dataset(files, key: str, tokenizer, data_config, tools: list[dict] | No
     return dataset
 
 
+def startup_data_metrics(train_set, val_set) -> dict[str, float]:
+    """What loading did to the training prompts (`data/*`) and the validation prompts (`val-aux/data/*`), logged
+    with the run's first record: a validation score computed on the prompts that were kept says how many those
+    are."""
+    metrics = dataset_metrics(train_set)
+    if val_set is not None:
+        metrics |= {f"val-aux/{key}": value for key, value in dataset_metrics(val_set).items()}
+    return metrics
+
+
 def build_reward_fns(config: PPOConfig, tokenizer):
     from hybridrl.rewards import RewardManager, default_compute_score, load_custom_reward_function
     from hybridrl.rewards.reward_manager import OverlongBuffer, takes_rm_score
@@ -261,7 +271,7 @@ def _run_ppo_claimed(config: PPOConfig, cleanup: contextlib.ExitStack) -> dict:
     timeline = MemoryTimeline()
     trainer = RayPPOTrainer(config, tokenizer, actor_wg, critic_wg, reward_fn, val_reward_fn, loader, val_set,
                             tracker, ckpt, n_gpus=world, memory_timeline=timeline, plan=plan,
-                            reward_model=reward_model, startup_metrics=dataset_metrics(train_set))
+                            reward_model=reward_model, startup_metrics=startup_data_metrics(train_set, val_set))
     t0 = time.time()
     try:
         history = trainer.fit()

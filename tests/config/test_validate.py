@@ -27,7 +27,7 @@ BAD = [
     ([f"{A}.loss_agg_mode=mean"], f"{A}.loss_agg_mode", "not one of"),
     ([f"{A}.kl_loss_type=k4"], f"{A}.kl_loss_type", "not one of"),
     ([f"{A}.optim.warmup_style=linear"], f"{A}.optim.warmup_style", "not one of"),
-    (["data.truncation=middle"], "data.truncation", "not one of"),
+    (["data.truncation=both"], "data.truncation", "not one of"),
     (["trainer.logger=[console,swanlab]"], "trainer.logger", "'swanlab' is not one of"),
     (["algorithm.kl_ctrl.type=pid"], "algorithm.kl_ctrl.type", "not one of"),
     (["trainer.resume_mode=latest"], "trainer.resume_mode", "not one of"),
@@ -79,7 +79,7 @@ def test_batch_message_carries_the_numbers(seed_yaml):
 
 def test_all_problems_reported_together(seed_yaml):
     with pytest.raises(ConfigError) as e:
-        load_config(seed_yaml, ["trainer.device=tpu", "data.truncation=middle", "trainer.nnodes=x"])
+        load_config(seed_yaml, ["trainer.device=tpu", "data.truncation=both", "trainer.nnodes=x"])
     assert len(e.value.errors) == 3
 
 
@@ -127,7 +127,7 @@ def test_types_and_allowed_values_come_from_the_annotations():
                                                       "checkpoint": {"contents": ["model", 3]}}},
                       "trainer": {"logger": ["console", "foo"], "nnodes": True}}, PPOConfig)
     assert raised.value.errors == [
-        "'data.truncation' = 'up' is not one of ['error', 'left', 'right']",
+        "'data.truncation' = 'up' is not one of ['error', 'left', 'right', 'middle']",
         "'data.val_batch_size' must be int, got 'x' (str)",
         "'actor_rollout_ref.actor.use_dynamic_bsz' = 'maybe' is not one of ['auto', True, False]",
         "'actor_rollout_ref.actor.checkpoint.contents' entries must be str, got [3]",

@@ -82,7 +82,7 @@ def test_max_samples_keeps_the_first_rows_or_a_seeded_random_subset(tmp_path, to
     assert len(truths(n=-1)[0]) == len(truths(n=10)[0]) == len(truths(n=50)[0]) == 10
 
 
-@pytest.mark.parametrize("mode", ["left", "right", "error"])
+@pytest.mark.parametrize("mode", ["left", "right", "middle", "error"])
 def test_truncation_modes(tmp_path, tok, mode):
     row = {"data_source": "arith", "prompt": [{"role": "user", "content": "word " * 100}],
            "reward_model": {"style": "rule", "ground_truth": "1"}}
@@ -95,8 +95,10 @@ def test_truncation_modes(tmp_path, tok, mode):
     ds = RLHFDataset(tmp_path / "long.parquet", tok, cfg)
     ids = ds[0]["raw_prompt_ids"]
     assert len(ids) == 16 and ds.num_truncated == 1 and ds[0]["attention_mask"].all()
-    start = tok.convert_tokens_to_ids("<|im_start|>")
-    assert (ids[0] == start) == (mode == "right")
+    full = tok.encode(tok.apply_chat_template(row["prompt"], add_generation_prompt=True, tokenize=False),
+                      add_special_tokens=False)
+    want = {"left": full[-16:], "right": full[:16], "middle": full[:8] + full[-8:]}[mode]   # verl's middle: both ends
+    assert ids == want
 
 
 def test_truncated_and_filtered_prompts_are_reported(tmp_path, tok, caplog):
@@ -128,8 +130,11 @@ def test_schema_errors_name_file_and_column(tmp_path, tok):
         assert name in str(err.value)
     with pytest.raises(FileNotFoundError, match="nothere.parquet"):
         RLHFDataset(tmp_path / "nothere.parquet", tok, {})
-    with pytest.raises(ValueError, match="data.truncation='middle'"):
-        RLHFDataset(tmp_path / "missing.parquet", tok, {"truncation": "middle"})
+    with pytest.raises(ValueError, match="data.truncation='both'"):
+        RLHFDataset(tmp_path / "missing.parquet", tok, {"truncation": "both"})
+    (tmp_path / "not_parquet.parquet").write_text("{}")
+    with pytest.raises(ValueError, match="not_parquet.parquet' is not a parquet file.*JSON named"):
+        RLHFDataset(tmp_path / "not_parquet.parquet", tok, {})
 
 
 def test_bad_prompts_name_file_row_and_column(tmp_path, tok):
@@ -137,7 +142,7 @@ def test_bad_prompts_name_file_row_and_column(tmp_path, tok):
             "reward_model": {"style": "rule", "ground_truth": "1"}}
     pq.write_table(pa.Table.from_pylist([good]), tmp_path / "first.parquet")
     for prompt, message in (([], "the prompt holds no messages"),
-                            ([{"role": "user", "content": None}], "message 0 is .*string 'content'")):
+                            ([{"role": "user", "content": None}], "message 0 is .*string 'content' \\(null only")):
         pq.write_table(pa.Table.from_pylist([good, good, {**good, "prompt": prompt}]), tmp_path / "bad.parquet")
         with pytest.raises(ValueError, match=rf"bad.parquet: row 2, column 'prompt': {message}"):
             RLHFDataset([tmp_path / "first.parquet", tmp_path / "bad.parquet"], tok, {})  # the row counts per file
@@ -177,3 +182,74 @@ def test_loader_batches_and_resumes_exactly(tmp_path, tok):
     narrow.load_state_dict(older)
     tail = [i for b in narrow for i in b.non_tensor_batch["index"]]
     assert tail[:12] == epoch0[8:20] and len(tail) == 14   # size 2 reaches the 2 rows size 4 drops
+
+
+def _row(**changes):
+    return {"data_source": "arith", "prompt": [{"role": "user", "content": "What is 2 + 2?"}],
+            "reward_model": {"style": "rule", "ground_truth": "4"}, **changes}
+
+
+def test_messages_keep_their_tool_calls_as_verl_renders_them(tmp_path, tok):
+    call = {"type": "function", "function": {"name": "calculator", "arguments": '{"expression": "2 + 2"}'}}
+    prompt = [{"role": "user", "content": "What is 2 + 2?"},
+              {"role": "assistant", "content": None, "tool_calls": [call]},
+              {"role": "tool", "content": "4", "name": "calculator"},
+              {"role": "user", "content": "And 3 + 3?"}]
+    pq.write_table(pa.Table.from_pylist([_row(prompt=prompt)]), tmp_path / "tools.parquet")
+    ids = RLHFDataset(tmp_path / "tools.parquet", tok, {"max_prompt_length": 256})[0]["raw_prompt_ids"]
+    text = tok.decode(ids)
+    # arrow gave every message every field (None where absent); the template sees only the fields each has
+    assert text == tok.apply_chat_template(prompt, add_generation_prompt=True, tokenize=False)
+    assert "calculator" in text and "2 + 2" in text
+
+
+def test_multimodal_rows_are_refused_naming_the_column(tmp_path, tok):
+    rows = [_row(images=[]), _row(images=None), _row(images=[{"bytes": b"png"}])]
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "geo3k.parquet")
+    with pytest.raises(ValueError, match=r"geo3k.parquet: column 'images' holds images in 1 rows \(first: row 2\); "
+                                         "multimodal prompts are not supported"):
+        RLHFDataset(tmp_path / "geo3k.parquet", tok, {})
+    pq.write_table(pa.Table.from_pylist(rows[:2]), tmp_path / "text_only.parquet")   # empty image lists: text rows
+    assert len(RLHFDataset(tmp_path / "text_only.parquet", tok, {})) == 2
+    pq.write_table(pa.Table.from_pylist([_row(frames=["f"])]), tmp_path / "frames.parquet")
+    with pytest.raises(ValueError, match="column 'frames' holds frames"):
+        RLHFDataset(tmp_path / "frames.parquet", tok, {"video_key": "frames"})
+
+
+def test_json_files_load_as_parquet_does(tmp_path, tok):
+    import json
+
+    rows = write_verl_gsm8k(tmp_path / "gsm8k.parquet", n=3)
+    (tmp_path / "lines.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "array.json").write_text(json.dumps(rows))
+    want = [RLHFDataset(tmp_path / "gsm8k.parquet", tok, {"max_prompt_length": 96})[i]["raw_prompt_ids"]
+            for i in range(3)]
+    for name in ("lines.jsonl", "array.json"):
+        ds = RLHFDataset(tmp_path / name, tok, {"max_prompt_length": 96})
+        assert [ds[i]["raw_prompt_ids"] for i in range(3)] == want and ds[1]["reward_model"]["ground_truth"] == "4"
+    (tmp_path / "bad.json").write_text('{"a": 1} trailing')
+    with pytest.raises(ValueError, match="bad.json' is neither JSON Lines"):
+        RLHFDataset(tmp_path / "bad.json", tok, {})
+
+
+def test_null_columns_and_categorical_sources_load(tmp_path, tok):
+    table = pa.Table.from_pylist([_row(ability=None, extra_info=None), _row(ability=None, extra_info=None)])
+    assert pa.types.is_null(table.schema.field("ability").type)   # as pandas writes an all-None column
+    table = table.set_column(table.schema.get_field_index("data_source"), "data_source",
+                             table.column("data_source").dictionary_encode())   # a pandas categorical
+    pq.write_table(table, tmp_path / "nulls.parquet")
+    item = RLHFDataset(tmp_path / "nulls.parquet", tok, {})[1]
+    assert item["ability"] == "" and item["extra_info"] == {} and item["data_source"] == "arith"
+
+
+def test_validation_prompts_dropped_at_load_are_counted(tmp_path, tok):
+    from hybridrl.trainer.launch import startup_data_metrics
+
+    long_row = _row(prompt=[{"role": "user", "content": "word " * 100}])
+    pq.write_table(pa.Table.from_pylist([_row(), long_row, long_row]), tmp_path / "val.parquet")
+    pq.write_table(pa.Table.from_pylist([_row()]), tmp_path / "train.parquet")
+    cfg = {"max_prompt_length": 32}
+    metrics = startup_data_metrics(RLHFDataset(tmp_path / "train.parquet", tok, cfg),
+                                   RLHFDataset(tmp_path / "val.parquet", tok, cfg))
+    assert metrics["data/filtered_prompts"] == 0.0 and metrics["val-aux/data/filtered_prompts"] == 2.0
+    assert metrics["val-aux/data/prompts"] == 1.0

@@ -22,6 +22,11 @@ class DataConfig(Section):
     """validation parquet file(s); null = no validation; the default is the demo's"""
     prompt_key: str
     """column holding the chat messages of the prompt"""
+    image_key: str
+    """column of a row's images (verl's multimodal key): a file whose rows hold values there is refused, naming the
+    column (prompts are text only here)"""
+    video_key: str
+    """column of a row's videos: refused like image_key's"""
     reward_fn_key: str
     """column that selects the reward function per row"""
     max_prompt_length: int
@@ -54,7 +59,7 @@ class DataConfig(Section):
     filter_overlong_prompts: bool
     """drop (and count) prompts longer than max_prompt_length (verl's default: false, with truncation=error)"""
     truncation: Truncation
-    """error | left | right, when filter_overlong_prompts is false"""
+    """error | left | right | middle (both ends kept), when filter_overlong_prompts is false"""
     dataloader_num_workers: int
     """must be 0: prompts are tokenized once at load, batches are collated in the driver (verl's 8 worker processes
     would have nothing to do)"""

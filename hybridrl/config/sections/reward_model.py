@@ -10,7 +10,7 @@ from typing import Literal
 
 from hybridrl.config.sections.base import Section
 from hybridrl.config.sections.rules import Findings
-from hybridrl.config.sections.values import Auto, Truncation
+from hybridrl.config.sections.values import Auto, RewardTruncation
 from hybridrl.config.tokenizer_files import same_tokenizer
 
 RM = "reward_model"
@@ -55,7 +55,7 @@ class RewardModelConfig(Section):
     auto = the run plan's choice"""
     max_length: int | None
     """reward-model input tokens at most; null = data.max_prompt_length + data.max_response_length"""
-    truncation: Truncation
+    truncation: RewardTruncation
     """an input over max_length: left (drop its head, keep the end where the score is read) | right | error; cut inputs
     are counted in reward_model/truncated"""
     judge: JudgeConfig
