@@ -63,6 +63,25 @@ def load_dataset(files, key: str, tokenizer, data_config, tools: list[dict] | No
     return dataset
 
 
+SINGLE_TURN_AGENT, TOOL_AGENT = "single_turn_agent", "tool_agent"   # verl's agent loop names
+
+
+def check_agent_names(dataset, key: str, multi_turn: bool) -> None:
+    """verl routes each row to the agent loop its `agent_name` column names; here the run's mode decides for every
+    row (actor_rollout_ref.rollout.multi_turn.enable), so a row asking for another loop is refused, naming it,
+    rather than trained in the wrong one."""
+    want = TOOL_AGENT if multi_turn else SINGLE_TURN_AGENT
+    for row in dataset.rows:
+        name = row.get("agent_name")
+        if name is not None and name != want:
+            how = ("set actor_rollout_ref.rollout.multi_turn.enable=true (with a tool config) to run tool_agent "
+                   "rows" if name == TOOL_AGENT else
+                   f"rows of a multi-turn run are {TOOL_AGENT}'s" if multi_turn else
+                   f"the agent loops here are {SINGLE_TURN_AGENT} and {TOOL_AGENT}")
+            raise ValueError(f"{key}: {row['_file']} row {row['_row']} has agent_name={name!r}, but this run's rows "
+                             f"all run as {want!r} (actor_rollout_ref.rollout.multi_turn.enable={multi_turn}): {how}")
+
+
 def startup_data_metrics(train_set, val_set) -> dict[str, float]:
     """What loading did to the training prompts (`data/*`) and the validation prompts (`val-aux/data/*`), logged
     with the run's first record: a validation score computed on the prompts that were kept says how many those
@@ -213,6 +232,9 @@ def _run_ppo_claimed(config: PPOConfig, cleanup: contextlib.ExitStack) -> dict:
     if len(loader) == 0:
         raise ValueError(f"data.{gen_key}={gen_size} is larger than the training set "
                          f"({len(train_set)} rows after filtering) — no full batch can be formed")
+    for key, dataset in (("data.train_files", train_set), ("data.val_files", val_set)):
+        if dataset is not None:
+            check_agent_names(dataset, key, config.actor_rollout_ref.rollout.multi_turn.enable)
     reward_fn, val_reward_fn = build_reward_fns(config, tokenizer)
     total_steps = t.total_training_steps if t.total_training_steps is not None else len(loader) * t.total_epochs
     # the LR schedule needs the horizon, known only once the data is loaded (as in verl)

@@ -253,3 +253,17 @@ def test_validation_prompts_dropped_at_load_are_counted(tmp_path, tok):
                                    RLHFDataset(tmp_path / "val.parquet", tok, cfg))
     assert metrics["data/filtered_prompts"] == 0.0 and metrics["val-aux/data/filtered_prompts"] == 2.0
     assert metrics["val-aux/data/prompts"] == 1.0
+
+
+def test_rows_asking_for_another_agent_loop_are_refused(tmp_path, tok):
+    from hybridrl.trainer.launch import check_agent_names
+
+    rows = [_row(agent_name="single_turn_agent"), _row(agent_name="tool_agent")]
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "agents.parquet")
+    ds = RLHFDataset(tmp_path / "agents.parquet", tok, {})
+    with pytest.raises(ValueError, match=r"agents.parquet row 1 has agent_name='tool_agent'.*multi_turn.enable=False"):
+        check_agent_names(ds, "data.train_files", multi_turn=False)
+    with pytest.raises(ValueError, match=r"row 0 has agent_name='single_turn_agent'"):
+        check_agent_names(ds, "data.train_files", multi_turn=True)
+    pq.write_table(pa.Table.from_pylist(rows[1:] + [_row(agent_name=None)]), tmp_path / "tools.parquet")
+    check_agent_names(RLHFDataset(tmp_path / "tools.parquet", tok, {}), "data.train_files", multi_turn=True)
