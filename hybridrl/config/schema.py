@@ -161,6 +161,15 @@ VERL_REFUSED: dict[str, str] = {
     "data.custom_cls": "a dataset class of your own is not loaded; convert the rows to the trainer's parquet schema "
     "(hybridrl data convert) and point data.train_files at it",
     "data.sampler": "no curriculum sampler classes; the prompts are shuffled by data.shuffle / data.seed: remove it",
+    "data.use_shm": "data files are read from their paths as given: remove it",
+    "data.return_full_prompt": "the rendered prompt is not carried in the batch (data.return_raw_chat carries the "
+    "messages): remove it",
+    "data.return_multi_modal_inputs": "multimodal prompts are not supported (text chats only): remove it",
+    "data.image_patch_size": "multimodal prompts are not supported (text chats only): remove it",
+    "data.datagen": "no dynamic data generation: the prompts are data.train_files' rows: remove it",
+    "data.cache_dir": "data files are read directly, not through a datasets cache: remove it",
+    "data.need_tools_kwargs": "a multi-turn run passes each row's extra_info.tools_kwargs to its tools whether "
+    "or not this is set: remove it",
     "actor_rollout_ref.rollout.agent": "verl's agent-loop workers; an agent loop here is a subclass of "
     "hybridrl.rollout.agent_loop.AgentLoop named by actor_rollout_ref.rollout.multi_turn.agent_loop.path / .name "
     "(.kwargs go to its constructor), run by the engine in-process: use those keys",

@@ -222,7 +222,10 @@ class RLHFDataset(torch.utils.data.Dataset):
         try:
             text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False, **tools)
         except Exception as e:  # the template's own message says what it wanted; the location is ours
-            raise ValueError(f"{where}: the chat template cannot render this prompt ({type(e).__name__}: {e})") from e
+            hint = ("; the tokenizer has no chat template: set actor_rollout_ref.model.custom_chat_template (a "
+                    "Jinja file or string) or data.apply_chat_template_kwargs.chat_template"
+                    if getattr(self.tokenizer, "chat_template", None) is None else "")
+            raise ValueError(f"{where}: the chat template cannot render this prompt ({type(e).__name__}: {e}){hint}") from e
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 
     def _truncate(self, ids: list[int], i: int, path: str) -> list[int]:

@@ -213,6 +213,9 @@ class RewardManager:
         if turns is not None:   # as verl's managers add them for multi-turn scorers
             extras = [{**(e if isinstance(e, dict) else {}), **{k: st.get(k) for k in MULTI_TURN_EXTRAS if k in st}}
                       for e, st in zip(extras, turns)]
+        # verl's naive manager gives every scorer these two keys (None / {} outside an agent loop)
+        extras = [{"num_turns": None, "rollout_reward_scores": {}, **(e if isinstance(e, dict) else {})}
+                  for e in extras]
         return sources, truths, extras
 
     # ------------------------------------------------------------------ entry point

@@ -267,3 +267,13 @@ def test_rows_asking_for_another_agent_loop_are_refused(tmp_path, tok):
         check_agent_names(ds, "data.train_files", multi_turn=True)
     pq.write_table(pa.Table.from_pylist(rows[1:] + [_row(agent_name=None)]), tmp_path / "tools.parquet")
     check_agent_names(RLHFDataset(tmp_path / "tools.parquet", tok, {}), "data.train_files", multi_turn=True)
+
+
+def test_a_tokenizer_without_a_chat_template_names_the_keys_to_set(tmp_path, tok):
+    import copy
+
+    bare = copy.deepcopy(tok)
+    bare.chat_template = None
+    pq.write_table(pa.Table.from_pylist([_row()]), tmp_path / "p.parquet")
+    with pytest.raises(ValueError, match="no chat template: set actor_rollout_ref.model.custom_chat_template"):
+        RLHFDataset(tmp_path / "p.parquet", bare, {})

@@ -219,8 +219,12 @@ def test_multi_turn_scorers_get_verls_extra_info(tok):
         [{"num_turns": 4, "turn_scores": [0.5], "tool_rewards": [1.0], "tool_calls": 1}, {"num_turns": 2}],
         dtype=object)
     RewardManager(tok, compute_score=scorer, timeout_s=None)(batch)
-    assert seen == [{"index": 0, "num_turns": 4, "turn_scores": [0.5], "tool_rewards": [1.0]},
-                    {"index": 1, "num_turns": 2}]
+    assert seen == [{"index": 0, "num_turns": 4, "turn_scores": [0.5], "tool_rewards": [1.0],
+                     "rollout_reward_scores": {}},
+                    {"index": 1, "num_turns": 2, "rollout_reward_scores": {}}]
+    seen.clear()
+    RewardManager(tok, compute_score=scorer, timeout_s=None)(make_batch(tok, ["a"], ["1"]))   # single turn
+    assert seen == [{"index": 0, "num_turns": None, "rollout_reward_scores": {}}]   # verl's naive manager's keys
 
 
 HANGING = textwrap.dedent('''
