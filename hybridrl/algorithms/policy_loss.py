@@ -63,8 +63,8 @@ def _check_clip_range(cliprange, cliprange_low, cliprange_high, clip_ratio_c=Non
     if cliprange_low is None or cliprange_high is None:
         raise ValueError("compute_policy_loss: actor.clip_ratio is null and so is clip_ratio_low/clip_ratio_high; "
                          f"got cliprange={cliprange}, cliprange_low={cliprange_low}, cliprange_high={cliprange_high}")
-    if not (0 <= cliprange_low < 1) or cliprange_high < 0:
-        raise ValueError(f"compute_policy_loss: need 0 <= clip_ratio_low < 1 and clip_ratio_high >= 0, "
+    if not (0 <= cliprange_low <= 1) or cliprange_high < 0:
+        raise ValueError(f"compute_policy_loss: need 0 <= clip_ratio_low <= 1 (1: no lower clip) and clip_ratio_high >= 0, "
                          f"got clip_ratio_low={cliprange_low}, clip_ratio_high={cliprange_high}")
     if clip_ratio_c is not None and not clip_ratio_c > 1.0:
         raise ValueError(f"actor.clip_ratio_c={clip_ratio_c} must be > 1.0 (dual-clip lower bound of the ratio)")

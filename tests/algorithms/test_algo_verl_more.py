@@ -140,3 +140,10 @@ def test_config_refuses_pass_at_k_without_groups_and_checks_sapo_temperatures():
     cfg = load_config(overrides=["actor_rollout_ref.actor.policy_loss.loss_mode=geo_mean", "algorithm.adv_estimator=opo",
                                  "actor_rollout_ref.rollout.n=2"])
     assert cfg.actor_rollout_ref.actor.tau_pos == 1.0 and cfg.actor_rollout_ref.actor.tau_neg == 1.05
+
+
+def test_a_lower_clip_of_one_turns_the_lower_clip_off_and_plus_kl_types_are_accepted():
+    loss, _, _ = _loss("vanilla", [-2.0], [1.0], clip_ratio_low=1.0, clip_ratio_high=0.2)
+    assert loss == pytest.approx(-math.exp(-2.0))   # ratio e^-2 < 1 - 0.2 is not clipped up
+    cfg = load_config(overrides=["actor_rollout_ref.actor.use_kl_loss=true", "actor_rollout_ref.actor.kl_loss_type=k3+"])
+    assert cfg.actor_rollout_ref.actor.kl_loss_type == "k3+"

@@ -12,7 +12,7 @@ from hybridrl.config.sections.values import (
     Auto,
     CheckpointContent,
     Dtype,
-    KLType,
+    KLLossType,
     LossAggMode,
     PolicyLossMode,
     Strategy,
@@ -126,8 +126,8 @@ class ActorConfig(Section):
     """KL to the reference policy as a loss term (GRPO style)"""
     kl_loss_coef: float
     """weight of the KL loss"""
-    kl_loss_type: KLType
-    """k1 | k2 | mse | k3 | low_var_kl | abs"""
+    kl_loss_type: KLLossType
+    """k1 | k2 | mse | k3 | low_var_kl | abs, or any of them with "+" (e.g. k3+): its value with k2's gradient (unbiased)"""
     router_aux_loss_coef: float
     """MoE models: weight of the router's load-balancing loss (transformers' load_balancing_loss_func, the key named as
     in HF configs; the model config's own value is not used), logged as actor/router_aux_loss; 0 = off"""

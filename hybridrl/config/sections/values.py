@@ -5,6 +5,9 @@ from typing import Literal, get_args
 Dtype = Literal["fp32", "float32", "bf16", "bfloat16", "fp16", "float16"]
 LossAggMode = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
 KLType = Literal["kl", "k1", "k2", "mse", "k3", "low_var_kl", "abs"]
+# the actor's KL loss also takes "<estimator>+": that estimator's value with k2's gradient (unbiased, as verl's docs)
+KLLossType = Literal["kl", "k1", "k2", "mse", "k3", "low_var_kl", "abs", "kl+", "k1+", "k2+", "mse+", "k3+",
+                     "low_var_kl+", "abs+"]
 Truncation = Literal["error", "left", "right", "middle"]   # prompts (data.truncation)
 RewardTruncation = Literal["error", "left", "right"]   # reward-model inputs
 WarmupStyle = Literal["constant", "cosine"]
