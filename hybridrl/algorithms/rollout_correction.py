@@ -15,7 +15,7 @@ Shapes: B rows, R response length; log-ratios are log π_train - log π_rollout 
   log(lower) <= k1 <= log(upper)), or a single upper whose lower is 1/upper; the others an upper bound.
 - Off-policy metrics (kl, k3_kl, training/rollout ppl, log_ppl_diff, ppl_ratio, chi2_token, chi2_seq) follow
   verl's compute_offpolicy_metrics. Every metric is returned under `rollout_corr/`, verl's prefix.
-RS metrics are a subset of verl's: per criterion mean/max/min, fraction_high/low and the masked fractions.
+RS metrics are verl's: per criterion mean/max/min/std, fraction_high/low, the per-row `_seq_*` summary and the masked fractions.
 """
 
 from __future__ import annotations
@@ -157,6 +157,30 @@ def _rs_statistic(name: str, log_ratio, mask) -> torch.Tensor:
     return torch.where(torch.isinf(peak), 0.0, peak)
 
 
+def _rs_spread(prefix: str, stat: torch.Tensor, mask: torch.Tensor, rows: torch.Tensor, lower: float | None,
+               upper: float) -> dict[str, float]:
+    """verl's spread metrics of a criterion: `_std` of the per-token statistic clamped to [lower or 0, upper], and
+    the per-row values' (a sequence criterion's statistic, a token criterion's row mean) `_seq_*` summary."""
+    token = stat if stat.dim() == 2 else stat.unsqueeze(-1).expand_as(mask)
+    out = {f"{prefix}_std": 0.0}
+    if mask.sum() > 1:
+        clamped = token.clamp(min=0.0 if lower is None else lower, max=upper)
+        mean = masked_mean(clamped, mask)
+        out[f"{prefix}_std"] = torch.sqrt((masked_mean(clamped.square(), mask) - mean.square()).clamp(min=0)).item()
+    per_row = (masked_mean(stat, mask, axis=-1) if stat.dim() == 2 else stat)[rows]
+    if per_row.numel() == 0:
+        return out | {f"{prefix}_seq_{k}": 0.0 for k in ("mean", "std", "max", "min", "max_deviation",
+                                                          "fraction_high", "fraction_low")}
+    out |= {f"{prefix}_seq_mean": per_row.mean().item(),
+            f"{prefix}_seq_std": per_row.std().item() if per_row.numel() > 1 else 0.0,
+            f"{prefix}_seq_max": per_row.max().item(), f"{prefix}_seq_min": per_row.min().item(),
+            f"{prefix}_seq_max_deviation": per_row.abs().max().item(),
+            f"{prefix}_seq_fraction_high": (per_row > upper).float().mean().item()}
+    if lower is not None:
+        out[f"{prefix}_seq_fraction_low"] = (per_row < lower).float().mean().item()
+    return out
+
+
 def rejection_mask(log_ratio: torch.Tensor, mask: torch.Tensor, options: str, threshold_spec
                    ) -> tuple[torch.Tensor, dict[str, float]]:
     """(the response mask with rejected tokens / rows zeroed, `rollout_rs_*` metrics)."""
@@ -183,6 +207,7 @@ def rejection_mask(log_ratio: torch.Tensor, mask: torch.Tensor, options: str, th
             metrics[f"{p}_max"], metrics[f"{p}_min"] = s.max().item(), s.min().item()
             metrics[f"{p}_fraction_high"] = (s > upper).float().mean().item()
             metrics[f"{p}_fraction_low"] = (s < lower).float().mean().item() if lower is not None else 0.0
+        metrics.update(_rs_spread(p, stat, mask, rows, lower, upper))
         metrics[f"{p}_masked_fraction"] = masked_mean((~keep).float(), mask).item()
         metrics[f"{p}_seq_masked_fraction"] = ((~keep & valid).any(-1) & rows).float().sum().item() / max(
             1, int(rows.sum()))

@@ -147,3 +147,16 @@ def test_a_lower_clip_of_one_turns_the_lower_clip_off_and_plus_kl_types_are_acce
     assert loss == pytest.approx(-math.exp(-2.0))   # ratio e^-2 < 1 - 0.2 is not clipped up
     cfg = load_config(overrides=["actor_rollout_ref.actor.use_kl_loss=true", "actor_rollout_ref.actor.kl_loss_type=k3+"])
     assert cfg.actor_rollout_ref.actor.kl_loss_type == "k3+"
+
+
+def test_rejection_sampling_reports_verl_s_spread_metrics():
+    from hybridrl.algorithms.rollout_correction import rejection_mask
+
+    log_ratio = torch.tensor([[0.0, 1.0], [2.0, 5.0]])   # k2 = lr²/2: [[0, 0.5], [2, -]]
+    mask = torch.tensor([[1.0, 1.0], [1.0, 0.0]])
+    _, m = rejection_mask(log_ratio, mask, "token_k2", 1.0)
+    p = "rollout_rs_token_k2"
+    assert m[f"{p}_seq_mean"] == pytest.approx((0.25 + 2.0) / 2)   # the rows' mean statistic
+    assert (m[f"{p}_seq_max"], m[f"{p}_seq_min"], m[f"{p}_seq_fraction_high"]) == pytest.approx((2.0, 0.25, 0.5))
+    assert m[f"{p}_std"] == pytest.approx(math.sqrt((0 + 0.25 + 1) / 3 - 0.25))   # clamped to [0, 1] first
+    assert f"{p}_seq_fraction_low" not in m   # only k1 criteria have a lower bound
