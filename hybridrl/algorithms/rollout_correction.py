@@ -25,6 +25,7 @@ import math
 import torch
 
 from hybridrl.algorithms.utils import masked_mean, masked_sum
+from hybridrl.dotted import dotted_get
 
 __all__ = ["IS_LEVELS", "RS_OPTIONS", "apply_rollout_correction", "offpolicy_metrics", "parse_rs_thresholds",
            "rejection_mask", "rollout_is_weights", "truncated_is_weights"]
@@ -246,16 +247,21 @@ def offpolicy_metrics(old_log_prob: torch.Tensor, rollout_log_prob: torch.Tensor
 def apply_rollout_correction(batch, cfg) -> dict[str, float]:
     """Driver side, with the old log-probs in `batch` (verl's decoupled mode): adds `rollout_is_weights` when
     `cfg.rollout_is` is set, narrows `response_mask` when `cfg.rollout_rs` is set, and returns the `rollout_corr/`
-    metrics (the off-policy diagnostics always). `cfg` is `algorithm.rollout_correction`."""
+    metrics (the off-policy diagnostics always). `cfg` is `algorithm.rollout_correction`, or a dict of some of its
+    keys (verl's defaults for the rest: threshold 2.0, no batch normalisation, no rejection)."""
+    def get(key, default=None):
+        return dotted_get(cfg, key, default)
+
     b = batch.batch
     mask, log_ratio = b["response_mask"], b["old_log_probs"].float() - b["rollout_log_probs"].float()
     metrics: dict[str, float] = {}
-    if cfg.rollout_is is not None:
+    if get("rollout_is") is not None:
         b["rollout_is_weights"], is_metrics = rollout_is_weights(
-            log_ratio, mask, cfg.rollout_is, float(cfg.rollout_is_threshold), bool(cfg.rollout_is_batch_normalize))
+            log_ratio, mask, get("rollout_is"), float(get("rollout_is_threshold", 2.0)),
+            bool(get("rollout_is_batch_normalize", False)))
         metrics.update(is_metrics)
-    if cfg.rollout_rs is not None:
-        b["response_mask"], rs_metrics = rejection_mask(log_ratio, mask, cfg.rollout_rs, cfg.rollout_rs_threshold)
+    if get("rollout_rs") is not None:
+        b["response_mask"], rs_metrics = rejection_mask(log_ratio, mask, get("rollout_rs"), get("rollout_rs_threshold"))
         metrics.update(rs_metrics)
     if mask.any():
         metrics.update(offpolicy_metrics(b["old_log_probs"], b["rollout_log_probs"], mask))
