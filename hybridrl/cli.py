@@ -81,7 +81,7 @@ def _config_check(args) -> int:
     print(f"{args.config or 'defaults + overrides'}: valid")
     print(f"memory plan: {_plan_summary(plan) if plan is not None else 'none: ' + unplanned}")
     if problems:
-        print(f"missing: {len(problems)} path(s) `hybridrl train` stops on before starting any worker:")
+        print(f"missing or unusable: {len(problems)} path(s) `hybridrl train` stops on before starting any worker:")
         print("\n".join(f"  - {p}" for p in problems))
     print(plan if plan is not None else replace(derive_layout(config), device=device.type))
     return 0

@@ -28,7 +28,7 @@ def test_config_check_summary_names_the_missing_plan_and_paths_in_one_report(cap
     assert lines[0] == f"{SEED}: valid"
     model = tmp_path / "demo" / "runs" / "sft" / "huggingface"
     assert lines[1].startswith(f"memory plan: none: actor_rollout_ref.model.path='{model}' has no config.json")
-    assert lines[2].startswith("missing: 3 path(s)")
+    assert lines[2].startswith("missing or unusable: 3 path(s)")
     assert lines[3].startswith(f"  - actor_rollout_ref.model.path='{model}' does not exist")
     assert lines[4].startswith("  - data.train_files: [") and lines[5].startswith("  - data.val_files: [")
     assert all("`hybridrl train` with no arguments builds it there" in line for line in lines[3:6])
@@ -36,9 +36,18 @@ def test_config_check_summary_names_the_missing_plan_and_paths_in_one_report(cap
     assert lines[6] == "world size      6 workers on CPU"
 
 
+def write_prompts(path: Path) -> None:
+    """A one-row prompt file in the verl schema."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.Table.from_pylist([{"data_source": "arith", "prompt": [{"role": "user", "content": "1+1"}],
+                                          "reward_model": {"ground_truth": "2"}}]), path)
+
+
 def test_config_check_summary_states_the_planned_peak(capsys, tiny_model_dir, tmp_path):
     data = tmp_path / "train.parquet"
-    data.write_bytes(b"")
+    write_prompts(data)
     assert cli.main(["config", "check", f"actor_rollout_ref.model.path={tiny_model_dir}", f"data.train_files={data}",
                      "data.val_files=null", "--gpu-memory-gb", "80"]) == 0
     lines = capsys.readouterr().out.splitlines()

@@ -11,8 +11,9 @@ Choices:
   data, and what the packaged config points at) is named with the demo as the command that makes it; any other
   with the generic commands (`hybridrl assets tiny-model`, `hybridrl data make` / `data convert`).
 - MissingPathsError is a ConfigError and a FileNotFoundError, so callers catching either see it.
-- Only existence and shape (a model directory holds config.json) are checked here: whether a parquet file has
-  rows, or its columns, is the dataset's business once it is read.
+- Existence and shape: a model directory holds config.json; a parquet data file's schema (read without its rows,
+  milliseconds) has the columns and types the dataset needs, data.prompt_key's among them, and the column
+  data.reward_fn_key names. Whether a file has rows, and its JSON files, are the dataset's business once read.
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ from pathlib import Path
 from hybridrl.config.errors import ConfigError
 from hybridrl.config.sections import PPOConfig
 
-__all__ = ["MissingPathsError", "check_paths", "demo_home", "files_problem", "model_dir_problem", "path_problems"]
+__all__ = ["MissingPathsError", "check_paths", "demo_home", "files_problem", "model_dir_problem", "path_problems",
+           "schema_problem"]
 
 HOME_ENV = "HYBRIDRL_HOME"
 OWN_RUN_DOC = "docs/your-own-run.md"
@@ -89,6 +91,33 @@ def files_problem(value, key: str) -> str | None:
     return f"{key}: {missing} not found ({how})"
 
 
+# the batch's keys a row has whatever its file's columns (data/rl_dataset.py), which data.reward_fn_key may name
+DERIVED_KEYS = ("data_source", "reward_model", "extra_info", "ability", "index", "interaction_kwargs")
+
+
+def schema_problem(value, key: str, prompt_key: str, reward_fn_key: str) -> str | None:
+    """What is wrong with the columns of the existing parquet files among `value` (the value of `key`), or None."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from hybridrl.data.rl_dataset import check_schema
+
+    for path in _as_list(value):
+        if not Path(path).is_file() or Path(path).suffix.lower() in (".json", ".jsonl"):
+            continue
+        try:
+            schema = pq.read_schema(path)
+            check_schema(path, schema, prompt_key)
+        except (pa.ArrowInvalid, OSError) as e:
+            return f"{key}: {path!r} cannot be read as parquet ({e})"
+        except ValueError as e:
+            return f"{key}: {e}"
+        if reward_fn_key not in schema.names and reward_fn_key not in DERIVED_KEYS:
+            return (f"data.reward_fn_key={reward_fn_key!r} names no column of {path!r} (columns: {schema.names}); "
+                    "it selects each row's scorer by that column's value")
+    return None
+
+
 def path_problems(config: PPOConfig) -> list[str]:
     """Every path problem of a PPO/GRPO config (see the module docstring), in the order a run would meet them."""
     problems = [model_dir_problem(config.actor_rollout_ref.model.path, "actor_rollout_ref.model.path")]
@@ -97,8 +126,9 @@ def path_problems(config: PPOConfig) -> list[str]:
     rm = config.reward_model
     if rm.enable and rm.style == "model" and rm.model.path is not None:
         problems.append(model_dir_problem(rm.model.path, "reward_model.model.path"))
-    problems.append(files_problem(config.data.train_files, "data.train_files"))
-    problems.append(files_problem(config.data.val_files, "data.val_files"))
+    d = config.data
+    for key, value in (("data.train_files", d.train_files), ("data.val_files", d.val_files)):
+        problems.append(files_problem(value, key) or schema_problem(value, key, d.prompt_key, d.reward_fn_key))
     reward = config.custom_reward_function
     if reward.path and not Path(os.path.expanduser(reward.path)).is_file():
         problems.append(f"custom_reward_function.path={reward.path!r} does not exist (a Python file defining "

@@ -68,7 +68,8 @@ def _is_text(t: pa.DataType) -> bool:
     return _is_string(t) or (pa.types.is_dictionary(t) and _is_string(t.value_type))
 
 
-def _check_schema(path: str, schema: pa.Schema, prompt_key: str) -> None:
+def check_schema(path: str, schema: pa.Schema, prompt_key: str) -> None:
+    """ValueError naming the file and column where `schema` lacks what the dataset needs."""
     def fail(column, rule):
         raise ValueError(f"{path}: column {column!r} {rule}; columns: {schema.names}")
 
@@ -137,7 +138,7 @@ def read_rows(files, prompt_key: str = "prompt", multimodal_keys: tuple[str, ...
         if not path.is_file():
             raise FileNotFoundError(f"data file {str(p)!r} not found")
         table = _read_table(path)
-        _check_schema(str(path), table.schema, prompt_key)
+        check_schema(str(path), table.schema, prompt_key)
         _refuse_multimodal(str(path), table, multimodal_keys)
         null_columns = [f.name for f in table.schema if pa.types.is_null(f.type)]   # no values: read as absent
         for r, row in enumerate(table.drop_columns(null_columns).to_pylist()):   # every column, as verl keeps them

@@ -98,3 +98,24 @@ def test_the_packaged_defaults_name_the_demo_as_what_makes_their_paths(tmp_path,
     problems = path_problems(cfg)
     assert len(problems) == 3 and all("the demo's; `hybridrl train` with no arguments builds it" in p
                                       for p in problems), problems
+
+
+def test_data_files_columns_are_checked_with_the_paths(tmp_path, tiny_model_dir, arith_files):
+    """What `config check` reports before GPU time: a file without data.prompt_key's column, and a
+    data.reward_fn_key that names no column, each with the file named."""
+    import pyarrow as pa
+
+    from hybridrl.config.paths import path_problems
+
+    table = pq.read_table(arith_files / "train.parquet")
+    pq.write_table(table.rename_columns(["question" if n == "prompt" else n for n in table.column_names]),
+                   tmp_path / "renamed.parquet")
+    problems = path_problems(config(tmp_path, tiny_model_dir, arith_files, f"data.train_files={tmp_path / 'renamed.parquet'}"))
+    assert len(problems) == 1 and "data.train_files" in problems[0] and "'prompt' is missing" in problems[0]
+    assert "renamed.parquet" in problems[0]
+    problems = path_problems(config(tmp_path, tiny_model_dir, arith_files, "data.reward_fn_key=task"))
+    assert len(problems) == 2 and all("data.reward_fn_key='task' names no column" in p for p in problems)
+    pq.write_table(table.append_column("task", pa.array(["a"] * len(table))), tmp_path / "tasks.parquet")
+    assert path_problems(config(tmp_path, tiny_model_dir, arith_files, "data.reward_fn_key=task",
+                                f"data.train_files={tmp_path / 'tasks.parquet'}", "data.val_files=null")) == []
+    assert path_problems(config(tmp_path, tiny_model_dir, arith_files)) == []
