@@ -15,7 +15,8 @@ Choices:
 - Multimodal rows (values in the data.image_key or data.video_key column, verl's `images` / `videos`) are refused,
   naming the file, column and first row: prompts here are text only, and training on them as text would be wrong.
 - Prompts are rendered with `apply_chat_template(messages, add_generation_prompt=True, tokenize=False)` (plus
-  `tools=` — the tool schemas of a multi-turn run, which the template lists in the system message) and
+  data.apply_chat_template_kwargs, and `tools=` — the tool schemas of a multi-turn run, which the template lists in
+  the system message) and
   tokenized without extra special tokens (the template already holds them) — once, at construction, because
   filtering needs the lengths anyway.
 - Overlong prompts: `filter_overlong_prompts=True` drops them and counts them (`num_filtered`, logged);
@@ -171,6 +172,8 @@ class RLHFDataset(torch.utils.data.Dataset):
         self.filter_overlong_prompts = bool(_cfg(data_config, "filter_overlong_prompts", True))
         self.truncation = _cfg(data_config, "truncation", "error")
         self.return_raw_chat = bool(_cfg(data_config, "return_raw_chat", False))
+        # verl's data.apply_chat_template_kwargs (e.g. enable_thinking, chat_template): every prompt render passes them
+        self.template_kwargs = dict(_cfg(data_config, "apply_chat_template_kwargs", {}) or {})
         if self.truncation not in TRUNCATION_MODES:
             raise ValueError(f"data.truncation={self.truncation!r}: must be one of {TRUNCATION_MODES}")
         if self.max_prompt_length <= 0:
@@ -221,11 +224,13 @@ class RLHFDataset(torch.utils.data.Dataset):
         messages = [{k: v for k, v in m.items() if v is not None or k == "content"} for m in messages]
         tools = {"tools": self.tools} if self.tools else {}
         try:
-            text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False, **tools)
+            text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False,
+                                                      **self.template_kwargs, **tools)
         except Exception as e:  # the template's own message says what it wanted; the location is ours
             hint = ("; the tokenizer has no chat template: set actor_rollout_ref.model.custom_chat_template (a "
                     "Jinja file or string) or data.apply_chat_template_kwargs.chat_template"
-                    if getattr(self.tokenizer, "chat_template", None) is None else "")
+                    if getattr(self.tokenizer, "chat_template", None) is None
+                    and "chat_template" not in self.template_kwargs else "")
             raise ValueError(f"{where}: the chat template cannot render this prompt ({type(e).__name__}: {e}){hint}") from e
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 

@@ -277,3 +277,15 @@ def test_a_tokenizer_without_a_chat_template_names_the_keys_to_set(tmp_path, tok
     pq.write_table(pa.Table.from_pylist([_row()]), tmp_path / "p.parquet")
     with pytest.raises(ValueError, match="no chat template: set actor_rollout_ref.model.custom_chat_template"):
         RLHFDataset(tmp_path / "p.parquet", bare, {})
+
+
+def test_the_data_config_s_chat_template_kwargs_reach_every_render(tmp_path, tok):
+    import copy
+
+    bare = copy.deepcopy(tok)
+    bare.chat_template = None
+    pq.write_table(pa.Table.from_pylist([_row()]), tmp_path / "p.parquet")
+    template = "{% for m in messages %}[{{ m.role }}|{{ m.content }}]{% endfor %}{% if flag %}FLAG{% endif %}"
+    ds = RLHFDataset(tmp_path / "p.parquet", bare, {"apply_chat_template_kwargs": {"chat_template": template,
+                                                                                    "flag": True}})
+    assert bare.decode(ds[0]["raw_prompt_ids"]) == "[user|What is 2 + 2?]FLAG"
