@@ -43,9 +43,12 @@ def step_sampling_seed(trainer_seed: int, rollout_seed: int, step: int) -> int:
     return derive_seed("sampling", int(trainer_seed), int(rollout_seed), int(step))
 
 
-def validation_sampling_seed(trainer_seed: int, rollout_seed: int) -> int:
-    """One seed for every validation, so sampled validations at different steps are compared on equal draws."""
-    return derive_seed("validation", int(trainer_seed), int(rollout_seed))
+def validation_sampling_seed(trainer_seed: int, rollout_seed: int, batch: int = 0) -> int:
+    """The seed of validation batch `batch`: the same at every validation, so sampled validations at different steps
+    are compared on equal draws; another for each batch of one validation, so its batches draw independently."""
+    if batch == 0:
+        return derive_seed("validation", int(trainer_seed), int(rollout_seed))
+    return derive_seed("validation", int(trainer_seed), int(rollout_seed), int(batch))
 
 
 def shuffle_seed(trainer_seed: int, step: int) -> int:

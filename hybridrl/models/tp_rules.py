@@ -18,7 +18,7 @@ from pathlib import Path
 
 from hybridrl.models.moe_config import moe_config
 
-__all__ = ["allowed_tp_sizes", "model_tp_error", "tp_size_error"]
+__all__ = ["allowed_tp_sizes", "model_sp_error", "model_tp_error", "tp_size_error"]
 
 TP_KEY = "actor_rollout_ref.rollout.tensor_model_parallel_size"
 
@@ -78,3 +78,18 @@ def model_tp_error(model_path, tp: int) -> str | None:
     if "num_attention_heads" not in config or "intermediate_size" not in config:
         return None  # not a decoder config the native engine reads; check_supported names the problem
     return tp_size_error(config, tp)
+
+
+def model_sp_error(model_path, sp: int, key: str) -> str | None:
+    """Why Ulysses degree `sp` (the value of `key`) cannot split the attention heads of the model under `model_path`
+    (each rank of a Ulysses group attends with heads / sp of them), or None; None too where there is no config.json
+    to read."""
+    config_file = Path(str(model_path)).expanduser() / "config.json"
+    if sp <= 1 or not config_file.is_file():
+        return None
+    heads = json.loads(config_file.read_text()).get("num_attention_heads")
+    if not isinstance(heads, int) or heads % sp == 0:
+        return None
+    allowed = [d for d in range(1, heads + 1) if heads % d == 0]
+    return (f"'{key}' = {sp} must divide the model's {heads} attention heads (each rank of a Ulysses group attends "
+            f"with heads / SP of them); allowed: {allowed}")

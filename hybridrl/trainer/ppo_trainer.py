@@ -163,7 +163,7 @@ class RayPPOTrainer:
             assign_uids(batch)
             gen = generation_inputs(batch)
             gen.meta_info = {**self._meta(), "validate": True, "seed": validation_sampling_seed(
-                cfg.trainer.seed, cfg.actor_rollout_ref.rollout.seed)}
+                cfg.trainer.seed, cfg.actor_rollout_ref.rollout.seed, start // bs)}
             out = self.actor_rollout_wg.generate_sequences(gen)
             out.meta_info.pop("metrics", None)
             batch = attach_rollout(batch, out, n)

@@ -44,3 +44,30 @@ def test_null_timeout_means_no_time_limit(tiny_model_dir):
     train_fn, val_fn = build_reward_fns(cfg, AutoTokenizer.from_pretrained(tiny_model_dir))
     assert train_fn.timeout_s is None and train_fn._worker is None  # scored in-process, no deadline
     assert val_fn.timeout_s is None and val_fn._worker is None
+
+
+def test_ulysses_degree_must_divide_the_attention_heads_of_each_role_s_model(tiny_model_dir):
+    """tiny_model_dir has 4 attention heads: SP 3 on 3 ranks passed the check and crashed in the first forward."""
+    base = [f"actor_rollout_ref.model.path={tiny_model_dir}", "trainer.n_gpus_per_node=3", "trainer.device=cpu",
+            "data.train_batch_size=6", f"{A}.ppo_mini_batch_size=6", "actor_rollout_ref.model.use_remove_padding=true"]
+    with pytest.raises(ConfigError, match=rf"'{A}.ulysses_sequence_parallel_size' = 3 must divide the model's 4 "
+                                          r"attention heads .*allowed: \[1, 2, 4\]"):
+        load_config(overrides=[*base, f"{A}.ulysses_sequence_parallel_size=3"])
+    with pytest.raises(ConfigError, match=r"'critic.ulysses_sequence_parallel_size' = 3 must divide the model's 4"):
+        load_config(overrides=[*base, "algorithm.adv_estimator=gae", "critic.ppo_mini_batch_size=6",
+                               "critic.model.use_remove_padding=true", "critic.ulysses_sequence_parallel_size=3"])
+
+
+def test_the_hf_rollout_cannot_be_tensor_parallel_and_the_critic_s_mini_batch_must_divide_the_batch():
+    with pytest.raises(ConfigError, match="rollout.name' = hf generates with the whole model .* needs rollout.name=native"):
+        load_config(overrides=["actor_rollout_ref.rollout.name=hf", "trainer.n_gpus_per_node=2",
+                               "actor_rollout_ref.rollout.tensor_model_parallel_size=2"])
+    with pytest.raises(ConfigError, match=r"must be divisible by 'critic.ppo_mini_batch_size' × rollout.n \(3 × 8"):
+        load_config(overrides=["algorithm.adv_estimator=gae", "critic.ppo_mini_batch_size=3"])
+
+
+def test_each_validation_batch_draws_its_own_samples_and_every_validation_the_same():
+    from hybridrl.seeding import validation_sampling_seed
+
+    seeds = [validation_sampling_seed(1, 0, b) for b in range(3)]
+    assert len(set(seeds)) == 3 and seeds[0] == validation_sampling_seed(1, 0)

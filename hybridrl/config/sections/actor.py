@@ -184,10 +184,6 @@ class ActorConfig(Section):
         if self.router_replay.mode == "R3" and rollout.name != "native":
             found.errors.append(f"'{ACTOR}.router_replay.mode' = R3 needs 'actor_rollout_ref.rollout.name' = native "
                                 f"(the engine that records each token's experts), got {rollout.name!r}")
-        tbs, n, mini = cfg.data.train_batch_size, rollout.n, self.ppo_mini_batch_size
-        if (tbs * n) % (mini * n):
-            found.errors.append(f"'data.train_batch_size' × rollout.n ({tbs} × {n} = {tbs * n}) must be divisible by "
-                                f"'{ACTOR}.ppo_mini_batch_size' × rollout.n ({mini} × {n} = {mini * n})")
         check_fsdp_size(f"{ACTOR}.fsdp_config.fsdp_size", self.fsdp_config.fsdp_size, cfg, found)
         check_update_batches(ACTOR, "actor_rollout_ref.model", self, cfg.actor_rollout_ref.model.use_remove_padding,
                              cfg, found)

@@ -100,9 +100,12 @@ class RolloutConfig(LogProbPassConfig):
         elif tbs % (world // tp):
             found.errors.append(f"'data.train_batch_size' = {tbs} must be divisible by the rollout dp size "
                                 f"(world {world} / tensor_model_parallel_size {tp} = {world // tp})")
-        if self.name == "native":  # the model's heads bound the TP degree (the hf backend runs TP=1 anyway)
+        if self.name == "native":  # the model's heads bound the TP degree
             tp_error = model_tp_error(cfg.actor_rollout_ref.model.path, tp)
             found.errors += [tp_error] if tp_error else []
+        elif tp > 1:
+            found.errors.append(f"'{ROLLOUT}.name' = {self.name} generates with the whole model on each rank: "
+                                f"'{ROLLOUT}.tensor_model_parallel_size' = {tp} needs rollout.name=native")
         self.check_log_prob_batches(ROLLOUT, cfg, found)
         self.multi_turn.check(self.name, found)
         self.speculative.check(self, found)

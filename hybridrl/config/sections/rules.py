@@ -59,7 +59,8 @@ def check_fsdp_size(key: str, fsdp: int, cfg, found: Findings) -> None:
 
 
 def check_sp(prefix: str, model_prefix: str, sp: int, use_remove_padding, cfg, found: Findings) -> bool:
-    """Ulysses degree of the role at `prefix`: >= 1, dividing the world, packed inputs when > 1. True when usable."""
+    """Ulysses degree of the role at `prefix`: >= 1, dividing the world, packed inputs when > 1, dividing the attention
+    heads of the model at `model_prefix`.path (where its config.json can be read). True when usable."""
     key = f"'{prefix}.ulysses_sequence_parallel_size' = {sp}"
     if sp < 1:
         found.errors.append(f"{key} must be >= 1")
@@ -68,7 +69,14 @@ def check_sp(prefix: str, model_prefix: str, sp: int, use_remove_padding, cfg, f
     elif cfg.trainer.world_size % sp:
         found.errors.append(f"{key} must divide the {world_text(cfg)}")
     else:
-        return True
+        from hybridrl.dotted import dotted_get
+        from hybridrl.models.tp_rules import model_sp_error
+
+        heads_error = model_sp_error(dotted_get(cfg, f"{model_prefix}.path"), sp,
+                                     f"{prefix}.ulysses_sequence_parallel_size")
+        if heads_error is None:
+            return True
+        found.errors.append(heads_error)
     return False
 
 
@@ -88,6 +96,10 @@ def check_mini_batch(prefix: str, mini: int, n: int, dp: int, micro: int | str |
 def check_update_batches(prefix: str, model_prefix: str, role, use_remove_padding, cfg, found: Findings) -> None:
     """A trained role's (the actor's at `prefix`, or the critic's) Ulysses degree, mini-batch arithmetic and token
     budget (`role`: its section; `cfg`: the whole PPOConfig)."""
+    tbs, n, mini = cfg.data.train_batch_size, cfg.actor_rollout_ref.rollout.n, role.ppo_mini_batch_size
+    if (tbs * n) % (mini * n):
+        found.errors.append(f"'data.train_batch_size' × rollout.n ({tbs} × {n} = {tbs * n}) must be divisible by "
+                            f"'{prefix}.ppo_mini_batch_size' × rollout.n ({mini} × {n} = {mini * n})")
     sp, micro = role.ulysses_sequence_parallel_size, role.ppo_micro_batch_size_per_gpu
     if check_sp(prefix, model_prefix, sp, use_remove_padding, cfg, found):
         check_mini_batch(prefix, role.ppo_mini_batch_size, cfg.actor_rollout_ref.rollout.n,
