@@ -81,6 +81,9 @@ __all__ = ["DataParallelPPOActor"]
 FORWARD_INPUTS = ("responses", "input_ids", "attention_mask", "position_ids")
 
 
+SUMMED_LOSSES = ("pg_loss", "kl_loss", "entropy")   # logged per mini-batch as the sum of the scaled micro-batch losses
+
+
 @dataclass(frozen=True)
 class _LossSettings:
     """How an update's loss is made: the rollout temperature, the aggregation of the loss (and of the policy loss,
@@ -294,12 +297,16 @@ class DataParallelPPOActor(FSDPUpdater):
         st, self._stream = self._stream, None
         if st is None:
             raise RuntimeError("finish_streamed_update: no streamed update begun (begin_streamed_update)")
+        factor = 1.0
         if st.pg_mode != "seq-mean-token-sum-norm":
             count = float(st.count.item())
             factor = st.provisional / count if count > 0 else 0.0
             for p in self.module.parameters():
                 if p.grad is not None:
                     p.grad.mul_(factor)
+        for key in SUMMED_LOSSES:   # each part logged its losses on the provisional normaliser: one update's worth
+            if st.metrics.get(key):
+                st.metrics[key] = [sum(st.metrics[key]) * factor]
         self._optimizer_step(st.metrics)
         if self.scheduler is not None:
             self.scheduler.step()
@@ -351,7 +358,10 @@ class DataParallelPPOActor(FSDPUpdater):
         times `scales[i]`; the last backward completes the gradients."""
         cfg, policy_loss_fn = self.config, self._policy_loss_fn()
         mode, entropy_coeff, own_old = loss.mode, loss.entropy_coeff, loss.own_old
-        # metrics stay 0-d device tensors until the update ends: no host sync between micro-batches
+        # metrics stay 0-d device tensors until the update ends: no host sync between micro-batches. The losses are
+        # logged as the mini-batch's (each micro-batch's times its scale, summed, as verl sums them), so they do not
+        # depend on how the mini-batch was cut into micro-batches; the other metrics are means over micro-batches
+        sums: dict[str, torch.Tensor] = {}
         for i, (micro, pg_scale, scale) in enumerate(zip(micros, pg_scales, scales)):
             b = {k: to_device(v, self.device) for k, v in micro.batch.items() if k not in self._forward_inputs()}
             mask = b["response_mask"]
@@ -378,15 +388,17 @@ class DataParallelPPOActor(FSDPUpdater):
                     entropy_loss = agg_loss(entropy, mask, mode, loss_scale_factor=cfg.loss_scale_factor)
                     if entropy_coeff != 0:
                         regularisers = regularisers - entropy_coeff * entropy_loss
-                    metrics["entropy"].append(entropy_loss.detach())
+                    sums["entropy"] = sums.get("entropy", 0.0) + entropy_loss.detach() * scale
                 if loss.use_kl_loss:
                     kld = kl_penalty(log_prob, b["ref_log_prob"], cfg.kl_loss_type)
                     kl_loss = agg_loss(kld, mask, mode, loss_scale_factor=cfg.loss_scale_factor)
                     regularisers = regularisers + float(cfg.kl_loss_coef) * kl_loss
-                    metrics["kl_loss"].append(kl_loss.detach())
+                    sums["kl_loss"] = sums.get("kl_loss", 0.0) + kl_loss.detach() * scale
                     metrics["kl_coef"].append(float(cfg.kl_loss_coef))   # verl's actor/kl_coef
                 total = pg_loss * pg_scale + regularisers * scale
                 self.backward(total, last=i == len(micros) - 1)
-            metrics["pg_loss"].append(pg_loss.detach())
+            sums["pg_loss"] = sums.get("pg_loss", 0.0) + pg_loss.detach() * pg_scale
             for key, value in pg_metrics.items():  # verl's actor/pg_clipfrac, actor/ppo_kl, ...: prefixed by the updater
                 metrics[key.removeprefix("actor/")].append(value)
+        for key, value in sums.items():
+            metrics[key].append(value)

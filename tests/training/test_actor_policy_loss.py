@@ -28,7 +28,7 @@ def actor_cfg(loss_mode: str | None, **kw):
                grad_clip=1e9)
     if loss_mode is not None:
         cfg["policy_loss"] = {"loss_mode": loss_mode}
-    return actor_section(**cfg, **kw)
+    return actor_section(**(cfg | kw))
 
 
 def update_delta(model, cfg, data, micro: int = 4):
@@ -80,3 +80,16 @@ def test_unknown_loss_mode_is_refused_at_config_validation():
 
 def test_the_allowed_modes_are_the_registered_losses():
     assert sorted(POLICY_LOSS_MODES) == sorted(POLICY_LOSS_REGISTRY)
+
+
+@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean"])
+def test_the_logged_loss_does_not_depend_on_the_micro_batch_size(base_model, mode):
+    """actor/pg_loss (and entropy) are the mini-batch's loss, as the gradient sees it: micro-batches of 1 and of 4
+    log the same values (a mean of per-micro-batch losses would not)."""
+    data = off_policy_batch()
+    cfg = actor_cfg("vanilla", loss_agg_mode=mode, entropy_coeff=0.01)
+    _, one = update_delta(base_model, cfg, data, micro=4)
+    _, four = update_delta(base_model, cfg, data, micro=1)
+    for key in ("actor/pg_loss", "actor/entropy"):
+        assert four[key] == pytest.approx(one[key], rel=1e-5, abs=1e-7), key
+    assert one["actor/pg_loss"] != 0.0
