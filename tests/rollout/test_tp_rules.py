@@ -66,7 +66,8 @@ def test_config_check_refuses_a_tp_degree_the_model_heads_do_not_allow(tmp_path)
     with pytest.raises(ConfigError, match=r"tensor_model_parallel_size' = 2 does not fit.*allowed: \[1, 3\]"):
         load_config(None, base + [f"{R}.tensor_model_parallel_size=2"])
     load_config(None, base + [f"{R}.tensor_model_parallel_size=3"])
-    load_config(None, base + [f"{R}.tensor_model_parallel_size=2", f"{R}.name=hf"])  # hf splits no heads
+    with pytest.raises(ConfigError, match="hf generates with the whole model on each rank"):   # the worker refuses it
+        load_config(None, base + [f"{R}.tensor_model_parallel_size=2", f"{R}.name=hf"])
 
 
 def test_engine_on_a_tp_group_of_2_refuses_the_model_before_allocating(monkeypatch):
