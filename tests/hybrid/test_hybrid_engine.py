@@ -25,13 +25,32 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def _rank_main(worker, rank, world, port, arg, q) -> None:
+    """Runs one rank's worker, then leaves with os._exit once its results are flushed: exit 0 when the worker
+    returned, 1 when it raised. The interpreter's own teardown is skipped on purpose: with gloo's threads still
+    alive it can abort a process that finished its work ("terminate called without an active exception")."""
+    import os
+    import traceback
+
+    code = 1
+    try:
+        worker(rank, world, port, arg, q)
+        code = 0
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        q.close()
+        q.join_thread()
+        os._exit(code)
+
+
 def run_two_ranks(worker, arg, timeout_s: float = 120) -> list:
     """worker(rank, 2, port, arg, queue) on 2 spawned processes; their queued results sorted by rank (each rank's
     result waited for at most `timeout_s`)."""
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     port = free_port()
-    procs = [ctx.Process(target=worker, args=(r, 2, port, arg, q)) for r in range(2)]
+    procs = [ctx.Process(target=_rank_main, args=(worker, r, 2, port, arg, q)) for r in range(2)]
     for p in procs:
         p.start()
     results = sorted((q.get(timeout=timeout_s) for _ in procs), key=lambda r: r[0])
