@@ -85,13 +85,17 @@ def _check_shapes(name: str, mask: torch.Tensor, **tensors: torch.Tensor) -> Non
 def _group_stats(scores_b: torch.Tensor, index, name: str):
     """Per-row group size, group mean and unbiased group std (as tensors [B]), groups keyed by index."""
     gid_b = _group_ids(index, scores_b.shape[0], name, scores_b.device)
-    num_groups = int(gid_b.max()) + 1 if len(gid_b) else 0
-    count_g = torch.zeros(num_groups, dtype=scores_b.dtype, device=scores_b.device).index_add_(
-        0, gid_b, torch.ones_like(scores_b))
-    mean_g = torch.zeros_like(count_g).index_add_(0, gid_b, scores_b) / count_g
-    sq_g = torch.zeros_like(count_g).index_add_(0, gid_b, (scores_b - mean_g[gid_b]) ** 2)
+    count_g, sum_g = _group_sums(gid_b, torch.ones_like(scores_b), scores_b)
+    mean_g = sum_g / count_g
+    (sq_g,) = _group_sums(gid_b, (scores_b - mean_g[gid_b]) ** 2)
     std_g = torch.sqrt(sq_g / (count_g - 1).clamp(min=1))
     return count_g[gid_b], mean_g[gid_b], std_g[gid_b]
+
+
+def _group_sums(gid_b: torch.Tensor, *values_b: torch.Tensor) -> list[torch.Tensor]:
+    """Each [B] tensor of `values_b` summed per group ([G] each, G = groups in `gid_b`)."""
+    groups = int(gid_b.max()) + 1 if len(gid_b) else 0
+    return [torch.zeros(groups, dtype=v.dtype, device=v.device).index_add_(0, gid_b, v) for v in values_b]
 
 
 def _group_ids(index, n: int, name: str, device) -> torch.Tensor:
@@ -217,10 +221,7 @@ def compute_grpo_vectorized_outcome_advantage(token_level_rewards: torch.Tensor,
     if config is not None:
         norm_adv_by_std_in_grpo = _cfg(config, "norm_adv_by_std_in_grpo", norm_adv_by_std_in_grpo)
     gid = _group_ids(index, scores.shape[0], name, scores.device)
-    count = torch.zeros(int(gid.max()) + 1 if len(gid) else 0, device=scores.device).index_add_(
-        0, gid, torch.ones_like(scores))
-    s1 = torch.zeros_like(count).index_add_(0, gid, scores)
-    s2 = torch.zeros_like(count).index_add_(0, gid, scores * scores)
+    count, s1, s2 = _group_sums(gid, torch.ones_like(scores), scores, scores * scores)
     mean = s1 / count.clamp(min=1)
     var = (s2 - s1 * s1 / count.clamp(min=1)) / (count - 1).clamp(min=1)
     std = torch.sqrt(var.clamp(min=epsilon))
@@ -279,10 +280,7 @@ def compute_opo_outcome_advantage(token_level_rewards: torch.Tensor, response_ma
     scores = token_level_rewards.float().sum(dim=-1)
     lengths = response_mask.float().sum(dim=-1)
     gid = _group_ids(index, scores.shape[0], name, scores.device)
-    groups = int(gid.max()) + 1 if len(gid) else 0
-    count = torch.zeros(groups, device=scores.device).index_add_(0, gid, torch.ones_like(scores))
-    weighted = torch.zeros_like(count).index_add_(0, gid, lengths * scores)
-    total_len = torch.zeros_like(count).index_add_(0, gid, lengths)
+    count, weighted, total_len = _group_sums(gid, torch.ones_like(scores), lengths * scores, lengths)
     baseline = torch.where(count > 1, weighted / total_len, 0.0)
     adv = (scores - baseline[gid]).unsqueeze(-1) * response_mask
     return adv, adv
