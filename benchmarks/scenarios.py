@@ -435,6 +435,16 @@ SMOLLM2 = [
                         "actor_rollout_ref.rollout.gpu_memory_utilization=0.1",
                         f"trainer.default_local_dir={{work}}/smollm2_partial_{seed}", DATA=ADD)
                  for seed in (1, 2, 3)))),
+    Scenario("smollm2-arith-20-partial-tail", "the 20-step a + b check with partial rollouts whose budget cuts only "
+             "the tail (96 of the 128 new tokens per sample per step; responses average ~55), three seeds",
+             "nvidia-h200", "smollm2_defaults/partial_rollout", (MAKE_ADD, *(
+                 recipe(ARITH, f"m_partial96_seed{seed}.jsonl", f"log_partial96_seed{seed}.log",
+                        "trainer.total_training_steps=20", f"trainer.seed={seed}", f"data.seed={41 + seed}",
+                        "actor_rollout_ref.rollout.partial_rollout.enable=true",
+                        "actor_rollout_ref.rollout.partial_rollout.max_new_tokens_per_step=96",
+                        "actor_rollout_ref.rollout.gpu_memory_utilization=0.1",
+                        f"trainer.default_local_dir={{work}}/smollm2_partial96_{seed}", DATA=ADD)
+                 for seed in (1, 2, 3)))),
 ]
 
 
