@@ -36,18 +36,18 @@ def test_config_check_summary_names_the_missing_plan_and_paths_in_one_report(cap
     assert lines[6] == "world size      6 workers on CPU"
 
 
-def write_prompts(path: Path) -> None:
-    """A one-row prompt file in the verl schema."""
+def write_prompts(path: Path, rows: int = 1) -> None:
+    """A prompt file of `rows` equal rows in the verl schema."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     pq.write_table(pa.Table.from_pylist([{"data_source": "arith", "prompt": [{"role": "user", "content": "1+1"}],
-                                          "reward_model": {"ground_truth": "2"}}]), path)
+                                          "reward_model": {"ground_truth": "2"}}] * rows), path)
 
 
 def test_config_check_summary_states_the_planned_peak(capsys, tiny_model_dir, tmp_path):
     data = tmp_path / "train.parquet"
-    write_prompts(data)
+    write_prompts(data, rows=256)  # one batch of the default data.train_batch_size
     assert cli.main(["config", "check", f"actor_rollout_ref.model.path={tiny_model_dir}", f"data.train_files={data}",
                      "data.val_files=null", "--gpu-memory-gb", "80"]) == 0
     lines = capsys.readouterr().out.splitlines()

@@ -13,7 +13,8 @@ Choices:
 - MissingPathsError is a ConfigError and a FileNotFoundError, so callers catching either see it.
 - Existence and shape: a model directory holds config.json; a parquet data file's schema (read without its rows,
   milliseconds) has the columns and types the dataset needs, data.prompt_key's among them, and the column
-  data.reward_fn_key names. Whether a file has rows, and its JSON files, are the dataset's business once read.
+  data.reward_fn_key names; the training files' rows (parquet footers, JSON Lines lines) fill one generation batch.
+  Rows lost to overlong-prompt filtering, and JSON arrays, are the dataset's business once read.
 """
 
 from __future__ import annotations
@@ -24,8 +25,8 @@ from pathlib import Path
 from hybridrl.config.errors import ConfigError
 from hybridrl.config.sections import PPOConfig
 
-__all__ = ["MissingPathsError", "check_paths", "demo_home", "files_problem", "model_dir_problem", "path_problems",
-           "schema_problem"]
+__all__ = ["MissingPathsError", "batch_rows_problem", "check_paths", "demo_home", "file_rows", "files_problem",
+           "model_dir_problem", "path_problems", "schema_problem"]
 
 HOME_ENV = "HYBRIDRL_HOME"
 OWN_RUN_DOC = "docs/your-own-run.md"
@@ -118,6 +119,42 @@ def schema_problem(value, key: str, prompt_key: str, reward_fn_key: str) -> str 
     return None
 
 
+def file_rows(path: str) -> int | None:
+    """Rows of a data file without reading its data: a parquet file's footer count, a JSON Lines file's non-blank
+    lines; None for anything else (a JSON array, an unreadable file: the dataset reports those when it loads)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    suffix = Path(path).suffix.lower()
+    try:
+        if suffix == ".jsonl":
+            with open(path, "rb") as f:
+                return sum(1 for line in f if line.strip())
+        if suffix != ".json":
+            return pq.read_metadata(path).num_rows
+    except (pa.ArrowInvalid, OSError):
+        return None
+    return None
+
+
+def batch_rows_problem(config: PPOConfig) -> str | None:
+    """Why the training files cannot fill one generation batch, counted before any prompt is filtered as overlong
+    (train checks again after filtering), or None. Files that do not exist or cannot be counted are skipped."""
+    d = config.data
+    key, size = ("data.gen_batch_size", d.gen_batch_size) if d.gen_batch_size is not None else (
+        "data.train_batch_size", d.train_batch_size)
+    counts = [file_rows(p) for p in _as_list(d.train_files) if Path(p).is_file()]
+    if not counts or None in counts:
+        return None
+    rows = sum(counts)
+    usable = rows if d.train_max_samples == -1 else min(rows, d.train_max_samples)
+    if usable >= size or rows == 0:  # files without rows: the dataset names them when it loads
+        return None
+    cap = f", of which data.train_max_samples={d.train_max_samples} are used" if usable < rows else ""
+    return (f"{key}={size} is larger than the training files' {rows} rows{cap}: no full batch can be formed "
+            f"(lower {key}, or add rows to data.train_files)")
+
+
 def path_problems(config: PPOConfig) -> list[str]:
     """Every path problem of a PPO/GRPO config (see the module docstring), in the order a run would meet them."""
     problems = [model_dir_problem(config.actor_rollout_ref.model.path, "actor_rollout_ref.model.path")]
@@ -129,6 +166,7 @@ def path_problems(config: PPOConfig) -> list[str]:
     d = config.data
     for key, value in (("data.train_files", d.train_files), ("data.val_files", d.val_files)):
         problems.append(files_problem(value, key) or schema_problem(value, key, d.prompt_key, d.reward_fn_key))
+    problems.append(batch_rows_problem(config))
     reward = config.custom_reward_function
     if reward.path and not Path(os.path.expanduser(reward.path)).is_file():
         problems.append(f"custom_reward_function.path={reward.path!r} does not exist (a Python file defining "

@@ -119,3 +119,36 @@ def test_data_files_columns_are_checked_with_the_paths(tmp_path, tiny_model_dir,
     assert path_problems(config(tmp_path, tiny_model_dir, arith_files, "data.reward_fn_key=task",
                                 f"data.train_files={tmp_path / 'tasks.parquet'}", "data.val_files=null")) == []
     assert path_problems(config(tmp_path, tiny_model_dir, arith_files)) == []
+
+
+def test_training_rows_must_fill_a_generation_batch(tmp_path, tiny_model_dir, arith_files):
+    """`config check` counts the training files' rows (parquet footers, JSON Lines lines, summed over a list) against
+    the generation batch, data.train_max_samples applied; files it cannot count are left to the dataset."""
+    import json
+
+    from hybridrl.config.paths import path_problems
+
+    train = arith_files / "train.parquet"  # 8 rows
+    assert path_problems(config(tmp_path, tiny_model_dir, arith_files, "data.train_batch_size=8",
+                                "actor_rollout_ref.actor.ppo_mini_batch_size=8")) == []
+    problems = path_problems(config(tmp_path, tiny_model_dir, arith_files, "data.train_batch_size=12",
+                                    "actor_rollout_ref.actor.ppo_mini_batch_size=12"))
+    assert problems == ["data.train_batch_size=12 is larger than the training files' 8 rows: no full batch can be "
+                        "formed (lower data.train_batch_size, or add rows to data.train_files)"]
+    both = f"data.train_files=[{train},{train}]"
+    assert path_problems(config(tmp_path, tiny_model_dir, arith_files, both, "data.train_batch_size=12",
+                                "actor_rollout_ref.actor.ppo_mini_batch_size=12")) == []
+    capped = path_problems(config(tmp_path, tiny_model_dir, arith_files, both, "data.train_batch_size=12",
+                                  "actor_rollout_ref.actor.ppo_mini_batch_size=12", "data.train_max_samples=10"))
+    assert len(capped) == 1 and "16 rows, of which data.train_max_samples=10 are used" in capped[0]
+    gen = path_problems(config(tmp_path, tiny_model_dir, arith_files, "data.gen_batch_size=12",
+                               "algorithm.filter_groups.enable=true", "algorithm.filter_groups.metric=acc"))
+    assert len(gen) == 1 and gen[0].startswith("data.gen_batch_size=12 is larger than the training files' 8 rows")
+    rows = pq.read_table(train).to_pylist()
+    lines = tmp_path / "train.jsonl"
+    lines.write_text("\n".join(json.dumps(r) for r in rows[:3]) + "\n\n")
+    jsonl = path_problems(config(tmp_path, tiny_model_dir, arith_files, f"data.train_files={lines}"))
+    assert len(jsonl) == 1 and "training files' 3 rows" in jsonl[0]
+    array = tmp_path / "train.json"
+    array.write_text(json.dumps(rows[:3]))
+    assert path_problems(config(tmp_path, tiny_model_dir, arith_files, f"data.train_files={array}")) == []
