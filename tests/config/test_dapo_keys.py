@@ -34,6 +34,14 @@ def test_accepted_dapo_values_and_warnings():
     assert any("nothing is filtered" in w for w in cfg.validate())
     load_config(overrides=["data.gen_batch_size=128", f"{FG}.enable=true", f"{FG}.metric=acc"])  # smaller is fine
     load_config(overrides=["data.gen_batch_size=256"])
+    # the collected batch only trains: data.train_batch_size need not divide by the rollout dp size (8 here)
+    load_config(overrides=["data.gen_batch_size=16", "data.train_batch_size=12", f"{FG}.enable=true",
+                           f"{FG}.metric=acc", "actor_rollout_ref.actor.ppo_mini_batch_size=12",
+                           "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2"])
+    with pytest.raises(ConfigError, match=r"'data.train_batch_size' = 12 must be divisible by the rollout dp size"):
+        load_config(overrides=["data.train_batch_size=12", f"{FG}.enable=true", f"{FG}.metric=acc",
+                               "actor_rollout_ref.actor.ppo_mini_batch_size=12",
+                               "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2"])
     cfg = load_config(overrides=[f"{RC}.rollout_rs=token_k1,seq_mean_k3", f"{RC}.rollout_rs_threshold='0.5_2,0.1'"])
     assert cfg.algorithm.rollout_correction.rollout_rs_threshold == "0.5_2,0.1"
     warnings = load_config(overrides=[f"{RC}.rollout_rs_threshold=2"]).validate()

@@ -158,8 +158,10 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None):
 
 
 def test_dapo_dynamic_sampling_overlong_buffer_and_rollout_correction(ray_local, tiny_model_dir, arith_dir, tmp_path):
-    """filter_groups keeps generating batches until train_batch_size prompts with signal are there; the loader's
-    position counts every batch consumed. The overlong penalty and the TIS/RS correction run in the same steps."""
+    """filter_groups keeps generating batches of gen_batch_size prompts until train_batch_size prompts with signal
+    are there (a surplus is trimmed); the loader's position counts every batch consumed. The overlong penalty and the
+    TIS/RS correction run in the same steps. The train batch (3) need not divide by the rollout's dp size (2), only
+    the generation batch (4) does: the collected batch only trains, on one Ulysses group of 2 ranks here."""
     import json
 
     scorer = tmp_path / "signal.py"
@@ -168,7 +170,9 @@ def test_dapo_dynamic_sampling_overlong_buffer_and_rollout_correction(ray_local,
     cfg = load_config(overrides=overrides(
         tiny_model_dir, arith_dir, tmp_path / "dapo", "trainer.total_training_steps=2", "trainer.save_freq=2",
         f"custom_reward_function.path={scorer}", f"{fg}.enable=true", f"{fg}.metric=acc",
-        f"{fg}.max_num_gen_batches=12", "reward_model.overlong_buffer.enable=true",
+        f"{fg}.max_num_gen_batches=12", "data.train_batch_size=3", "data.gen_batch_size=4",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=3", "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
+        "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2", "reward_model.overlong_buffer.enable=true",
         "reward_model.overlong_buffer.len=4", "reward_model.overlong_buffer.penalty_factor=0.5",
         "actor_rollout_ref.actor.clip_ratio_high=0.28", f"{rc}.rollout_is=token", f"{rc}.rollout_is_threshold=2.0",
         f"{rc}.rollout_rs=token_k1", f"{rc}.rollout_rs_threshold=10"))
@@ -176,7 +180,7 @@ def test_dapo_dynamic_sampling_overlong_buffer_and_rollout_correction(ray_local,
     assert len(steps) == 2
     gen_batches = [h["train/num_gen_batches"] for h in steps]
     for h in steps:
-        assert h["train/filter_groups/kept"] == 4
+        assert h["train/filter_groups/kept"] == 3
         assert h["train/filter_groups/kept"] + h["train/filter_groups/trimmed"] + h["train/filter_groups/dropped"] \
             == 4 * h["train/num_gen_batches"]
         assert h["reward/samples"] == 16 * h["train/num_gen_batches"]  # every generated sample was scored
@@ -186,6 +190,7 @@ def test_dapo_dynamic_sampling_overlong_buffer_and_rollout_correction(ray_local,
             assert math.isfinite(h[key]), key
     assert sum(gen_batches) > 2  # at least one step needed a second generation batch (the odd prompts drop)
     assert sum(h["train/filter_groups/dropped"] for h in steps) > 0
+    assert sum(h["train/filter_groups/trimmed"] for h in steps) > 0  # 4 prompts with signal collected for 3
     state = json.loads((tmp_path / "dapo" / "global_step_2" / "trainer_state.json").read_text())
     assert state["dataloader"]["batch_index"] == sum(gen_batches)  # 16 batches an epoch: still the first
 

@@ -97,7 +97,9 @@ class RolloutConfig(LogProbPassConfig):
                                 f"{per_node} (a TP group may not span machines)")
         elif world % tp:
             found.errors.append(f"'{ROLLOUT}.tensor_model_parallel_size' = {tp} must divide the {world_text(cfg)}")
-        elif tbs % (world // tp):
+        elif tbs % (world // tp) and not (cfg.algorithm.filter_groups.enable and cfg.data.gen_batch_size):
+            # with dynamic sampling the rollout splits data.gen_batch_size (its own rule, data.py); the collected
+            # batch only trains
             found.errors.append(f"'data.train_batch_size' = {tbs} must be divisible by the rollout dp size "
                                 f"(world {world} / tensor_model_parallel_size {tp} = {world // tp})")
         if self.name == "native":  # the model's heads bound the TP degree
