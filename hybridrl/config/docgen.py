@@ -115,6 +115,13 @@ command-line overrides:
 - `a.b=value` sets an existing key; the value is YAML (`8`, `1e-6`, `true`, `null`, `[console,wandb]`).
   An unknown key is an error that names the closest known key; a verl key with no counterpart here (vLLM engine
   settings, megatron, torch.compile, ...; `schema.VERL_REFUSED`) is refused saying why and what to do instead.
+- verl's full generated config (`_generated_ppo_trainer.yaml`, every key at its default) loads as it is: its ~350
+  keys that hybridrl has no use for (profilers, Hydra `_target_` classes, worker and server settings, features off
+  by default; `hybridrl/config/verl/ppo_trainer_defaults.yaml`) are dropped where they hold exactly verl's default
+  and named in one warning; at any other value such a key is refused, naming verl's default. Where verl writes null
+  for "not set" (micro-batch sizes, `optim.warmup_style`; `verl_defaults.UNSET_WHEN_NULL`), the key keeps its
+  default here (`auto`: the run plan's choice). `data.seed: null` (verl's default) draws the data order's seed when
+  the run starts, prints it, and saves it with the checkpoints; a resume reads it back.
 - `+a.b=value` adds a key; allowed only inside free dicts (default `{}`, e.g.
   `+actor_rollout_ref.model.override_config.attention_dropout=0.1`).
 - `++a.b=value` sets or adds.

@@ -20,7 +20,10 @@ False`, as the seed document writes them) are expanded. verl spellings in `schem
 `schema.KEY_RENAMES` (`reward_model.reward_kwargs.overlong_buffer_cfg.*`, added with `+` in verl's recipes,
 `checkpoint.save_contents`);
 `schema.KEY_EQUALS` keys (e.g. `reward_model.reward_kwargs.max_resp_len`) are accepted only at the value of the key
-they stand for. The deprecated global micro-batch keys
+they stand for (an interpolation in them resolved first, in our config or else in the user's own file). verl's keys
+that hybridrl has no use for are dropped where they hold verl's default (`verl_defaults.py`: a copy of verl's full
+generated config loads), named in one warning; verl's nulls for "not set" (`verl_defaults.UNSET_WHEN_NULL`) keep
+our default. The deprecated global micro-batch keys
 (`ppo_micro_batch_size`, `log_prob_micro_batch_size`) are converted to their `_per_gpu` form by dividing by
 the data-parallel size, as verl does; setting both forms is an error.
 """
@@ -34,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from hybridrl.config.errors import ConfigError
@@ -49,6 +52,7 @@ from hybridrl.config.schema import (
     unknown_hint,
 )
 from hybridrl.config.sections import ROOTS, PPOConfig, Section
+from hybridrl.config.verl_defaults import UNSET_WHEN_NULL, is_verl_default
 from hybridrl.dotted import dotted_leaves
 
 __all__ = ["load_config", "load_defaults", "parse_override", "Override", "CONFIG_DIR"]
@@ -208,9 +212,31 @@ def _renamed(key: str) -> str:
     return key
 
 
-def _verl_spellings(tree: dict, source: str, equals: list[tuple[str, Any, str]]) -> dict:
-    """A user YAML tree with schema.KEY_RENAMES moved to our keys and schema.KEY_EQUALS taken out into `equals`
-    (key, value, source) for the check after resolution."""
+def _dropped(key: str, value: Any, schema: dict, dropped: list[str]) -> bool:
+    """Whether a user's `key` = `value` is left out before merging (and recorded in `dropped`): one of verl's keys
+    hybridrl does not have, at verl's default (verl_defaults.py)."""
+    if _node(schema, key) is None and _free_dict_prefix(key, schema) is None and is_verl_default(key, value):
+        dropped.append(key)
+        return True
+    return False
+
+
+def _grouped(keys: list[str], depth: int = 3) -> str:
+    """`keys` counted under their first `depth` dotted parts: 'a.b.c.* (12), a.b.d'."""
+    groups: dict[str, int] = {}
+    for key in keys:
+        parts = key.split(".")
+        head = ".".join(parts[:depth]) + (".*" if len(parts) > depth else "")
+        groups[head] = groups.get(head, 0) + 1
+    return ", ".join(head if n == 1 else f"{head} ({n})" for head, n in groups.items())
+
+
+def _verl_spellings(tree: dict, source: str, equals: list[tuple[str, Any, str]], schema: dict,
+                    dropped: list[str]) -> dict:
+    """A user YAML tree with schema.KEY_RENAMES moved to our keys, schema.KEY_EQUALS taken out into `equals`
+    (key, value, source) for the check after resolution, and `_dropped` keys left out (recorded in `dropped`). Of
+    a key given in both spellings, a null yields to the other's value (verl's generated config nulls the
+    deprecated spelling)."""
     flat: dict = {}
     spelled: dict[str, str] = {}   # our key -> the key the file gave it under
     for key, value in dotted_leaves(tree).items():
@@ -218,7 +244,11 @@ def _verl_spellings(tree: dict, source: str, equals: list[tuple[str, Any, str]])
             equals.append((key, value, source))
             continue
         ours = _renamed(key)
-        if ours in flat and flat[ours] != value:
+        if _dropped(ours, value, schema, dropped):
+            continue
+        if ours in flat and value is None:
+            continue
+        if ours in flat and flat[ours] is not None and flat[ours] != value:
             given = {key: value, spelled[ours]: flat[ours]}   # one spelling is ours, the other verl's
             verl = key if key != ours else spelled[ours]
             raise ConfigError([f"{source}: '{ours}' is given twice, as {given[ours]!r} and (as verl's '{verl}') "
@@ -232,10 +262,28 @@ def _canonical(key: str, value: Any) -> Any:
     return ALIASES.get(key, {}).get(value, value) if isinstance(value, str) else value
 
 
-def _check_equals(cfg: DictConfig, equals: list[tuple[str, Any, str]]) -> None:
+def _resolved(value: Any, key: str, cfg: DictConfig, user_tree: dict) -> Any:
+    """`value` of the verl key `key` with an interpolation in it resolved: against the resolved config with the
+    value placed at `key` (`${actor_rollout_ref.actor.strategy}`), else within the user's own file (verl's relative
+    `${.save_contents}`, a key read under another name here); as given where neither resolves it."""
+    if not (isinstance(value, str) and "${" in value):
+        return value
+    for tree in (cfg, OmegaConf.create(user_tree)):
+        probe = OmegaConf.create(OmegaConf.to_container(tree, resolve=False))
+        try:
+            OmegaConf.update(probe, key, value, merge=False, force_add=True)
+            found = OmegaConf.select(probe, key)
+        except OmegaConfBaseException:
+            continue
+        return OmegaConf.to_container(found) if isinstance(found, DictConfig | ListConfig) else found
+    return value
+
+
+def _check_equals(cfg: DictConfig, equals: list[tuple[str, Any, str]], user_tree: dict) -> None:
     errors = []
     for key, value, source in equals:
         target, rule = KEY_EQUALS[key]
+        value = _resolved(value, key, cfg, user_tree)
         want = OmegaConf.select(cfg, target)
         if _canonical(target, value) != _canonical(target, want):
             errors.append(f"{source}: '{key}' = {value!r} must equal '{target}' = {want!r}: {rule}")
@@ -290,8 +338,11 @@ def load_config(config_file: str | Path | None = None, overrides: tuple[str, ...
     schema = OmegaConf.to_container(cfg, resolve=True)
     user_keys: set[str] = set()
     equals: list[tuple[str, Any, str]] = []   # verl keys that must equal one of ours (schema.KEY_EQUALS)
+    dropped: list[str] = []   # verl's keys at verl's defaults, left out (verl_defaults.py)
+    user_tree: dict = {}
     if config_file is not None:
-        user = _verl_spellings(_read_user_yaml(config_file), f"config file {str(config_file)!r}", equals)
+        user_tree = _read_user_yaml(config_file)
+        user = _verl_spellings(user_tree, f"config file {str(config_file)!r}", equals, schema, dropped)
         user_keys |= set(_leaf_paths(user))
         try:
             cfg = OmegaConf.merge(cfg, user)
@@ -306,6 +357,8 @@ def load_config(config_file: str | Path | None = None, overrides: tuple[str, ...
                 equals.append((ov.key, ov.value, f"override {text!r}"))
                 continue
             ours = _renamed(ov.key)
+            if _dropped(ours, ov.value, schema, dropped):
+                continue
             earlier = spelled.get(ours)
             if earlier is not None and earlier[0] != ov.key and earlier[1] != ov.value:
                 raise ConfigError([f"override {text!r}: '{ours}' is also set by {earlier[0]}={earlier[1]!r} "
@@ -325,7 +378,15 @@ def load_config(config_file: str | Path | None = None, overrides: tuple[str, ...
         OmegaConf.resolve(cfg)
     except OmegaConfBaseException as e:
         raise ConfigError([f"interpolation failed at '{getattr(e, 'full_key', '?')}': {e}"]) from e
-    _check_equals(cfg, equals)
+    for key in UNSET_WHEN_NULL:  # verl's null (also through its interpolations) = not set: our default
+        if OmegaConf.select(cfg, key, default=_MISSING) is None:
+            OmegaConf.update(cfg, key, _node(schema, key), merge=False)
+    if dropped:
+        log.warning("config: %d of verl's keys %s at verl's defaults, which ask for nothing hybridrl does not do, "
+                    "and %s left out: %s", len(dropped), *(("is", "is") if len(dropped) == 1 else ("are", "are")),
+                    _grouped(dropped))
+        log.info("config: the verl keys left out: %s", ", ".join(dropped))
+    _check_equals(cfg, equals, user_tree)
     _apply_aliases(cfg)
     root = ROOTS[defaults]
     if not validate:

@@ -30,6 +30,7 @@ __all__ = ["ALIASES", "ALIAS_NOTES", "CONFIG_DIR", "KEY_EQUALS", "KEY_RENAMES", 
            "check_schema", "closest_key", "key_paths", "load_defaults", "unknown_hint", "verl_refusal"]
 
 CONFIG_DIR = Path(__file__).resolve().parent
+_ABSENT = object()
 
 # why an alias is read as another value, in the warning the loader logs
 ALIAS_NOTES: dict[str, str] = {
@@ -298,10 +299,18 @@ def _leaf_errors(path: str, value: Any, ann: Any) -> list[str]:
 
 
 def unknown_hint(path: str, siblings: list[str], all_paths: list[str]) -> str:
-    """What follows "unknown key 'path'": verl's refusal reason where it is one of its keys, else the closest key."""
+    """What follows "unknown key 'path'": verl's refusal reason where it is one of its keys (and the default value
+    that would be accepted, verl_defaults.py), else the closest key."""
+    from hybridrl.config.verl_defaults import verl_defaults
+
     why = verl_refusal(path)
+    default = verl_defaults().get(path, _ABSENT)
     if why:
-        return f": verl's key, {why}"
+        return f": verl's key, {why}" + ("" if default is _ABSENT else
+                                          f" (or set verl's default, {default!r}, which changes nothing)")
+    if default is not _ABSENT:
+        return (f": verl's key, which hybridrl does not use: remove it or set verl's default, {default!r}, which "
+                "changes nothing")
     hint = closest_key(path, siblings, all_paths)
     return f"; did you mean '{hint}'?" if hint else ""
 

@@ -201,6 +201,30 @@ def outputs_line(summary: dict) -> str:
     return f"logs {summary['log_dir']}, memory plot {plot}, checkpoints {summary['run_dir']}"
 
 
+def data_seed(config: PPOConfig) -> int:
+    """`data.seed`, or where it is null (verl's unseeded order) the seed of the checkpoint this run resumes from,
+    else a fresh random one; a drawn seed is printed (checkpoints save it in their dataloader state)."""
+    if config.data.seed is not None:
+        return config.data.seed
+    import json
+    import secrets
+
+    from hybridrl.trainer.checkpoint_manager import CheckpointManager
+
+    t = config.trainer
+    resume = CheckpointManager(os.path.expanduser(t.default_local_dir)).resolve_resume(t.resume_mode,
+                                                                                     t.resume_from_path)
+    if resume is not None:
+        saved = json.loads((Path(resume) / "trainer_state.json").read_text()).get("dataloader", {}).get("seed")
+        if saved is not None:
+            print(f"[hybridrl] data.seed is null: the resumed run's data order, seed {saved}", flush=True)
+            return int(saved)
+    seed = secrets.randbelow(2**31)
+    print(f"[hybridrl] data.seed is null: the data order is drawn with seed {seed} (set data.seed={seed} to repeat "
+          "it)", flush=True)
+    return seed
+
+
 def _run_ppo_claimed(config: PPOConfig, cleanup: contextlib.ExitStack) -> dict:
     """`cleanup` shuts the worker groups down and releases the pool however the run ends: a failed run must
     not leave its workers and placement groups behind in a Ray that a later run reuses."""
@@ -217,6 +241,7 @@ def _run_ppo_claimed(config: PPOConfig, cleanup: contextlib.ExitStack) -> dict:
     seed_everything(t.seed)  # the driver's own draws (e.g. group uids); workers seed themselves at init
     import_external_lib(config.actor_rollout_ref.model.external_lib)  # before any HF config or model is read
     check_paths(config)  # every missing model, data or reward file at once, before any is read
+    config = config.with_value("data.seed", data_seed(config))
     model_path = os.path.expanduser(config.actor_rollout_ref.model.path)
     tokenizer = policy_tokenizer(config)
     tools = prompt_tools(config.actor_rollout_ref.rollout.multi_turn)

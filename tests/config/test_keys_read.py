@@ -19,8 +19,8 @@ DESCRIBE_ONLY = ("config/schema.py", "config/docgen.py", "config/validate.py", "
                  "config/sections/")
 # keys that are handled although no code outside DESCRIBE_ONLY names them, with the reason
 HANDLED_ELSEWHERE: dict[str, str] = {
-    "data.dataloader_num_workers": "refused unless 0 by DataConfig.check: prompts are tokenized once, batches collated "
-                                   "in the driver, so loader processes would have nothing to do",
+    "data.dataloader_num_workers": "DataConfig.check warns where it is not 0 (verl's default is 8): prompts are "
+                                   "tokenized once, batches collated in the driver, so no loader process runs",
     "critic.model.tokenizer_path": "must be the actor's tokenizer (CriticConfig.check): the critic reads the actor's "
                                    "token ids, tokenized once by the driver",
     "trainer.max_critic_ckpt_to_keep": "null or the actor's value (TrainerConfig.check): one checkpoint directory "
@@ -67,6 +67,6 @@ def test_a_key_no_code_reads_is_caught():
 
 
 def test_a_key_read_only_by_describing_files_is_caught():
-    """dataloader_num_workers is read only by its section's rule (which refuses non-zero values); without the
+    """dataloader_num_workers is read only by its section's rule (which warns at non-zero values); without the
     entry saying so it would be a documented, validated key that does nothing."""
     assert "data.dataloader_num_workers" in unread_keys(defaults_tree(), acting_source(), handled={})

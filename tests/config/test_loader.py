@@ -230,15 +230,16 @@ def test_loss_scale_factor_is_null_or_positive():
 
 def test_verl_keys_without_a_counterpart_are_refused_saying_why(tmp_path):
     with pytest.raises(ConfigError) as e:
-        load_config(overrides=[f"{R}.enable_chunked_prefill=True", "+actor_rollout_ref.actor.megatron.context_parallel_size=2",
+        load_config(overrides=[f"{R}.enable_chunked_prefill=False", "+actor_rollout_ref.actor.megatron.context_parallel_size=2",
                                f"{R}.nn=3"])
     msg = str(e.value)
     assert (f"unknown key '{R}.enable_chunked_prefill': verl's key, a vLLM scheduler setting; hybridrl's engine "
             "prefills each prompt whole") in msg
+    assert "(or set verl's default, True, which changes nothing)" in msg
     assert "megatron.context_parallel_size' is not in the schema: verl's key, hybridrl trains with FSDP2 only" in msg
     assert f"unknown key '{R}.nn'; did you mean '{R}.n'?" in msg   # any other key: the closest one
     path = tmp_path / "verl.yaml"
-    path.write_text("actor_rollout_ref:\n  actor:\n    use_torch_compile: true\n")
+    path.write_text("actor_rollout_ref:\n  actor:\n    use_torch_compile: false\n")
     with pytest.raises(ConfigError, match=r"unknown key 'actor_rollout_ref.actor.use_torch_compile': verl's key, the "
                                           r"training model is not torch.compiled"):
         load_config(path)
@@ -298,15 +299,15 @@ def test_verl_reference_and_data_keys_accepted_at_the_value_they_stand_for():
 
 
 @pytest.mark.parametrize("override,reason", [
-    ("trainer.use_legacy_worker_impl=auto", "verl's switch between its two worker implementations"),
-    ("+actor_rollout_ref.nccl_timeout=600", "collectives use torch.distributed's default timeout"),
+    ("trainer.use_legacy_worker_impl=disable", "verl's switch between its two worker implementations"),
+    ("+actor_rollout_ref.nccl_timeout=1200", "collectives use torch.distributed's default timeout"),
     (f"{A}.fsdp_config.use_torch_compile=false", "the training model is not torch.compiled"),
     (f"{A}.fsdp_config.forward_prefetch=true", "FSDP2 prefetches the next layer's all-gather on its own"),
     (f"{A}.entropy_checkpointing=true", "never holds the logits of a micro-batch"),
     (f"{R}.expert_parallel_size=2", "the engine shards experts by tensor parallelism"),
-    (f"{R}.checkpoint_engine.update_weights_bucket_megabytes=2048", "one tensor at a time through the reshard"),
-    ("reward_model.rollout.gpu_memory_utilization=0.5", "a generative reward model on its own rollout engine"),
-    ("critic.model.use_shm=false", "models load from the local path as given"),
+    (f"{R}.checkpoint_engine.update_weights_bucket_megabytes=512", "one tensor at a time through the reshard"),
+    ("reward_model.rollout.gpu_memory_utilization=0.6", "a generative reward model on its own rollout engine"),
+    ("critic.model.use_shm=true", "models load from the local path as given"),
     ("+data.custom_cls.path=my_dataset.py", "convert the rows to the trainer's parquet schema"),
     ("global_profiler.tool=nsys", "no profiler integration"),
 ])

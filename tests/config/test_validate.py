@@ -52,8 +52,6 @@ BAD = [
     ([f"{A}.use_dynamic_bsz=true", f"{A}.ppo_max_token_len_per_gpu=100"], f"{A}.ppo_max_token_len_per_gpu", "1024"),
     (["algorithm.adv_estimator=gae", "critic.ppo_micro_batch_size_per_gpu=7"], "critic.ppo_micro_batch_size_per_gpu",
      "divisible"),
-    ([f"{R}.log_prob_micro_batch_size_per_gpu=null", f"{R}.log_prob_use_dynamic_bsz=false"],
-     f"{R}.log_prob_micro_batch_size_per_gpu", "is null"),
 ]
 
 

@@ -84,15 +84,23 @@ def test_ppo_with_critic_three_steps(ray_local, tiny_model_dir, arith_dir, tmp_p
 
 
 def test_resume_after_checkpoint_matches_uninterrupted(ray_local, tiny_model_dir, arith_dir, tmp_path):
-    full = train_metrics(run_ppo(load_config(overrides=overrides(
-        tiny_model_dir, arith_dir, tmp_path / "full", "trainer.total_training_steps=4", "trainer.save_freq=2")))["history"])
+    """A run killed after its step-2 checkpoint and resumed gives the uninterrupted run's steps 3-4. Both of its
+    parts leave data.seed null (verl's unseeded order): the first draws a seed and saves it, the resume reads it
+    back; the uninterrupted run is given that seed."""
+    import json
+
     # the "killed" run stops right after its step-2 checkpoint; the resumed one continues from it
-    run_ppo(load_config(overrides=overrides(tiny_model_dir, arith_dir, tmp_path / "cut",
+    run_ppo(load_config(overrides=overrides(tiny_model_dir, arith_dir, tmp_path / "cut", "data.seed=null",
                                             "trainer.total_training_steps=2", "trainer.save_freq=2")))
     assert (tmp_path / "cut" / "global_step_2").is_dir()
+    state = json.loads((tmp_path / "cut" / "global_step_2" / "trainer_state.json").read_text())
+    drawn = state["dataloader"]["seed"]
+    full = train_metrics(run_ppo(load_config(overrides=overrides(
+        tiny_model_dir, arith_dir, tmp_path / "full", "trainer.total_training_steps=4", "trainer.save_freq=2",
+        f"data.seed={drawn}")))["history"])
     resumed = train_metrics(run_ppo(load_config(overrides=overrides(
         tiny_model_dir, arith_dir, tmp_path / "cut", "trainer.total_training_steps=4", "trainer.save_freq=2",
-        "trainer.resume_mode=auto")))["history"])
+        "trainer.resume_mode=auto", "data.seed=null")))["history"])
     assert [h["training/global_step"] for h in resumed] == [3, 4]
     compared = ["critic/score/mean", "response_length/mean", "actor/pg_loss", "actor/ppo_kl", "actor/grad_norm",
                 "critic/advantages/mean"]
@@ -101,6 +109,7 @@ def test_resume_after_checkpoint_matches_uninterrupted(ray_local, tiny_model_dir
             assert got[key] == pytest.approx(want[key], rel=1e-5, abs=1e-6), (got["training/global_step"], key)
     # val_only: the latest checkpoint's weights validated, nothing trained or saved
     (val,) = run_ppo(load_config(overrides=overrides(tiny_model_dir, arith_dir, tmp_path / "cut", "trainer.val_only=true",
+                                                     "data.seed=null",
                                                      "trainer.total_training_steps=6", "trainer.save_freq=1")))["history"]
     assert val["training/global_step"] == 4 and any(k.startswith("val-core/arith/") for k in val)
     assert "actor/pg_loss" not in val and not (tmp_path / "cut" / "global_step_5").exists()

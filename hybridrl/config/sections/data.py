@@ -54,15 +54,17 @@ class DataConfig(Section):
     e.g. +data.apply_chat_template_kwargs.enable_thinking=false for Qwen3; {} = none"""
     shuffle: bool
     """shuffle the training set every epoch"""
-    seed: int
-    """seed of the dataloader shuffle"""
+    seed: int | None
+    """seed of the dataloader shuffle (and of data.train_max_samples' subset); null = verl's unseeded order: a seed
+    drawn when the run starts, printed, and saved with each checkpoint's dataloader state, which a resume reads
+    back"""
     filter_overlong_prompts: bool
     """drop (and count) prompts longer than max_prompt_length (verl's default: false, with truncation=error)"""
     truncation: Truncation
     """error | left | right | middle (both ends kept), when filter_overlong_prompts is false"""
     dataloader_num_workers: int
-    """must be 0: prompts are tokenized once at load, batches are collated in the driver (verl's 8 worker processes
-    would have nothing to do)"""
+    """0: prompts are tokenized once at load and batches are collated in the driver, so no loader process runs; a
+    positive value (verl's default is 8) is accepted with a warning saying so"""
 
     def check_sizes(self, found: Findings) -> None:
         found.positive(self, "data", ("train_batch_size", "max_prompt_length", "max_response_length"))
@@ -74,10 +76,12 @@ class DataConfig(Section):
 
     def check(self, cfg, found: Findings) -> None:
         """Rules of the data keys (`cfg`: the whole PPOConfig)."""
-        if self.dataloader_num_workers != 0:
-            found.errors.append(f"'data.dataloader_num_workers' = {self.dataloader_num_workers}: must be 0 (prompts "
-                                "are tokenized once when the dataset loads and batches are collated in the driver; "
-                                "there is no work for loader processes)")
+        if self.dataloader_num_workers < 0:
+            found.errors.append(f"'data.dataloader_num_workers' = {self.dataloader_num_workers} must be >= 0")
+        elif self.dataloader_num_workers:
+            found.warnings.append(f"'data.dataloader_num_workers' = {self.dataloader_num_workers}: no loader process "
+                                  "runs (prompts are tokenized once when the dataset loads and batches are collated "
+                                  "in the driver)")
         gen, tbs, fg = self.gen_batch_size, self.train_batch_size, "algorithm.filter_groups"
         rollout_dp = cfg.trainer.world_size // cfg.actor_rollout_ref.rollout.tensor_model_parallel_size
         if gen is None or not rollout_dp:  # a TP degree above the world size is the rollout's error
