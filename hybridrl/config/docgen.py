@@ -21,6 +21,7 @@ from hybridrl.config.schema import (
     CONFIG_DIR,
     KEY_EQUALS,
     KEY_RENAMES,
+    VERL_ANY_VALUE,
     VERL_REFUSED,
     allowed_values,
     is_section,
@@ -229,7 +230,8 @@ def render_verl_keys() -> str:
     lines = ["## verl keys read differently", "",
              "The tables above use verl's key names. These verl keys are read differently "
              "(`hybridrl/config/schema.py`); any other verl key missing from the tables is refused as unknown, naming "
-             "the closest key:", "",
+             "the closest key, unless it holds exactly verl's default (`hybridrl/config/verl/ppo_trainer_defaults.yaml`"
+             ": dropped, with a warning):", "",
              "| verl key | here |", "|---|---|"]
     for key, table in ALIASES.items():
         spellings = ", ".join(f"`{a}` as `{c}`" for a, c in table.items())
@@ -238,6 +240,8 @@ def render_verl_keys() -> str:
     lines += [f"| `{old}` | read as `{new}`, with a warning |" for old, new in KEY_RENAMES.items()]
     lines += [f"| `{key}` | accepted only where it equals `{target}`: {_cell(rule)} |"
               for key, (target, rule) in KEY_EQUALS.items()]
+    lines += [f"| `{key}` | accepted at any value, which changes nothing: {_cell(why)} |"
+              for key, why in VERL_ANY_VALUE.items()]
     lines += [f"| `{key}` | refused: {_cell(why)} |" for key, why in VERL_REFUSED.items()]
     return "\n".join(lines) + "\n"
 

@@ -47,6 +47,7 @@ from hybridrl.config.schema import (
     CONFIG_DIR,
     KEY_EQUALS,
     KEY_RENAMES,
+    VERL_ANY_VALUE,
     check_schema,
     load_defaults,
     unknown_hint,
@@ -214,11 +215,16 @@ def _renamed(key: str) -> str:
 
 def _dropped(key: str, value: Any, schema: dict, dropped: list[str]) -> bool:
     """Whether a user's `key` = `value` is left out before merging (and recorded in `dropped`): one of verl's keys
-    hybridrl does not have, at verl's default (verl_defaults.py)."""
-    if _node(schema, key) is None and _free_dict_prefix(key, schema) is None and is_verl_default(key, value):
-        dropped.append(key)
-        return True
-    return False
+    hybridrl does not have, at verl's default (verl_defaults.py) or at any value where every value asks for what
+    hybridrl does anyway (schema.VERL_ANY_VALUE; a value other than verl's default is logged with the reason)."""
+    if _node(schema, key) is not None or _free_dict_prefix(key, schema) is not None:
+        return False
+    if key in VERL_ANY_VALUE and not is_verl_default(key, value):
+        log.warning("config: %s=%r changes nothing here: %s", key, value, VERL_ANY_VALUE[key])
+    elif not is_verl_default(key, value):
+        return False
+    dropped.append(key)
+    return True
 
 
 def _grouped(keys: list[str], depth: int = 3) -> str:

@@ -26,8 +26,8 @@ from hybridrl.config.errors import ConfigError
 from hybridrl.config.sections.base import Section, field_types, members, type_name
 from hybridrl.config.sections.values import AdvEstimator, PolicyLossMode
 
-__all__ = ["ALIASES", "ALIAS_NOTES", "CONFIG_DIR", "KEY_EQUALS", "KEY_RENAMES", "VERL_REFUSED", "allowed_values",
-           "check_schema", "closest_key", "key_paths", "load_defaults", "unknown_hint", "verl_refusal"]
+__all__ = ["ALIASES", "ALIAS_NOTES", "CONFIG_DIR", "KEY_EQUALS", "KEY_RENAMES", "VERL_ANY_VALUE", "VERL_REFUSED",
+           "allowed_values", "check_schema", "closest_key", "key_paths", "load_defaults", "unknown_hint", "verl_refusal"]
 
 CONFIG_DIR = Path(__file__).resolve().parent
 _ABSENT = object()
@@ -91,21 +91,10 @@ KEY_EQUALS: dict[str, tuple[str, str]] = {
 # verl keys refused with the reason (key or section prefix -> why it has no counterpart here and what to do),
 # named in the unknown-key error in place of a guessed closest key
 VERL_REFUSED: dict[str, str] = {
-    "actor_rollout_ref.rollout.enable_chunked_prefill": "a vLLM scheduler setting; hybridrl's engine prefills each "
-    "prompt whole within rollout.max_num_batched_tokens and runs prefill and decode steps apart: remove it",
     "actor_rollout_ref.rollout.engine_kwargs": "vLLM / SGLang engine arguments; hybridrl's engine is configured by "
     "the rollout.* keys: remove it",
-    "actor_rollout_ref.rollout.load_format": "the hybrid engine receives the actor's weights at every switch "
-    "(hybrid/reshard.py), there is nothing to load: remove it",
-    "actor_rollout_ref.rollout.layered_summon": "the engine always receives the merged weights one tensor at a time, "
-    "which is what layered_summon buys in verl: remove it",
     "actor_rollout_ref.rollout.max_model_len": "the run plan sets the engine's longest sequence to "
     "data.max_prompt_length + data.max_response_length: remove it",
-    "actor_rollout_ref.rollout.calculate_log_probs": "the engine always returns its samples' log-probs "
-    "(rollout_log_probs): remove it",
-    "actor_rollout_ref.model.use_shm": "models load from the local path as given: remove it",
-    "actor_rollout_ref.model.use_fused_kernels": "the fused log-prob / entropy head (training/fused_logprob.py) "
-    "always runs: remove it",
     "actor_rollout_ref.actor.use_torch_compile": "the training model is not torch.compiled; its fused kernels come "
     "from Liger (actor_rollout_ref.model.use_liger) and hybridrl's own: remove it",
     "actor_rollout_ref.ref.use_torch_compile": "the reference model is not torch.compiled: remove it",
@@ -116,16 +105,8 @@ VERL_REFUSED: dict[str, str] = {
     "remove the megatron keys",
     "reward_model.use_reward_loop": "verl's reward loop server; a model scores with reward_model.style=model, the "
     "policy judges with style=judge: remove it",
-    "reward_model.model.use_fused_kernels": "the reward model runs its HF forward: remove it",
     "actor_rollout_ref.actor.fsdp_config.use_torch_compile": "the training model is not torch.compiled: remove it",
     "actor_rollout_ref.ref.fsdp_config.use_torch_compile": "the reference model is not torch.compiled: remove it",
-    "critic.model.use_shm": "models load from the local path as given: remove it",
-    "reward_model.model.use_shm": "models load from the local path as given: remove it",
-    "reward_model.model.use_remove_padding": "the reward model's forwards are length-sorted batches within a token "
-    "budget (reward_model.use_dynamic_bsz, forward_max_token_len_per_gpu): remove it",
-    "actor_rollout_ref.actor.entropy_checkpointing": "the fused log-prob / entropy head (training/fused_logprob.py) "
-    "never holds the logits of a micro-batch, which is what entropy checkpointing saves in verl: remove it",
-    "actor_rollout_ref.ref.entropy_checkpointing": "the reference pass computes no entropy: remove it",
     "actor_rollout_ref.actor.fsdp_config.forward_prefetch": "an FSDP1 setting; FSDP2 prefetches the next layer's "
     "all-gather on its own: remove it",
     "actor_rollout_ref.ref.fsdp_config.forward_prefetch": "an FSDP1 setting; FSDP2 prefetches the next layer's "
@@ -140,11 +121,7 @@ VERL_REFUSED: dict[str, str] = {
     "parallelism: remove it",
     "actor_rollout_ref.rollout.checkpoint_engine": "the actor's weights reach the engine one tensor at a time through "
     "the reshard (hybrid/reshard.py), never in buckets: remove it",
-    "actor_rollout_ref.rollout.multi_stage_wake_up": "the engine always wakes its weights first, then its KV cache: "
-    "remove it",
     "actor_rollout_ref.nccl_timeout": "collectives use torch.distributed's default timeout: remove it",
-    "trainer.use_legacy_worker_impl": "verl's switch between its two worker implementations; hybridrl has one: "
-    "remove it",
     "reward_model.rollout": "a generative reward model on its own rollout engine; here the policy judges with "
     "reward_model.style=judge, or a scoring model runs with style=model: remove the reward_model.rollout keys",
     "reward_model.num_workers": "rule-based scores are computed in the driver (a code sandbox runs its own "
@@ -162,7 +139,6 @@ VERL_REFUSED: dict[str, str] = {
     "data.custom_cls": "a dataset class of your own is not loaded; convert the rows to the trainer's parquet schema "
     "(hybridrl data convert) and point data.train_files at it",
     "data.sampler": "no curriculum sampler classes; the prompts are shuffled by data.shuffle / data.seed: remove it",
-    "data.use_shm": "data files are read from their paths as given: remove it",
     "data.return_full_prompt": "the rendered prompt is not carried in the batch (data.return_raw_chat carries the "
     "messages): remove it",
     "data.return_multi_modal_inputs": "multimodal prompts are not supported (text chats only): remove it",
@@ -180,8 +156,6 @@ VERL_REFUSED: dict[str, str] = {
     "custom_reward_function.path / .name: use that",
     "data.return_raw_input_ids": "a reward model reads the policy's token ids, or re-renders the chat with "
     "reward_model.model.input_tokenizer: remove it",
-    "data.filter_overlong_prompts_workers": "prompts are tokenized and filtered once, when the dataset loads: remove "
-    "it",
     "data.validation_shuffle": "validation is not shuffled: remove it",
     "data.tool_config_path": "the tool file is actor_rollout_ref.rollout.multi_turn.tool_config_path: set that",
     "reward_model.sandbox_fusion": "no remote sandbox service; code runs in hybridrl's local sandbox "
@@ -192,6 +166,35 @@ VERL_REFUSED: dict[str, str] = {
     "own token ids, with the tool and user turns rendered once by the chat template: remove it",
     "actor_rollout_ref.rollout.multi_turn.tokenization_sanity_check_mode": "multi-turn trajectories are the engine's "
     "own token ids, never re-tokenized, so there is nothing to check: remove it",
+}
+
+
+# verl keys accepted at any value: every value asks for what hybridrl does anyway (the loader drops them and logs
+# the reason where the value is not verl's default, verl_defaults.py)
+VERL_ANY_VALUE: dict[str, str] = {
+    "actor_rollout_ref.rollout.enable_chunked_prefill": "a vLLM scheduler setting; hybridrl's engine prefills each "
+    "prompt whole within rollout.max_num_batched_tokens and runs prefill and decode steps apart",
+    "actor_rollout_ref.rollout.load_format": "the hybrid engine receives the actor's weights at every switch "
+    "(hybrid/reshard.py), there is nothing to load",
+    "actor_rollout_ref.rollout.layered_summon": "the engine always receives the merged weights one tensor at a time, "
+    "which is what layered_summon buys in verl",
+    "actor_rollout_ref.rollout.calculate_log_probs": "the engine always returns its samples' log-probs "
+    "(rollout_log_probs)",
+    "actor_rollout_ref.rollout.multi_stage_wake_up": "the engine always wakes its weights first, then its KV cache",
+    "actor_rollout_ref.model.use_shm": "models load from the local path as given",
+    "actor_rollout_ref.model.use_fused_kernels": "the fused log-prob / entropy head (training/fused_logprob.py) "
+    "always runs",
+    "actor_rollout_ref.actor.entropy_checkpointing": "the fused log-prob / entropy head (training/fused_logprob.py) "
+    "never holds the logits of a micro-batch, which is what entropy checkpointing saves in verl",
+    "actor_rollout_ref.ref.entropy_checkpointing": "the reference pass computes no entropy",
+    "critic.model.use_shm": "models load from the local path as given",
+    "reward_model.model.use_shm": "models load from the local path as given",
+    "reward_model.model.use_fused_kernels": "the reward model runs its HF forward",
+    "reward_model.model.use_remove_padding": "the reward model's forwards are length-sorted batches within a token "
+    "budget (reward_model.use_dynamic_bsz, forward_max_token_len_per_gpu)",
+    "trainer.use_legacy_worker_impl": "verl's switch between its two worker implementations; hybridrl has one",
+    "data.use_shm": "data files are read from their paths as given",
+    "data.filter_overlong_prompts_workers": "prompts are tokenized and filtered once, when the dataset loads",
 }
 
 

@@ -230,12 +230,11 @@ def test_loss_scale_factor_is_null_or_positive():
 
 def test_verl_keys_without_a_counterpart_are_refused_saying_why(tmp_path):
     with pytest.raises(ConfigError) as e:
-        load_config(overrides=[f"{R}.enable_chunked_prefill=False", "+actor_rollout_ref.actor.megatron.context_parallel_size=2",
+        load_config(overrides=[f"{R}.data_parallel_size=2", "+actor_rollout_ref.actor.megatron.context_parallel_size=2",
                                f"{R}.nn=3"])
     msg = str(e.value)
-    assert (f"unknown key '{R}.enable_chunked_prefill': verl's key, a vLLM scheduler setting; hybridrl's engine "
-            "prefills each prompt whole") in msg
-    assert "(or set verl's default, True, which changes nothing)" in msg
+    assert (f"unknown key '{R}.data_parallel_size': verl's key, the engine's data-parallel size is the world size "
+            "over rollout.tensor_model_parallel_size: remove it (or set verl's default, 1, which changes nothing)") in msg
     assert "megatron.context_parallel_size' is not in the schema: verl's key, hybridrl trains with FSDP2 only" in msg
     assert f"unknown key '{R}.nn'; did you mean '{R}.n'?" in msg   # any other key: the closest one
     path = tmp_path / "verl.yaml"
@@ -299,15 +298,12 @@ def test_verl_reference_and_data_keys_accepted_at_the_value_they_stand_for():
 
 
 @pytest.mark.parametrize("override,reason", [
-    ("trainer.use_legacy_worker_impl=disable", "verl's switch between its two worker implementations"),
     ("+actor_rollout_ref.nccl_timeout=1200", "collectives use torch.distributed's default timeout"),
     (f"{A}.fsdp_config.use_torch_compile=false", "the training model is not torch.compiled"),
     (f"{A}.fsdp_config.forward_prefetch=true", "FSDP2 prefetches the next layer's all-gather on its own"),
-    (f"{A}.entropy_checkpointing=true", "never holds the logits of a micro-batch"),
     (f"{R}.expert_parallel_size=2", "the engine shards experts by tensor parallelism"),
     (f"{R}.checkpoint_engine.update_weights_bucket_megabytes=512", "one tensor at a time through the reshard"),
     ("reward_model.rollout.gpu_memory_utilization=0.6", "a generative reward model on its own rollout engine"),
-    ("critic.model.use_shm=true", "models load from the local path as given"),
     ("+data.custom_cls.path=my_dataset.py", "convert the rows to the trainer's parquet schema"),
     ("global_profiler.tool=nsys", "no profiler integration"),
 ])
@@ -331,3 +327,17 @@ def test_token_budgets_are_per_gpu_with_ulysses():
         load_config(overrides=[*sp2, f"{A}.ppo_max_token_len_per_gpu=511"])
     with pytest.raises(ConfigError, match=r"log_prob_max_token_len_per_gpu' = 300 must be >= .* = 512"):
         load_config(overrides=[*sp2, f"{R}.log_prob_use_dynamic_bsz=true", f"{R}.log_prob_max_token_len_per_gpu=300"])
+
+
+@pytest.mark.parametrize("override", ["trainer.use_legacy_worker_impl=disable", f"{A}.entropy_checkpointing=true",
+                                      "critic.model.use_shm=true", f"{R}.calculate_log_probs=true",
+                                      f"{R}.enable_chunked_prefill=false"])
+def test_verl_keys_whose_every_value_changes_nothing_are_dropped_saying_why(override, caplog):
+    """verl's example scripts set these (a fused-kernel switch, log-probs from the engine, ...): any value asks for
+    what hybridrl does anyway, so the key is dropped and the reason logged."""
+    from hybridrl.config.schema import VERL_ANY_VALUE
+
+    key = override.partition("=")[0]
+    with caplog.at_level(logging.WARNING, logger="hybridrl.config"):
+        load_config(overrides=[override])
+    assert any(f"{key}=" in r.getMessage() and VERL_ANY_VALUE[key] in r.getMessage() for r in caplog.records)
