@@ -213,12 +213,26 @@ def _renamed(key: str) -> str:
     return key
 
 
-def _dropped(key: str, value: Any, schema: dict, dropped: list[str]) -> bool:
+# verl's settings for serving a scoring reward model on its own engine (its reward loop): where the model scores on
+# its own (reward_model.enable, style model, no custom reward function) they change nothing here, where it runs as
+# the reward model worker on the training GPUs with the same scores; else they configure a server a custom reward
+# function would call, which hybridrl does not run
+SERVED_REWARD_MODEL = ("reward_model.rollout", "reward_model.num_workers", "reward_model.use_reward_loop",
+                       "reward_model.enable_resource_pool", "reward_model.n_gpus_per_node", "reward_model.nnodes")
+
+
+def _dropped(key: str, value: Any, schema: dict, dropped: list[str], served: list[tuple[str, Any, str]],
+             source: str) -> bool:
     """Whether a user's `key` = `value` is left out before merging (and recorded in `dropped`): one of verl's keys
     hybridrl does not have, at verl's default (verl_defaults.py) or at any value where every value asks for what
-    hybridrl does anyway (schema.VERL_ANY_VALUE; a value other than verl's default is logged with the reason)."""
+    hybridrl does anyway (schema.VERL_ANY_VALUE; a value other than verl's default is logged with the reason).
+    SERVED_REWARD_MODEL keys at other values go to `served` (key, value, source), settled once the config is
+    resolved (`_check_served_reward_model`)."""
     if _node(schema, key) is not None or _free_dict_prefix(key, schema) is not None:
         return False
+    if not is_verl_default(key, value) and any(key == k or key.startswith(k + ".") for k in SERVED_REWARD_MODEL):
+        served.append((key, value, source))
+        return True
     if key in VERL_ANY_VALUE and not is_verl_default(key, value):
         log.warning("config: %s=%r changes nothing here: %s", key, value, VERL_ANY_VALUE[key])
     elif not is_verl_default(key, value):
@@ -237,8 +251,27 @@ def _grouped(keys: list[str], depth: int = 3) -> str:
     return ", ".join(head if n == 1 else f"{head} ({n})" for head, n in groups.items())
 
 
+def _check_served_reward_model(cfg: DictConfig, served: list[tuple[str, Any, str]]) -> None:
+    """SERVED_REWARD_MODEL keys: logged where the reward model scores on its own, else refused naming each."""
+    if not served:
+        return
+    keys = ", ".join(f"{key}={value!r}" for key, value, _ in served)
+    rm = cfg.reward_model
+    if rm.enable and rm.style == "model" and cfg.custom_reward_function.path is None:
+        log.warning("config: %s configure verl's server for the scoring reward model; here it runs as the reward "
+                    "model worker on the training GPUs, with the same scores (the classifier's output at the last "
+                    "token)", keys)
+        return
+    why = ("reward_model.enable is false" if not rm.enable else f"reward_model.style={rm.style!r}" if
+           rm.style != "model" else "a custom reward function is set (in verl it would call that server: a "
+           "generative reward model)")
+    raise ConfigError([f"{source}: '{key}' = {value!r}: verl's key, a server for the reward model; {why}, and "
+                       "hybridrl runs no such server (a scoring model runs with reward_model.enable=true, style=model; "
+                       "the policy judges with style=judge): remove it" for key, value, source in served])
+
+
 def _verl_spellings(tree: dict, source: str, equals: list[tuple[str, Any, str]], schema: dict,
-                    dropped: list[str]) -> dict:
+                    dropped: list[str], served: list[tuple[str, Any, str]]) -> dict:
     """A user YAML tree with schema.KEY_RENAMES moved to our keys, schema.KEY_EQUALS taken out into `equals`
     (key, value, source) for the check after resolution, and `_dropped` keys left out (recorded in `dropped`). Of
     a key given in both spellings, a null yields to the other's value (verl's generated config nulls the
@@ -250,7 +283,7 @@ def _verl_spellings(tree: dict, source: str, equals: list[tuple[str, Any, str]],
             equals.append((key, value, source))
             continue
         ours = _renamed(key)
-        if _dropped(ours, value, schema, dropped):
+        if _dropped(ours, value, schema, dropped, served, source):
             continue
         if ours in flat and value is None:
             continue
@@ -345,10 +378,11 @@ def load_config(config_file: str | Path | None = None, overrides: tuple[str, ...
     user_keys: set[str] = set()
     equals: list[tuple[str, Any, str]] = []   # verl keys that must equal one of ours (schema.KEY_EQUALS)
     dropped: list[str] = []   # verl's keys at verl's defaults, left out (verl_defaults.py)
+    served: list[tuple[str, Any, str]] = []   # SERVED_REWARD_MODEL keys, settled after resolution
     user_tree: dict = {}
     if config_file is not None:
         user_tree = _read_user_yaml(config_file)
-        user = _verl_spellings(user_tree, f"config file {str(config_file)!r}", equals, schema, dropped)
+        user = _verl_spellings(user_tree, f"config file {str(config_file)!r}", equals, schema, dropped, served)
         user_keys |= set(_leaf_paths(user))
         try:
             cfg = OmegaConf.merge(cfg, user)
@@ -363,7 +397,7 @@ def load_config(config_file: str | Path | None = None, overrides: tuple[str, ...
                 equals.append((ov.key, ov.value, f"override {text!r}"))
                 continue
             ours = _renamed(ov.key)
-            if _dropped(ours, ov.value, schema, dropped):
+            if _dropped(ours, ov.value, schema, dropped, served, f"override {text!r}"):
                 continue
             earlier = spelled.get(ours)
             if earlier is not None and earlier[0] != ov.key and earlier[1] != ov.value:
@@ -393,6 +427,7 @@ def load_config(config_file: str | Path | None = None, overrides: tuple[str, ...
                     _grouped(dropped))
         log.info("config: the verl keys left out: %s", ", ".join(dropped))
     _check_equals(cfg, equals, user_tree)
+    _check_served_reward_model(cfg, served)
     _apply_aliases(cfg)
     root = ROOTS[defaults]
     if not validate:

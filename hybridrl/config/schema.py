@@ -103,8 +103,6 @@ VERL_REFUSED: dict[str, str] = {
     "keys",
     "actor_rollout_ref.ref.megatron": "hybridrl trains with FSDP2 only (the reference shares the actor's mesh): "
     "remove the megatron keys",
-    "reward_model.use_reward_loop": "verl's reward loop server; a model scores with reward_model.style=model, the "
-    "policy judges with style=judge: remove it",
     "actor_rollout_ref.actor.fsdp_config.use_torch_compile": "the training model is not torch.compiled: remove it",
     "actor_rollout_ref.ref.fsdp_config.use_torch_compile": "the reference model is not torch.compiled: remove it",
     "actor_rollout_ref.actor.fsdp_config.forward_prefetch": "an FSDP1 setting; FSDP2 prefetches the next layer's "
@@ -122,10 +120,6 @@ VERL_REFUSED: dict[str, str] = {
     "actor_rollout_ref.rollout.checkpoint_engine": "the actor's weights reach the engine one tensor at a time through "
     "the reshard (hybrid/reshard.py), never in buckets: remove it",
     "actor_rollout_ref.nccl_timeout": "collectives use torch.distributed's default timeout: remove it",
-    "reward_model.rollout": "a generative reward model on its own rollout engine; here the policy judges with "
-    "reward_model.style=judge, or a scoring model runs with style=model: remove the reward_model.rollout keys",
-    "reward_model.num_workers": "rule-based scores are computed in the driver (a code sandbox runs its own "
-    "processes): remove it",
     "global_profiler": "no profiler integration; benchmarks/profile_update.py and profile_decode.py profile the "
     "update and the decode step: remove the global_profiler keys",
     "actor_rollout_ref.actor.profiler": "no profiler integration (see benchmarks/profile_update.py): remove it",
@@ -184,6 +178,8 @@ VERL_ANY_VALUE: dict[str, str] = {
     "actor_rollout_ref.model.use_shm": "models load from the local path as given",
     "actor_rollout_ref.model.use_fused_kernels": "the fused log-prob / entropy head (training/fused_logprob.py) "
     "always runs",
+    "actor_rollout_ref.model.fused_kernel_options.impl_backend": "the fused log-prob / entropy head "
+    "(training/fused_logprob.py) chooses its own kernels",
     "actor_rollout_ref.actor.entropy_checkpointing": "the fused log-prob / entropy head (training/fused_logprob.py) "
     "never holds the logits of a micro-batch, which is what entropy checkpointing saves in verl",
     "actor_rollout_ref.ref.entropy_checkpointing": "the reference pass computes no entropy",

@@ -303,7 +303,8 @@ def test_verl_reference_and_data_keys_accepted_at_the_value_they_stand_for():
     (f"{A}.fsdp_config.forward_prefetch=true", "FSDP2 prefetches the next layer's all-gather on its own"),
     (f"{R}.expert_parallel_size=2", "the engine shards experts by tensor parallelism"),
     (f"{R}.checkpoint_engine.update_weights_bucket_megabytes=512", "one tensor at a time through the reshard"),
-    ("reward_model.rollout.gpu_memory_utilization=0.6", "a generative reward model on its own rollout engine"),
+    ("reward_model.rollout.gpu_memory_utilization=0.6", "a server for the reward model; reward_model.enable is false, "
+     "and hybridrl runs no such server"),
     ("+data.custom_cls.path=my_dataset.py", "convert the rows to the trainer's parquet schema"),
     ("global_profiler.tool=nsys", "no profiler integration"),
 ])
@@ -341,3 +342,61 @@ def test_verl_keys_whose_every_value_changes_nothing_are_dropped_saying_why(over
     with caplog.at_level(logging.WARNING, logger="hybridrl.config"):
         load_config(overrides=[override])
     assert any(f"{key}=" in r.getMessage() and VERL_ANY_VALUE[key] in r.getMessage() for r in caplog.records)
+
+
+def test_verls_reward_model_server_keys_change_nothing_where_the_model_scores_on_its_own(caplog, tmp_path):
+    """verl serves a scoring reward model on its own engine (reward_model.rollout.*, num_workers, use_reward_loop);
+    here it runs as the reward model worker with the same scores, so with reward_model.enable and no custom reward
+    function those keys are dropped with a warning. With a custom reward function (verl's generative reward model,
+    which calls that server) they are refused."""
+    served = ["reward_model.rollout.name=vllm", "reward_model.rollout.tensor_model_parallel_size=4",
+              "reward_model.rollout.prompt_length=4096", "reward_model.num_workers=8", "reward_model.use_reward_loop=false"]
+    with caplog.at_level(logging.WARNING, logger="hybridrl.config"):
+        cfg = load_config(overrides=["reward_model.enable=true", "reward_model.model.path=/rm", *served],
+                          validate=False)
+    assert cfg.reward_model.enable
+    warning = next(r.getMessage() for r in caplog.records if "configure verl's server" in r.getMessage())
+    assert "reward_model.rollout.name='vllm'" in warning and "reward_model.num_workers=8" in warning
+    reward = tmp_path / "reward.py"
+    reward.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n    return 0.0\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(overrides=["reward_model.enable=true", "reward_model.model.path=/rm",
+                               f"custom_reward_function.path={reward}", *served], validate=False)
+    assert len(e.value.errors) == len(served)
+    assert "a custom reward function is set (in verl it would call that server" in e.value.errors[0]
+
+
+def test_a_verl_example_script_with_a_served_reward_model_loads(tiny_model_dir, caplog):
+    """verl's examples/ppo_trainer/run_qwen2-7b_rm_seq_balance.sh (verl b178a3cd), its command line as written but
+    for the model and data paths: PPO with a critic and a scoring reward model that verl serves on vLLM."""
+    m = str(tiny_model_dir)
+    line = [
+        "algorithm.adv_estimator=gae", "data.train_files=['/d/gsm8k/train.parquet','/d/math/train.parquet']",
+        "data.val_files=['/d/gsm8k/test.parquet','/d/math/test.parquet']", "data.train_batch_size=4096",
+        "data.max_prompt_length=4096", "data.max_response_length=4096", "data.filter_overlong_prompts=True",
+        "data.truncation='error'", "data.return_raw_chat=True", f"actor_rollout_ref.model.path={m}",
+        "actor_rollout_ref.actor.optim.lr=1e-6", "actor_rollout_ref.model.use_remove_padding=True",
+        "actor_rollout_ref.model.enable_gradient_checkpointing=True", "actor_rollout_ref.actor.ppo_mini_batch_size=512",
+        "actor_rollout_ref.actor.use_dynamic_bsz=True", "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=24000",
+        "actor_rollout_ref.actor.fsdp_config.param_offload=False",
+        "actor_rollout_ref.actor.fsdp_config.optimizer_offload=False", "actor_rollout_ref.actor.use_kl_loss=False",
+        "actor_rollout_ref.rollout.tensor_model_parallel_size=2", "actor_rollout_ref.rollout.name=vllm",
+        "actor_rollout_ref.rollout.gpu_memory_utilization=0.5",
+        "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=24000", "critic.optim.lr=1e-5",
+        "critic.model.use_remove_padding=True", f"critic.model.path={m}", "critic.model.enable_gradient_checkpointing=True",
+        "critic.use_dynamic_bsz=True", "critic.ppo_max_token_len_per_gpu=98304",
+        "critic.model.fsdp_config.param_offload=False", "critic.model.fsdp_config.optimizer_offload=False",
+        "reward_model.enable=True", f"reward_model.model.path={m}", "reward_model.use_reward_loop=True",
+        "reward_model.rollout.name=vllm", "reward_model.rollout.gpu_memory_utilization=0.8",
+        "reward_model.rollout.tensor_model_parallel_size=1", "reward_model.rollout.prompt_length=8192",
+        "reward_model.rollout.response_length=4096", "reward_model.num_workers=8", "algorithm.use_kl_in_reward=False",
+        "trainer.critic_warmup=0", "trainer.logger=['console']", "trainer.project_name='verl_example_gsm8k'",
+        "trainer.experiment_name='qwen2-7b_hybrid_rm_bsz8k_p4k_r4k_seq_packing'", "trainer.n_gpus_per_node=8",
+        "trainer.val_before_train=False", "trainer.nnodes=1", "trainer.save_freq=20", "trainer.test_freq=5",
+        "trainer.total_epochs=15",
+    ]
+    with caplog.at_level(logging.WARNING, logger="hybridrl.config"):
+        cfg = load_config(overrides=line)
+    assert cfg.reward_model.enable and cfg.critic.ppo_max_token_len_per_gpu == 98304
+    assert cfg.actor_rollout_ref.rollout.name == "native"
+    assert any("configure verl's server for the scoring reward model" in r.getMessage() for r in caplog.records)
