@@ -41,6 +41,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from hybridrl.config.errors import ConfigError
+from hybridrl.config.lora_adapter import with_lora_adapter
 from hybridrl.config.schema import (
     ALIAS_NOTES,
     ALIASES,
@@ -444,6 +445,7 @@ def load_config(config_file: str | Path | None = None, overrides: tuple[str, ...
         _normalize_micro_batches(cfg, user_keys)
     typed = root.from_dict(OmegaConf.to_container(cfg, resolve=True))
     if isinstance(typed, PPOConfig):
+        typed = with_lora_adapter(typed)   # the adapter's own LoRA keys, before the rules and the plan read them
         for w in typed.validate():
             log.warning("config: %s", w)
     return typed

@@ -289,8 +289,8 @@ def build_fsdp_model(source: ModelSource, dtypes: FSDPDtypes, mesh: DeviceMesh, 
     `gradient_checkpointing`: recompute each decoder layer in backward but the last `recompute_kept_layers` (the
     caller's resolved choice).
     `liger`: Liger's fused RMSNorm / SwiGLU / RoPE kernels (training/liger.py; the plan's choice).
-    `lora` (training/lora.py LoraSettings): adapters injected before sharding; rank 0's initial adapters are
-    broadcast with the weights. The frozen base is then loaded in `lora_base_dtype` (None: `dtypes.model`) and
+    `lora` (training/lora.py LoraSettings): adapters injected before sharding, loaded from its `adapter_path` if
+    set; rank 0's initial adapters are broadcast with the weights. The frozen base is then loaded in `lora_base_dtype` (None: `dtypes.model`) and
     the adapters kept in `dtypes.model`; FSDP2 all-gathers both in its `param_dtype`."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
@@ -317,6 +317,10 @@ def build_fsdp_model(source: ModelSource, dtypes: FSDPDtypes, mesh: DeviceMesh, 
         from hybridrl.training.lora import apply_lora
 
         model = apply_lora(model, lora, adapter_dtype=master)
+        if lora.adapter_path is not None and rank == 0:   # the others receive them with the weights below
+            from hybridrl.training.lora import load_adapter_weights
+
+            load_adapter_weights(model, lora.adapter_path)
     full_state = model.state_dict() if rank == 0 else None
     if use_varlen_attention:
         model.set_attn_implementation(register_varlen_attention())

@@ -40,8 +40,8 @@ from torch.distributed.tensor import DTensor
 
 from hybridrl.training.lora_linear import use_fused_forward
 
-__all__ = ["LoraSettings", "lora_settings", "apply_lora", "has_lora", "adapters_disabled", "engine_parameters",
-           "merge_lora_state", "adapter_param_count", "lora_target_names", "LINEAR_TARGETS", "EXPERT_TARGETS"]
+__all__ = ["LoraSettings", "lora_settings", "apply_lora", "load_adapter_weights", "has_lora", "adapters_disabled",
+           "engine_parameters", "merge_lora_state", "adapter_param_count", "lora_target_names", "LINEAR_TARGETS", "EXPERT_TARGETS"]
 
 ADAPTER = "default"   # peft's name of the single adapter
 # the decoder linears of the architectures the rollout engine runs (Qwen2/2.5, Llama 3, Qwen3)
@@ -57,6 +57,7 @@ class LoraSettings:
     alpha: float
     target_modules: tuple[str, ...] | str   # "all-linear" or module names (empty: experts only)
     target_parameters: tuple[str, ...] = ()  # EXPERT_TARGETS names: the MoE experts' 3-D tensors
+    adapter_path: str | None = None           # a peft adapter directory the adapters start from (load_adapter_weights)
 
     @property
     def scaling(self) -> float:
@@ -108,7 +109,7 @@ def lora_settings(model_cfg) -> LoraSettings | None:
     if rank == 0:
         return None
     return LoraSettings(int(rank), float(alpha), targets if isinstance(targets, str) else tuple(targets),
-                        tuple(parameters or ()))
+                        tuple(parameters or ()), getattr(model_cfg, "lora_adapter_path", None))
 
 
 def apply_lora(model: torch.nn.Module, settings: LoraSettings, adapter_dtype: torch.dtype | None = None
@@ -136,6 +137,40 @@ def apply_lora(model: torch.nn.Module, settings: LoraSettings, adapter_dtype: to
             layer.lora_B.to(adapter_dtype)
     model.hybridrl_lora = settings   # read by checkpoints (merge needs the scaling)
     return model
+
+
+def load_adapter_weights(model: torch.nn.Module, adapter_dir: str) -> None:
+    """Copy a peft adapter directory's weights (`base_model.model.<x>.lora_A.weight`, as peft's save_pretrained and
+    `hybridrl merge` write them) into the adapters `apply_lora` injected (`<x>.lora_A.default.weight`), cast to
+    their dtype. Every adapter of the model must be in the file and every tensor of the file must be an adapter of
+    the model, with the same shape; otherwise a ValueError names the directory and the keys."""
+    import os
+    from pathlib import Path
+
+    where = Path(os.path.expanduser(adapter_dir))
+    if (where / "adapter_model.safetensors").is_file():
+        from safetensors.torch import load_file
+
+        saved = load_file(str(where / "adapter_model.safetensors"))
+    else:
+        saved = torch.load(where / "adapter_model.bin", map_location="cpu", weights_only=True)
+    ours = {name: p for name, p in model.named_parameters() if _LORA_PARAM.search(name)}
+    wanted = {}
+    for key, value in saved.items():
+        m = re.fullmatch(r"base_model\.model\.(.+)\.lora_(A|B)\.weight", key)
+        wanted[f"{m.group(1)}.lora_{m.group(2)}.{ADAPTER}.weight" if m else key] = value
+    missing, unknown = sorted(set(ours) - set(wanted)), sorted(set(wanted) - set(ours))
+    wrong = sorted(k for k in set(ours) & set(wanted) if ours[k].shape != wanted[k].shape)
+    if missing or unknown or wrong:
+        detail = "; ".join(f"{what} {keys[:3]}{' ...' if len(keys) > 3 else ''} ({len(keys)})"
+                           for what, keys in (("missing from the file:", missing), ("not adapters of the model:",
+                                                                                      unknown),
+                                              ("of another shape:", wrong)) if keys)
+        raise ValueError(f"actor_rollout_ref.model.lora_adapter_path={adapter_dir!r}: its adapters do not fit the "
+                         f"model's ({detail}); was it trained on this base model with these targets?")
+    with torch.no_grad():
+        for name, param in ours.items():
+            param.copy_(wanted[name].to(param.dtype))
 
 
 @contextmanager

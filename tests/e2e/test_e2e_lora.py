@@ -1,6 +1,6 @@
 """End to end with LoRA on 2 Ray CPU workers (gloo): GRPO with a KL loss, whose reference is the actor's base with
-the adapters off, 2 steps through the native engine (merged weights resharded each step), a checkpoint, and
-`hybridrl merge` of it (merged model + peft adapter)."""
+the adapters off, 2 steps through the native engine (merged weights resharded each step), a checkpoint, `hybridrl merge` of it
+(merged model + peft adapter), and a run that starts from that adapter (model.lora_adapter_path)."""
 
 import math
 
@@ -35,3 +35,10 @@ def test_grpo_with_lora_and_kl_loss_runs_checkpoints_and_merges(ray_local, tiny_
     ckpt = next((tmp_path / "lora" / "global_step_2").glob("actor*"))
     out = merge_checkpoint(ckpt, tmp_path / "merged")
     assert (out / "adapter" / "adapter_model.safetensors").exists() and (out / "config.json").exists()
+    # a new run from the saved adapter (verl's lora_adapter_path; lora_rank left 0: the adapter's rank is taken):
+    # its first step already differs from the reference (the base), where a fresh LoRA's equals it
+    (h,) = train_metrics(run_ppo(load_config(overrides=overrides(
+        tiny_model_dir, arith_dir, tmp_path / "from_adapter", f"actor_rollout_ref.model.lora_adapter_path={out / 'adapter'}",
+        "actor_rollout_ref.actor.use_kl_loss=true", "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+        "trainer.total_training_steps=1")))["history"])
+    assert h["actor/kl_loss"] > 0 and math.isfinite(h["actor/grad_norm"])
