@@ -360,3 +360,35 @@ def compute_advantage(data: DataProto, adv_estimator, gamma: float = 1.0, lam: f
     data.batch["advantages"] = adv
     data.batch["returns"] = ret
     return data
+
+
+PF_PPO_METHODS = ("pow", "max_min", "max_random")
+
+
+def pf_ppo_weights(scores: torch.Tensor, method: str, weight_pow: float) -> torch.Tensor:
+    """PF-PPO's sampling weight of each sequence score (verl's compute_pf_ppo_reweight_data): pow |s| ** weight_pow,
+    max_min 1 at the batch's highest and lowest score (else 0), max_random 0.4 at the highest (else 0.1); every
+    weight floored at 1e-8, so a batch of zero weights draws uniformly."""
+    if method == "pow":
+        weights = scores.abs().pow(weight_pow)
+    elif method == "max_min":
+        weights = ((scores == scores.max()) | (scores == scores.min())).to(scores.dtype)
+    elif method == "max_random":
+        weights = torch.where(scores == scores.max(), 0.4, 0.1).to(scores.dtype)
+    else:
+        raise ValueError(f"algorithm.pf_ppo.reweight_method={method!r}: use one of {PF_PPO_METHODS}")
+    return torch.clamp(weights + 1e-8, min=1e-8)
+
+
+def pf_ppo_resample(data: DataProto, method: str, weight_pow: float, generator: torch.Generator
+                    ) -> tuple[DataProto, dict[str, float]]:
+    """The batch redrawn with replacement, as many rows as it has, row i with probability proportional to
+    `pf_ppo_weights` of its summed token_level_scores (tensors, non-tensors and batch-long meta lists alike), and
+    how many distinct samples the draw kept (pf_ppo/unique_samples) of how many (pf_ppo/samples)."""
+    scores = data.batch["token_level_scores"].sum(dim=-1).float().cpu()
+    idx = torch.multinomial(pf_ppo_weights(scores, method, weight_pow), len(scores), replacement=True,
+                            generator=generator)
+    out = data.select_idxs(idx)
+    out.meta_info = {k: [v[i] for i in idx.tolist()] if isinstance(v, list) and len(v) == len(scores) else v
+                     for k, v in data.meta_info.items()}
+    return out, {"pf_ppo/unique_samples": float(idx.unique().numel()), "pf_ppo/samples": float(len(scores))}

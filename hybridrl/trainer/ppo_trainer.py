@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from hybridrl.algorithms import agg_loss, apply_kl_penalty, compute_advantage, get_kl_controller
+from hybridrl.algorithms.advantages import pf_ppo_resample
 from hybridrl.algorithms.rollout_correction import apply_rollout_correction
 from hybridrl.config.sections import PPOConfig
 from hybridrl.data.rl_dataset import collate_fn
@@ -436,9 +437,15 @@ class RayPPOTrainer:
                 metrics.update(apply_rollout_correction(batch, rc))
             elif rc.rollout_is is not None:  # no old-log-prob pass: the actor weighs with its own log-probs
                 batch.meta_info["rollout_is"] = {"level": rc.rollout_is, "threshold": float(rc.rollout_is_threshold)}
-            return compute_advantage(batch, algo.adv_estimator, gamma=algo.gamma, lam=algo.lam,
-                                     num_repeat=self.config.actor_rollout_ref.rollout.n,
-                                     norm_adv_by_std_in_grpo=algo.norm_adv_by_std_in_grpo)
+            batch = compute_advantage(batch, algo.adv_estimator, gamma=algo.gamma, lam=algo.lam,
+                                      num_repeat=self.config.actor_rollout_ref.rollout.n,
+                                      norm_adv_by_std_in_grpo=algo.norm_adv_by_std_in_grpo)
+            if algo.use_pf_ppo and algo.adv_estimator == "gae":   # PF-PPO: the batch redrawn by score (verl's)
+                draw = torch.Generator().manual_seed(derive_seed("pf_ppo", self.config.trainer.seed,
+                                                                 self.global_steps))
+                batch, pf_metrics = pf_ppo_resample(batch, algo.pf_ppo.reweight_method, algo.pf_ppo.weight_pow, draw)
+                metrics.update(pf_metrics)
+            return batch
 
     def train_step(self, batch: DataProto, more_batches: Iterator[DataProto] | None = None) -> dict:
         """One PPO/GRPO step on `batch`; dynamic sampling draws further generation batches from `more_batches`."""

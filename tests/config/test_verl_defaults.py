@@ -68,10 +68,11 @@ def test_verls_full_generated_config_loads_with_the_dropped_keys_named(tmp_path,
     assert a.strategy == "fsdp2" and cfg.actor_rollout_ref.rollout.name == "native"
     warning = next(r.getMessage() for r in caplog.records if "of verl's keys are at verl's defaults" in r.getMessage())
     assert warning.startswith(f"config: {len(verl_defaults())} of verl's keys are at verl's defaults")
-    assert "actor_rollout_ref.actor.profiler.*" in warning and "algorithm.use_pf_ppo" in warning
+    assert "actor_rollout_ref.actor.profiler.*" in warning and "transfer_queue.enable" in warning
 
 
-@pytest.mark.parametrize("key,value", [("algorithm.use_pf_ppo", True), (f"{R}.enable_prefix_caching", False),
+@pytest.mark.parametrize("key,value", [("algorithm.rollout_correction.bypass_mode", True),
+                                       (f"{R}.enable_prefix_caching", False),
                                        ("trainer.del_local_ckpt_after_load", True), ("critic.model.lora_rank", 8)])
 def test_a_verl_key_at_another_value_is_refused_naming_its_default(tmp_path, key, value):
     default = verl_defaults()[key]
@@ -83,7 +84,7 @@ def test_a_verl_key_at_another_value_is_refused_naming_its_default(tmp_path, key
 
 
 def test_table_values_are_compared_exactly():
-    assert is_verl_default("algorithm.use_pf_ppo", False) and not is_verl_default("algorithm.use_pf_ppo", 0)
+    assert is_verl_default("transfer_queue.enable", False) and not is_verl_default("transfer_queue.enable", 0)
     assert is_verl_default(f"{R}.checkpoint_engine.update_weights_bucket_megabytes", 2048)
     assert not is_verl_default(f"{R}.checkpoint_engine.update_weights_bucket_megabytes", 2048.5)
     assert not is_verl_default("data.no_such_key", None)

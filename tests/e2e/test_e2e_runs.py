@@ -72,15 +72,19 @@ def test_grpo_three_steps_with_kl_loss(ray_local, tiny_model_dir, arith_dir, tmp
 
 
 def test_ppo_with_critic_three_steps(ray_local, tiny_model_dir, arith_dir, tmp_path):
+    """PPO with a critic (GAE), the batch redrawn by PF-PPO after the advantages: the critic and the actor train on
+    the redrawn batch."""
     cfg = load_config(overrides=overrides(tiny_model_dir, arith_dir, tmp_path / "ppo", "algorithm.adv_estimator=gae",
                                           "actor_rollout_ref.rollout.n=1", "data.train_batch_size=8",
                                           "actor_rollout_ref.actor.ppo_mini_batch_size=8",
-                                          "critic.ppo_micro_batch_size_per_gpu=4", "critic.optim.lr=1e-4"))
+                                          "critic.ppo_micro_batch_size_per_gpu=4", "critic.optim.lr=1e-4",
+                                          "algorithm.use_pf_ppo=true"))
     steps = train_metrics(run_ppo(cfg)["history"])
     assert len(steps) == 3
     for h in steps:
         for key in ("critic/vf_loss", "critic/vpred_mean", "critic/values/mean", "timing_s/values", "timing_s/update_critic"):
             assert key in h and math.isfinite(h[key]), key
+        assert h["pf_ppo/samples"] == 8 and 1 <= h["pf_ppo/unique_samples"] <= 8
 
 
 def test_resume_after_checkpoint_matches_uninterrupted(ray_local, tiny_model_dir, arith_dir, tmp_path):

@@ -34,12 +34,24 @@ class AlgorithmConfig(Section):
     kl_ctrl: KLControlConfig
     filter_groups: FilterGroupsConfig
     rollout_correction: RolloutCorrectionConfig
+    use_pf_ppo: bool
+    """PF-PPO (verl's policy filtration): after GAE, the step's samples are redrawn with replacement, each with
+    probability proportional to a weight of its sequence score (algorithm.pf_ppo), so the update trains a batch of the
+    same size that repeats well- or badly-scored samples; gae only, as in verl"""
+    pf_ppo: PfPpoConfig
 
     def check(self, n: int, found: Findings) -> None:
         """Dynamic sampling and rollout correction (DAPO / verl's recipe keys); group estimators need groups
         (`n`: rollout.n, the samples per prompt)."""
         self.filter_groups.check(n, found)
         self.rollout_correction.check(found)
+        if self.use_pf_ppo and self.adv_estimator != "gae":
+            found.warnings.append(f"'algorithm.use_pf_ppo' is true with 'algorithm.adv_estimator' = "
+                                  f"{self.adv_estimator}: PF-PPO resamples after GAE only (as in verl), so nothing is "
+                                  "resampled")
+        if self.use_pf_ppo and self.pf_ppo.reweight_method == "pow" and not self.pf_ppo.weight_pow > 0:
+            found.errors.append(f"'algorithm.pf_ppo.weight_pow' = {self.pf_ppo.weight_pow} must be > 0 (the weight is "
+                                "|score| ** weight_pow)")
         if self.adv_estimator in GROUP_BASELINED and n == 1:
             found.warnings.append(f"'algorithm.adv_estimator' = {self.adv_estimator} with "
                                   "'actor_rollout_ref.rollout.n' = 1: every group has one sample, so there is no group "
@@ -111,6 +123,17 @@ class FilterGroupsConfig(Section):
         if self.enable and n == 1:
             found.warnings.append(f"'{fg}.enable' with rollout.n = 1: a one-sample group is always kept, nothing is "
                                   "filtered")
+
+
+@dataclass(frozen=True)
+class PfPpoConfig(Section):
+    """`algorithm.pf_ppo`."""
+
+    reweight_method: Literal["pow", "max_min", "max_random"]
+    """a sample's weight from its sequence score s: pow = |s| ** weight_pow; max_min = 1 for the batch's highest
+    and lowest score, else 0; max_random = 0.4 for the highest, else 0.1 (verl's methods)"""
+    weight_pow: float
+    """the exponent of pow"""
 
 
 @dataclass(frozen=True)
