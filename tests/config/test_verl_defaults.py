@@ -96,3 +96,15 @@ def test_null_reads_as_not_set_only_for_the_keys_verl_leaves_null(tmp_path):
     assert cfg.actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu == "auto"
     with pytest.raises(ConfigError, match=r"'data.max_prompt_length' must be int, got null"):
         load_config(overrides=["data.max_prompt_length=null"])
+
+
+def test_the_table_holds_verls_keys_outside_ours_their_renames_and_our_free_dicts():
+    from hybridrl.config.verl_defaults_table import table_from
+
+    ours = {"actor_rollout_ref": {"actor": {"optim": {"lr": 1e-6}, "checkpoint": {"contents": ["model"]}},
+                                  "model": {"override_config": {}}}}
+    verl = {"actor_rollout_ref": {"actor": {"optim": {"lr": 1e-6, "num_cycles": 0.5},
+                                            "checkpoint": {"save_contents": ["model"], "load_contents": "x"}},
+                                  "model": {"override_config": {"attention_dropout": 0.0}, "use_shm": False}}}
+    assert table_from(verl, ours) == {"actor_rollout_ref.actor.optim.num_cycles": 0.5,
+                                      "actor_rollout_ref.model.use_shm": False}
