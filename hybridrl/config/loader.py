@@ -112,12 +112,12 @@ def _free_dict_prefix(key: str, schema: dict) -> str | None:
     return None
 
 
-def _apply_override(cfg: DictConfig, ov: Override, schema: dict) -> None:
+def _apply_override(cfg: DictConfig, ov: Override, schema: dict, ppo: bool = True) -> None:
     exists = OmegaConf.select(cfg, ov.key, default=_MISSING, throw_on_resolution_failure=False) is not _MISSING
     free = _free_dict_prefix(ov.key, schema)
     if ov.kind == "set" and not exists:
         msg = f"override '{ov.key}={ov.value}': unknown key '{ov.key}'"
-        msg += unknown_hint(ov.key, _siblings(ov.key, schema), _leaf_paths(schema))
+        msg += unknown_hint(ov.key, _siblings(ov.key, schema), _leaf_paths(schema), ppo)
         if free:
             msg += f" (to add a key under the free dict '{free}', write +{ov.key}=...)"
         raise ConfigError([msg])
@@ -128,7 +128,7 @@ def _apply_override(cfg: DictConfig, ov: Override, schema: dict) -> None:
         frees = [p for p in _leaf_paths(schema) if _node(schema, p) == {}]
         raise ConfigError([f"override '+{ov.key}': keys can be added only inside free dicts {frees}; "
                            f"'{ov.key}' is not in the schema" + unknown_hint(ov.key, _siblings(ov.key, schema),
-                                                                               _leaf_paths(schema))])
+                                                                               _leaf_paths(schema), ppo)])
     OmegaConf.update(cfg, ov.key, ov.value, merge=False, force_add=True)
 
 
@@ -222,14 +222,15 @@ SERVED_REWARD_MODEL = ("reward_model.rollout", "reward_model.num_workers", "rewa
                        "reward_model.enable_resource_pool", "reward_model.n_gpus_per_node", "reward_model.nnodes")
 
 
-def _dropped(key: str, value: Any, schema: dict, dropped: list[str], served: list[tuple[str, Any, str]],
+def _dropped(key: str, value: Any, schema: dict, dropped: list[str] | None, served: list[tuple[str, Any, str]],
              source: str) -> bool:
     """Whether a user's `key` = `value` is left out before merging (and recorded in `dropped`): one of verl's keys
     hybridrl does not have, at verl's default (verl_defaults.py) or at any value where every value asks for what
     hybridrl does anyway (schema.VERL_ANY_VALUE; a value other than verl's default is logged with the reason).
     SERVED_REWARD_MODEL keys at other values go to `served` (key, value, source), settled once the config is
-    resolved (`_check_served_reward_model`)."""
-    if _node(schema, key) is not None or _free_dict_prefix(key, schema) is not None:
+    resolved (`_check_served_reward_model`). `dropped` None: not a PPO config (the table is verl's PPO trainer's),
+    nothing is dropped."""
+    if dropped is None or _node(schema, key) is not None or _free_dict_prefix(key, schema) is not None:
         return False
     if not is_verl_default(key, value) and any(key == k or key.startswith(k + ".") for k in SERVED_REWARD_MODEL):
         served.append((key, value, source))
@@ -272,7 +273,7 @@ def _check_served_reward_model(cfg: DictConfig, served: list[tuple[str, Any, str
 
 
 def _verl_spellings(tree: dict, source: str, equals: list[tuple[str, Any, str]], schema: dict,
-                    dropped: list[str], served: list[tuple[str, Any, str]]) -> dict:
+                    dropped: list[str] | None, served: list[tuple[str, Any, str]]) -> dict:
     """A user YAML tree with schema.KEY_RENAMES moved to our keys, schema.KEY_EQUALS taken out into `equals`
     (key, value, source) for the check after resolution, and `_dropped` keys left out (recorded in `dropped`). Of
     a key given in both spellings, a null yields to the other's value (verl's generated config nulls the
@@ -378,7 +379,8 @@ def load_config(config_file: str | Path | None = None, overrides: tuple[str, ...
     schema = OmegaConf.to_container(cfg, resolve=True)
     user_keys: set[str] = set()
     equals: list[tuple[str, Any, str]] = []   # verl keys that must equal one of ours (schema.KEY_EQUALS)
-    dropped: list[str] = []   # verl's keys at verl's defaults, left out (verl_defaults.py)
+    # verl's PPO keys at verl's defaults, left out (verl_defaults.py); none for the SFT config
+    dropped: list[str] | None = [] if defaults == "ppo_trainer" else None
     served: list[tuple[str, Any, str]] = []   # SERVED_REWARD_MODEL keys, settled after resolution
     user_tree: dict = {}
     if config_file is not None:
@@ -408,7 +410,7 @@ def load_config(config_file: str | Path | None = None, overrides: tuple[str, ...
             if ours != ov.key:   # verl adds these keys (+key=...); ours exist: set them
                 ov = Override("set", ours, ov.value)
             user_keys.add(ov.key)
-            _apply_override(cfg, ov, schema)
+            _apply_override(cfg, ov, schema, ppo=defaults == "ppo_trainer")
         except ConfigError as e:
             errors += e.errors
         except OmegaConfBaseException as e:

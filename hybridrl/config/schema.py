@@ -297,13 +297,13 @@ def _leaf_errors(path: str, value: Any, ann: Any) -> list[str]:
             if v not in allowed]
 
 
-def unknown_hint(path: str, siblings: list[str], all_paths: list[str]) -> str:
-    """What follows "unknown key 'path'": verl's refusal reason where it is one of its keys (and the default value
-    that would be accepted, verl_defaults.py), else the closest key."""
+def unknown_hint(path: str, siblings: list[str], all_paths: list[str], ppo: bool = True) -> str:
+    """What follows "unknown key 'path'": verl's refusal reason where it is one of its keys (and, in a PPO config,
+    the default value that would be accepted: verl_defaults.py), else the closest key."""
     from hybridrl.config.verl_defaults import verl_defaults
 
     why = verl_refusal(path)
-    default = verl_defaults().get(path, _ABSENT)
+    default = verl_defaults().get(path, _ABSENT) if ppo else _ABSENT
     if why:
         return f": verl's key, {why}" + ("" if default is _ABSENT else
                                           f" (or set verl's default, {default!r}, which changes nothing)")
@@ -325,7 +325,7 @@ def check_schema(tree: dict, root: type[Section]) -> None:
             path = f"{prefix}{key}"
             if key not in types:
                 errors.append(f"unknown key '{path}'" + unknown_hint(path, [f"{prefix}{k}" for k in types],
-                                                                      all_paths))
+                                                                      all_paths, ppo=root.__name__ == "PPOConfig"))
             elif is_section(types[key]) or types[key] is dict:
                 if not isinstance(value, dict):
                     errors.append(f"'{path}' must be a section (dict), got {value!r}")

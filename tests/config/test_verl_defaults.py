@@ -108,3 +108,13 @@ def test_the_table_holds_verls_keys_outside_ours_their_renames_and_our_free_dict
                                   "model": {"override_config": {"attention_dropout": 0.0}, "use_shm": False}}}
     assert table_from(verl, ours) == {"actor_rollout_ref.actor.optim.num_cycles": 0.5,
                                       "actor_rollout_ref.model.use_shm": False}
+
+
+def test_the_sft_config_drops_nothing(tmp_path):
+    """The table is verl's PPO trainer's: an SFT config's unknown keys stay unknown even where a PPO key of the same
+    path would be at its default."""
+    path = tmp_path / "sft.yaml"
+    path.write_text(yaml.safe_dump({"data": {"use_shm": False}}))
+    with pytest.raises(ConfigError, match=r"unknown key 'data.use_shm'") as e:
+        load_config(str(path), defaults="sft_trainer")
+    assert "verl's default" not in str(e.value)   # setting it would not help here
