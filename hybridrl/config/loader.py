@@ -424,6 +424,7 @@ def load_config(config_file: str | Path | None = None, overrides: tuple[str, ...
     for key in UNSET_WHEN_NULL:  # verl's null (also through its interpolations) = not set: our default
         if OmegaConf.select(cfg, key, default=_MISSING) is None:
             OmegaConf.update(cfg, key, _node(schema, key), merge=False)
+            user_keys.discard(key)   # not set: verl's deprecated global micro-batch key may still give it
     if dropped:
         log.warning("config: %d of verl's keys %s at verl's defaults, which ask for nothing hybridrl does not do, "
                     "and %s left out: %s", len(dropped), *(("is", "is") if len(dropped) == 1 else ("are", "are")),

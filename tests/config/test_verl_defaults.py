@@ -118,3 +118,11 @@ def test_the_sft_config_drops_nothing(tmp_path):
     with pytest.raises(ConfigError, match=r"unknown key 'data.use_shm'") as e:
         load_config(str(path), defaults="sft_trainer")
     assert "verl's default" not in str(e.value)   # setting it would not help here
+
+
+def test_verls_deprecated_global_micro_batch_key_beside_its_null_per_gpu_key(tmp_path):
+    """verl's generated config nulls ppo_micro_batch_size_per_gpu; a user who sets the deprecated global
+    ppo_micro_batch_size gets it divided by the data-parallel size, as verl does."""
+    cfg = load_config(write(tmp_path, verl_generated(**{f"{A}.ppo_micro_batch_size": 64,
+                                                       "trainer.n_gpus_per_node": 8})))
+    assert cfg.actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu == 8
