@@ -21,13 +21,13 @@ from hybridrl.config.schema import (
     CONFIG_DIR,
     KEY_EQUALS,
     KEY_RENAMES,
-    VERL_ANY_VALUE,
     VERL_REFUSED,
     allowed_values,
     is_section,
 )
 from hybridrl.config.sections import ROOTS
 from hybridrl.config.sections.base import Section, field_docs, field_types, members, type_name
+from hybridrl.config.verl_defaults import VERL_ANY_VALUE
 
 _KEY = re.compile(r"^(\s*)([A-Za-z_][\w\-]*):(.*)$")
 

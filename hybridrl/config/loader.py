@@ -48,13 +48,12 @@ from hybridrl.config.schema import (
     CONFIG_DIR,
     KEY_EQUALS,
     KEY_RENAMES,
-    VERL_ANY_VALUE,
     check_schema,
     load_defaults,
     unknown_hint,
 )
 from hybridrl.config.sections import ROOTS, PPOConfig, Section
-from hybridrl.config.verl_defaults import UNSET_WHEN_NULL, is_verl_default
+from hybridrl.config.verl_defaults import UNSET_WHEN_NULL, check_served_reward_model, drop_verl_key, grouped
 from hybridrl.dotted import dotted_leaves
 
 __all__ = ["load_config", "load_defaults", "parse_override", "Override", "CONFIG_DIR"]
@@ -214,62 +213,14 @@ def _renamed(key: str) -> str:
     return key
 
 
-# verl's settings for serving a scoring reward model on its own engine (its reward loop): where the model scores on
-# its own (reward_model.enable, style model, no custom reward function) they change nothing here, where it runs as
-# the reward model worker on the training GPUs with the same scores; else they configure a server a custom reward
-# function would call, which hybridrl does not run
-SERVED_REWARD_MODEL = ("reward_model.rollout", "reward_model.num_workers", "reward_model.use_reward_loop",
-                       "reward_model.enable_resource_pool", "reward_model.n_gpus_per_node", "reward_model.nnodes")
-
-
 def _dropped(key: str, value: Any, schema: dict, dropped: list[str] | None, served: list[tuple[str, Any, str]],
              source: str) -> bool:
-    """Whether a user's `key` = `value` is left out before merging (and recorded in `dropped`): one of verl's keys
-    hybridrl does not have, at verl's default (verl_defaults.py) or at any value where every value asks for what
-    hybridrl does anyway (schema.VERL_ANY_VALUE; a value other than verl's default is logged with the reason).
-    SERVED_REWARD_MODEL keys at other values go to `served` (key, value, source), settled once the config is
-    resolved (`_check_served_reward_model`). `dropped` None: not a PPO config (the table is verl's PPO trainer's),
-    nothing is dropped."""
+    """Whether a user's `key` = `value` is left out before merging: a verl key that is none of ours (nor inside a
+    free dict of ours) and that `verl_defaults.drop_verl_key` drops. `dropped` None: not a PPO config (the table is
+    verl's PPO trainer's), nothing is dropped."""
     if dropped is None or _node(schema, key) is not None or _free_dict_prefix(key, schema) is not None:
         return False
-    if not is_verl_default(key, value) and any(key == k or key.startswith(k + ".") for k in SERVED_REWARD_MODEL):
-        served.append((key, value, source))
-        return True
-    if key in VERL_ANY_VALUE and not is_verl_default(key, value):
-        log.warning("config: %s=%r changes nothing here: %s", key, value, VERL_ANY_VALUE[key])
-    elif not is_verl_default(key, value):
-        return False
-    dropped.append(key)
-    return True
-
-
-def _grouped(keys: list[str], depth: int = 3) -> str:
-    """`keys` counted under their first `depth` dotted parts: 'a.b.c.* (12), a.b.d'."""
-    groups: dict[str, int] = {}
-    for key in keys:
-        parts = key.split(".")
-        head = ".".join(parts[:depth]) + (".*" if len(parts) > depth else "")
-        groups[head] = groups.get(head, 0) + 1
-    return ", ".join(head if n == 1 else f"{head} ({n})" for head, n in groups.items())
-
-
-def _check_served_reward_model(cfg: DictConfig, served: list[tuple[str, Any, str]]) -> None:
-    """SERVED_REWARD_MODEL keys: logged where the reward model scores on its own, else refused naming each."""
-    if not served:
-        return
-    keys = ", ".join(f"{key}={value!r}" for key, value, _ in served)
-    rm = cfg.reward_model
-    if rm.enable and rm.style == "model" and cfg.custom_reward_function.path is None:
-        log.warning("config: %s configure verl's server for the scoring reward model; here it runs as the reward "
-                    "model worker on the training GPUs, with the same scores (the classifier's output at the last "
-                    "token)", keys)
-        return
-    why = ("reward_model.enable is false" if not rm.enable else f"reward_model.style={rm.style!r}" if
-           rm.style != "model" else "a custom reward function is set (in verl it would call that server: a "
-           "generative reward model)")
-    raise ConfigError([f"{source}: '{key}' = {value!r}: verl's key, a server for the reward model; {why}, and "
-                       "hybridrl runs no such server (a scoring model runs with reward_model.enable=true, style=model; "
-                       "the policy judges with style=judge): remove it" for key, value, source in served])
+    return drop_verl_key(key, value, dropped, served, source)
 
 
 def _verl_spellings(tree: dict, source: str, equals: list[tuple[str, Any, str]], schema: dict,
@@ -428,10 +379,10 @@ def load_config(config_file: str | Path | None = None, overrides: tuple[str, ...
     if dropped:
         log.warning("config: %d of verl's keys %s at verl's defaults, which ask for nothing hybridrl does not do, "
                     "and %s left out: %s", len(dropped), *(("is", "is") if len(dropped) == 1 else ("are", "are")),
-                    _grouped(dropped))
+                    grouped(dropped))
         log.info("config: the verl keys left out: %s", ", ".join(dropped))
     _check_equals(cfg, equals, user_tree)
-    _check_served_reward_model(cfg, served)
+    check_served_reward_model(cfg, served)
     _apply_aliases(cfg)
     root = ROOTS[defaults]
     if not validate:

@@ -26,8 +26,8 @@ from hybridrl.config.errors import ConfigError
 from hybridrl.config.sections.base import Section, field_types, members, type_name
 from hybridrl.config.sections.values import AdvEstimator, PolicyLossMode
 
-__all__ = ["ALIASES", "ALIAS_NOTES", "CONFIG_DIR", "KEY_EQUALS", "KEY_RENAMES", "VERL_ANY_VALUE", "VERL_REFUSED",
-           "allowed_values", "check_schema", "closest_key", "key_paths", "load_defaults", "unknown_hint", "verl_refusal"]
+__all__ = ["ALIASES", "ALIAS_NOTES", "CONFIG_DIR", "KEY_EQUALS", "KEY_RENAMES", "VERL_REFUSED", "allowed_values",
+           "check_schema", "closest_key", "key_paths", "load_defaults", "unknown_hint", "verl_refusal"]
 
 CONFIG_DIR = Path(__file__).resolve().parent
 _ABSENT = object()
@@ -162,36 +162,6 @@ VERL_REFUSED: dict[str, str] = {
     "own token ids, never re-tokenized, so there is nothing to check: remove it",
 }
 
-
-# verl keys accepted at any value: every value asks for what hybridrl does anyway (the loader drops them and logs
-# the reason where the value is not verl's default, verl_defaults.py)
-VERL_ANY_VALUE: dict[str, str] = {
-    "actor_rollout_ref.rollout.enable_chunked_prefill": "a vLLM scheduler setting; hybridrl's engine prefills each "
-    "prompt whole within rollout.max_num_batched_tokens and runs prefill and decode steps apart",
-    "actor_rollout_ref.rollout.load_format": "the hybrid engine receives the actor's weights at every switch "
-    "(hybrid/reshard.py), there is nothing to load",
-    "actor_rollout_ref.rollout.layered_summon": "the engine always receives the merged weights one tensor at a time, "
-    "which is what layered_summon buys in verl",
-    "actor_rollout_ref.rollout.calculate_log_probs": "the engine always returns its samples' log-probs "
-    "(rollout_log_probs)",
-    "actor_rollout_ref.rollout.multi_stage_wake_up": "the engine always wakes its weights first, then its KV cache",
-    "actor_rollout_ref.model.use_shm": "models load from the local path as given",
-    "actor_rollout_ref.model.use_fused_kernels": "the fused log-prob / entropy head (training/fused_logprob.py) "
-    "always runs",
-    "actor_rollout_ref.model.fused_kernel_options.impl_backend": "the fused log-prob / entropy head "
-    "(training/fused_logprob.py) chooses its own kernels",
-    "actor_rollout_ref.actor.entropy_checkpointing": "the fused log-prob / entropy head (training/fused_logprob.py) "
-    "never holds the logits of a micro-batch, which is what entropy checkpointing saves in verl",
-    "actor_rollout_ref.ref.entropy_checkpointing": "the reference pass computes no entropy",
-    "critic.model.use_shm": "models load from the local path as given",
-    "reward_model.model.use_shm": "models load from the local path as given",
-    "reward_model.model.use_fused_kernels": "the reward model runs its HF forward",
-    "reward_model.model.use_remove_padding": "the reward model's forwards are length-sorted batches within a token "
-    "budget (reward_model.use_dynamic_bsz, forward_max_token_len_per_gpu)",
-    "trainer.use_legacy_worker_impl": "verl's switch between its two worker implementations; hybridrl has one",
-    "data.use_shm": "data files are read from their paths as given",
-    "data.filter_overlong_prompts_workers": "prompts are tokenized and filtered once, when the dataset loads",
-}
 
 
 def verl_refusal(path: str) -> str | None:

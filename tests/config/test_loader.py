@@ -336,7 +336,7 @@ def test_token_budgets_are_per_gpu_with_ulysses():
 def test_verl_keys_whose_every_value_changes_nothing_are_dropped_saying_why(override, caplog):
     """verl's example scripts set these (a fused-kernel switch, log-probs from the engine, ...): any value asks for
     what hybridrl does anyway, so the key is dropped and the reason logged."""
-    from hybridrl.config.schema import VERL_ANY_VALUE
+    from hybridrl.config.verl_defaults import VERL_ANY_VALUE
 
     key = override.partition("=")[0]
     with caplog.at_level(logging.WARNING, logger="hybridrl.config"):
