@@ -29,7 +29,7 @@ log = logging.getLogger("hybridrl.config")
 
 
 def adapter_lora_keys(path: str) -> dict:
-    """{lora_rank, lora_alpha, target_modules, target_parameters} of the adapter directory `path` (the value of
+    """{lora_rank, lora_alpha, target_modules, target_parameters, exclude_modules} of the adapter directory `path` (the value of
     KEY), read from its adapter_config.json; ConfigError naming KEY, the file and the rule when it cannot be used."""
     where = Path(os.path.expanduser(path))
     config_file = where / "adapter_config.json"
@@ -61,8 +61,10 @@ def adapter_lora_keys(path: str) -> dict:
     if cfg.get("lora_dropout"):
         log.warning("config: the adapter at %s was trained with lora_dropout=%s; the actor's adapters run without "
                     "dropout (the old and the update's log-probs must agree)", path, cfg["lora_dropout"])
+    exclude = cfg.get("exclude_modules")
     return {"lora_rank": cfg["r"], "lora_alpha": cfg.get("lora_alpha", 8), "target_modules": targets,
-            "target_parameters": sorted(cfg["target_parameters"]) if cfg.get("target_parameters") else None}
+            "target_parameters": sorted(cfg["target_parameters"]) if cfg.get("target_parameters") else None,
+            "exclude_modules": sorted(exclude) if isinstance(exclude, list | tuple | set) else exclude}
 
 
 def with_lora_adapter(config):
@@ -78,5 +80,5 @@ def with_lora_adapter(config):
     for name, value in keys.items():
         config = config.with_value(f"actor_rollout_ref.model.{name}", value)
     log.warning("config: the actor's LoRA starts from the adapter at %s: lora_rank=%s, lora_alpha=%s, "
-                "target_modules=%s, target_parameters=%s", model.lora_adapter_path, *keys.values())
+                "target_modules=%s, target_parameters=%s, exclude_modules=%s", model.lora_adapter_path, *keys.values())
     return config

@@ -58,6 +58,7 @@ class LoraSettings:
     target_modules: tuple[str, ...] | str   # "all-linear" or module names (empty: experts only)
     target_parameters: tuple[str, ...] = ()  # EXPERT_TARGETS names: the MoE experts' 3-D tensors
     adapter_path: str | None = None           # a peft adapter directory the adapters start from (load_adapter_weights)
+    exclude_modules: str | tuple[str, ...] | None = None   # peft's: targets that get no adapter (regex or names)
 
     @property
     def scaling(self) -> float:
@@ -65,9 +66,11 @@ class LoraSettings:
 
     def to_json(self) -> dict:
         targets = self.target_modules
+        exclude = self.exclude_modules
         return {"rank": self.rank, "alpha": self.alpha,
                 "target_modules": targets if isinstance(targets, str) else list(targets),
-                "target_parameters": list(self.target_parameters)}
+                "target_parameters": list(self.target_parameters),
+                "exclude_modules": exclude if exclude is None or isinstance(exclude, str) else list(exclude)}
 
 
 def check_lora_keys(rank, alpha, targets, parameters=None, prefix: str = "actor_rollout_ref.model") -> list[str]:
@@ -108,8 +111,10 @@ def lora_settings(model_cfg) -> LoraSettings | None:
         raise ValueError("; ".join(errors))
     if rank == 0:
         return None
+    exclude = getattr(model_cfg, "exclude_modules", None)
     return LoraSettings(int(rank), float(alpha), targets if isinstance(targets, str) else tuple(targets),
-                        tuple(parameters or ()), getattr(model_cfg, "lora_adapter_path", None))
+                        tuple(parameters or ()), getattr(model_cfg, "lora_adapter_path", None),
+                        exclude if exclude is None or isinstance(exclude, str) else tuple(exclude))
 
 
 def apply_lora(model: torch.nn.Module, settings: LoraSettings, adapter_dtype: torch.dtype | None = None
@@ -126,8 +131,10 @@ def apply_lora(model: torch.nn.Module, settings: LoraSettings, adapter_dtype: to
     linears = _linear_targets(model, settings.target_modules)
     experts = _expert_targets(model, settings.target_parameters)
     # target_modules=[] when only experts are targeted: None would be peft's default linears of the model type
+    exclude = settings.exclude_modules
     config = LoraConfig(r=settings.rank, lora_alpha=settings.alpha, lora_dropout=0.0, bias="none",
-                        target_modules=linears, target_parameters=experts or None)
+                        target_modules=linears, target_parameters=experts or None,
+                        exclude_modules=exclude if exclude is None or isinstance(exclude, str) else list(exclude))
     with _targets_as_given():
         model = inject_adapter_in_model(config, model, adapter_name=ADAPTER)
     use_fused_forward(_lora_layers(model).values())

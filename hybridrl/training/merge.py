@@ -76,7 +76,7 @@ def write_lora_adapter(state: dict, lora: dict, adapter_dir: Path, dtype: str) -
     out = resolve_dtype(dtype, "merge dtype")
     save_file({k: v.to(out).contiguous() for k, v in adapter.items()}, str(adapter_dir / "adapter_model.safetensors"))
     LoraConfig(r=lora["rank"], lora_alpha=lora["alpha"], target_modules=lora["target_modules"],
-               target_parameters=experts or None,
+               target_parameters=experts or None, exclude_modules=lora.get("exclude_modules"),
                lora_dropout=0.0, bias="none", task_type="CAUSAL_LM").save_pretrained(str(adapter_dir))
     return merged
 

@@ -88,3 +88,25 @@ def test_a_directory_without_an_adapter_is_named(tmp_path):
     (tmp_path / "adapter_config.json").write_text("{}")
     with pytest.raises(ConfigError, match="no adapter weights"):
         load_config(overrides=[f"{M}.lora_adapter_path={tmp_path}"])
+
+
+@pytest.mark.parametrize("exclude", [["model.layers.0.self_attn.q_proj"], r".*layers\.1\..*"],
+                         ids=["names", "regex"])
+def test_excluded_modules_get_no_adapter_as_in_peft(tiny_model_dir, tmp_path, exclude):
+    """model.exclude_modules (peft's key, which verl passes on): the same modules are adapted as peft's own LoRA
+    with that key adapts; the merged adapter directory keeps it, and a run starting from it reads it back."""
+    from peft import LoraConfig, get_peft_model
+
+    def adapted(model):
+        return {name.removeprefix("base_model.model.").rpartition(".lora_A")[0]
+                for name, _ in model.named_parameters() if ".lora_A." in name}
+
+    targets = ("q_proj", "v_proj", "down_proj")
+    settings = LoraSettings(4, 8.0, targets, exclude_modules=exclude if isinstance(exclude, str) else tuple(exclude))
+    ours = apply_lora(AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32), settings)
+    theirs = get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32),
+                            LoraConfig(r=4, lora_alpha=8, target_modules=list(targets), exclude_modules=exclude))
+    assert adapted(ours) == adapted(theirs) and len(adapted(ours)) < 3 * 2   # 2 layers x 3 targets, some excluded
+    write_lora_adapter(ours.state_dict(), settings.to_json(), tmp_path / "adapter", "float32")
+    cfg = load_config(overrides=[f"{M}.lora_adapter_path={tmp_path / 'adapter'}"])
+    assert cfg.actor_rollout_ref.model.exclude_modules == (exclude if isinstance(exclude, str) else sorted(exclude))

@@ -59,11 +59,15 @@ class ModelConfig(Section):
     (ParamWrapper). Refused for a model without MoE layers. Targeted experts reach the rollout engine merged (W_e +
     scale * B_e @ A_e), so they are copied, never used in place from the actor"""
 
+    exclude_modules: str | list[str] | None
+    """modules among the targets that get no adapter, as peft reads its own key (verl passes it on): a string is a
+    regular expression a module's full name must match (e.g. '.*layers\\.0\\..*'), a list names modules by their
+    full name or its last parts; null = none excluded"""
     lora_adapter_path: str | None
     """a peft LoRA adapter directory (adapter_config.json + adapter_model.safetensors: `hybridrl merge` of a LoRA
     checkpoint or peft's save_pretrained writes one) that the actor's adapters start from, as verl loads it: the
-    adapter's r, lora_alpha, target_modules and target_parameters become the four keys above (left at their defaults
-    they take them; a lora_rank > 0 other than its r is an error). The reference is the base without it"""
+    adapter's r, lora_alpha, target_modules, target_parameters and exclude_modules become the keys above (left at their
+    defaults they take them; a lora_rank > 0 other than its r is an error). The reference is the base without it"""
 
     def check(self, found: Findings) -> None:
         from hybridrl.models.tokenizer import resolve_chat_template
