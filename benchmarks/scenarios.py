@@ -47,6 +47,18 @@ def trl_long_tail(micro_batch: int, out: str) -> tuple:
                "--micro-batch", str(micro_batch), "--max-new-tokens", "4096", "--weights", "bf16",
                "--gradient-checkpointing", "--steps", "0", "--out", "{out}/" + out))
 
+def partial_arith_runs(tokens: int, tag: str) -> tuple:
+    """The 20-step SmolLM2 a + b recipe with partial rollouts of `tokens` new tokens per sample and step, seeds 1-3;
+    `tag` names their files (m_partial{tag}_seedS.jsonl, log_..., run directories)."""
+    return tuple(recipe(ARITH, f"m_partial{tag}_seed{seed}.jsonl", f"log_partial{tag}_seed{seed}.log",
+                        "trainer.total_training_steps=20", f"trainer.seed={seed}", f"data.seed={41 + seed}",
+                        "actor_rollout_ref.rollout.partial_rollout.enable=true",
+                        f"actor_rollout_ref.rollout.partial_rollout.max_new_tokens_per_step={tokens}",
+                        "actor_rollout_ref.rollout.gpu_memory_utilization=0.1",
+                        f"trainer.default_local_dir={{work}}/smollm2_partial{tag}_{seed}", DATA=ADD)
+                 for seed in (1, 2, 3))
+
+
 CPU = [
     Scenario("memory-model", "the plan's memory prediction per phase beside every measured one-H200 peak",
              "cpu", "memory_model_check", (py("benchmarks/memory_model_check.py", log="predicted.txt"),)),
@@ -427,24 +439,11 @@ SMOLLM2 = [
                  "actor_rollout_ref.rollout.gpu_memory_utilization=0.1",
                  "trainer.default_local_dir={work}/smollm2_early_1", DATA=ADD))),
     Scenario("smollm2-arith-20-partial", "the 20-step a + b check with partial rollouts (64 new tokens per sample "
-             "per step), three seeds", "nvidia-h200", "smollm2_defaults/partial_rollout", (MAKE_ADD, *(
-                 recipe(ARITH, f"m_partial_seed{seed}.jsonl", f"log_partial_seed{seed}.log",
-                        "trainer.total_training_steps=20", f"trainer.seed={seed}", f"data.seed={41 + seed}",
-                        "actor_rollout_ref.rollout.partial_rollout.enable=true",
-                        "actor_rollout_ref.rollout.partial_rollout.max_new_tokens_per_step=64",
-                        "actor_rollout_ref.rollout.gpu_memory_utilization=0.1",
-                        f"trainer.default_local_dir={{work}}/smollm2_partial_{seed}", DATA=ADD)
-                 for seed in (1, 2, 3)))),
+             "per step), three seeds", "nvidia-h200", "smollm2_defaults/partial_rollout",
+             (MAKE_ADD, *partial_arith_runs(64, ""))),
     Scenario("smollm2-arith-20-partial-tail", "the 20-step a + b check with partial rollouts whose budget cuts only "
              "the tail (96 of the 128 new tokens per sample per step; responses average ~55), three seeds",
-             "nvidia-h200", "smollm2_defaults/partial_rollout", (MAKE_ADD, *(
-                 recipe(ARITH, f"m_partial96_seed{seed}.jsonl", f"log_partial96_seed{seed}.log",
-                        "trainer.total_training_steps=20", f"trainer.seed={seed}", f"data.seed={41 + seed}",
-                        "actor_rollout_ref.rollout.partial_rollout.enable=true",
-                        "actor_rollout_ref.rollout.partial_rollout.max_new_tokens_per_step=96",
-                        "actor_rollout_ref.rollout.gpu_memory_utilization=0.1",
-                        f"trainer.default_local_dir={{work}}/smollm2_partial96_{seed}", DATA=ADD)
-                 for seed in (1, 2, 3)))),
+             "nvidia-h200", "smollm2_defaults/partial_rollout", (MAKE_ADD, *partial_arith_runs(96, "96"))),
 ]
 
 
