@@ -330,8 +330,8 @@ def load_config(config_file: str | Path | None = None, overrides: tuple[str, ...
     schema = OmegaConf.to_container(cfg, resolve=True)
     user_keys: set[str] = set()
     equals: list[tuple[str, Any, str]] = []   # verl keys that must equal one of ours (schema.KEY_EQUALS)
-    # verl's PPO keys at verl's defaults, left out (verl_defaults.py); none for the SFT config
-    dropped: list[str] | None = [] if defaults == "ppo_trainer" else None
+    ppo = defaults == "ppo_trainer"   # verl's keys (verl_defaults.py) are its PPO trainer's
+    dropped: list[str] | None = [] if ppo else None   # verl's keys at verl's defaults, left out
     served: list[tuple[str, Any, str]] = []   # SERVED_REWARD_MODEL keys, settled after resolution
     user_tree: dict = {}
     if config_file is not None:
@@ -361,7 +361,7 @@ def load_config(config_file: str | Path | None = None, overrides: tuple[str, ...
             if ours != ov.key:   # verl adds these keys (+key=...); ours exist: set them
                 ov = Override("set", ours, ov.value)
             user_keys.add(ov.key)
-            _apply_override(cfg, ov, schema, ppo=defaults == "ppo_trainer")
+            _apply_override(cfg, ov, schema, ppo=ppo)
         except ConfigError as e:
             errors += e.errors
         except OmegaConfBaseException as e:
@@ -377,9 +377,9 @@ def load_config(config_file: str | Path | None = None, overrides: tuple[str, ...
             OmegaConf.update(cfg, key, _node(schema, key), merge=False)
             user_keys.discard(key)   # not set: verl's deprecated global micro-batch key may still give it
     if dropped:
+        verb = "is" if len(dropped) == 1 else "are"
         log.warning("config: %d of verl's keys %s at verl's defaults, which ask for nothing hybridrl does not do, "
-                    "and %s left out: %s", len(dropped), *(("is", "is") if len(dropped) == 1 else ("are", "are")),
-                    grouped(dropped))
+                    "and %s left out: %s", len(dropped), verb, verb, grouped(dropped))
         log.info("config: the verl keys left out: %s", ", ".join(dropped))
     _check_equals(cfg, equals, user_tree)
     check_served_reward_model(cfg, served)

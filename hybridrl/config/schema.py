@@ -30,7 +30,6 @@ __all__ = ["ALIASES", "ALIAS_NOTES", "CONFIG_DIR", "KEY_EQUALS", "KEY_RENAMES", 
            "check_schema", "closest_key", "key_paths", "load_defaults", "unknown_hint", "verl_refusal"]
 
 CONFIG_DIR = Path(__file__).resolve().parent
-_ABSENT = object()
 
 # why an alias is read as another value, in the warning the loader logs
 ALIAS_NOTES: dict[str, str] = {
@@ -273,12 +272,12 @@ def unknown_hint(path: str, siblings: list[str], all_paths: list[str], ppo: bool
     from hybridrl.config.verl_defaults import verl_defaults
 
     why = verl_refusal(path)
-    default = verl_defaults().get(path, _ABSENT) if ppo else _ABSENT
+    table = verl_defaults() if ppo else {}
     if why:
-        return f": verl's key, {why}" + ("" if default is _ABSENT else
-                                          f" (or set verl's default, {default!r}, which changes nothing)")
-    if default is not _ABSENT:
-        return (f": verl's key, which hybridrl does not use: remove it or set verl's default, {default!r}, which "
+        return f": verl's key, {why}" + (f" (or set verl's default, {table[path]!r}, which changes nothing)"
+                                          if path in table else "")
+    if path in table:
+        return (f": verl's key, which hybridrl does not use: remove it or set verl's default, {table[path]!r}, which "
                 "changes nothing")
     hint = closest_key(path, siblings, all_paths)
     return f"; did you mean '{hint}'?" if hint else ""

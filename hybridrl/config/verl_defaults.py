@@ -30,12 +30,11 @@ import yaml
 from hybridrl.config.errors import ConfigError
 
 __all__ = ["SERVED_REWARD_MODEL", "TABLE", "UNSET_WHEN_NULL", "VERL_ANY_VALUE", "check_served_reward_model",
-           "drop_verl_key", "grouped", "is_verl_default", "verl_default", "verl_defaults"]
+           "drop_verl_key", "grouped", "is_verl_default", "verl_defaults"]
 
 log = logging.getLogger("hybridrl.config")
 
 TABLE = Path(__file__).resolve().parent / "verl" / "ppo_trainer_defaults.yaml"
-_NONE = object()
 
 UNSET_WHEN_NULL = (
     "actor_rollout_ref.actor.optim.warmup_style", "critic.optim.warmup_style",
@@ -91,16 +90,11 @@ def verl_defaults() -> dict[str, Any]:
         return yaml.safe_load(f)
 
 
-def verl_default(key: str) -> Any:
-    """verl's default of `key` from the table, or `_NONE` where the table has no such key."""
-    return verl_defaults().get(key, _NONE)
-
-
 def is_verl_default(key: str, value: Any) -> bool:
     """True where `key` is one of the table's verl keys and `value` is exactly its default (a bool is not a number
     here: `0` does not stand for `false`)."""
-    default = verl_default(key)
-    return default is not _NONE and _same(default, value)
+    table = verl_defaults()
+    return key in table and _same(table[key], value)
 
 
 def _same(a: Any, b: Any) -> bool:
@@ -116,13 +110,14 @@ def drop_verl_key(key: str, value: Any, dropped: list[str], served: list[tuple[s
     (the table), or at any value where every value asks for what hybridrl does anyway (VERL_ANY_VALUE; a value
     other than verl's default is logged with the reason). SERVED_REWARD_MODEL keys at other values go to `served`
     (key, value, source), settled once the config is resolved (`check_served_reward_model`)."""
-    if not is_verl_default(key, value) and any(key == k or key.startswith(k + ".") for k in SERVED_REWARD_MODEL):
+    at_default = is_verl_default(key, value)
+    if not at_default and any(key == k or key.startswith(k + ".") for k in SERVED_REWARD_MODEL):
         served.append((key, value, source))
         return True
-    if key in VERL_ANY_VALUE and not is_verl_default(key, value):
-        log.warning("config: %s=%r changes nothing here: %s", key, value, VERL_ANY_VALUE[key])
-    elif not is_verl_default(key, value):
+    if not at_default and key not in VERL_ANY_VALUE:
         return False
+    if not at_default:
+        log.warning("config: %s=%r changes nothing here: %s", key, value, VERL_ANY_VALUE[key])
     dropped.append(key)
     return True
 

@@ -152,15 +152,10 @@ def load_adapter_weights(model: torch.nn.Module, adapter_dir: str) -> None:
     their dtype. Every adapter of the model must be in the file and every tensor of the file must be an adapter of
     the model, with the same shape; otherwise a ValueError names the directory and the keys."""
     import os
-    from pathlib import Path
 
-    where = Path(os.path.expanduser(adapter_dir))
-    if (where / "adapter_model.safetensors").is_file():
-        from safetensors.torch import load_file
+    from peft.utils import load_peft_weights
 
-        saved = load_file(str(where / "adapter_model.safetensors"))
-    else:
-        saved = torch.load(where / "adapter_model.bin", map_location="cpu", weights_only=True)
+    saved = load_peft_weights(os.path.expanduser(adapter_dir), device="cpu")   # its safetensors or .bin file
     ours = {name: p for name, p in model.named_parameters() if _LORA_PARAM.search(name)}
     wanted = {}
     for key, value in saved.items():
@@ -169,10 +164,9 @@ def load_adapter_weights(model: torch.nn.Module, adapter_dir: str) -> None:
     missing, unknown = sorted(set(ours) - set(wanted)), sorted(set(wanted) - set(ours))
     wrong = sorted(k for k in set(ours) & set(wanted) if ours[k].shape != wanted[k].shape)
     if missing or unknown or wrong:
-        detail = "; ".join(f"{what} {keys[:3]}{' ...' if len(keys) > 3 else ''} ({len(keys)})"
-                           for what, keys in (("missing from the file:", missing), ("not adapters of the model:",
-                                                                                      unknown),
-                                              ("of another shape:", wrong)) if keys)
+        found = {"missing from the file": missing, "not adapters of the model": unknown, "of another shape": wrong}
+        detail = "; ".join(f"{what}: {keys[:3]}{' ...' if len(keys) > 3 else ''} ({len(keys)})"
+                           for what, keys in found.items() if keys)
         raise ValueError(f"actor_rollout_ref.model.lora_adapter_path={adapter_dir!r}: its adapters do not fit the "
                          f"model's ({detail}); was it trained on this base model with these targets?")
     with torch.no_grad():
