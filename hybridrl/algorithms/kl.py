@@ -115,15 +115,17 @@ def get_kl_controller(kl_ctrl):
     raise ValueError(f"algorithm.kl_ctrl.type={kind!r} is not supported; valid: ['fixed', 'adaptive']")
 
 
-def apply_kl_penalty(data: DataProto, kl_ctrl, kl_penalty: str = "kl"):
-    """Set data.batch['token_level_rewards'] from token_level_scores minus the KL penalty; returns (data, metrics)."""
-    needed = ("token_level_scores", "old_log_probs", "ref_log_prob", "response_mask")
+def apply_kl_penalty(data: DataProto, kl_ctrl, kl_penalty: str = "kl", policy_key: str = "old_log_probs"):
+    """Set data.batch['token_level_rewards'] from token_level_scores minus the KL penalty between the policy's
+    log-probs (`policy_key`: the old ones, or the rollout's in bypass mode) and the reference's; returns
+    (data, metrics)."""
+    needed = ("token_level_scores", policy_key, "ref_log_prob", "response_mask")
     missing = [k for k in needed if k not in data.batch]
     if missing:
         raise ValueError(f"apply_kl_penalty (algorithm.use_kl_in_reward=True) needs batch keys {list(needed)}; "
                          f"missing {missing} (ref_log_prob comes from the reference policy)")
     response_mask = data.batch["response_mask"]
-    kld = _kl_estimate(data.batch["old_log_probs"], data.batch["ref_log_prob"], kl_penalty)
+    kld = _kl_estimate(data.batch[policy_key], data.batch["ref_log_prob"], kl_penalty)
     kld = torch.where(response_mask.bool(), kld, 0.0) * response_mask  # a NaN in padding must not leak in
     beta = kl_ctrl.value
     data.batch["token_level_rewards"] = data.batch["token_level_scores"].float() - beta * kld

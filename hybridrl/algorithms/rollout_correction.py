@@ -27,8 +27,8 @@ import torch
 from hybridrl.algorithms.utils import masked_mean, masked_sum
 from hybridrl.dotted import dotted_get
 
-__all__ = ["IS_LEVELS", "RS_OPTIONS", "apply_rollout_correction", "offpolicy_metrics", "parse_rs_thresholds",
-           "rejection_mask", "rollout_is_weights", "truncated_is_weights"]
+__all__ = ["IS_LEVELS", "RS_OPTIONS", "apply_rollout_correction", "kept_by_rejection", "offpolicy_metrics",
+           "parse_rs_thresholds", "rejection_mask", "rollout_is_weights", "truncated_is_weights"]
 
 SAFETY_BOUND = 20.0  # exp(±20): the widest weight a log-ratio may turn into
 IS_LEVELS = ("token", "sequence")
@@ -182,6 +182,24 @@ def _rs_spread(prefix: str, stat: torch.Tensor, mask: torch.Tensor, rows: torch.
     return out
 
 
+def _rs_criterion(name: str, lower: float | None, upper: float, log_ratio, mask):
+    """(the criterion's statistic, [B, R] bool: the tokens it keeps) on a log-ratio already zeroed on padding."""
+    stat = _rs_statistic(name, log_ratio, mask)
+    ok = stat <= upper if lower is None else (stat >= lower) & (stat <= upper)
+    return stat, ok if name.startswith("token") else ok.unsqueeze(-1).expand(mask.shape)
+
+
+def kept_by_rejection(log_ratio: torch.Tensor, mask: torch.Tensor, thresholds: dict[str, tuple[float | None, float]]
+                      ) -> torch.Tensor:
+    """The response mask with the tokens / rows rejected by every criterion of `thresholds` (parse_rs_thresholds)
+    zeroed; no metrics, so no host sync (the update's micro-batches use it)."""
+    log_ratio = torch.where(mask.bool(), log_ratio.float(), 0.0)
+    keep_all = torch.ones_like(mask, dtype=torch.bool)
+    for name, (lower, upper) in thresholds.items():
+        keep_all &= _rs_criterion(name, lower, upper, log_ratio, mask)[1]
+    return (mask * keep_all).to(mask.dtype)
+
+
 def rejection_mask(log_ratio: torch.Tensor, mask: torch.Tensor, options: str, threshold_spec
                    ) -> tuple[torch.Tensor, dict[str, float]]:
     """(the response mask with rejected tokens / rows zeroed, `rollout_rs_*` metrics)."""
@@ -191,9 +209,7 @@ def rejection_mask(log_ratio: torch.Tensor, mask: torch.Tensor, options: str, th
     keep_all = torch.ones_like(valid)
     metrics: dict[str, float] = {}
     for name, (lower, upper) in thresholds.items():
-        stat = _rs_statistic(name, log_ratio, mask)
-        ok = stat <= upper if lower is None else (stat >= lower) & (stat <= upper)
-        keep = ok if name.startswith("token") else ok.unsqueeze(-1).expand_as(valid)
+        stat, keep = _rs_criterion(name, lower, upper, log_ratio, mask)
         keep_all &= keep
         p = f"rollout_rs_{name}"
         if name.startswith("token"):

@@ -109,8 +109,13 @@ def plan_actor(sizing: Sizing, kv_cache: KvCachePlan, share_prompts: bool, lora_
 
 def _resolve_old_log_prob_pass(sizing: Sizing) -> bool:
     """`actor.old_log_prob_pass`: auto runs it unless the update is one on-policy mini-batch whose whole-batch
-    corrections do not need the old log-probs first; false is refused where they are needed."""
+    corrections do not need the old log-probs first, or the bypass mode takes the rollout's; false is refused where
+    they are needed."""
     get, layout = sizing.get, sizing.layout
+    if get("algorithm.rollout_correction.bypass_mode"):   # the config refuses old_log_prob_pass=true beside it
+        sizing.choices.append(f"{ACTOR}.old_log_prob_pass = false (algorithm.rollout_correction.bypass_mode: the "
+                              "rollout's log-probs are the old ones)")
+        return False
     on_policy = (get(f"{ACTOR}.ppo_epochs") == 1 and layout.num_mini_batches == 1
                  and not get("algorithm.use_kl_in_reward"))
     old_pass = get(f"{ACTOR}.old_log_prob_pass")

@@ -15,11 +15,15 @@ from __future__ import annotations
 
 import time
 
-from hybridrl.algorithms.rollout_correction import apply_rollout_correction
 from hybridrl.protocol import DataProto
 from hybridrl.seeding import step_sampling_seed
 from hybridrl.trainer.dynamic_sampling import merge_reward_metrics
-from hybridrl.trainer.rollout_batch import assign_uids, attach_rollout, generation_inputs, rollout_probs_diff
+from hybridrl.trainer.rollout_batch import (
+    assign_uids,
+    attach_rollout,
+    generation_inputs,
+    own_log_prob_metrics,
+)
 from hybridrl.trainer.timer import marked_timer
 
 PARTS_PER_STEP = 8   # the rollout's finished groups are scored and trained in about this many parts (and the rest)
@@ -71,9 +75,8 @@ def early_update_step(trainer, batch: DataProto, metrics: dict, timing: dict, ab
     metrics["actor/early_update_frac"] = trained_early / rows
     batch = DataProto.concat(parts)
     batch.meta_info["global_token_num"] = batch.batch["attention_mask"].sum(-1).tolist()
-    if "old_log_probs" in batch.batch and "rollout_log_probs" in batch.batch:
-        metrics.update(rollout_probs_diff(batch))
-        metrics.update(apply_rollout_correction(batch, trainer.rollout_correction))
+    if "old_log_probs" in batch.batch:
+        metrics.update(own_log_prob_metrics(batch, batch.batch["old_log_probs"], trainer.rollout_correction))
     return batch
 
 

@@ -21,6 +21,7 @@ import json
 import logging
 import sys
 from collections.abc import Iterator
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -28,6 +29,7 @@ import torch
 
 from hybridrl.algorithms import agg_loss, apply_kl_penalty, compute_advantage, get_kl_controller
 from hybridrl.algorithms.advantages import pf_ppo_resample
+from hybridrl.algorithms.bypass_mode import BypassLoss
 from hybridrl.algorithms.rollout_correction import apply_rollout_correction
 from hybridrl.config.sections import PPOConfig
 from hybridrl.data.rl_dataset import collate_fn
@@ -57,6 +59,7 @@ from hybridrl.trainer.rollout_batch import (
     assign_uids,
     attach_rollout,
     generation_inputs,
+    own_log_prob_metrics,
     rollout_probs_diff,
 )
 from hybridrl.trainer.timer import marked_timer
@@ -302,7 +305,9 @@ class RayPPOTrainer:
         if cfg.algorithm.use_kl_in_reward:
             batch = self._old_and_ref_log_probs(batch, timing, absorb)
             with marked_timer("adv", timing):
-                batch, kl_metrics = apply_kl_penalty(batch, self.kl_ctrl, cfg.algorithm.kl_penalty)
+                batch, kl_metrics = apply_kl_penalty(batch, self.kl_ctrl, cfg.algorithm.kl_penalty,
+                                                     policy_key=("rollout_log_probs" if self.rollout_correction.bypass_mode
+                                                                 else "old_log_probs"))
                 metrics.update(kl_metrics)
         else:
             batch.batch["token_level_rewards"] = batch.batch["token_level_scores"]
@@ -344,7 +349,8 @@ class RayPPOTrainer:
         metrics.update(balance_batch(batch, self.plan.layout.train_dp, group))
 
     def _old_and_ref_log_probs(self, batch: DataProto, timing: dict, absorb) -> DataProto:
-        if self.plan is None or self.plan.actor.old_log_prob_pass:  # else the update's own log-probs (plan)
+        # else the update's own log-probs (the plan), or the rollout's in bypass mode
+        if not self.rollout_correction.bypass_mode and (self.plan is None or self.plan.actor.old_log_prob_pass):
             with marked_timer("old_log_prob", timing):
                 old = self.actor_rollout_wg.compute_log_prob(batch)
                 absorb(old)
@@ -419,11 +425,10 @@ class RayPPOTrainer:
             with marked_timer("update_actor", timing):
                 out = self.actor_rollout_wg.update_actor(batch)
                 absorb(out)
-            if "old_log_probs" in out.batch and "rollout_log_probs" in batch.batch:
+            if "old_log_probs" in out.batch:
                 # no old-log-prob pass: the update's own log-probs give the same metrics over the whole batch
                 batch.batch["old_log_probs"] = out.batch["old_log_probs"]
-                metrics.update(rollout_probs_diff(batch))
-                metrics.update(apply_rollout_correction(batch, rc))
+                metrics.update(own_log_prob_metrics(batch, out.batch["old_log_probs"], rc))
         return batch
 
     def _advantages(self, batch: DataProto, metrics: dict, timing: dict) -> DataProto:
@@ -431,7 +436,9 @@ class RayPPOTrainer:
         then the estimator's advantages and returns."""
         algo, rc = self.config.algorithm, self.rollout_correction
         with marked_timer("adv", timing):
-            if "old_log_probs" in batch.batch and "rollout_log_probs" in batch.batch:
+            if rc.bypass_mode:   # the actor takes the rollout's log-probs as the old ones and corrects per micro-batch
+                batch.meta_info["bypass"] = asdict(BypassLoss.of(rc))
+            elif "old_log_probs" in batch.batch and "rollout_log_probs" in batch.batch:
                 metrics.update(rollout_probs_diff(batch))
                 # IS weights and rejection (verl's decoupled mode) change the batch before the advantages
                 metrics.update(apply_rollout_correction(batch, rc))

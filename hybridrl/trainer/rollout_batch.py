@@ -7,6 +7,7 @@ import uuid
 
 import numpy as np
 
+from hybridrl.algorithms.rollout_correction import apply_rollout_correction
 from hybridrl.protocol import DataProto
 
 GEN_KEYS = ["input_ids", "attention_mask", "position_ids"]
@@ -53,3 +54,12 @@ def rollout_probs_diff(batch: DataProto) -> dict:
     return {"training/rollout_probs_diff_mean": diff.mean().item(), "training/rollout_probs_diff_max": diff.max().item()}
 
 
+def own_log_prob_metrics(batch: DataProto, own_log_probs, rc) -> dict:
+    """The rollout-vs-trainer metrics (`training/rollout_probs_diff_*`, `rollout_corr/*`) over the whole batch from
+    the log-probs the update computed itself (no old-log-prob pass); the trained batch is left as it is (a rejection
+    criterion here only counts: the update applied it per micro-batch)."""
+    if "rollout_log_probs" not in batch.batch:
+        return {}
+    view = batch.select(["response_mask", "rollout_log_probs"])
+    view.batch["old_log_probs"] = own_log_probs
+    return {**rollout_probs_diff(view), **apply_rollout_correction(view, rc)}

@@ -39,7 +39,9 @@ Choices:
   from the old log-probs) multiply the per-token policy losses. Without `old_log_probs` (no old-log-prob pass)
   the weights come from the update's own detached log-probs vs `rollout_log_probs`, per micro-batch, with the
   level and threshold of `meta_info["rollout_is"]`; those log-probs are kept in `own_old_log_probs` (row order
-  of the input) so the driver can report the rollout-vs-trainer metrics over the whole batch.
+  of the input) so the driver can report the rollout-vs-trainer metrics over the whole batch. With
+  `meta_info["bypass"]` (verl's bypass mode) the rollout's log-probs are the old ones at any number of mini-batches
+  and epochs and the policy loss is algorithms/bypass_mode.py's, its rejection and weights made per micro-batch.
 """
 
 from __future__ import annotations
@@ -57,6 +59,7 @@ from hybridrl.algorithms import (
     kl_penalty,
     logprobs_from_logits,
 )
+from hybridrl.algorithms.bypass_mode import BypassLoss, bypass_policy_loss
 from hybridrl.algorithms.rollout_correction import truncated_is_weights
 from hybridrl.config.sections.actor import ActorConfig
 from hybridrl.protocol import DataProto
@@ -88,7 +91,8 @@ SUMMED_LOSSES = ("pg_loss", "kl_loss", "entropy")   # logged per mini-batch as t
 class _LossSettings:
     """How an update's loss is made: the rollout temperature, the aggregation of the loss (and of the policy loss,
     which a loss such as gspo fixes itself), its regularisers, and whether the update's own log-probs are the old
-    ones (with the rollout-correction level and threshold it then applies itself)."""
+    ones (with the rollout-correction level and threshold it then applies itself), or the bypass mode's loss with
+    its parsed rejection criteria."""
     temperature: float
     mode: str
     pg_mode: str
@@ -96,6 +100,8 @@ class _LossSettings:
     use_kl_loss: bool
     own_old: bool
     rollout_is: dict | None
+    bypass: BypassLoss | None = None
+    rs_thresholds: dict | None = None
 
 
 @dataclass
@@ -205,16 +211,22 @@ class DataParallelPPOActor(FSDPUpdater):
         # without 'old_log_probs' (no old-log-prob pass: one on-policy mini-batch) the update's own log-probs,
         # detached, are the old ones: ratio 1, the same gradient, one forward pass less per step
         keys = [*self._forward_inputs(data), "response_mask", "advantages"]
+        bypass = data.meta_info.get("bypass")
+        bypass = None if bypass is None else BypassLoss(**bypass)
         own_old = "old_log_probs" not in data.batch
+        if bypass is not None and not own_old:
+            raise ValueError("algorithm.rollout_correction.bypass_mode takes the rollout's log-probs as the old ones, "
+                             "but the batch has 'old_log_probs' (an old-log-prob pass ran)")
         if not own_old:
             keys.append("old_log_probs")
         elif "rollout_log_probs" in data.batch:  # the rollout-vs-trainer weights, made from the update's forward
             keys.append("rollout_log_probs")
         if "rollout_is_weights" in data.batch:
             keys.append("rollout_is_weights")
-        rollout_is = data.meta_info.get("rollout_is") if own_old else None
-        if rollout_is is not None and "rollout_log_probs" not in data.batch:
-            raise ValueError("algorithm.rollout_correction.rollout_is is set but the batch has no 'rollout_log_probs'")
+        rollout_is = data.meta_info.get("rollout_is") if own_old and bypass is None else None
+        if (rollout_is is not None or bypass is not None) and "rollout_log_probs" not in data.batch:
+            what = "bypass_mode is true" if bypass is not None else "rollout_is is set"
+            raise ValueError(f"algorithm.rollout_correction.{what} but the batch has no 'rollout_log_probs'")
         if cfg.use_kl_loss:
             if "ref_log_prob" not in data.batch:
                 raise ValueError("actor.use_kl_loss=true needs 'ref_log_prob' in the batch (enable the reference "
@@ -224,9 +236,10 @@ class DataParallelPPOActor(FSDPUpdater):
         if own_old:  # shuffling and dynamic micro-batches reorder rows: the index puts the log-probs back
             data.batch["row_index"] = torch.arange(len(data), device=data.batch["responses"].device)
         mode = cfg.loss_agg_mode
-        return data, _LossSettings(float(data.meta_info["temperature"]), mode,
-                                   getattr(self._policy_loss_fn(), "loss_agg_mode", mode), float(cfg.entropy_coeff),
-                                   cfg.use_kl_loss, own_old, rollout_is)
+        pg_mode = mode if bypass is not None else getattr(self._policy_loss_fn(), "loss_agg_mode", mode)
+        return data, _LossSettings(float(data.meta_info["temperature"]), mode, pg_mode, float(cfg.entropy_coeff),
+                                   cfg.use_kl_loss, own_old, rollout_is, bypass,
+                                   None if bypass is None else bypass.thresholds())
 
     def update_policy(self, data: DataProto) -> dict[str, float]:
         data, loss = self._loss_settings(data)
@@ -380,8 +393,12 @@ class DataParallelPPOActor(FSDPUpdater):
                     if rollout_is is not None:  # per token or per row: the same weights a whole-batch pass gives
                         is_weights = truncated_is_weights(old_log_prob - b["rollout_log_probs"], mask,
                                                           rollout_is["level"], float(rollout_is["threshold"]))
-                pg_loss, pg_metrics = policy_loss_fn(old_log_prob, log_prob, b["advantages"], mask,
-                                                     loss_agg_mode=mode, config=cfg, rollout_is_weights=is_weights)
+                if loss.bypass is not None:   # the rollout's log-probs are the old ones (algorithms/bypass_mode.py)
+                    pg_loss, pg_metrics = bypass_policy_loss(log_prob, b["rollout_log_probs"], b["advantages"], mask,
+                                                             mode, cfg, loss.bypass, loss.rs_thresholds)
+                else:
+                    pg_loss, pg_metrics = policy_loss_fn(old_log_prob, log_prob, b["advantages"], mask,
+                                                         loss_agg_mode=mode, config=cfg, rollout_is_weights=is_weights)
                 # entropy, KL and router terms, aggregated with `mode`
                 regularisers = self._router_losses(metrics)
                 if entropy is not None:

@@ -20,6 +20,13 @@ REFUSED = [
     ([f"{RC}.rollout_is=token", f"{RC}.rollout_is_threshold=0.0"], rf"'{RC}.rollout_is_threshold' = 0.0 must be > 0"),
     ([f"{RC}.rollout_rs=token_k2"], rf"{RC}.rollout_rs_threshold is null but rollout_rs='token_k2'"),
     ([f"{RC}.rollout_rs=seq_k2", f"{RC}.rollout_rs_threshold=1"], r"unknown: \['seq_k2'\]"),
+    ([f"{RC}.loss_type=reinforce"], rf"'{RC}.loss_type' = reinforce acts only with '{RC}.bypass_mode' = true"),
+    ([f"{RC}.loss_type=pg"], rf"'{RC}.loss_type' = 'pg' is not one of \['ppo_clip', 'reinforce'\]"),
+    ([f"{RC}.bypass_mode=true", "actor_rollout_ref.actor.policy_loss.loss_mode=gspo"],
+     rf"'{RC}.bypass_mode' = true replaces the policy loss with its '{RC}.loss_type' \(ppo_clip\), but "
+     r"'actor_rollout_ref.actor.policy_loss.loss_mode' = gspo"),
+    ([f"{RC}.bypass_mode=true", "actor_rollout_ref.actor.old_log_prob_pass=true"],
+     r"'actor_rollout_ref.actor.old_log_prob_pass' = true would compute log-probs that nothing reads"),
 ]
 
 
@@ -46,3 +53,19 @@ def test_accepted_dapo_values_and_warnings():
     assert cfg.algorithm.rollout_correction.rollout_rs_threshold == "0.5_2,0.1"
     warnings = load_config(overrides=[f"{RC}.rollout_rs_threshold=2"]).validate()
     assert any("nothing is rejected" in w for w in warnings)
+
+
+def test_verls_bypass_presets_load():
+    """verl's RolloutCorrectionConfig presets of the bypass mode, as command-line keys."""
+    presets = [
+        [f"{RC}.bypass_mode=true"],                                                   # bypass_ppo_clip
+        [f"{RC}.bypass_mode=true", f"{RC}.rollout_rs=seq_mean_k1", f"{RC}.rollout_rs_threshold=0.999_1.001"],
+        [f"{RC}.bypass_mode=true", f"{RC}.loss_type=reinforce", f"{RC}.rollout_is=sequence"],     # bypass_pg_is
+        [f"{RC}.bypass_mode=true", f"{RC}.loss_type=reinforce", f"{RC}.rollout_is=token",
+         f"{RC}.rollout_rs=seq_mean_k1", f"{RC}.rollout_rs_threshold=0.999_1.001"],
+    ]
+    for keys in presets:
+        cfg = load_config(overrides=keys)
+        assert cfg.algorithm.rollout_correction.bypass_mode
+    warned = load_config(overrides=[f"{RC}.bypass_mode=true", f"{RC}.rollout_is=token"]).validate()
+    assert any("no IS weights are applied" in w for w in warned)

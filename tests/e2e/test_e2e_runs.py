@@ -221,6 +221,22 @@ def test_rollout_is_without_old_log_prob_pass_uses_the_updates_own_log_probs(ray
     assert 0 <= h["training/rollout_probs_diff_max"] < 1e-3 and math.isfinite(h["rollout_corr/chi2_seq"])
 
 
+def test_bypass_mode_trains_two_mini_batches_on_the_rollouts_log_probs(ray_local, tiny_model_dir, arith_dir, tmp_path):
+    """verl's bypass mode at two mini-batches with the KL in the reward: no old-log-prob pass, the in-reward KL
+    from the rollout's log-probs, the REINFORCE loss with rejection per micro-batch, the metrics over the batch."""
+    rc = "algorithm.rollout_correction"
+    cfg = load_config(overrides=overrides(
+        tiny_model_dir, arith_dir, tmp_path / "bypass", "trainer.total_training_steps=1",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=2", "algorithm.use_kl_in_reward=true", f"{rc}.bypass_mode=true",
+        f"{rc}.loss_type=reinforce", f"{rc}.rollout_is=token", f"{rc}.rollout_rs=token_k1",
+        f"{rc}.rollout_rs_threshold=10"))
+    (h,) = train_metrics(run_ppo(cfg)["history"])
+    assert "timing_s/old_log_prob" not in h and "timing_s/ref" in h
+    assert h["actor/reward_kl_penalty"] == pytest.approx(0.0, abs=1e-3)   # the reference is the initial policy
+    assert h["rollout_corr/rollout_rs_masked_fraction"] == 0.0 and math.isfinite(h["actor/ppo_kl"])
+    assert 0 <= h["training/rollout_probs_diff_max"] < 0.05   # the second mini-batch sees updated weights
+
+
 def test_shared_prompt_forwards_give_the_unshared_step(ray_local, tiny_model_dir, arith_dir, tmp_path):
     """actor.use_prefix_grouper=true (PPO: the actor's update, the reference's log-probs, the critic's values and
     update run each prompt once for its 4 samples): the same rollout gives the same first step as unshared."""

@@ -297,6 +297,15 @@ def test_whole_batch_rollout_correction_needs_the_old_log_prob_pass():
         plan([f"{A}.old_log_prob_pass=false", f"{rc}.rollout_rs=seq_mean_k3", f"{rc}.rollout_rs_threshold=0.1"])
 
 
+def test_bypass_mode_runs_no_old_log_prob_pass_at_any_mini_batch_count():
+    rc = "algorithm.rollout_correction"
+    for extra in ([], [f"{A}.ppo_mini_batch_size=32", f"{A}.ppo_epochs=2"], ["algorithm.use_kl_in_reward=true"],
+                  [f"{rc}.rollout_rs=token_k1", f"{rc}.rollout_rs_threshold=2"]):
+        p = plan([f"{rc}.bypass_mode=true", *extra])
+        assert p.actor.old_log_prob_pass is False and "old_log_prob" not in p.predicted
+        assert any("bypass_mode" in c for c in p.choices)
+
+
 def test_generation_batches_size_the_rollout():
     p = plan(["data.gen_batch_size=96", "algorithm.filter_groups.enable=true", "algorithm.filter_groups.metric=acc"])
     assert p.layout.rollout_prompts_per_dp == 96 and p.layout.rollout_samples_per_dp == 96 * 8

@@ -307,3 +307,83 @@ def test_the_offloaded_optimizer_state_returns_after_each_mini_batchs_backward(b
     assert resident_calls == [(2, True, False), (4, True, False)] and resident_metrics == {}
     for name, w in weights.items():
         assert torch.equal(w, resident[name]), name
+
+
+def _bypass_batch(base_model, seed):
+    """A batch without old log-probs; the actor's own log-probs; rollout log-probs that are those with about half the
+    tokens shifted by ±0.3."""
+    data = make_ppo_batch(batch=4, seed=seed)
+    data.batch.pop("old_log_probs")
+    own = DataParallelPPOActor(actor_cfg(), copy.deepcopy(base_model), use_remove_padding=True).compute_log_prob(
+        dict_meta(data))[0]
+    mask = data.batch["response_mask"]
+    noise = torch.randn(own.shape, generator=torch.Generator().manual_seed(seed))
+    shift = 0.3 * torch.sign(noise) * (noise.abs() > 0.6) * mask   # about half the tokens shifted by ±0.3
+    return data, own, own + shift
+
+
+@pytest.mark.parametrize("batches", [UpdateBatches(2, 1, None), UpdateBatches(4, None, 20)])
+def test_bypass_ppo_clip_is_the_update_with_the_rollouts_log_probs_as_old_ones(base_model, batches):
+    """bypass_mode, ppo_clip, no rejection: the gradient of an update given old_log_probs = rollout_log_probs, at
+    two mini-batches (off-policy for the second) and with token-budgeted micro-batches."""
+    data, _, rollout = _bypass_batch(base_model, seed=7)
+    data.batch["rollout_log_probs"] = rollout
+    given = data.select([k for k in data.batch if k != "rollout_log_probs"])
+    given.batch["old_log_probs"] = rollout
+    cfg = actor_cfg(ppo_mini_batch_size=2)
+    g_given, m_given = _grads_after_update(base_model, cfg, given, batches=batches)
+    data.meta_info["bypass"] = {"loss_type": "ppo_clip"}
+    g_bypass, m_bypass = _grads_after_update(base_model, cfg, data, batches=batches)
+    assert m_given["actor/pg_clipfrac"] > 0   # the ±0.3 shift is outside the clip range for some tokens
+    for name in g_given:
+        torch.testing.assert_close(g_bypass[name], g_given[name], atol=1e-6, rtol=1e-4)
+    assert m_bypass["actor/ppo_kl"] == pytest.approx(m_given["actor/ppo_kl"], rel=1e-5)
+
+
+def test_bypass_rejection_drops_tokens_from_the_loss_not_from_its_normaliser(base_model):
+    """With rejection, the gradient is that of the update restricted to the kept tokens, times kept / all tokens;
+    the update hands back its own log-probs for the driver's metrics."""
+    from hybridrl.algorithms.rollout_correction import rejection_mask
+
+    data, own, rollout = _bypass_batch(base_model, seed=8)
+    data.batch["rollout_log_probs"] = rollout
+    mask = data.batch["response_mask"]
+    kept, _ = rejection_mask(own - rollout, mask, "token_k1", 1.2)   # |shift| 0.3 > log 1.2: the shifted go
+    assert 0 < kept.sum() < mask.sum()
+    narrowed = data.select([k for k in data.batch if k not in ("rollout_log_probs", "response_mask")])
+    narrowed.batch.update(old_log_probs=rollout, response_mask=kept)
+    g_kept, _ = _grads_after_update(base_model, actor_cfg(), narrowed, batches=UpdateBatches(4, 2, None))
+    data.meta_info["bypass"] = {"loss_type": "ppo_clip", "rollout_rs": "token_k1", "rollout_rs_threshold": 1.2}
+    model = copy.deepcopy(base_model)
+    actor = DataParallelPPOActor(actor_cfg(), model, torch.optim.SGD(model.parameters(), lr=1.0),
+                                 batches=UpdateBatches(4, 2, None), use_remove_padding=True)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    actor.update_policy(data)
+    share = float(kept.sum() / mask.sum())
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(before[name] - p.detach(), g_kept[name] * share, atol=1e-6, rtol=1e-4)
+    torch.testing.assert_close(actor.own_old_log_probs[mask.bool()], own[mask.bool()], atol=1e-5, rtol=1e-5)
+
+
+def test_bypass_losses_agree_on_policy_and_differ_off_it(base_model):
+    """With the rollout's log-probs equal to the actor's, ppo_clip (ratio 1) and reinforce (weight 1) give the
+    on-policy gradient; shifted, they differ."""
+    data, own, rollout = _bypass_batch(base_model, seed=9)
+    grads = {}
+    for name, lp in (("on", own), ("off", rollout)):
+        data.batch["rollout_log_probs"] = lp
+        for loss_type in ("ppo_clip", "reinforce"):
+            data.meta_info["bypass"] = {"loss_type": loss_type, "rollout_is": "token", "rollout_is_threshold": 2.0}
+            grads[name, loss_type] = _grads_after_update(base_model, actor_cfg(), data)[0]
+    for n in grads["on", "ppo_clip"]:
+        torch.testing.assert_close(grads["on", "reinforce"][n], grads["on", "ppo_clip"][n], atol=1e-6, rtol=1e-4)
+    assert any(not torch.allclose(grads["off", "reinforce"][n], grads["off", "ppo_clip"][n], atol=1e-6)
+               for n in grads["off", "ppo_clip"])
+
+
+def test_bypass_with_an_old_log_prob_pass_is_refused(base_model):
+    data = make_ppo_batch(batch=4, seed=1)
+    data.batch["rollout_log_probs"] = data.batch["old_log_probs"]
+    data.meta_info["bypass"] = {"loss_type": "ppo_clip"}
+    with pytest.raises(ValueError, match="bypass_mode takes the rollout's log-probs.*'old_log_probs'"):
+        _grads_after_update(base_model, actor_cfg(), data)

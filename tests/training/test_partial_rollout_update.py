@@ -35,7 +35,8 @@ def test_carried_tokens_are_weighed_by_truncated_is_and_on_policy_ones_are_not()
     plan = PartialRolloutPlan(tokens_per_step=2, max_staleness=2, max_groups=4, group_multiple=1, rollout_is="token",
                               rollout_is_threshold=2.0)
     unset = RolloutCorrectionConfig(rollout_is=None, rollout_is_threshold=2.0, rollout_is_batch_normalize=False,
-                                    rollout_rs=None, rollout_rs_threshold=None)
+                                    rollout_rs=None, rollout_rs_threshold=None, bypass_mode=False,
+                                    loss_type="ppo_clip")
     rc = rollout_correction(unset, plan)
     data = make_ppo_batch(batch=4, seed=3)
     data.batch.pop("old_log_probs")  # the plan's default: no old-log-prob pass, the update's own are the proximal ones

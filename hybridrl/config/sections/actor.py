@@ -144,7 +144,8 @@ class ActorConfig(Section):
     most one layer that checkpointing would let keep its activations; off on CPU | true | false"""
     old_log_prob_pass: Auto | bool
     """auto = skipped when the update is one on-policy mini-batch (1 epoch, mini-batch = batch, no KL in reward): old
-    log-probs are then the update's own, detached (ratio exactly 1) | true | false"""
+    log-probs are then the update's own, detached (ratio exactly 1), and with algorithm.rollout_correction.bypass_mode
+    (the rollout's are the old ones) | true | false"""
     early_update: Auto | bool
     """start the update on the prompt groups whose samples have all finished while the others still generate: their
     forward and backward run beside the decode tail, at the weights that sampled them, and the one optimizer step

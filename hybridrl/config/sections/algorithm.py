@@ -40,11 +40,12 @@ class AlgorithmConfig(Section):
     same size that repeats well- or badly-scored samples; gae only, as in verl"""
     pf_ppo: PfPpoConfig
 
-    def check(self, n: int, found: Findings) -> None:
+    def check(self, cfg, found: Findings) -> None:
         """Dynamic sampling and rollout correction (DAPO / verl's recipe keys); group estimators need groups
-        (`n`: rollout.n, the samples per prompt)."""
+        (rollout.n, the samples per prompt). `cfg`: the whole PPOConfig."""
+        n = cfg.actor_rollout_ref.rollout.n
         self.filter_groups.check(n, found)
-        self.rollout_correction.check(found)
+        self.rollout_correction.check(cfg.actor_rollout_ref.actor, found)
         if self.use_pf_ppo and self.adv_estimator != "gae":
             found.warnings.append(f"'algorithm.use_pf_ppo' is true with 'algorithm.adv_estimator' = "
                                   f"{self.adv_estimator}: PF-PPO resamples after GAE only (as in verl), so nothing is "
@@ -81,9 +82,32 @@ class RolloutCorrectionConfig(Section):
     rollout_rs_threshold: str | float | None
     """one threshold for all criteria or one per criterion, comma-separated; k1 takes 'lower_upper' ratio bounds or an
     upper (lower = 1/upper)"""
+    bypass_mode: bool
+    """the rollout's log-probs are the old ones: no old-log-prob pass; rejection and the IS weights are made per
+    update micro-batch from the update's own log-probs (verl's bypass mode; algorithms/bypass_mode.py)"""
+    loss_type: Literal["ppo_clip", "reinforce"]
+    """bypass_mode's policy loss: ppo_clip = the vanilla PPO loss with ratio π/π_rollout (no IS weights); reinforce =
+    -w·A·log π with w the truncated IS weights of rollout_is (1 when null)"""
 
-    def check(self, found: Findings) -> None:
+    def check(self, actor, found: Findings) -> None:
+        """`actor`: the actor section (its policy loss and old-log-prob pass meet the bypass mode)."""
         rc = "algorithm.rollout_correction"
+        if self.bypass_mode:
+            if actor.policy_loss.loss_mode != "vanilla":
+                found.errors.append(f"'{rc}.bypass_mode' = true replaces the policy loss with its '{rc}.loss_type' "
+                                    f"({self.loss_type}), but 'actor_rollout_ref.actor.policy_loss.loss_mode' = "
+                                    f"{actor.policy_loss.loss_mode}: set loss_mode to vanilla or bypass_mode to false")
+            if actor.old_log_prob_pass is True:
+                found.errors.append(f"'{rc}.bypass_mode' = true takes the rollout's log-probs as the old ones, but "
+                                    "'actor_rollout_ref.actor.old_log_prob_pass' = true would compute log-probs that "
+                                    "nothing reads: set it to auto")
+            if self.loss_type == "ppo_clip" and self.rollout_is is not None:
+                found.warnings.append(f"'{rc}.rollout_is' = {self.rollout_is} with bypass_mode and loss_type "
+                                      "ppo_clip: the clipped ratio π/π_rollout carries the mismatch, no IS weights are "
+                                      "applied (as in verl); its metrics are still logged")
+        elif self.loss_type != "ppo_clip":
+            found.errors.append(f"'{rc}.loss_type' = {self.loss_type} acts only with '{rc}.bypass_mode' = true: set "
+                                "bypass_mode or leave loss_type at ppo_clip")
         if self.rollout_is is not None and not self.rollout_is_threshold > 0:
             found.errors.append(f"'{rc}.rollout_is_threshold' = {self.rollout_is_threshold} must be > 0")
         if self.rollout_is_batch_normalize and self.rollout_is is None:

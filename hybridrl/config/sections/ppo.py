@@ -48,7 +48,7 @@ class PPOConfig(Section):
         roles.rollout.check(self, found)
         self.critic.check(self, found)
         self.reward_model.check(self, found)
-        self.algorithm.check(roles.rollout.n, found)
+        self.algorithm.check(self, found)
         self.trainer.check(found, self.data.val_files)
         found.raise_errors()
         return found.warnings
