@@ -8,7 +8,8 @@ Choices:
   an update would train on twice).
 - Carried tokens were sampled by older policies: the update weighs them by truncated importance sampling
   against their rollout log-probs. `algorithm.rollout_correction.rollout_is` is used as set; unset (null), it
-  becomes `token` with the configured `rollout_is_threshold`, and `hybridrl config check` says so.
+  becomes `token` with the configured `rollout_is_threshold`, and `hybridrl config check` says so. In bypass mode
+  with loss_type ppo_clip the clipped ratio against the rollout's log-probs weighs them instead.
 """
 
 from __future__ import annotations
@@ -28,14 +29,16 @@ class PartialRolloutPlan:
     max_staleness: int          # steps a group may wait between its first tokens and the step that trains it
     max_groups: int             # complete groups one step trains on at most (data.train_batch_size)
     group_multiple: int         # trained groups come in multiples of this (rows divide over the update's dp)
-    rollout_is: str             # the IS level of the update (token when algorithm.rollout_correction leaves it unset)
+    rollout_is: str | None      # the IS level of the update (token when algorithm.rollout_correction leaves it unset;
+    #                             None in bypass mode's ppo_clip, whose clipped ratio carries the correction)
     rollout_is_threshold: float
 
     def __str__(self) -> str:
         return (f"partial rollouts  <= {self.tokens_per_step} new tokens a sample per step, unfinished samples "
                 f"carried (groups dropped after {self.max_staleness} steps); a step trains <= {self.max_groups} "
-                f"complete groups (multiples of {self.group_multiple}), IS {self.rollout_is} truncated at "
-                f"{self.rollout_is_threshold:g}")
+                f"complete groups (multiples of {self.group_multiple}), " + (
+                    f"IS {self.rollout_is} truncated at {self.rollout_is_threshold:g}" if self.rollout_is else
+                    "the bypass mode's clipped ratio against the sampling policy"))
 
 
 def plan_partial_rollout(g, n: int, train_batch_size: int, update_dps: list[int],
@@ -47,7 +50,11 @@ def plan_partial_rollout(g, n: int, train_batch_size: int, update_dps: list[int]
     dp = math.lcm(*update_dps)
     multiple = dp // math.gcd(dp, n)
     level = g(f"{RC}.rollout_is")
-    if level is None:
+    clipped_ratio = g(f"{RC}.bypass_mode") and g(f"{RC}.loss_type") == "ppo_clip"
+    if clipped_ratio:
+        choices.append(f"{RC}.bypass_mode with loss_type ppo_clip: carried tokens are weighed by the clipped ratio "
+                       "π / π_rollout of the policy that sampled them (no IS weights)")
+    elif level is None:
         level = "token"
         choices.append(f"{RC}.rollout_is = token (partial rollouts: carried tokens were sampled by older policies; "
                        f"truncated at rollout_is_threshold = {g(f'{RC}.rollout_is_threshold'):g})")

@@ -57,6 +57,15 @@ def test_the_plan_turns_token_is_on_and_sizes_the_trained_groups():
     assert ppo.group_multiple == 8 and ppo.rollout_is == "sequence"
 
 
+def test_bypass_ppo_clip_weighs_carried_tokens_by_its_clipped_ratio_not_by_is():
+    clip = make_plan(load_config(overrides=[*ON, f"{RC}.bypass_mode=true"]), HF, CPU)
+    assert clip.rollout.partial.rollout_is is None and "the bypass mode's clipped ratio" in str(clip)
+    assert any("carried tokens are weighed by the clipped ratio" in c for c in clip.choices)
+    assert clip.actor.old_log_prob_pass is False
+    reinforce = make_plan(load_config(overrides=[*ON, f"{RC}.bypass_mode=true", f"{RC}.loss_type=reinforce"]), HF, CPU)
+    assert reinforce.rollout.partial.rollout_is == "token"   # REINFORCE's weights, as without bypass
+
+
 def test_kv_of_a_call_counts_its_continuations():
     plan = make_plan(load_config(overrides=[*ON, "data.train_batch_size=8", "actor_rollout_ref.actor.ppo_mini_batch_size=8",
                                             "trainer.n_gpus_per_node=1"]), HF, CPU)
