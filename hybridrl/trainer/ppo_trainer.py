@@ -53,7 +53,7 @@ from hybridrl.trainer.metrics import (
 )
 from hybridrl.trainer.partial_rollout import STATE_FILE as PARTIAL_STATE_FILE
 from hybridrl.trainer.partial_rollout import PartialRolloutBuffer
-from hybridrl.trainer.resume_check import check_resume_config, save_resolved_config
+from hybridrl.trainer.resume_check import check_resumable, check_resume_config, save_resolved_config
 from hybridrl.trainer.reward_phase import RM_COUNTS, compute_reward
 from hybridrl.trainer.rollout_batch import (
     assign_uids,
@@ -237,6 +237,7 @@ class RayPPOTrainer:
         if path is None:
             return 0
         path = Path(path)
+        check_resumable(path, ["actor", "critic"] if self.use_critic else ["actor"])
         check_resume_config(path, self.config)  # refuses settings that conflict with the checkpoint, lists the rest
         state = json.loads((path / "trainer_state.json").read_text())
         self.actor_rollout_wg.load_checkpoint(str(path / "actor"))

@@ -30,7 +30,7 @@ from hybridrl.config.sections import PPOConfig
 from hybridrl.dotted import dotted_leaves
 
 __all__ = ["CONFIG_FILE", "MODEL_FILES", "ResumeConfigError", "save_resolved_config", "classify_changes",
-           "check_resume_config", "model_fingerprint"]
+           "check_resumable", "check_resume_config", "model_fingerprint"]
 
 logger = logging.getLogger("hybridrl.resume")
 
@@ -188,3 +188,19 @@ def check_resume_config(ckpt_dir: str | os.PathLike, config: PPOConfig) -> dict[
                            "IGNORED (the checkpoint's value is used)" if verdict == "ignored" else "that take effect",
                            "\n  - ".join(changes[verdict]))
     return changes
+
+
+def check_resumable(ckpt_dir: str | os.PathLike, roles: list[str]) -> None:
+    """Raise ResumeConfigError where a role's checkpoint in `ckpt_dir` was saved without its weights ('model' not in
+    its contents: an export such as verl's save_contents=['hf_model'])."""
+    from hybridrl.training.checkpoint import saved_contents
+
+    for role in roles:
+        contents = saved_contents(Path(ckpt_dir) / role)
+        if contents is not None and "model" not in contents:
+            key = "actor_rollout_ref.actor" if role == "actor" else role
+            raise ResumeConfigError(
+                f"cannot resume from {ckpt_dir}: its {role} was saved with '{key}.checkpoint.contents' = "
+                f"{sorted(contents)}, without 'model' (an export of the weights, not a resume point). Start a fresh "
+                "run (trainer.resume_mode=disable; its huggingface/ directory can be the model.path), or resume from a "
+                "checkpoint saved with 'model'")

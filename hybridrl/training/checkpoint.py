@@ -40,7 +40,8 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
-__all__ = ["save_checkpoint", "load_checkpoint", "save_hf_model", "CHECKPOINT_META", "CheckpointLoadError"]
+__all__ = ["save_checkpoint", "load_checkpoint", "save_hf_model", "saved_contents", "CHECKPOINT_META",
+           "CheckpointLoadError"]
 
 logger = logging.getLogger("hybridrl.checkpoint")
 
@@ -178,6 +179,12 @@ def save_checkpoint(ckpt_dir, module, optimizer=None, lr_scheduler=None, *, hf_c
         save_hf_model(module, ckpt_dir / "huggingface", hf_config=hf_config, tokenizer=tokenizer, role=role)
     _barrier()
     return ckpt_dir
+
+
+def saved_contents(ckpt_dir) -> set[str] | None:
+    """What the checkpoint of one role in `ckpt_dir` was saved with (None: no metadata file)."""
+    meta = Path(ckpt_dir) / CHECKPOINT_META
+    return set(json.loads(meta.read_text())["contents"]) if meta.is_file() else None
 
 
 def load_checkpoint(ckpt_dir, module, optimizer=None, lr_scheduler=None, *,

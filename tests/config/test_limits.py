@@ -34,8 +34,11 @@ def test_critic_retention_must_follow_the_actor():
     load_config(overrides=["trainer.max_actor_ckpt_to_keep=3"])  # null = the actor's
 
 
-def test_checkpoint_contents_must_hold_the_model_and_only_known_parts():
-    assert "must include 'model'" in refusal("actor_rollout_ref.actor.checkpoint.contents=[optimizer,extra]")
+def test_checkpoint_contents_must_hold_the_weights_and_only_known_parts():
+    assert "must include 'model' (the sharded weights a run resumes from) or 'hf_model'" in refusal(
+        "actor_rollout_ref.actor.checkpoint.contents=[optimizer,extra]")
+    export = load_config(overrides=["actor_rollout_ref.actor.checkpoint.save_contents=[hf_model]"])
+    assert any("has 'hf_model' but not 'model'" in w and "no run can resume from" in w for w in export.validate())
     message = refusal("actor_rollout_ref.actor.checkpoint.contents=[model,weights]")
     assert "'actor_rollout_ref.actor.checkpoint.contents' = 'weights' is not one of" in message
     load_config(overrides=["actor_rollout_ref.actor.checkpoint.contents=[model,hf_model]"])

@@ -191,9 +191,14 @@ class ActorConfig(Section):
         if self.use_kl_loss and cfg.algorithm.use_kl_in_reward:
             found.warnings.append(f"'{ACTOR}.use_kl_loss' and 'algorithm.use_kl_in_reward' are both true: "
                                   "the KL penalty is applied twice (verl allows it; usually one is meant)")
-        if "model" not in self.checkpoint.contents:
-            found.errors.append(f"'{ACTOR}.checkpoint.contents' = {list(self.checkpoint.contents)} must include "
-                                "'model' (a checkpoint without the weights cannot be resumed)")
+        contents = list(self.checkpoint.contents)
+        if "model" not in contents and "hf_model" not in contents:
+            found.errors.append(f"'{ACTOR}.checkpoint.contents' = {contents} must include 'model' (the sharded "
+                                "weights a run resumes from) or 'hf_model' (an export of the weights alone)")
+        elif "model" not in contents:
+            found.warnings.append(f"'{ACTOR}.checkpoint.contents' = {contents} has 'hf_model' but not 'model': each "
+                                  "checkpoint is an export of the weights that no run can resume from (a resume "
+                                  "from one stops, naming it); add 'model' to resume")
         self.policy_loss.check(found)
 
 
@@ -202,8 +207,9 @@ class CheckpointConfig(Section):
     """`actor_rollout_ref.actor.checkpoint`."""
 
     contents: list[CheckpointContent]
-    """what the actor checkpoint saves and a resume loads: model (required), optimizer, extra (lr scheduler, RNG
-    states), hf_model (also a from_pretrained copy); a resume without optimizer starts a fresh AdamW"""
+    """what the actor checkpoint saves and a resume loads: model (the sharded weights), optimizer, extra (lr
+    scheduler, RNG states), hf_model (a from_pretrained copy); a resume without optimizer starts a fresh AdamW; without
+    model (hf_model only: verl's export-only checkpoints) no run can resume from the checkpoint"""
 
 
 @dataclass(frozen=True)
