@@ -1,8 +1,8 @@
 """RL algorithm functions on padded [B, R] tensors with a response mask, with verl's names and signatures.
 
-Modules: utils (masked statistics, chunked fp32 log-prob / entropy), advantages (estimators and the
-compute_advantage dispatcher), policy_loss (agg_loss, PPO clip-higher + dual-clip loss, entropy loss),
-policy_loss_modes (verl's registered losses: vanilla, gspo, gpg, clip_cov, kl_cov, cispo, sapo, geo_mean), registry
+Modules: utils (masked statistics, chunked fp32 log-prob / entropy / Σπ²), advantages (estimators and the
+compute_advantage dispatcher), optimal_token_baseline (verl's OTB estimators), policy_loss (agg_loss, PPO
+clip-higher + dual-clip loss, entropy loss), policy_loss_modes (verl's registered losses: vanilla, gspo, gpg, clip_cov, kl_cov, cispo, sapo, geo_mean), registry
 (register_adv_est / get_adv_estimator_fn, register_policy_loss / get_policy_loss_fn), value_loss (clipped
 value loss), kl (KL estimators, controllers, in-reward penalty). core_algos re-exports
 all of them under verl's module name (verl.trainer.ppo.core_algos). rollout_correction (truncated IS weights,
@@ -32,6 +32,10 @@ from hybridrl.algorithms.kl import (
     apply_kl_penalty,
     get_kl_controller,
     kl_penalty,
+)
+from hybridrl.algorithms.optimal_token_baseline import (
+    compute_multi_turn_optimal_token_baseline_advantage,
+    compute_optimal_token_baseline_advantage,
 )
 from hybridrl.algorithms.policy_loss import (
     LOSS_AGG_MODES,
@@ -65,6 +69,7 @@ from hybridrl.algorithms.utils import (
     masked_sum,
     masked_var,
     masked_whiten,
+    sum_pi_squared_from_logits,
 )
 from hybridrl.algorithms.value_loss import compute_value_loss
 
@@ -76,6 +81,8 @@ __all__ = [
     "compute_grpo_outcome_advantage",
     "compute_grpo_passk_outcome_advantage",
     "compute_grpo_vectorized_outcome_advantage",
+    "compute_multi_turn_optimal_token_baseline_advantage",
+    "compute_optimal_token_baseline_advantage",
     "compute_opo_outcome_advantage",
     "compute_reinforce_plus_plus_baseline_outcome_advantage",
     "compute_reinforce_plus_plus_outcome_advantage",
@@ -114,5 +121,6 @@ __all__ = [
     "masked_sum",
     "masked_var",
     "masked_whiten",
+    "sum_pi_squared_from_logits",
     "compute_value_loss",
 ]

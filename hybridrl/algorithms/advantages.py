@@ -70,9 +70,14 @@ class AdvantageEstimator(str, Enum):
     GRPO_PASSK = "grpo_passk"
     OPO = "opo"
     GPG = "gpg"
+    OPTIMAL_TOKEN_BASELINE = "optimal_token_baseline"
+    TIR_OPTIMAL_TOKEN_BASELINE = "tir_optimal_token_baseline"
 
 
-GROUPED = ("rloo", "reinforce_plus_plus_baseline", "grpo_vectorized", "rloo_vectorized", "grpo_passk", "opo", "gpg")
+GROUPED = ("rloo", "reinforce_plus_plus_baseline", "grpo_vectorized", "rloo_vectorized", "grpo_passk", "opo", "gpg",
+           "optimal_token_baseline", "tir_optimal_token_baseline")
+# the optimal token baseline's extra inputs: the old policy's log-probs and Σπ² (actor.calculate_sum_pi_squared)
+OTB_INPUTS = ("old_log_probs", "sum_pi_squared")
 
 
 def _check_shapes(name: str, mask: torch.Tensor, **tensors: torch.Tensor) -> None:
@@ -328,7 +333,8 @@ def compute_advantage(data: DataProto, adv_estimator, gamma: float = 1.0, lam: f
     """Write `advantages` and `returns` into data.batch (in place; returns data), dispatching as verl does.
 
     Reads token_level_rewards, response_mask (derived from attention_mask if absent, as verl), values (gae),
-    non-tensor uid (grpo, rloo, reinforce_plus_plus_baseline), reward_baselines (remax). gae and grpo are called
+    non-tensor uid (grpo, rloo, reinforce_plus_plus_baseline), reward_baselines (remax), old_log_probs and
+    sum_pi_squared (and rollout_is_weights where present: the optimal token baselines). gae and grpo are called
     with gamma/lam/norm_adv_by_std_in_grpo; every other estimator is looked up in the registry (so one added
     with `register_adv_est` works) and called with token_level_rewards, response_mask, config, and index /
     reward_baselines when present. `config` is algorithm's config; without one the estimators get
@@ -356,6 +362,9 @@ def compute_advantage(data: DataProto, adv_estimator, gamma: float = 1.0, lam: f
             kwargs["index"] = data.non_tensor_batch["uid"]
         if "reward_baselines" in data.batch:
             kwargs["reward_baselines"] = data.batch["reward_baselines"]
+        if name in ("optimal_token_baseline", "tir_optimal_token_baseline"):
+            kwargs.update({key: _need(data, key, name) for key in OTB_INPUTS})
+            kwargs["rollout_is_weights"] = data.batch.get("rollout_is_weights")
         adv, ret = estimator_fn(**kwargs)
     data.batch["advantages"] = adv
     data.batch["returns"] = ret

@@ -37,7 +37,8 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["CHUNK_BYTES", "KERNEL_CHUNK_BYTES", "chunk_rows", "GivenLogits", "chunked_logprob_entropy"]
+__all__ = ["CHUNK_BYTES", "KERNEL_CHUNK_BYTES", "chunk_rows", "GivenLogits", "chunked_logprob_entropy",
+           "chunked_sum_pi_squared"]
 
 CHUNK_BYTES = 256 << 20   # fp32 logits of one chunk
 # the kernel path's chunks hold 16-bit logits only, and its GEMMs run faster on more rows: 4x the rows for 2x the
@@ -199,3 +200,21 @@ def chunked_logprob_entropy(source, inputs: tuple[torch.Tensor, ...], targets: t
     rows = chunk_rows(source.vocab(inputs), chunk_size, kernels=source.kernels(inputs) is not None)
     targets = None if targets is None else targets.reshape(-1).long()
     return _ChunkedLogProbEntropy.apply(source, targets, rows, bool(with_entropy), bool(entropy_grad), *inputs)
+
+
+@torch.no_grad()
+def chunked_sum_pi_squared(source, inputs: tuple[torch.Tensor, ...], chunk_size: int | None = None) -> torch.Tensor:
+    """Σ_v softmax(z)_v² [N] fp32 of the logits `source` makes from `inputs` (a measurement: no gradient), chunk by
+    chunk through the torch formulas: exp(lse(2z') - 2 lse(z')) on z' = z - max(z) (exact in fp32), so two large
+    log-sum-exps never cancel; -inf entries add nothing."""
+    n = inputs[0].shape[0]
+    out = torch.empty(n, dtype=torch.float32, device=inputs[0].device)
+    rows = chunk_rows(source.vocab(inputs), chunk_size)
+    for s in range(0, n, rows):
+        e = min(s + rows, n)
+        z = source.logits(inputs, s, e)
+        z.sub_(z.amax(dim=-1, keepdim=True))
+        lse = torch.logsumexp(z, dim=-1)
+        out[s:e] = torch.exp(torch.logsumexp(z.mul_(2.0), dim=-1) - 2.0 * lse)
+        del z
+    return out

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from hybridrl.algorithms.chunked_logprob import GivenLogits, chunked_logprob_entropy
+from hybridrl.algorithms.chunked_logprob import GivenLogits, chunked_logprob_entropy, chunked_sum_pi_squared
 
 __all__ = [
     "masked_sum",
@@ -28,6 +28,7 @@ __all__ = [
     "masked_whiten",
     "logprobs_from_logits",
     "entropy_from_logits",
+    "sum_pi_squared_from_logits",
     "clip_by_value",
 ]
 
@@ -104,3 +105,10 @@ def entropy_from_logits(logits: torch.Tensor, chunk_size: int | None = None) -> 
     _, entropy = chunked_logprob_entropy(GivenLogits(), (logits.reshape(-1, logits.shape[-1]),), None,
                                          with_entropy=True, chunk_size=chunk_size)
     return entropy.reshape(logits.shape[:-1])
+
+
+def sum_pi_squared_from_logits(logits: torch.Tensor, chunk_size: int | None = None) -> torch.Tensor:
+    """Σ_v softmax(logits)_v² in fp32: [..., V] → [...], chunked, without a gradient (verl's
+    calculate_sum_pi_squared_from_logits: the optimal token baseline's score-norm term)."""
+    out = chunked_sum_pi_squared(GivenLogits(), (logits.reshape(-1, logits.shape[-1]),), chunk_size)
+    return out.reshape(logits.shape[:-1])

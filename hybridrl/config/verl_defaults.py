@@ -65,6 +65,8 @@ VERL_ANY_VALUE: dict[str, str] = {
     "actor_rollout_ref.actor.entropy_checkpointing": "the fused log-prob / entropy head (training/fused_logprob.py) "
     "never holds the logits of a micro-batch, which is what entropy checkpointing saves in verl",
     "actor_rollout_ref.ref.entropy_checkpointing": "the reference pass computes no entropy",
+    "actor_rollout_ref.actor.sum_pi_squared_checkpointing": "Σπ² is measured chunk by chunk without a gradient "
+    "(algorithms/chunked_logprob.py): no logits are kept to checkpoint",
     "critic.model.use_shm": "models load from the local path as given",
     "reward_model.model.use_shm": "models load from the local path as given",
     "reward_model.model.use_fused_kernels": "the reward model runs its HF forward",

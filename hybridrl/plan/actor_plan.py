@@ -125,7 +125,9 @@ def _resolve_old_log_prob_pass(sizing: Sizing) -> bool:
     # rejection and batch-normalised IS weights change the whole batch's mask / weights before any update
     # micro-batch runs: they need the old log-probs first (plain token/sequence weights are made per micro-batch)
     correction = "algorithm.rollout_correction"
-    whole_batch = [k for k in (f"{correction}.rollout_rs", f"{correction}.rollout_is_batch_normalize") if get(k)]
+    # Σπ² comes from the old-log-prob pass alone (the config refuses old_log_prob_pass=false beside it)
+    whole_batch = [k for k in (f"{correction}.rollout_rs", f"{correction}.rollout_is_batch_normalize",
+                               f"{ACTOR}.calculate_sum_pi_squared") if get(k)]
     if old_pass is False and whole_batch:
         raise ConfigError([f"'{ACTOR}.old_log_prob_pass' = false cannot go with '{whole_batch[0]}' = "
                            f"{get(whole_batch[0])}: it needs the old log-probs of the whole batch before the update "

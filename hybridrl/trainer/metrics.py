@@ -45,6 +45,7 @@ __all__ = [
     "compute_floor_metrics",
     "compute_timing_metrics",
     "compute_throughout_metrics",
+    "compute_variance_proxy_metrics",
     "compute_throughput_metrics",
     "multi_turn_stats_metrics",
     "process_validation_metrics",
@@ -229,6 +230,36 @@ def compute_floor_metrics(batch: DataProto, timing_raw: dict[str, float], metric
         out["perf/floor_s/gen_decode"] = metrics["rollout/decode_floor_s"]
         out["perf/vs_floor/gen_decode"] = metrics["rollout/decode_s"] / metrics["rollout/decode_floor_s"]
     return out
+
+
+def compute_variance_proxy_metrics(batch: DataProto, gradient_norm: float | None = None) -> dict[str, float]:
+    """verl's gradient-variance proxies (`variance_proxy/*`), where the batch has Σπ² (actor.calculate_sum_pi_squared),
+    old log-probs and advantages. Per sample: Ā = its mean advantage, W = Σ_t (1 - 2π_t + Σπ²) (the score-norm
+    proxy, algorithms/optimal_token_baseline.py). proxy2_total_power = mean(Ā² max(W, 0)) (with rollout IS weights
+    ρ: mean(ρ̄² Ā² W) where ρ̄ is the sample's mean weight), proxy1_signal_strength = grad_norm², proxy3_pure_noise =
+    max(0, (proxy2 - proxy1) / (samples - 1)); expected_a_squared = mean(Ā²), expected_w = mean(W)."""
+    b = batch.batch
+    if not all(k in b for k in ("sum_pi_squared", "old_log_probs", "advantages")):
+        return {}
+    from hybridrl.algorithms.optimal_token_baseline import score_norm_proxy
+    from hybridrl.algorithms.utils import masked_mean, masked_sum
+
+    mask, weights = b["response_mask"].float(), b.get("rollout_is_weights")
+    adv = masked_mean(b["advantages"].float(), mask, axis=-1)
+    w = score_norm_proxy(b["old_log_probs"], b["sum_pi_squared"], weights)
+    w_values = masked_sum(w, mask, axis=-1)
+    if weights is not None:
+        rho = masked_mean(weights.float(), mask, axis=-1)
+        w_plain = masked_sum(w / torch.clamp(weights.float() ** 2, min=1e-10), mask, axis=-1).clamp(min=0.0)
+        total_power = float((rho**2 * adv**2 * w_plain).mean())
+    else:
+        total_power = float((adv**2 * w_values.clamp(min=0.0)).mean())
+    signal = None if gradient_norm is None else float(gradient_norm) ** 2
+    noise = max(0.0, (total_power - signal) / (len(adv) - 1)) if signal is not None and len(adv) > 1 else 0.0
+    return {"variance_proxy/proxy1_signal_strength": signal if signal is not None else 0.0,
+            "variance_proxy/proxy2_total_power": total_power, "variance_proxy/proxy3_pure_noise": noise,
+            "variance_proxy/expected_a_squared": float((adv**2).mean()),
+            "variance_proxy/expected_w": float(w_values.mean())}
 
 
 def bootstrap_metric(data: Sequence[float], subset_size: int, reduce_fns=(np.max, np.min),

@@ -47,6 +47,7 @@ from hybridrl.trainer.metrics import (
     compute_floor_metrics,
     compute_throughout_metrics,
     compute_timing_metrics,
+    compute_variance_proxy_metrics,
     flatten_validation_metrics,
     multi_turn_stats_metrics,
     process_validation_metrics,
@@ -486,6 +487,7 @@ class RayPPOTrainer:
         metrics.update(compute_throughout_metrics(batch, timing, self.n_gpus))
         metrics.update(compute_floor_metrics(batch, timing, metrics, self.plan, self.n_gpus,
                                              self.config.actor_rollout_ref.actor.ppo_epochs))
+        metrics.update(compute_variance_proxy_metrics(batch, metrics.get("actor/grad_norm")))
         return metrics
 
     def _dump_rollout(self, batch: DataProto) -> None:

@@ -58,13 +58,14 @@ from hybridrl.algorithms import (
     get_policy_loss_fn,
     kl_penalty,
     logprobs_from_logits,
+    sum_pi_squared_from_logits,
 )
 from hybridrl.algorithms.bypass_mode import BypassLoss, bypass_policy_loss
 from hybridrl.algorithms.rollout_correction import truncated_is_weights
 from hybridrl.config.sections.actor import ActorConfig
 from hybridrl.protocol import DataProto
 from hybridrl.training.fsdp import keep_unsharded, should_keep_unsharded
-from hybridrl.training.fused_logprob import fused_logprob_entropy, plain_linear_head
+from hybridrl.training.fused_logprob import fused_logprob_entropy, fused_sum_pi_squared, plain_linear_head
 from hybridrl.training.micro_batches import (
     UpdateBatches,
     loss_scales,
@@ -145,23 +146,29 @@ class DataParallelPPOActor(FSDPUpdater):
 
     # ------------------------------------------------------------------ forward
     def _forward_micro_batch(self, micro: DataProto, temperature: float, calculate_entropy: bool,
-                             entropy_grad: bool = False):
-        """(log_probs, entropy or None) of the response tokens; the entropy carries a gradient only with
-        `entropy_grad` (it is in the loss), else it is a detached measurement (no backward work)."""
+                             entropy_grad: bool = False, sum_pi_squared: bool = False):
+        """(log_probs, entropy or None, Σπ² or None) of the response tokens; the entropy carries a gradient only
+        with `entropy_grad` (it is in the loss), else it is a detached measurement (no backward work); Σπ² (the
+        sum of the squared token probabilities, the optimal token baseline's term) is always a measurement."""
         b = micro.batch
         responses = to_device(b["responses"], self.device)
         targets = responses.reshape(-1)
 
-        def per_token(rows, flat):  # [K, V] logits of the kept positions -> [K, 1 or 2]: log-prob (, entropy)
+        def per_token(rows, flat):  # [K, V] logits of the kept positions -> [K, 1-3]: log-prob (, entropy) (, Σπ²)
             logits = rows.float() / temperature
             stats = [logprobs_from_logits(logits, targets[flat])]
             if calculate_entropy:
                 stats.append(entropy_from_logits(logits if entropy_grad else logits.detach()))
+            if sum_pi_squared:
+                stats.append(sum_pi_squared_from_logits(logits.detach()))
             return torch.stack(stats, dim=-1)
 
         def fused(hidden, weight, flat):  # the head's [K, V] logits exist one chunk at a time (fused_logprob.py)
-            return fused_logprob_entropy(hidden, weight, targets[flat], temperature, calculate_entropy,
-                                         entropy_grad)
+            out = fused_logprob_entropy(hidden, weight, targets[flat], temperature, calculate_entropy, entropy_grad)
+            if not sum_pi_squared:
+                return out if calculate_entropy else out[:, :1]
+            return torch.cat([out if calculate_entropy else out[:, :1],
+                              fused_sum_pi_squared(hidden.detach(), weight.detach(), temperature)[:, None]], dim=-1)
 
         token_data = on_tokens = None
         if self.routing is not None:  # the router hooks see which tokens are real and, replaying, their experts
@@ -175,10 +182,17 @@ class DataParallelPPOActor(FSDPUpdater):
                                       head_rows=fused if self.fused_head else None,
                                       share_prompts=self.share_prompts, device=self.device,
                                       token_data=token_data, on_tokens=on_tokens)
-        return out[..., 0], (out[..., 1] if calculate_entropy else None)
+        return (out[..., 0], out[..., 1] if calculate_entropy else None,
+                out[..., -1] if sum_pi_squared else None)
 
     def compute_log_prob(self, data: DataProto, calculate_entropy: bool = False):
         """Returns (log_probs [B, R] on CPU, entropy [B, R] on CPU or None)."""
+        stats = self.compute_log_prob_stats(data, calculate_entropy)
+        return stats["log_probs"], stats.get("entropy")
+
+    def compute_log_prob_stats(self, data: DataProto, calculate_entropy: bool = False,
+                               calculate_sum_pi_squared: bool = False) -> dict[str, torch.Tensor]:
+        """{"log_probs", and "entropy" / "sum_pi_squared" where asked}: [B, R] fp32 on CPU, in `data`'s row order."""
         meta = data.meta_info
         if "temperature" not in meta:
             raise ValueError("compute_log_prob: meta_info['temperature'] is required (the rollout temperature)")
@@ -189,16 +203,17 @@ class DataParallelPPOActor(FSDPUpdater):
                                           size_key="log_prob_micro_batch_size_per_gpu",
                                           token_key="log_prob_max_token_len_per_gpu", share_prompts=self.share_prompts,
                                           sp_size=sp_size_of(self.sp_group))
-        log_probs, entropies = [], []
+        parts: dict[str, list[torch.Tensor]] = defaultdict(list)
         once = should_keep_unsharded(self.module, meta.get("unshard_once", False), len(micros), self.device)
         with torch.no_grad(), keep_unsharded(self.module, once):
             for micro in micros:  # results stay on the device until the pass ends: no host sync per micro-batch
                 with self._routed():
-                    lp, ent = self._forward_micro_batch(micro, float(meta["temperature"]), calculate_entropy)
-                log_probs.append(lp.float())
-                if ent is not None:
-                    entropies.append(ent.float())
-        return restore_order(log_probs, bins).cpu(), (restore_order(entropies, bins).cpu() if entropies else None)
+                    out = self._forward_micro_batch(micro, float(meta["temperature"]), calculate_entropy,
+                                                    sum_pi_squared=calculate_sum_pi_squared)
+                for key, value in zip(("log_probs", "entropy", "sum_pi_squared"), out):
+                    if value is not None:
+                        parts[key].append(value.float())
+        return {key: restore_order(values, bins).cpu() for key, values in parts.items()}
 
     # ------------------------------------------------------------------ update
     def _loss_settings(self, data: DataProto) -> tuple[DataProto, _LossSettings]:
@@ -382,9 +397,9 @@ class DataParallelPPOActor(FSDPUpdater):
                 # entropy is part of the loss with entropy_coeff, and the step's metric when no old-log-prob pass
                 # made it
                 with self.training_forward(), self._collecting():
-                    log_prob, entropy = self._forward_micro_batch(micro, loss.temperature,
-                                                                  calculate_entropy=entropy_coeff != 0 or own_old,
-                                                                  entropy_grad=entropy_coeff != 0)
+                    log_prob, entropy, _ = self._forward_micro_batch(micro, loss.temperature,
+                                                                     calculate_entropy=entropy_coeff != 0 or own_old,
+                                                                     entropy_grad=entropy_coeff != 0)
                 old_log_prob = log_prob.detach() if own_old else b["old_log_probs"]
                 is_weights = b.get("rollout_is_weights")
                 if own_old:

@@ -24,7 +24,7 @@ from types import ModuleType
 
 import torch
 
-from hybridrl.algorithms.chunked_logprob import chunked_logprob_entropy
+from hybridrl.algorithms.chunked_logprob import chunked_logprob_entropy, chunked_sum_pi_squared
 from hybridrl.models import fused
 
 
@@ -114,6 +114,11 @@ def fused_logprob_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: t
     log_p, entropy = chunked_logprob_entropy(_HeadLogits(float(temperature)), (hidden, weight), targets,
                                              with_entropy, entropy_grad)
     return torch.stack([log_p, entropy], dim=-1)
+
+
+def fused_sum_pi_squared(hidden: torch.Tensor, weight: torch.Tensor, temperature: float) -> torch.Tensor:
+    """[K, H] hidden states, [V, H] head weight -> [K] fp32 Σ softmax(h @ W.T / T)², chunk by chunk, no gradient."""
+    return chunked_sum_pi_squared(_HeadLogits(float(temperature)), (hidden, weight))
 
 
 def plain_linear_head(module) -> bool:

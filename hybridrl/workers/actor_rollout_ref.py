@@ -242,10 +242,12 @@ class ActorRolloutRefWorker(EarlyUpdateWorker, RoleWorker):
         metrics: dict = {}
         data = self._log_prob_meta(data, "rollout")
         with track_phase("old_log_prob", metrics, self.compute_device):
-            log_probs, entropy = self.actor.compute_log_prob(data, calculate_entropy=True)
-        tensors = {"old_log_probs": log_probs.cpu()}
-        if entropy is not None:
-            tensors["entropys"] = entropy.cpu()
+            stats = self.actor.compute_log_prob_stats(
+                data, calculate_entropy=True,
+                calculate_sum_pi_squared=self.config.actor_rollout_ref.actor.calculate_sum_pi_squared)
+        tensors = {"old_log_probs": stats["log_probs"], "entropys": stats["entropy"]}
+        if "sum_pi_squared" in stats:
+            tensors["sum_pi_squared"] = stats["sum_pi_squared"]
         return DataProto(tensors, meta_info={"metrics": metric_lists(metrics)})
 
     @register(dispatch_mode=make_mesh_dispatch("actor"))

@@ -71,7 +71,7 @@ def test_verls_full_generated_config_loads_with_the_dropped_keys_named(tmp_path,
     assert "actor_rollout_ref.actor.profiler.*" in warning and "transfer_queue.enable" in warning
 
 
-@pytest.mark.parametrize("key,value", [("actor_rollout_ref.actor.calculate_sum_pi_squared", True),
+@pytest.mark.parametrize("key,value", [("actor_rollout_ref.actor.checkpoint.async_save", True),
                                        (f"{R}.enable_prefix_caching", False),
                                        ("trainer.del_local_ckpt_after_load", True), ("critic.model.lora_rank", 8)])
 def test_a_verl_key_at_another_value_is_refused_naming_its_default(tmp_path, key, value):

@@ -142,7 +142,10 @@ def test_hf_rollout_backend_runs_on_the_actor_module(ray_local, tiny_model_dir, 
      "critic.ulysses_sequence_parallel_size=2", "critic.model.use_remove_padding=true",
      "actor_rollout_ref.model.enable_gradient_checkpointing=true"],  # one SP group of 2 (+ recompute in backward):
     # actor, reference and critic each split every sequence over both ranks
-], ids=["remax", "rloo_kl_in_reward", "scheme_a_offload", "ppo_ulysses_sp2"])
+    ["algorithm.adv_estimator=optimal_token_baseline", "actor_rollout_ref.actor.calculate_sum_pi_squared=true",
+     "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2", "actor_rollout_ref.model.use_remove_padding=true"],
+    # Σπ² from the old-log-prob pass, each sequence split over an SP group of 2
+], ids=["remax", "rloo_kl_in_reward", "scheme_a_offload", "ppo_ulysses_sp2", "otb_ulysses_sp2"])
 def test_other_estimators_and_scheme_a_run(ray_local, tiny_model_dir, arith_dir, tmp_path, extra):
     cfg = load_config(overrides=overrides(tiny_model_dir, arith_dir, tmp_path / "run", "trainer.total_training_steps=2",
                                           *extra))
@@ -152,6 +155,9 @@ def test_other_estimators_and_scheme_a_run(ray_local, tiny_model_dir, arith_dir,
         assert math.isfinite(h["actor/pg_loss"]) and math.isfinite(h["critic/advantages/mean"])
     if "algorithm.use_kl_in_reward=true" in extra:
         assert "actor/reward_kl_penalty" in steps[-1]
+    if "actor_rollout_ref.actor.calculate_sum_pi_squared=true" in extra:
+        assert "timing_s/old_log_prob" in steps[0] and steps[0]["variance_proxy/expected_w"] > 0
+        assert steps[0]["variance_proxy/proxy1_signal_strength"] == pytest.approx(steps[0]["actor/grad_norm"] ** 2)
     if "actor_rollout_ref.rollout.async_scheduling=true" in extra:
         assert steps[-1]["rollout/num_lookahead_steps"] > 0
     if "actor_rollout_ref.actor.fsdp_config.optimizer_offload=true" in extra and "hybrid_engine=false" not in str(extra):

@@ -387,3 +387,25 @@ def test_bypass_with_an_old_log_prob_pass_is_refused(base_model):
     data.meta_info["bypass"] = {"loss_type": "ppo_clip"}
     with pytest.raises(ValueError, match="bypass_mode takes the rollout's log-probs.*'old_log_probs'"):
         _grads_after_update(base_model, actor_cfg(), data)
+
+
+@pytest.mark.parametrize("packed", [True, False])
+def test_sum_pi_squared_of_the_response_tokens_on_both_heads(base_model, packed):
+    """compute_log_prob_stats' Σπ² is Σ softmax(logits / T)² of the positions that predict each response token, on the
+    fused (chunked) head and the plain one; padding is 0 and the log-probs are unchanged by asking for it."""
+    data = dict_meta(make_ppo_batch(batch=4, seed=11, temperature=0.8))
+    actor = DataParallelPPOActor(actor_cfg(), copy.deepcopy(base_model), use_remove_padding=packed)
+    stats = {}
+    for fused in (True, False):
+        actor.fused_head = fused
+        stats[fused] = actor.compute_log_prob_stats(data, calculate_entropy=True, calculate_sum_pi_squared=True)
+    with torch.no_grad():
+        logits = base_model(input_ids=data.batch["input_ids"], attention_mask=data.batch["attention_mask"],
+                            position_ids=data.batch["position_ids"]).logits
+    resp = data.batch["responses"].shape[1]
+    expected = (torch.softmax(logits[:, -resp - 1:-1].float() / 0.8, -1) ** 2).sum(-1) * data.batch["response_mask"]
+    for fused in (True, False):
+        torch.testing.assert_close(stats[fused]["sum_pi_squared"] * data.batch["response_mask"], expected, atol=1e-5,
+                                   rtol=1e-4)
+    torch.testing.assert_close(stats[True]["log_probs"], actor.compute_log_prob(data)[0], atol=1e-6, rtol=1e-6)
+    assert set(actor.compute_log_prob_stats(data)) == {"log_probs"}

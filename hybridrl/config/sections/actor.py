@@ -122,6 +122,9 @@ class ActorConfig(Section):
     negative updates fade faster)"""
     entropy_coeff: float
     """entropy bonus weight in the policy loss"""
+    calculate_sum_pi_squared: bool
+    """the old-log-prob pass also returns Σπ² per token (the sum of the squared token probabilities): the optimal
+    token baseline's input, and the step's variance_proxy/* metrics; turns the old-log-prob pass on"""
     use_kl_loss: bool
     """KL to the reference policy as a loss term (GRPO style)"""
     kl_loss_coef: float
@@ -191,6 +194,12 @@ class ActorConfig(Section):
         if self.use_kl_loss and cfg.algorithm.use_kl_in_reward:
             found.warnings.append(f"'{ACTOR}.use_kl_loss' and 'algorithm.use_kl_in_reward' are both true: "
                                   "the KL penalty is applied twice (verl allows it; usually one is meant)")
+        if self.calculate_sum_pi_squared and self.old_log_prob_pass is False:
+            found.errors.append(f"'{ACTOR}.calculate_sum_pi_squared' = true needs the old-log-prob pass that returns "
+                                f"it, but '{ACTOR}.old_log_prob_pass' = false")
+        if self.calculate_sum_pi_squared and cfg.algorithm.rollout_correction.bypass_mode:
+            found.errors.append(f"'{ACTOR}.calculate_sum_pi_squared' = true needs the old-log-prob pass that returns "
+                                "it, which 'algorithm.rollout_correction.bypass_mode' = true skips")
         contents = list(self.checkpoint.contents)
         if "model" not in contents and "hf_model" not in contents:
             found.errors.append(f"'{ACTOR}.checkpoint.contents' = {contents} must include 'model' (the sharded "

@@ -10,7 +10,9 @@ from hybridrl.config.sections.rules import Findings
 from hybridrl.config.sections.values import AdvEstimator, FilterMetric, KLType
 
 # estimators whose baseline is the rest of the prompt's group (a group of one keeps its raw score)
-GROUP_BASELINED = ("grpo", "grpo_vectorized", "rloo", "opo", "gpg", "reinforce_plus_plus_baseline")
+GROUP_BASELINED = ("grpo", "grpo_vectorized", "rloo", "opo", "gpg", "reinforce_plus_plus_baseline",
+                   "optimal_token_baseline", "tir_optimal_token_baseline")
+OTB = ("optimal_token_baseline", "tir_optimal_token_baseline")
 
 
 @dataclass(frozen=True)
@@ -23,8 +25,9 @@ class AlgorithmConfig(Section):
     """GAE lambda"""
     adv_estimator: AdvEstimator
     """gae | grpo | rloo | reinforce_plus_plus | reinforce_plus_plus_baseline | remax | grpo_vectorized |
-    rloo_vectorized | grpo_passk (best sample over the second best; n >= 2) | opo (length-weighted baseline) | gpg,
-    or a name registered with register_adv_est by model.external_lib (verl's default: gae)"""
+    rloo_vectorized | grpo_passk (best sample over the second best; n >= 2) | opo (length-weighted baseline) | gpg |
+    optimal_token_baseline, tir_optimal_token_baseline (a per-token group baseline weighed by the score norm; need
+    actor.calculate_sum_pi_squared), or a name registered with register_adv_est by model.external_lib (verl's default: gae)"""
     norm_adv_by_std_in_grpo: bool
     """false = Dr.GRPO"""
     use_kl_in_reward: bool
@@ -46,6 +49,14 @@ class AlgorithmConfig(Section):
         n = cfg.actor_rollout_ref.rollout.n
         self.filter_groups.check(n, found)
         self.rollout_correction.check(cfg.actor_rollout_ref.actor, found)
+        if self.adv_estimator in OTB and not cfg.actor_rollout_ref.actor.calculate_sum_pi_squared:
+            found.errors.append(f"'algorithm.adv_estimator' = {self.adv_estimator} needs "
+                                "'actor_rollout_ref.actor.calculate_sum_pi_squared' = true (its baseline weighs "
+                                "each token by 1 - 2π + Σπ², which the old-log-prob pass returns)")
+        if self.adv_estimator in OTB and self.rollout_correction.bypass_mode:
+            found.errors.append(f"'algorithm.adv_estimator' = {self.adv_estimator} needs the old-log-prob pass "
+                                "(its old log-probs and Σπ²), which 'algorithm.rollout_correction.bypass_mode' = true "
+                                "skips")
         if self.use_pf_ppo and self.adv_estimator != "gae":
             found.warnings.append(f"'algorithm.use_pf_ppo' is true with 'algorithm.adv_estimator' = "
                                   f"{self.adv_estimator}: PF-PPO resamples after GAE only (as in verl), so nothing is "

@@ -17,7 +17,8 @@ Device = Literal["auto", "cuda", "cpu"]
 # model.external_lib are accepted too
 PolicyLossMode = Literal["vanilla", "gspo", "gpg", "clip_cov", "kl_cov", "cispo", "sapo", "geo_mean"]
 AdvEstimator = Literal["gae", "grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "remax",
-                       "grpo_vectorized", "rloo_vectorized", "grpo_passk", "opo", "gpg"]
+                       "grpo_vectorized", "rloo_vectorized", "grpo_passk", "opo", "gpg", "optimal_token_baseline",
+                       "tir_optimal_token_baseline"]
 CheckpointContent = Literal["model", "optimizer", "extra", "hf_model"]
 LoggerName = Literal["console", "file", "tensorboard", "wandb", "mlflow"]
 FilterMetric = Literal["acc", "score", "seq_reward", "seq_final_reward"]
