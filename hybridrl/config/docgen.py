@@ -21,13 +21,16 @@ from hybridrl.config.schema import (
     CONFIG_DIR,
     KEY_EQUALS,
     KEY_RENAMES,
+    SFT_KEY_EQUALS,
+    SFT_KEY_RENAMES,
+    SFT_REFUSED,
     VERL_REFUSED,
     allowed_values,
     is_section,
 )
 from hybridrl.config.sections import ROOTS
 from hybridrl.config.sections.base import Section, field_docs, field_types, members, type_name
-from hybridrl.config.verl_defaults import VERL_ANY_VALUE
+from hybridrl.config.verl_defaults import SFT_ANY_VALUE, VERL_ANY_VALUE
 
 _KEY = re.compile(r"^(\s*)([A-Za-z_][\w\-]*):(.*)$")
 
@@ -225,6 +228,16 @@ budget or at the model length the KV was sized for), beside the turn and length 
 """
 
 
+def _key_rows(renames: dict, equals: dict, any_value: dict, refused: dict) -> list[str]:
+    """The table rows of one config's verl keys: renamed, tied to another key, accepted at any value, refused."""
+    return ([f"| `{old}` | read as `{new}`, with a warning |" for old, new in renames.items()]
+            + [f"| `{key}` | accepted only where it equals `{target}`: {_cell(rule)} |"
+               for key, (target, rule) in equals.items()]
+            + [f"| `{key}` | accepted at any value, which changes nothing: {_cell(why)} |"
+               for key, why in any_value.items()]
+            + [f"| `{key}` | refused: {_cell(why)} |" for key, why in refused.items()])
+
+
 def render_verl_keys() -> str:
     """The verl keys read under another spelling, accepted only at one value, or refused (schema's tables)."""
     lines = ["## verl keys read differently", "",
@@ -237,12 +250,11 @@ def render_verl_keys() -> str:
         spellings = ", ".join(f"`{a}` as `{c}`" for a, c in table.items())
         note = ALIAS_NOTES.get(key)
         lines.append(f"| `{key}` values | {spellings}, with a warning" + (f": {_cell(note)}" if note else "") + " |")
-    lines += [f"| `{old}` | read as `{new}`, with a warning |" for old, new in KEY_RENAMES.items()]
-    lines += [f"| `{key}` | accepted only where it equals `{target}`: {_cell(rule)} |"
-              for key, (target, rule) in KEY_EQUALS.items()]
-    lines += [f"| `{key}` | accepted at any value, which changes nothing: {_cell(why)} |"
-              for key, why in VERL_ANY_VALUE.items()]
-    lines += [f"| `{key}` | refused: {_cell(why)} |" for key, why in VERL_REFUSED.items()]
+    lines += _key_rows(KEY_RENAMES, KEY_EQUALS, VERL_ANY_VALUE, VERL_REFUSED)
+    lines += ["", "verl's SFT trainer keys (`sft_trainer.yaml`, its optimizer defaults included) in the SFT config; at "
+              "verl's default, any other of its keys is dropped with a warning "
+              "(`hybridrl/config/verl/sft_trainer_defaults.yaml`):", "", "| verl key | here |", "|---|---|"]
+    lines += _key_rows(SFT_KEY_RENAMES, SFT_KEY_EQUALS, SFT_ANY_VALUE, SFT_REFUSED)
     return "\n".join(lines) + "\n"
 
 

@@ -18,11 +18,12 @@ A user YAML is nested like verl's; dotted keys inside it (`actor_rollout_ref.act
 False`, as the seed document writes them) are expanded. verl spellings in `schema.ALIASES` (rollout
 `vllm`/`sglang`, strategy `fsdp`) are rewritten to ours with a logged WARNING, and so are verl key spellings in
 `schema.KEY_RENAMES` (`reward_model.reward_kwargs.overlong_buffer_cfg.*`, added with `+` in verl's recipes,
-`checkpoint.save_contents`);
-`schema.KEY_EQUALS` keys (e.g. `reward_model.reward_kwargs.max_resp_len`) are accepted only at the value of the key
-they stand for (an interpolation in them resolved first, in our config or else in the user's own file). verl's keys
-that hybridrl has no use for are dropped where they hold verl's default (`verl_defaults.py`: a copy of verl's full
-generated config loads), named in one warning; verl's nulls for "not set" (`verl_defaults.UNSET_WHEN_NULL`) keep
+`checkpoint.save_contents`; the SFT config's are `schema.SFT_KEY_RENAMES`);
+`schema.KEY_EQUALS` keys (e.g. `reward_model.reward_kwargs.max_resp_len`; the SFT config's `SFT_KEY_EQUALS`) are
+accepted only at the value of the key they stand for (an interpolation in them resolved first, in our config or else
+in the user's own file). verl's keys that hybridrl has no use for are dropped where they hold verl's default
+(`verl_defaults.py`, one table for the PPO config, one for the SFT config: a copy of verl's full generated config or
+of its sft_trainer.yaml loads), named in one warning; verl's nulls for "not set" (`verl_defaults.UNSET_WHEN_NULL`) keep
 our default. The deprecated global micro-batch keys
 (`ppo_micro_batch_size`, `log_prob_micro_batch_size`) are converted to their `_per_gpu` form by dividing by
 the data-parallel size, as verl does; setting both forms is an error.
@@ -46,9 +47,9 @@ from hybridrl.config.schema import (
     ALIAS_NOTES,
     ALIASES,
     CONFIG_DIR,
-    KEY_EQUALS,
-    KEY_RENAMES,
     check_schema,
+    key_equals,
+    key_renames,
     load_defaults,
     unknown_hint,
 )
@@ -111,12 +112,12 @@ def _free_dict_prefix(key: str, schema: dict) -> str | None:
     return None
 
 
-def _apply_override(cfg: DictConfig, ov: Override, schema: dict, ppo: bool = True) -> None:
+def _apply_override(cfg: DictConfig, ov: Override, schema: dict, root: str = "ppo_trainer") -> None:
     exists = OmegaConf.select(cfg, ov.key, default=_MISSING, throw_on_resolution_failure=False) is not _MISSING
     free = _free_dict_prefix(ov.key, schema)
     if ov.kind == "set" and not exists:
         msg = f"override '{ov.key}={ov.value}': unknown key '{ov.key}'"
-        msg += unknown_hint(ov.key, _siblings(ov.key, schema), _leaf_paths(schema), ppo)
+        msg += unknown_hint(ov.key, _siblings(ov.key, schema), _leaf_paths(schema), root)
         if free:
             msg += f" (to add a key under the free dict '{free}', write +{ov.key}=...)"
         raise ConfigError([msg])
@@ -127,7 +128,7 @@ def _apply_override(cfg: DictConfig, ov: Override, schema: dict, ppo: bool = Tru
         frees = [p for p in _leaf_paths(schema) if _node(schema, p) == {}]
         raise ConfigError([f"override '+{ov.key}': keys can be added only inside free dicts {frees}; "
                            f"'{ov.key}' is not in the schema" + unknown_hint(ov.key, _siblings(ov.key, schema),
-                                                                               _leaf_paths(schema), ppo)])
+                                                                               _leaf_paths(schema), root)])
     OmegaConf.update(cfg, ov.key, ov.value, merge=False, force_add=True)
 
 
@@ -203,9 +204,9 @@ def _read_user_yaml(config_file: str | Path) -> dict:
     return _fix_floats(_expand_dotted(data, f"config file {str(path)!r}"))
 
 
-def _renamed(key: str) -> str:
-    """`key` with a verl spelling of its prefix (schema.KEY_RENAMES) replaced by ours, logged."""
-    for old, new in KEY_RENAMES.items():
+def _renamed(key: str, root: str) -> str:
+    """`key` with a verl spelling of its prefix (schema.key_renames of the config `root`) replaced by ours, logged."""
+    for old, new in key_renames(root).items():
         if key == old or key.startswith(old + "."):
             ours = new + key[len(old):]
             log.warning("config: %s is read as %s (verl's spelling)", key, ours)
@@ -213,30 +214,30 @@ def _renamed(key: str) -> str:
     return key
 
 
-def _dropped(key: str, value: Any, schema: dict, dropped: list[str] | None, served: list[tuple[str, Any, str]],
-             source: str) -> bool:
+def _dropped(key: str, value: Any, schema: dict, dropped: list[str], served: list[tuple[str, Any, str]],
+             source: str, root: str) -> bool:
     """Whether a user's `key` = `value` is left out before merging: a verl key that is none of ours (nor inside a
-    free dict of ours) and that `verl_defaults.drop_verl_key` drops. `dropped` None: not a PPO config (the table is
-    verl's PPO trainer's), nothing is dropped."""
-    if dropped is None or _node(schema, key) is not None or _free_dict_prefix(key, schema) is not None:
+    free dict of ours) and that `verl_defaults.drop_verl_key` drops (by the table of the config `root`)."""
+    if _node(schema, key) is not None or _free_dict_prefix(key, schema) is not None:
         return False
-    return drop_verl_key(key, value, dropped, served, source)
+    return drop_verl_key(key, value, dropped, served, source, root)
 
 
 def _verl_spellings(tree: dict, source: str, equals: list[tuple[str, Any, str]], schema: dict,
-                    dropped: list[str] | None, served: list[tuple[str, Any, str]]) -> dict:
-    """A user YAML tree with schema.KEY_RENAMES moved to our keys, schema.KEY_EQUALS taken out into `equals`
+                    dropped: list[str], served: list[tuple[str, Any, str]], root: str) -> dict:
+    """A user YAML tree with verl's spellings (schema.key_renames) moved to our keys, schema.key_equals taken out into
+    `equals`
     (key, value, source) for the check after resolution, and `_dropped` keys left out (recorded in `dropped`). Of
     a key given in both spellings, a null yields to the other's value (verl's generated config nulls the
     deprecated spelling)."""
     flat: dict = {}
     spelled: dict[str, str] = {}   # our key -> the key the file gave it under
     for key, value in dotted_leaves(tree).items():
-        if key in KEY_EQUALS:
+        if key in key_equals(root):
             equals.append((key, value, source))
             continue
-        ours = _renamed(key)
-        if _dropped(ours, value, schema, dropped, served, source):
+        ours = _renamed(key, root)
+        if _dropped(ours, value, schema, dropped, served, source, root):
             continue
         if ours in flat and value is None:
             continue
@@ -271,10 +272,10 @@ def _resolved(value: Any, key: str, cfg: DictConfig, user_tree: dict) -> Any:
     return value
 
 
-def _check_equals(cfg: DictConfig, equals: list[tuple[str, Any, str]], user_tree: dict) -> None:
+def _check_equals(cfg: DictConfig, equals: list[tuple[str, Any, str]], user_tree: dict, root: str) -> None:
     errors = []
     for key, value, source in equals:
-        target, rule = KEY_EQUALS[key]
+        target, rule = key_equals(root)[key]
         value = _resolved(value, key, cfg, user_tree)
         want = OmegaConf.select(cfg, target)
         if _canonical(target, value) != _canonical(target, want):
@@ -329,14 +330,14 @@ def load_config(config_file: str | Path | None = None, overrides: tuple[str, ...
     cfg = load_defaults(defaults)
     schema = OmegaConf.to_container(cfg, resolve=True)
     user_keys: set[str] = set()
-    equals: list[tuple[str, Any, str]] = []   # verl keys that must equal one of ours (schema.KEY_EQUALS)
-    ppo = defaults == "ppo_trainer"   # verl's keys (verl_defaults.py) are its PPO trainer's
-    dropped: list[str] | None = [] if ppo else None   # verl's keys at verl's defaults, left out
+    equals: list[tuple[str, Any, str]] = []   # verl keys that must equal one of ours (schema.key_equals)
+    dropped: list[str] = []   # verl's keys at verl's defaults (verl_defaults.py: the table of `defaults`), left out
     served: list[tuple[str, Any, str]] = []   # SERVED_REWARD_MODEL keys, settled after resolution
     user_tree: dict = {}
     if config_file is not None:
         user_tree = _read_user_yaml(config_file)
-        user = _verl_spellings(user_tree, f"config file {str(config_file)!r}", equals, schema, dropped, served)
+        user = _verl_spellings(user_tree, f"config file {str(config_file)!r}", equals, schema, dropped, served,
+                               defaults)
         user_keys |= set(_leaf_paths(user))
         try:
             cfg = OmegaConf.merge(cfg, user)
@@ -347,11 +348,11 @@ def load_config(config_file: str | Path | None = None, overrides: tuple[str, ...
     for text in overrides:  # every bad override is reported, not only the first
         try:
             ov = parse_override(text)
-            if ov.key in KEY_EQUALS:
+            if ov.key in key_equals(defaults):
                 equals.append((ov.key, ov.value, f"override {text!r}"))
                 continue
-            ours = _renamed(ov.key)
-            if _dropped(ours, ov.value, schema, dropped, served, f"override {text!r}"):
+            ours = _renamed(ov.key, defaults)
+            if _dropped(ours, ov.value, schema, dropped, served, f"override {text!r}", defaults):
                 continue
             earlier = spelled.get(ours)
             if earlier is not None and earlier[0] != ov.key and earlier[1] != ov.value:
@@ -361,7 +362,7 @@ def load_config(config_file: str | Path | None = None, overrides: tuple[str, ...
             if ours != ov.key:   # verl adds these keys (+key=...); ours exist: set them
                 ov = Override("set", ours, ov.value)
             user_keys.add(ov.key)
-            _apply_override(cfg, ov, schema, ppo=ppo)
+            _apply_override(cfg, ov, schema, root=defaults)
         except ConfigError as e:
             errors += e.errors
         except OmegaConfBaseException as e:
@@ -381,7 +382,7 @@ def load_config(config_file: str | Path | None = None, overrides: tuple[str, ...
         log.warning("config: %d of verl's keys %s at verl's defaults, which ask for nothing hybridrl does not do, "
                     "and %s left out: %s", len(dropped), verb, verb, grouped(dropped))
         log.info("config: the verl keys left out: %s", ", ".join(dropped))
-    _check_equals(cfg, equals, user_tree)
+    _check_equals(cfg, equals, user_tree, defaults)
     check_served_reward_model(cfg, served)
     _apply_aliases(cfg)
     root = ROOTS[defaults]

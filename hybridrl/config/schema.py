@@ -26,8 +26,10 @@ from hybridrl.config.errors import ConfigError
 from hybridrl.config.sections.base import Section, field_types, members, type_name
 from hybridrl.config.sections.values import AdvEstimator, PolicyLossMode
 
-__all__ = ["ALIASES", "ALIAS_NOTES", "CONFIG_DIR", "KEY_EQUALS", "KEY_RENAMES", "VERL_REFUSED", "allowed_values",
-           "check_schema", "closest_key", "key_paths", "load_defaults", "unknown_hint", "verl_refusal"]
+__all__ = ["ALIASES", "ALIAS_NOTES", "CONFIG_DIR", "KEY_EQUALS", "KEY_RENAMES", "SFT_KEY_RENAMES", "SFT_REFUSED",
+           "SFT_KEY_EQUALS", "VERL_REFUSED", "allowed_values", "check_schema", "closest_key", "key_equals", "key_paths",
+           "key_renames", "load_defaults",
+           "root_name", "unknown_hint", "verl_refusal"]
 
 CONFIG_DIR = Path(__file__).resolve().parent
 
@@ -66,6 +68,20 @@ KEY_RENAMES: dict[str, str] = {
     "actor_rollout_ref.actor.optim.lr_scheduler_type": "actor_rollout_ref.actor.optim.warmup_style",
     "critic.optim.lr_scheduler_type": "critic.optim.warmup_style",
 }
+# verl's SFT trainer spellings (sft_trainer.yaml): its warmup ratio under the PPO optimizer's name, and its packing
+# switch at the top level
+SFT_KEY_RENAMES: dict[str, str] = {
+    "optim.lr_warmup_steps_ratio": "optim.warmup_steps_ratio",
+    "use_remove_padding": "model.use_remove_padding",
+    "trainer.checkpoint.save_contents": "trainer.checkpoint.contents",
+}
+
+
+def key_renames(root: str) -> dict[str, str]:
+    """The verl spellings read as ours for the config `root` (ppo_trainer | sft_trainer)."""
+    return SFT_KEY_RENAMES if root == "sft_trainer" else KEY_RENAMES
+
+
 # verl keys whose only value here is another key's: key -> (that key, what the rule is)
 KEY_EQUALS: dict[str, tuple[str, str]] = {
     "reward_model.reward_kwargs.max_resp_len": (
@@ -85,6 +101,17 @@ KEY_EQUALS: dict[str, tuple[str, str]] = {
         "actor_rollout_ref.model.trust_remote_code", "prompts are tokenized with the policy's tokenizer, loaded with "
         "the model's trust_remote_code"),
 }
+
+
+SFT_KEY_EQUALS: dict[str, tuple[str, str]] = {
+    "trainer.checkpoint.load_contents": (
+        "trainer.checkpoint.contents", "a resume loads what the checkpoint saved (verl's default for this key)"),
+}
+
+
+def key_equals(root: str) -> dict[str, tuple[str, str]]:
+    """The verl keys of the config `root` whose only value here is another key's."""
+    return SFT_KEY_EQUALS if root == "sft_trainer" else KEY_EQUALS
 
 
 # verl keys refused with the reason (key or section prefix -> why it has no counterpart here and what to do),
@@ -163,9 +190,30 @@ VERL_REFUSED: dict[str, str] = {
 
 
 
-def verl_refusal(path: str) -> str | None:
+# verl's SFT trainer keys refused with the reason (the PPO table's reasons apply to the keys both share)
+SFT_REFUSED: dict[str, str] = {
+    "data.chat_template": "a chat template of your own is model.custom_chat_template (a Jinja string or file): use that",
+    "data.balance_dp_token": "each rank takes train_batch_size / world rows of the shuffled order: remove it",
+    "model.fsdp_config.cpu_offload": "SFT keeps its parameters and optimizer state on the GPU: remove it",
+    "model.fsdp_config.offload_params": "SFT keeps its parameters on the GPU: remove it",
+    "model.fsdp_config.wrap_policy": "FSDP2 shards each decoder layer: remove it",
+    "model.external_lib": "SFT loads transformers' own model classes (the RL actor takes "
+    "actor_rollout_ref.model.external_lib): remove it",
+    "trainer.default_hdfs_dir": "checkpoints are written to trainer.default_local_dir only: remove it",
+    "optim.override_optimizer_config": "the optimizer is torch's AdamW with optim.*: remove it",
+}
+
+
+def verl_refusal(path: str, root: str = "ppo_trainer") -> str | None:
     """Why a verl key (or one under a verl section) is refused here, or None for any other unknown key."""
-    return next((why for key, why in VERL_REFUSED.items() if path == key or path.startswith(key + ".")), None)
+    tables = (SFT_REFUSED, VERL_REFUSED) if root == "sft_trainer" else (VERL_REFUSED,)
+    return next((why for table in tables for key, why in table.items() if path == key or path.startswith(key + ".")),
+                None)
+
+
+def root_name(root: type[Section]) -> str:
+    """The packaged config a root section is read from (ppo_trainer | sft_trainer)."""
+    return "sft_trainer" if root.__name__ == "SFTConfig" else "ppo_trainer"
 
 
 def load_defaults(name: str = "ppo_trainer") -> DictConfig:
@@ -266,13 +314,13 @@ def _leaf_errors(path: str, value: Any, ann: Any) -> list[str]:
             if v not in allowed]
 
 
-def unknown_hint(path: str, siblings: list[str], all_paths: list[str], ppo: bool = True) -> str:
-    """What follows "unknown key 'path'": verl's refusal reason where it is one of its keys (and, in a PPO config,
-    the default value that would be accepted: verl_defaults.py), else the closest key."""
+def unknown_hint(path: str, siblings: list[str], all_paths: list[str], root: str = "ppo_trainer") -> str:
+    """What follows "unknown key 'path'": verl's refusal reason where it is one of its keys (and the default value
+    that would be accepted: verl_defaults.py), else the closest key. `root`: the config (ppo_trainer | sft_trainer)."""
     from hybridrl.config.verl_defaults import verl_defaults
 
-    why = verl_refusal(path)
-    table = verl_defaults() if ppo else {}
+    why = verl_refusal(path, root)
+    table = verl_defaults(root)
     if why:
         return f": verl's key, {why}" + (f" (or set verl's default, {table[path]!r}, which changes nothing)"
                                           if path in table else "")
@@ -294,7 +342,7 @@ def check_schema(tree: dict, root: type[Section]) -> None:
             path = f"{prefix}{key}"
             if key not in types:
                 errors.append(f"unknown key '{path}'" + unknown_hint(path, [f"{prefix}{k}" for k in types],
-                                                                      all_paths, ppo=root.__name__ == "PPOConfig"))
+                                                                      all_paths, root_name(root)))
             elif is_section(types[key]) or types[key] is dict:
                 if not isinstance(value, dict):
                     errors.append(f"'{path}' must be a section (dict), got {value!r}")

@@ -11,11 +11,14 @@ verl's default (`schema.unknown_hint`). Two kinds are dropped at other values to
 `SERVED_REWARD_MODEL`, verl's settings for serving a scoring reward model, which change nothing where the model
 scores on its own (`check_served_reward_model` decides once the config is resolved).
 
+verl's SFT trainer (`sft_trainer.yaml` with its optimizer defaults) has its own table,
+`config/verl/sft_trainer_defaults.yaml`, and `SFT_ANY_VALUE`; the SFT config reads only those.
+
 `UNSET_WHEN_NULL`: our keys that verl's config sets to null meaning "not set" (its deprecated `warmup_style`, the
 micro-batch sizes verl requires a user to fill in); a null there reads as the key left out, so our default applies
 (`auto`: the run plan's choice; `constant`).
 
-`python -m hybridrl.config.verl_defaults_table VERL/_generated_ppo_trainer.yaml` rewrites the table from a newer verl.
+`python -m hybridrl.config.verl_defaults_table VERL/verl/trainer/config` rewrites both tables from a newer verl.
 """
 
 from __future__ import annotations
@@ -29,12 +32,15 @@ import yaml
 
 from hybridrl.config.errors import ConfigError
 
-__all__ = ["SERVED_REWARD_MODEL", "TABLE", "UNSET_WHEN_NULL", "VERL_ANY_VALUE", "check_served_reward_model",
-           "drop_verl_key", "grouped", "is_verl_default", "verl_defaults"]
+__all__ = ["ANY_VALUE", "SERVED_REWARD_MODEL", "SFT_ANY_VALUE", "TABLE", "TABLES", "UNSET_WHEN_NULL", "VERL_ANY_VALUE",
+           "check_served_reward_model", "drop_verl_key", "grouped", "is_verl_default", "verl_defaults"]
 
 log = logging.getLogger("hybridrl.config")
 
-TABLE = Path(__file__).resolve().parent / "verl" / "ppo_trainer_defaults.yaml"
+# one table per config: verl's PPO trainer's keys, and its SFT trainer's (fsdp_sft_trainer)
+TABLES = {root: Path(__file__).resolve().parent / "verl" / f"{root}_defaults.yaml"
+          for root in ("ppo_trainer", "sft_trainer")}
+TABLE = TABLES["ppo_trainer"]
 
 UNSET_WHEN_NULL = (
     "actor_rollout_ref.actor.optim.warmup_style", "critic.optim.warmup_style",
@@ -77,6 +83,17 @@ VERL_ANY_VALUE: dict[str, str] = {
     "data.filter_overlong_prompts_workers": "prompts are tokenized and filtered once, when the dataset loads",
 }
 
+# verl's SFT trainer keys accepted at any value
+SFT_ANY_VALUE: dict[str, str] = {
+    "trainer.nnodes": "the SFT ranks are torchrun's (WORLD_SIZE), whatever the config says",
+    "trainer.n_gpus_per_node": "the SFT ranks are torchrun's (WORLD_SIZE), whatever the config says",
+    "optim.lr_scheduler_type": "verl's SFT trainer schedules by optim.lr_scheduler, as hybridrl does",
+    "model.use_shm": "models load from the local path as given",
+    "data.use_shm": "data files are read from their paths as given",
+    "model.strategy": "SFT shards with FSDP2 (verl's fsdp and fsdp2 train the same model)",
+}
+ANY_VALUE = {"ppo_trainer": VERL_ANY_VALUE, "sft_trainer": SFT_ANY_VALUE}
+
 # verl's settings for serving a scoring reward model on its own engine (its reward loop): where the model scores on
 # its own (reward_model.enable, style model, no custom reward function) they change nothing here, where it runs as
 # the reward model worker on the training GPUs with the same scores; else they configure a server a custom reward
@@ -85,17 +102,18 @@ SERVED_REWARD_MODEL = ("reward_model.rollout", "reward_model.num_workers", "rewa
                        "reward_model.enable_resource_pool", "reward_model.n_gpus_per_node", "reward_model.nnodes")
 
 
-@functools.lru_cache(maxsize=1)
-def verl_defaults() -> dict[str, Any]:
-    """{dotted verl key: verl's default value} for the keys hybridrl's schema does not have."""
-    with open(TABLE) as f:
+@functools.lru_cache(maxsize=2)
+def verl_defaults(root: str = "ppo_trainer") -> dict[str, Any]:
+    """{dotted verl key: verl's default value} for the keys hybridrl's `root` config (ppo_trainer | sft_trainer)
+    does not have."""
+    with open(TABLES[root]) as f:
         return yaml.safe_load(f)
 
 
-def is_verl_default(key: str, value: Any) -> bool:
+def is_verl_default(key: str, value: Any, root: str = "ppo_trainer") -> bool:
     """True where `key` is one of the table's verl keys and `value` is exactly its default (a bool is not a number
     here: `0` does not stand for `false`)."""
-    table = verl_defaults()
+    table = verl_defaults(root)
     return key in table and _same(table[key], value)
 
 
@@ -107,19 +125,22 @@ def _same(a: Any, b: Any) -> bool:
     return a == b
 
 
-def drop_verl_key(key: str, value: Any, dropped: list[str], served: list[tuple[str, Any, str]], source: str) -> bool:
+def drop_verl_key(key: str, value: Any, dropped: list[str], served: list[tuple[str, Any, str]], source: str,
+                  root: str = "ppo_trainer") -> bool:
     """Whether the verl key `key` (none of ours) = `value` is left out, recorded in `dropped`: at verl's default
-    (the table), or at any value where every value asks for what hybridrl does anyway (VERL_ANY_VALUE; a value
-    other than verl's default is logged with the reason). SERVED_REWARD_MODEL keys at other values go to `served`
-    (key, value, source), settled once the config is resolved (`check_served_reward_model`)."""
-    at_default = is_verl_default(key, value)
-    if not at_default and any(key == k or key.startswith(k + ".") for k in SERVED_REWARD_MODEL):
+    (the table), or at any value where every value asks for what hybridrl does anyway (VERL_ANY_VALUE, SFT_ANY_VALUE;
+    a value other than verl's default is logged with the reason). SERVED_REWARD_MODEL keys at other values go to
+    `served` (key, value, source), settled once the config is resolved (`check_served_reward_model`)."""
+    at_default = is_verl_default(key, value, root)
+    any_value = ANY_VALUE[root]
+    if not at_default and root == "ppo_trainer" and any(key == k or key.startswith(k + ".")
+                                                        for k in SERVED_REWARD_MODEL):
         served.append((key, value, source))
         return True
-    if not at_default and key not in VERL_ANY_VALUE:
+    if not at_default and key not in any_value:
         return False
     if not at_default:
-        log.warning("config: %s=%r changes nothing here: %s", key, value, VERL_ANY_VALUE[key])
+        log.warning("config: %s=%r changes nothing here: %s", key, value, any_value[key])
     dropped.append(key)
     return True
 

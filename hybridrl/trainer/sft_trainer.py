@@ -18,13 +18,22 @@ Choices:
   epoch are skipped and counted in `data/dropped_rows`.
 - Runs in-process (CPU or one GPU: a one-rank gloo/nccl group is made and torn down) or under torchrun
   (WORLD_SIZE > 1: the group is made from the environment). The final model is written with `save_hf_model`
-  to `{trainer.default_local_dir}/huggingface` (config, safetensors, tokenizer).
+  to `{trainer.default_local_dir}/huggingface` (config, safetensors, tokenizer; with LoRA the merged weights).
+- verl's SFT keys: `data.prompt_dict_keys` / `response_dict_keys` reach into struct columns, `data.*_max_samples`
+  take the first rows, `data.micro_batch_size` (global, deprecated) is divided over the ranks, `model.lora_rank`
+  trains adapters only (optimizer state for them alone), `trainer.test_freq` adds val/loss every N steps,
+  `trainer.save_freq` writes resumable checkpoints every N steps and at the last (trainer/sft_state.py; verl also
+  saves at the last step when save_freq is -1, here the final HF model is that output) and `trainer.resume_mode`
+  resumes from them: the data orders of the epochs before are drawn again, so a resumed run trains on the rows an
+  uninterrupted one would. Loggers other than console get the step's metrics through the RL run's trackers, under
+  `{trainer.default_local_dir}/logs`.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -39,6 +48,7 @@ from hybridrl.models.tokenizer import resolve_chat_template
 from hybridrl.plan.actor_plan import resolve_liger
 from hybridrl.plan.shape import sft_training_mesh
 from hybridrl.protocol import DataProto
+from hybridrl.trainer.sft_state import data_order_facts, resume_sft, save_sft_checkpoint, sft_checkpoints
 from hybridrl.training.checkpoint import save_hf_model
 from hybridrl.training.fsdp import FSDPDtypes, ModelSource, build_fsdp_model, load_hf_config
 from hybridrl.training.micro_batches import loss_scale, make_micro_batches
@@ -66,12 +76,22 @@ def _field(row: dict, key: str, path: str, name: str):
     return value
 
 
-def read_rows(files, d) -> list[dict]:
-    """Rows as {"messages", "response"} (single turn) or {"messages", "tools", "where"} (data.multiturn.enable)."""
+def _path(key: str, dict_keys) -> str:
+    """verl's `prompt_key` + `prompt_dict_keys` as one dotted path into the row."""
+    return ".".join([key, *(dict_keys or [])])
+
+
+def read_rows(files, d, max_samples: int = -1) -> list[dict]:
+    """Rows as {"messages", "response"} (single turn) or {"messages", "tools", "where"} (data.multiturn.enable); the
+    first `max_samples` of the files in order (-1: all)."""
     import pyarrow.parquet as pq
 
+    if max_samples == 0 or max_samples < -1:
+        raise ValueError(f"data.train_max_samples / val_max_samples = {max_samples}: use -1 (all rows) or a positive "
+                         "count")
     files = [files] if isinstance(files, str) else list(files)
     multiturn = d.multiturn.enable
+    prompt_key, response_key = _path(d.prompt_key, d.prompt_dict_keys), _path(d.response_key, d.response_dict_keys)
     rows = []
     for f in files:
         path = os.path.expanduser(f)
@@ -84,11 +104,12 @@ def read_rows(files, d) -> list[dict]:
                 messages, tools = normalize_messages(messages, tools)
                 rows.append({"messages": messages, "tools": tools, "where": f"{path} row {i}"})
                 continue
-            prompt = _field(row, d.prompt_key, path, "data.prompt_key")
+            prompt = _field(row, prompt_key, path, "data.prompt_key")
             if isinstance(prompt, str):
                 prompt = [{"role": "user", "content": prompt}]
-            rows.append({"messages": list(prompt), "response": str(_field(row, d.response_key, path,
+            rows.append({"messages": list(prompt), "response": str(_field(row, response_key, path,
                                                                           "data.response_key"))})
+    rows = rows if max_samples == -1 else rows[:max_samples]
     if not rows:
         raise ValueError(f"data files {files} hold no rows")
     return rows
@@ -149,11 +170,13 @@ def collate(examples, pad_id: int) -> DataProto:
 
 
 # ---------------------------------------------------------------------------------------------- training
-def _nll(module, micro: DataProto, device, use_remove_padding: bool) -> torch.Tensor:
+def _nll(module, micro: DataProto, device, use_remove_padding: bool, sp_group=None) -> torch.Tensor:
+    """[b, R] token NLL of the responses (0 off the loss mask); with `sp_group` every rank of the Ulysses group gets
+    the same rows and the whole result."""
     b = {k: v.to(device) for k, v in micro.batch.items()}
     targets = b["responses"].reshape(-1)
     logp = forward_response_logits(module, b["input_ids"], b["attention_mask"], b["position_ids"],
-                                   b["responses"].shape[1], use_remove_padding,
+                                   b["responses"].shape[1], use_remove_padding, sp_group=sp_group,
                                    row_fn=lambda rows, flat: logprobs_from_logits(rows.float(), targets[flat])[:, None])
     return -logp[..., 0] * b["response_mask"]   # [b, R]
 
@@ -193,10 +216,78 @@ def run_sft(config: SFTConfig | None = None) -> dict:
 
     device, world, rank, created = _setup_dist(cfg.trainer.device)
     try:
-        return _train(cfg, device, world, rank, AutoTokenizer)
+        with _run_dir(cfg.trainer, rank):
+            return _train(cfg, device, world, rank, AutoTokenizer)
     finally:
         if created:
             dist.destroy_process_group()
+
+
+def _micro_size(d, dp: int) -> int:
+    """data.micro_batch_size_per_gpu, or verl's deprecated global data.micro_batch_size over the `dp`
+    data-parallel ranks."""
+    if d.micro_batch_size is None:
+        return d.micro_batch_size_per_gpu
+    if d.micro_batch_size <= 0 or d.micro_batch_size % dp:
+        raise ValueError(f"data.micro_batch_size={d.micro_batch_size} must be a positive multiple of the data-parallel "
+                         f"size {dp} (it is divided over them; or set data.micro_batch_size_per_gpu)")
+    return d.micro_batch_size // dp
+
+
+def _lora(m):
+    """LoRA settings of the SFT model section (training/lora.py), or None for full fine-tuning."""
+    from hybridrl.training.lora import LoraSettings, check_lora_keys
+
+    targets = m.target_modules if isinstance(m.target_modules, str) else list(m.target_modules)
+    errors = check_lora_keys(m.lora_rank, m.lora_alpha, targets, prefix="model")
+    if errors:
+        raise ValueError("; ".join(errors))
+    return None if m.lora_rank == 0 else LoraSettings(int(m.lora_rank), float(m.lora_alpha),
+                                                      targets if isinstance(targets, str) else tuple(targets))
+
+
+def _tracker(cfg, rank: int):
+    """The RL run's trackers for the loggers other than console (whose line the trainer prints), on rank 0, writing
+    under {trainer.default_local_dir}/logs."""
+    loggers = [cfg.trainer.logger] if isinstance(cfg.trainer.logger, str) else list(cfg.trainer.logger)
+    backends = [b for b in loggers if b != "console"]
+    if rank != 0 or not backends:
+        return None
+    from hybridrl.trainer.tracking import Tracking
+
+    t = cfg.trainer
+    return Tracking(t.project_name, t.experiment_name, backends, config=cfg.to_dict(),
+                    log_dir=Path(os.path.expanduser(t.default_local_dir)) / "logs")
+
+
+@contextmanager
+def _run_dir(t, rank: int):
+    """Rank 0 holds the lock of {trainer.default_local_dir} for the run (no second run cleans its temporary
+    checkpoint directories) and checks it and the log directory are writable."""
+    if rank != 0:
+        yield
+        return
+    from hybridrl.trainer.run_dir import claim_run_dir, run_log_dirs
+
+    root = Path(os.path.expanduser(t.default_local_dir))
+    with claim_run_dir(root, run_log_dirs([t.logger] if isinstance(t.logger, str) else list(t.logger), root / "logs")):
+        yield
+
+
+def _sequence_parallel(cfg, world: int, rank: int, device) -> tuple[object, int, int]:
+    """(the Ulysses group or None, this rank's data-parallel index, the data-parallel size): the ranks of one group
+    take the same rows."""
+    sp = cfg.ulysses_sequence_parallel_size
+    if sp < 1 or world % sp:
+        raise ValueError(f"ulysses_sequence_parallel_size={sp} must be >= 1 and divide the world size {world}")
+    if sp == 1:
+        return None, rank, world
+    if not cfg.model.use_remove_padding:
+        raise ValueError(f"ulysses_sequence_parallel_size={sp} needs model.use_remove_padding=true (the packed "
+                         "path splits each micro-batch's tokens over the group)")
+    from hybridrl.hybrid.meshes import build_sp_mesh
+
+    return build_sp_mesh(device.type, world, sp).get_group("sp"), rank // sp, world // sp
 
 
 def _train(cfg, device, world, rank, AutoTokenizer) -> dict:
@@ -209,16 +300,23 @@ def _train(cfg, device, world, rank, AutoTokenizer) -> dict:
     if template is not None:
         tokenizer.chat_template = template
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    examples, truncated = tokenize_examples(read_rows(d.train_files, d), tokenizer, d.max_length, d.truncation)
-    bsz, micro = d.train_batch_size, d.micro_batch_size_per_gpu
-    if bsz <= 0 or bsz % world:
-        raise ValueError(f"data.train_batch_size={bsz} must be a positive multiple of the world size {world}")
+    examples, truncated = tokenize_examples(read_rows(d.train_files, d, d.train_max_samples), tokenizer,
+                                            d.max_length, d.truncation)
+    val = None
+    if d.val_files:
+        val, val_truncated = tokenize_examples(read_rows(d.val_files, d, d.val_max_samples), tokenizer, d.max_length,
+                                               d.truncation)
+    mesh = sft_training_mesh(cfg, world, device.type)
+    sp_group, dp_rank, dp = _sequence_parallel(cfg, world, rank, device)
+    bsz, micro = d.train_batch_size, _micro_size(d, dp)
+    if bsz <= 0 or bsz % dp:
+        raise ValueError(f"data.train_batch_size={bsz} must be a positive multiple of the data-parallel size {dp} "
+                         f"(world {world} / ulysses_sequence_parallel_size)")
     if bsz > len(examples):
         raise ValueError(f"data.train_batch_size={bsz} exceeds the {len(examples)} training examples")
     steps_per_epoch = len(examples) // bsz
     total_steps = t.total_training_steps or steps_per_epoch * t.total_epochs
 
-    mesh = sft_training_mesh(cfg, world, device.type)
     choices: list[str] = []
     liger = resolve_liger(m.use_liger, device.type, load_hf_config(model_path).model_type, choices,
                           key="model.use_liger")
@@ -226,32 +324,53 @@ def _train(cfg, device, world, rank, AutoTokenizer) -> dict:
         print(f"[sft] auto: {choices[0]}", flush=True)
     module = build_fsdp_model(ModelSource(model_path, dict(m.override_config), m.trust_remote_code),
                               FSDPDtypes.of(m.fsdp_config), mesh, device, role="causal_lm",
-                              use_varlen_attention=m.use_remove_padding,
+                              use_varlen_attention=m.use_remove_padding, lora=_lora(m),
                               gradient_checkpointing=m.enable_gradient_checkpointing, liger=liger)
     # SFT's optim keys in the PPO optimizer's section (warmup by ratio only, verl's fsdp_sft_trainer)
     optim_cfg = OptimConfig(lr=o.lr, weight_decay=o.weight_decay, betas=list(o.betas), lr_warmup_steps=-1,
                             lr_warmup_steps_ratio=o.warmup_steps_ratio, warmup_style=o.lr_scheduler,
                             min_lr_ratio=o.min_lr_ratio, total_training_steps=total_steps)
-    optimizer = build_optimizer(module.parameters(), optim_cfg, fused=device.type == "cuda")
+    optimizer = build_optimizer([p for p in module.parameters() if p.requires_grad], optim_cfg,
+                                fused=device.type == "cuda")   # with LoRA: the adapters only
     scheduler = build_lr_scheduler(optimizer, optim_cfg)
+    manager = sft_checkpoints(t, rank)
+    facts = data_order_facts(cfg, len(examples))
+    start = resume_sft(t, manager, module, optimizer, scheduler, facts)
+    if rank == 0 and start:
+        print(f"[sft] resumed at step {start}", file=sys.stderr)
+    tracker = _tracker(cfg, rank)
+
+    def validate() -> dict:
+        return {"val/loss": _eval_loss(module, val[dp_rank::dp], pad_id, micro, device, m.use_remove_padding,
+                                       sp_group)}
 
     history: list[dict] = []
-    step = 0
+    step, epoch = start, 0
     gen = torch.Generator().manual_seed(t.seed)
-    per_rank = bsz // world
-    while step < total_steps:
+    per_rank = bsz // dp
+    while step < total_steps:   # every epoch's order is drawn, the resumed ones' too: the same orders as one run
         order = torch.randperm(len(examples), generator=gen).tolist() if d.shuffle else list(range(len(examples)))
-        for s in range(steps_per_epoch):
+        first, epoch = epoch * steps_per_epoch, epoch + 1
+        for s in range(max(0, step - first), steps_per_epoch):
             if step >= total_steps:
                 break
-            rows = order[s * bsz: (s + 1) * bsz][rank * per_rank: (rank + 1) * per_rank]
+            rows = order[s * bsz: (s + 1) * bsz][dp_rank * per_rank: (dp_rank + 1) * per_rank]
             batch = collate([examples[i] for i in rows], pad_id)
-            metrics = _train_step(module, optimizer, batch, micro, device, m.use_remove_padding, o.clip_grad)
+            metrics = _train_step(module, optimizer, batch, micro, device, m.use_remove_padding, o.clip_grad,
+                                  sp_group)
             metrics = {"train/loss": _all_mean(metrics["loss"], device), "train/grad_norm": metrics["grad_norm"],
                        "train/lr": scheduler.get_last_lr()[0]}
             scheduler.step()
             step += 1
+            last = step == total_steps
+            if val is not None and t.test_freq > 0 and step % t.test_freq == 0 and not last:
+                metrics.update(validate())
+            if t.save_freq > 0 and (step % t.save_freq == 0 or last):
+                save_sft_checkpoint(manager, step, module, optimizer, scheduler, tokenizer, t.checkpoint.contents,
+                                    facts)
             history.append(metrics)
+            if tracker is not None:
+                tracker.log(metrics, step)
             if rank == 0 and t.log_freq and step % t.log_freq == 0:
                 print(f"[sft] step {step}/{total_steps} " + " ".join(f"{k}={v:.4g}" for k, v in metrics.items()),
                       file=sys.stderr)
@@ -259,24 +378,28 @@ def _train(cfg, device, world, rank, AutoTokenizer) -> dict:
     result.update({"train/loss_first": history[0]["train/loss"] if history else float("nan"),
                    "training/global_step": step, "data/truncated": truncated,
                    "data/dropped_rows": len(examples) - steps_per_epoch * bsz})
-    if d.val_files:
-        val, val_trunc = tokenize_examples(read_rows(d.val_files, d), tokenizer, d.max_length, d.truncation)
-        result["val/loss"] = _eval_loss(module, val[rank::world], pad_id, micro, device, m.use_remove_padding)
-        result["data/val_truncated"] = val_trunc
+    if val is not None:
+        final = validate()
+        result.update(final, **{"data/val_truncated": val_truncated})
+        if tracker is not None:
+            tracker.log(final, step)
     out_dir = Path(os.path.expanduser(t.default_local_dir)) / "huggingface"
     save_hf_model(module, out_dir, hf_config=module.config, tokenizer=tokenizer, role="causal_lm",
                   dtype=t.save_dtype)
     result["hf_model_dir"] = str(out_dir)
+    if tracker is not None:
+        tracker.finish()
     return result
 
 
-def _train_step(module, optimizer, batch: DataProto, micro: int, device, use_remove_padding, clip) -> dict:
+def _train_step(module, optimizer, batch: DataProto, micro: int, device, use_remove_padding, clip,
+                sp_group=None) -> dict:
     module.train()
     optimizer.zero_grad(set_to_none=True)
     total = float(batch.batch["response_mask"].sum().item())
     loss_sum = 0.0
     for mb in make_micro_batches(batch, False, micro, None, size_key="data.micro_batch_size_per_gpu")[0]:
-        nll = _nll(module, mb, device, use_remove_padding)
+        nll = _nll(module, mb, device, use_remove_padding, sp_group)
         tokens = mb.batch["response_mask"].to(device)
         loss = nll.sum() / tokens.sum().clamp(min=1)
         (loss * loss_scale(tokens, total, "token-mean")).backward()
@@ -289,7 +412,7 @@ def _train_step(module, optimizer, batch: DataProto, micro: int, device, use_rem
 
 
 @torch.no_grad()
-def _eval_loss(module, examples, pad_id, micro, device, use_remove_padding) -> float:
+def _eval_loss(module, examples, pad_id, micro, device, use_remove_padding, sp_group=None) -> float:
     module.eval()
     nll_sum, tokens = 0.0, 0.0
     count = torch.tensor([-(-len(examples) // micro)], device=device)
@@ -297,7 +420,7 @@ def _eval_loss(module, examples, pad_id, micro, device, use_remove_padding) -> f
     for i in range(int(count.item())):
         chunk = examples[i * micro: (i + 1) * micro]
         mb = collate(chunk or examples[:1] or [([pad_id], [pad_id], [1])], pad_id)
-        nll = _nll(module, mb, device, use_remove_padding)
+        nll = _nll(module, mb, device, use_remove_padding, sp_group)
         if chunk:
             nll_sum += float(nll.sum().item())
             tokens += float(mb.batch["response_mask"].sum().item())

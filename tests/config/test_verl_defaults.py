@@ -110,14 +110,18 @@ def test_the_table_holds_verls_keys_outside_ours_their_renames_and_our_free_dict
                                       "actor_rollout_ref.model.use_shm": False}
 
 
-def test_the_sft_config_drops_nothing(tmp_path):
-    """The table is verl's PPO trainer's: an SFT config's unknown keys stay unknown even where a PPO key of the same
-    path would be at its default."""
+def test_each_config_reads_its_own_table(tmp_path):
+    """The SFT config drops verl's SFT keys at their defaults (its own table), and a key of the PPO table stays
+    unknown there even at the PPO default; the PPO config does not drop the SFT table's keys."""
     path = tmp_path / "sft.yaml"
-    path.write_text(yaml.safe_dump({"data": {"use_shm": False}}))
-    with pytest.raises(ConfigError, match=r"unknown key 'data.use_shm'") as e:
+    path.write_text(yaml.safe_dump({"data": {"balance_dp_token": False}, "trainer": {"default_hdfs_dir": None}}))
+    assert load_config(str(path), defaults="sft_trainer").data.train_batch_size == 256
+    path.write_text(yaml.safe_dump({"actor_rollout_ref": {"actor": {"calculate_entropy": False}}}))
+    with pytest.raises(ConfigError, match=r"unknown key 'actor_rollout_ref'") as e:
         load_config(str(path), defaults="sft_trainer")
     assert "verl's default" not in str(e.value)   # setting it would not help here
+    with pytest.raises(ConfigError, match=r"unknown key 'data.balance_dp_token'"):
+        load_config(overrides=["data.balance_dp_token=false"])
 
 
 def test_verls_deprecated_global_micro_batch_key_beside_its_null_per_gpu_key(tmp_path):
