@@ -47,16 +47,21 @@ def trl_long_tail(micro_batch: int, out: str) -> tuple:
                "--micro-batch", str(micro_batch), "--max-new-tokens", "4096", "--weights", "bf16",
                "--gradient-checkpointing", "--steps", "0", "--out", "{out}/" + out))
 
+def arith_seed_runs(tag: str, *keys: str) -> tuple:
+    """The 20-step SmolLM2 a + b recipe with `keys` over seeds 1-3 (the seeds of smollm2-arith-20-seeds, so each
+    curve has its defaults' beside it); `tag` names the files (m_{tag}_seedS.jsonl, log_..., run directories)."""
+    return tuple(recipe(ARITH, f"m_{tag}_seed{seed}.jsonl", f"log_{tag}_seed{seed}.log",
+                        "trainer.total_training_steps=20", f"trainer.seed={seed}", f"data.seed={41 + seed}", *keys,
+                        "actor_rollout_ref.rollout.gpu_memory_utilization=0.1",
+                        f"trainer.default_local_dir={{work}}/smollm2_{tag}_{seed}", DATA=ADD)
+                 for seed in (1, 2, 3))
+
+
 def partial_arith_runs(tokens: int, tag: str) -> tuple:
     """The 20-step SmolLM2 a + b recipe with partial rollouts of `tokens` new tokens per sample and step, seeds 1-3;
     `tag` names their files (m_partial{tag}_seedS.jsonl, log_..., run directories)."""
-    return tuple(recipe(ARITH, f"m_partial{tag}_seed{seed}.jsonl", f"log_partial{tag}_seed{seed}.log",
-                        "trainer.total_training_steps=20", f"trainer.seed={seed}", f"data.seed={41 + seed}",
-                        "actor_rollout_ref.rollout.partial_rollout.enable=true",
-                        f"actor_rollout_ref.rollout.partial_rollout.max_new_tokens_per_step={tokens}",
-                        "actor_rollout_ref.rollout.gpu_memory_utilization=0.1",
-                        f"trainer.default_local_dir={{work}}/smollm2_partial{tag}_{seed}", DATA=ADD)
-                 for seed in (1, 2, 3))
+    return arith_seed_runs(f"partial{tag}", "actor_rollout_ref.rollout.partial_rollout.enable=true",
+                           f"actor_rollout_ref.rollout.partial_rollout.max_new_tokens_per_step={tokens}")
 
 
 CPU = [
@@ -444,6 +449,17 @@ SMOLLM2 = [
     Scenario("smollm2-arith-20-partial-tail", "the 20-step a + b check with partial rollouts whose budget cuts only "
              "the tail (96 of the 128 new tokens per sample per step; responses average ~55), three seeds",
              "nvidia-h200", "smollm2_defaults/partial_rollout", (MAKE_ADD, *partial_arith_runs(96, "96"))),
+    Scenario("smollm2-arith-20-algorithms", "the 20-step a + b check, three seeds each, with verl's bypass mode "
+             "(ppo_clip, and reinforce with token IS), the optimal token baseline, and PF-PPO on GAE",
+             "nvidia-h200", "smollm2_defaults/algorithms", (
+                 MAKE_ADD,
+                 *arith_seed_runs("bypass_clip", "algorithm.rollout_correction.bypass_mode=true"),
+                 *arith_seed_runs("bypass_reinforce", "algorithm.rollout_correction.bypass_mode=true",
+                                  "algorithm.rollout_correction.loss_type=reinforce",
+                                  "algorithm.rollout_correction.rollout_is=token"),
+                 *arith_seed_runs("otb", "algorithm.adv_estimator=optimal_token_baseline",
+                                  "actor_rollout_ref.actor.calculate_sum_pi_squared=true"),
+                 *arith_seed_runs("pf_ppo", "algorithm.adv_estimator=gae", "algorithm.use_pf_ppo=true"))),
 ]
 
 
