@@ -65,6 +65,10 @@ def partial_arith_runs(tokens: int, tag: str) -> tuple:
 
 
 CPU = [
+    Scenario("reward-scoring", "one step's 256 samples scored with 1-8 scorer worker processes "
+             "(reward_model.scorer_workers), a waiting and a computing scorer", "cpu", "reward_scoring.json",
+             (py("benchmarks/reward_scoring.py", "--samples", "256", "--workers", "1,2,4,8", "--repeat", "3",
+                 "--out", "{out}/reward_scoring.json"),)),
     Scenario("memory-model", "the plan's memory prediction per phase beside every measured one-H200 peak",
              "cpu", "memory_model_check", (py("benchmarks/memory_model_check.py", log="predicted.txt"),)),
     Scenario("plan-capacity", "what fits on one H200 per the memory model: hybrid vs scheme A, 0.5B-7B",

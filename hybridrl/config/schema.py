@@ -38,9 +38,9 @@ ALIAS_NOTES: dict[str, str] = {
     "actor_rollout_ref.rollout.name": "hybridrl has no vLLM or SGLang backend: rollouts run on its native engine "
                                       "(set rollout.name=native to silence this)",
     "reward_model.reward_manager": "hybridrl's per-sample manager, which applies reward_model.overlong_buffer as "
-                                   "verl's DAPO manager does and scores each sample in a worker process within "
-                                   "reward_model.timeout_s as verl's PRIME manager does (set reward_manager=naive to "
-                                   "silence this)",
+                                   "verl's DAPO manager does and scores the samples in parallel worker processes "
+                                   "(reward_model.scorer_workers), each within reward_model.timeout_s, as verl's "
+                                   "PRIME manager does (set reward_manager=naive to silence this)",
     "actor_rollout_ref.rollout.mode": "hybridrl's engine has one mode, in-process, for single-turn, multi-turn and "
                                       "agent-loop rollouts alike (verl's async server mode samples the same "
                                       "distribution); set rollout.mode=sync to silence this",

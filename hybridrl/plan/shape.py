@@ -108,6 +108,22 @@ def parallelism(config: PPOConfig) -> Parallelism:
         reward_fsdp=shard(config.reward_model.model.fsdp_config.fsdp_size))
 
 
+def sft_sequence_parallel(sft_config: SFTConfig, world: int, rank: int, device_type: str) -> tuple[Any, int, int]:
+    """The SFT trainer's Ulysses layout over torchrun's `world` ranks: (the group of `rank`, or None without SP; its
+    data-parallel index; the data-parallel size). The ranks of one group take the same rows."""
+    sp = sft_config.ulysses_sequence_parallel_size
+    if sp < 1 or world % sp:
+        raise ValueError(f"ulysses_sequence_parallel_size={sp} must be >= 1 and divide the world size {world}")
+    if sp == 1:
+        return None, rank, world
+    if not sft_config.model.use_remove_padding:
+        raise ValueError(f"ulysses_sequence_parallel_size={sp} needs model.use_remove_padding=true (the packed "
+                         "path splits each micro-batch's tokens over the group)")
+    from hybridrl.hybrid.meshes import build_sp_mesh
+
+    return build_sp_mesh(device_type, world, sp).get_group("sp"), rank // sp, world // sp
+
+
 def sft_training_mesh(sft_config: SFTConfig, world: int, device_type: str):
     """The SFT trainer's one mesh over torchrun's `world` ranks: FSDP shard groups of `model.fsdp_config.fsdp_size`
     (-1: all ranks)."""

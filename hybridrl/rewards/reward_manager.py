@@ -20,7 +20,9 @@
   (score_worker.py); a scorer that times out on the first HUNG_AFTER samples of a call without scoring one stops the
   run at once (RewardErrorLimitError: it hangs on every input, and timing out on each would take hours). In batch
   mode the deadline is timeout_s × batch size and a failure zeroes (and counts) every sample of the batch.
-  `timeout_s=None` scores in-process with no limit.
+  `timeout_s=None` scores in-process with no limit. With `workers` > 1 (naive mode) that many worker processes score
+  the samples at once, each sample within timeout_s (a sandboxed or slow scorer's step time divided by about that
+  many); the hang check then reads the first HUNG_AFTER results to finish.
 - With the default scorer, a data_source it cannot score (unknown, or a code source needing a sandbox) fails
   the call with the reason (a config error, not a sample error).
 - An empty response (no valid token) is still scored (on ""); its score cannot sit on a valid token, so it is
@@ -48,6 +50,8 @@ import inspect
 import logging
 import math
 import numbers
+import queue
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 
 import torch
@@ -117,7 +121,7 @@ def overlong_reward(valid_length: int, buffer: OverlongBuffer) -> float:
 class RewardManager:
     def __init__(self, tokenizer, compute_score=None, reward_fn_key: str = "data_source",
                  timeout_s: float | None = 10.0, mode: str = "naive", num_examine: int = 0,
-                 overlong_buffer: OverlongBuffer | None = None):
+                 overlong_buffer: OverlongBuffer | None = None, workers: int = 1):
         if mode not in MODES:
             raise ValueError(f"reward_model.reward_manager={mode!r}: must be one of {MODES}")
         if timeout_s is not None and not (isinstance(timeout_s, (int, float)) and timeout_s > 0):
@@ -129,20 +133,32 @@ class RewardManager:
         self.scores_missing_truths = compute_score is not None
         self.compute_score = compute_score or (default_compute_score if mode == "naive" else default_compute_score_batch)
         self.combines_rm = takes_rm_score(self.compute_score, mode)
-        self._worker = ScorerProcess(self.compute_score) if timeout_s is not None else None
+        if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+            raise ValueError(f"reward_model.scorer_workers={workers!r}: must be an integer >= 1")
+        # the per-sample scorer's worker processes (started at their first call); one in batch mode or in-process
+        count = workers if mode == "naive" and timeout_s is not None else 1
+        self._workers = [ScorerProcess(self.compute_score) for _ in range(count)] if timeout_s is not None else []
+        self._idle: queue.SimpleQueue = queue.SimpleQueue()
+        for worker in self._workers:
+            self._idle.put(worker)
 
     def close(self) -> None:
-        if self._worker is not None:
-            self._worker.close()
+        for worker in self._workers:
+            worker.close()
 
     # ------------------------------------------------------------------ scoring
     def _call(self, args: tuple, kwargs: dict | None, budget_s: float | None) -> tuple[str, object]:
-        if self._worker is None:
+        """One scorer call on an idle worker process (in-process without a timeout)."""
+        if not self._workers:
             try:
                 return "ok", self.compute_score(*args, **(kwargs or {}))
             except Exception as e:
                 return "error", repr(e)
-        return self._worker.call(args, kwargs, budget_s)
+        worker = self._idle.get()
+        try:
+            return worker.call(args, kwargs, budget_s)
+        finally:
+            self._idle.put(worker)
 
     def _score_all(self, sources, texts, truths, extras, rm_scores, skip=()) -> list[tuple[str, object]]:
         """(status, value) per sample; samples without a ground truth, or in `skip` (scored by their agent loop), are
@@ -159,10 +175,13 @@ class RewardManager:
     def _score_present(self, sources, texts, truths, extras, rm_scores) -> list[tuple[str, object]]:
         if self.mode == "naive":
             rm = [None] * len(texts) if rm_scores is None else [{"rm_score": x} for x in rm_scores]
+            calls = [{"data_source": ds, "solution_str": s, "ground_truth": gt, "extra_info": ei, **(kw or {})}
+                     for ds, s, gt, ei, kw in zip(sources, texts, truths, extras, rm)]
+            if len(self._workers) > 1 and len(calls) > 1:
+                return self._score_concurrently(calls)
             results = []
-            for ds, s, gt, ei, kw in zip(sources, texts, truths, extras, rm):
-                results.append(self._call((), {"data_source": ds, "solution_str": s, "ground_truth": gt,
-                                                "extra_info": ei, **(kw or {})}, self.timeout_s))
+            for kwargs in calls:
+                results.append(self._call((), kwargs, self.timeout_s))
                 self._stop_if_hung(results, len(texts))
             return results
         budget = None if self.timeout_s is None else self.timeout_s * len(texts)
@@ -172,6 +191,24 @@ class RewardManager:
         if status == "ok" and (not isinstance(value, (list, tuple)) or len(value) != len(texts)):
             status, value = "error", f"batch compute_score must return a list of {len(texts)} scores, got {value!r}"[:500]
         return list(zip(["ok"] * len(texts), value)) if status == "ok" else [(status, value)] * len(texts)
+
+    def _score_concurrently(self, calls: list[dict]) -> list[tuple[str, object]]:
+        """The samples on every worker process at once, each within timeout_s; results in sample order. The hang
+        check reads the results in the order they finish."""
+        results: list = [None] * len(calls)
+        finished: list = []
+        with ThreadPoolExecutor(max_workers=len(self._workers), thread_name_prefix="reward-scorer") as pool:
+            futures = {pool.submit(self._call, (), kwargs, self.timeout_s): i for i, kwargs in enumerate(calls)}
+            try:
+                for future in as_completed(futures):
+                    results[futures[future]] = future.result()
+                    finished.append(results[futures[future]])
+                    self._stop_if_hung(finished, len(calls))
+            except BaseException:
+                for future in futures:
+                    future.cancel()
+                raise
+        return results
 
     def _stop_if_hung(self, results: list, total: int) -> None:
         """A scorer that has timed out on the first HUNG_AFTER samples of a call and scored none hangs on every

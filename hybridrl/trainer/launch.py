@@ -112,8 +112,13 @@ def build_reward_fns(config: PPOConfig, tokenizer):
     overlong = OverlongBuffer(ob.len, ob.penalty_factor, config.data.max_response_length,
                               ob.log) if ob.enable else None
     kwargs = dict(compute_score=score, reward_fn_key=config.data.reward_fn_key, timeout_s=timeout_s,
-                  mode=rm.reward_manager, overlong_buffer=overlong)
+                  mode=rm.reward_manager, overlong_buffer=overlong, workers=scorer_workers(rm.scorer_workers))
     return RewardManager(tokenizer, **kwargs), RewardManager(tokenizer, **kwargs)
+
+
+def scorer_workers(value) -> int:
+    """reward_model.scorer_workers: auto = this (the driver's) machine's CPUs, at most 16."""
+    return min(16, os.cpu_count() or 1) if value == "auto" else int(value)
 
 
 def _require_sandbox_layers(value) -> None:

@@ -46,7 +46,7 @@ from hybridrl.config.sections.optim import OptimConfig
 from hybridrl.data.sft_conversation import normalize_messages, tokenize_conversation
 from hybridrl.models.tokenizer import resolve_chat_template
 from hybridrl.plan.actor_plan import resolve_liger
-from hybridrl.plan.shape import sft_training_mesh
+from hybridrl.plan.shape import sft_sequence_parallel, sft_training_mesh
 from hybridrl.protocol import DataProto
 from hybridrl.trainer.sft_state import data_order_facts, resume_sft, save_sft_checkpoint, sft_checkpoints
 from hybridrl.training.checkpoint import save_hf_model
@@ -274,22 +274,6 @@ def _run_dir(t, rank: int):
         yield
 
 
-def _sequence_parallel(cfg, world: int, rank: int, device) -> tuple[object, int, int]:
-    """(the Ulysses group or None, this rank's data-parallel index, the data-parallel size): the ranks of one group
-    take the same rows."""
-    sp = cfg.ulysses_sequence_parallel_size
-    if sp < 1 or world % sp:
-        raise ValueError(f"ulysses_sequence_parallel_size={sp} must be >= 1 and divide the world size {world}")
-    if sp == 1:
-        return None, rank, world
-    if not cfg.model.use_remove_padding:
-        raise ValueError(f"ulysses_sequence_parallel_size={sp} needs model.use_remove_padding=true (the packed "
-                         "path splits each micro-batch's tokens over the group)")
-    from hybridrl.hybrid.meshes import build_sp_mesh
-
-    return build_sp_mesh(device.type, world, sp).get_group("sp"), rank // sp, world // sp
-
-
 def _train(cfg, device, world, rank, AutoTokenizer) -> dict:
     d, m, o, t = cfg.data, cfg.model, cfg.optim, cfg.trainer
     model_path = os.path.expanduser(m.partial_pretrain)
@@ -307,7 +291,7 @@ def _train(cfg, device, world, rank, AutoTokenizer) -> dict:
         val, val_truncated = tokenize_examples(read_rows(d.val_files, d, d.val_max_samples), tokenizer, d.max_length,
                                                d.truncation)
     mesh = sft_training_mesh(cfg, world, device.type)
-    sp_group, dp_rank, dp = _sequence_parallel(cfg, world, rank, device)
+    sp_group, dp_rank, dp = sft_sequence_parallel(cfg, world, rank, device.type)
     bsz, micro = d.train_batch_size, _micro_size(d, dp)
     if bsz <= 0 or bsz % dp:
         raise ValueError(f"data.train_batch_size={bsz} must be a positive multiple of the data-parallel size {dp} "

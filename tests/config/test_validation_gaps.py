@@ -42,8 +42,8 @@ def test_null_timeout_means_no_time_limit(tiny_model_dir):
     cfg = load_config(overrides=["reward_model.timeout_s=null", "reward_model.max_error_fraction=null"])
     assert cfg.reward_model.timeout_s is None and cfg.reward_model.max_error_fraction is None
     train_fn, val_fn = build_reward_fns(cfg, AutoTokenizer.from_pretrained(tiny_model_dir))
-    assert train_fn.timeout_s is None and train_fn._worker is None  # scored in-process, no deadline
-    assert val_fn.timeout_s is None and val_fn._worker is None
+    assert train_fn.timeout_s is None and train_fn._workers == []  # scored in-process, no deadline
+    assert val_fn.timeout_s is None and val_fn._workers == []
 
 
 def test_ulysses_degree_must_divide_the_attention_heads_of_each_role_s_model(tiny_model_dir):

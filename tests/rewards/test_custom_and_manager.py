@@ -149,7 +149,7 @@ def test_manager_dict_scores_errors_and_timeouts_in_worker(tok, scorer_file):
         assert out["metrics"]["reward/timeouts"] == 1 and out["metrics"]["reward/errors"] == 2
         assert out["reward_extra_info"]["acc"] == [True, None, None, None, False, True]
         assert out["reward_extra_info"]["length"][4] == len("result 8")
-        assert manager._worker.restarts == 1
+        assert manager._workers[0].restarts == 1
     finally:
         manager.close()
 

@@ -63,6 +63,9 @@ class RewardModelConfig(Section):
     """naive (per sample) | batch; verl's dapo is read as naive (the overlong buffer works with either)"""
     timeout_s: float | None
     """per-sample scorer time limit; over it the score is 0 and counted; null = no limit (scored in-process)"""
+    scorer_workers: Auto | int
+    """worker processes scoring a step's samples at once (naive manager with a timeout_s; verl's prime manager scores
+    in parallel too); auto = the driver's CPUs, at most 16"""
     max_error_fraction: float | None
     """stop the run once this share of the samples of the last error_window_steps failed to score (raised, non-finite or
     non-number score, timeout, no ground truth: each scored 0 and counted in reward/errors, reward/timeouts); 1.0 = only
@@ -86,6 +89,8 @@ class RewardModelConfig(Section):
 
         if self.timeout_s is not None and self.timeout_s <= 0:
             found.errors.append(f"'{RM}.timeout_s' must be > 0 or null (no limit), got {self.timeout_s}")
+        if self.scorer_workers != "auto" and self.scorer_workers < 1:
+            found.errors.append(f"'{RM}.scorer_workers' must be auto or >= 1, got {self.scorer_workers}")
         if self.max_error_fraction is not None and not 0 < self.max_error_fraction <= 1:
             found.errors.append(f"'{RM}.max_error_fraction' must be in (0, 1] or null (never stop), got "
                                 f"{self.max_error_fraction}")
