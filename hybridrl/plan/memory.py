@@ -41,6 +41,7 @@ class Residency:
     lora_params: int = 0        # actor LoRA adapter parameters; 0 = full fine-tuning. With LoRA only the adapters
                                 # have grads and AdamW state, and the reference is the actor's base (no copy)
     lora_base_bytes: int = 0    # LoRA: bytes per frozen base parameter (2: bf16 on GPUs; adapters: master_bytes)
+    critic_lora_params: int = 0  # the critic's LoRA adapters and value head (all it trains); 0 = full fine-tuning
     lora_expert_bytes: int = 0  # LoRA on experts: one MoE layer's adapted expert tensors in bf16, which peft's
                                 # forward rebuilds as W + scale·B·A (the update's backward keeps that copy)
     reward_model: ModelShape | None = None   # sequence-classification reward model (reward_model.style=model)
@@ -104,9 +105,10 @@ class MemoryModel:
             params = not r.critic_param_offload if critic_on_gpu is None else critic_on_gpu
             optim = (not r.critic_optimizer_offload if critic_on_gpu is None else critic_on_gpu) \
                 if critic_optim_on_gpu is None else critic_optim_on_gpu
+            trained = r.critic_lora_params or pc   # LoRA: the adapters (and the value head) only
             parts["critic params"] = pc * 4 / r.critic_shard if params else 0
-            parts["critic optimizer"] = 2 * pc * 4 / r.critic_shard if optim else 0
-            parts["critic grads"] = pc * 4 / r.critic_shard if critic_grads else 0
+            parts["critic optimizer"] = 2 * trained * 4 / r.critic_shard if optim else 0
+            parts["critic grads"] = trained * 4 / r.critic_shard if critic_grads else 0
         return parts
 
     def engine_weights(self) -> int:

@@ -245,6 +245,8 @@ def _residency(get, layout: Layout, device: DeviceSpec, shape: ModelShape, rm_sh
         lora_params=adapter_param_count(shape, get(f"{MODEL}.lora_rank"), get(f"{MODEL}.target_modules"),
                                         get(f"{MODEL}.target_parameters")),
         lora_base_bytes=_dtype_bytes(lora_base_dtype) if lora_base_dtype else 0,
+        critic_lora_params=(adapter_param_count(shape, get("critic.model.lora_rank"), get("critic.model.target_modules"))
+                            + shape.hidden) if has_critic and get("critic.model.lora_rank") else 0,
         lora_expert_bytes=2 * shape.expert_tensor_params(get(f"{MODEL}.target_parameters") or ())
         if get(f"{MODEL}.lora_rank") else 0,
         fused_optimizer=fused_optimizer, liger=use_liger,

@@ -214,6 +214,15 @@ def _model_class(role: str):
     raise ValueError(f"model role={role!r}: use actor, ref, causal_lm, critic or reward_model")
 
 
+def value_head(model: torch.nn.Module) -> torch.nn.Module:
+    """The critic's linear value head (transformers' token classifiers name it `score`, some `classifier`)."""
+    for name in ("score", "classifier"):
+        head = getattr(model, name, None)
+        if isinstance(head, torch.nn.Module):
+            return head
+    raise ValueError(f"{type(model).__name__} has no value head named score or classifier")
+
+
 def load_hf_config(path: str, role: str = "actor", override_config: Mapping | None = None,
                    trust_remote_code: bool = False):
     from transformers import AutoConfig
@@ -317,6 +326,8 @@ def build_fsdp_model(source: ModelSource, dtypes: FSDPDtypes, mesh: DeviceMesh, 
         from hybridrl.training.lora import apply_lora
 
         model = apply_lora(model, lora, adapter_dtype=master)
+        if role == "critic":   # the value head is new: it trains whole beside the adapters (peft's TOKEN_CLS)
+            value_head(model).requires_grad_(True)
         if lora.adapter_path is not None and rank == 0:   # the others receive them with the weights below
             from hybridrl.training.lora import load_adapter_weights
 

@@ -100,10 +100,10 @@ def check_lora_keys(rank, alpha, targets, parameters=None, prefix: str = "actor_
 
 
 def lora_settings(model_cfg) -> LoraSettings | None:
-    """The actor's LoRA settings from the typed `actor_rollout_ref.model` section (ModelConfig: lora_rank,
-    lora_alpha, target_modules, target_parameters), or None when `lora_rank` is 0 (full fine-tuning)."""
+    """The LoRA settings of a typed model section (the actor's ModelConfig: lora_rank, lora_alpha, target_modules,
+    target_parameters; the critic's has no expert targets), or None when `lora_rank` is 0 (full fine-tuning)."""
     rank, alpha, targets = model_cfg.lora_rank, model_cfg.lora_alpha, model_cfg.target_modules
-    parameters = model_cfg.target_parameters
+    parameters = getattr(model_cfg, "target_parameters", None)
     targets = targets if isinstance(targets, str) else list(targets)
     parameters = None if parameters is None else list(parameters)
     errors = check_lora_keys(rank, alpha, targets, parameters)

@@ -102,15 +102,15 @@ def build_fsdp_model(model_cfg: Section, dtypes: FSDPDtypes, optim_cfg: OptimCon
                      use_varlen_attention: bool = False):
     """HF model → FSDP2 (training/ applies FSDP; the model never knows) from a role's typed model and optim
     sections and its FSDP dtypes (`FSDPDtypes.of(fsdp_config)`). Returns (module, optimizer, scheduler).
-    A trainable actor gets LoRA adapters when `model.lora_rank` > 0, in `dtypes.model`, over a frozen base stored in
-    `lora_base_dtype` (the plan's; None: dtypes.model); the optimizer holds only what requires grad (the adapters
-    then, every parameter otherwise); `fused_optimizer`, `gradient_checkpointing` with `recompute_kept_layers`
+    A trained actor or critic gets LoRA adapters when `model.lora_rank` > 0, in `dtypes.model`, over a frozen base
+    stored in `lora_base_dtype` (the plan's; None: dtypes.model); the critic's value head trains whole beside them;
+    the optimizer holds only what requires grad (the adapters, and the head, then; every parameter otherwise); `fused_optimizer`, `gradient_checkpointing` with `recompute_kept_layers`
     (trained models only), `liger` and `use_varlen_attention` (packed forwards) are the plan's choices."""
     from hybridrl.training.fsdp import build_fsdp_model as shard
     from hybridrl.training.lora import lora_settings
     from hybridrl.training.optim import build_lr_scheduler, build_optimizer
 
-    lora = lora_settings(model_cfg) if trainable and not critic else None
+    lora = lora_settings(model_cfg) if trainable else None
     module = shard(ModelSource.of(model_cfg), dtypes, mesh, device, role="critic" if critic else "actor", lora=lora,
                    lora_base_dtype=lora_base_dtype, gradient_checkpointing=trainable and gradient_checkpointing,
                    recompute_kept_layers=recompute_kept_layers, liger=liger, use_varlen_attention=use_varlen_attention)

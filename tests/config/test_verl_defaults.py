@@ -73,7 +73,7 @@ def test_verls_full_generated_config_loads_with_the_dropped_keys_named(tmp_path,
 
 @pytest.mark.parametrize("key,value", [("actor_rollout_ref.actor.checkpoint.async_save", True),
                                        (f"{R}.enable_prefix_caching", False),
-                                       ("trainer.del_local_ckpt_after_load", True), ("critic.model.lora_rank", 8)])
+                                       ("trainer.del_local_ckpt_after_load", True), ("actor_rollout_ref.actor.freeze_vision_tower", True)])
 def test_a_verl_key_at_another_value_is_refused_naming_its_default(tmp_path, key, value):
     default = verl_defaults()[key]
     with pytest.raises(ConfigError, match=rf"unknown key '{key}': verl's key.*verl's default, {default!r}"):

@@ -145,7 +145,9 @@ def test_hf_rollout_backend_runs_on_the_actor_module(ray_local, tiny_model_dir, 
     ["algorithm.adv_estimator=optimal_token_baseline", "actor_rollout_ref.actor.calculate_sum_pi_squared=true",
      "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2", "actor_rollout_ref.model.use_remove_padding=true"],
     # Σπ² from the old-log-prob pass, each sequence split over an SP group of 2
-], ids=["remax", "rloo_kl_in_reward", "scheme_a_offload", "ppo_ulysses_sp2", "otb_ulysses_sp2"])
+    ["algorithm.adv_estimator=gae", "actor_rollout_ref.model.lora_rank=8", "actor_rollout_ref.model.lora_alpha=16",
+     "critic.model.lora_rank=8", "critic.model.lora_alpha=16"],   # PPO with LoRA on the actor and the critic
+], ids=["remax", "rloo_kl_in_reward", "scheme_a_offload", "ppo_ulysses_sp2", "otb_ulysses_sp2", "ppo_lora"])
 def test_other_estimators_and_scheme_a_run(ray_local, tiny_model_dir, arith_dir, tmp_path, extra):
     cfg = load_config(overrides=overrides(tiny_model_dir, arith_dir, tmp_path / "run", "trainer.total_training_steps=2",
                                           *extra))

@@ -297,6 +297,13 @@ def test_whole_batch_rollout_correction_needs_the_old_log_prob_pass():
         plan([f"{A}.old_log_prob_pass=false", f"{rc}.rollout_rs=seq_mean_k3", f"{rc}.rollout_rs_threshold=0.1"])
 
 
+def test_critic_lora_keeps_optimizer_state_for_its_adapters_only():
+    full = plan(["algorithm.adv_estimator=gae"])
+    lora = plan(["algorithm.adv_estimator=gae", "critic.model.lora_rank=16"])
+    f, l = full.predicted["update_critic"].parts, lora.predicted["update_critic"].parts
+    assert l["critic optimizer"] < 0.05 * f["critic optimizer"] and l["critic params"] == f["critic params"]
+
+
 def test_bypass_mode_runs_no_old_log_prob_pass_at_any_mini_batch_count():
     rc = "algorithm.rollout_correction"
     for extra in ([], [f"{A}.ppo_mini_batch_size=32", f"{A}.ppo_epochs=2"], ["algorithm.use_kl_in_reward=true"],

@@ -167,3 +167,37 @@ def test_lora_two_ranks_update_logprobs_reshard_checkpoint_merge(tmp_path, base_
     run_ranks(_worker, 2, str(model_dir), str(tmp_path), base_dtype)
     assert (tmp_path / "merged" / "model.safetensors").exists()
     assert (tmp_path / "merged" / "adapter" / "adapter_config.json").exists()
+
+
+def _critic_worker(rank, world, model_dir):
+    from hybridrl.training import DataParallelPPOCritic
+    from hybridrl.training.fsdp import value_head
+    from hybridrl.workers.critic import CRITIC_DTYPES
+
+    cfg = load_config(overrides=[f"critic.model.path={model_dir}", "critic.model.lora_rank=4",
+                                 "critic.model.lora_alpha=8", "critic.optim.lr=1e-2", "critic.grad_clip=1.0",
+                                 "critic.cliprange_value=100.0"]).critic
+    module, opt, _ = build_fsdp_model(cfg.model, CRITIC_DTYPES, cfg.optim, build_training_mesh(world, -1, "cpu"),
+                                      torch.device("cpu"), trainable=True, critic=True, use_varlen_attention=True)
+    trained = {n for n, p in module.named_parameters() if p.requires_grad}
+    head = {f"score.{n}" for n, _ in value_head(module).named_parameters()}
+    assert head <= trained and all("lora_" in n for n in trained - head) and len(trained) > len(head)
+    assert sum(len(g["params"]) for g in opt.param_groups) == len(trained)   # the frozen backbone holds no state
+    before = _full(module)
+    data = make_ppo_batch(batch=4, seed=6)
+    data.meta_info["micro_batch_size"] = 2
+    critic = DataParallelPPOCritic(cfg, module, opt, batches=TINY_BATCHES, use_remove_padding=True)
+    data.batch["values"] = critic.compute_values(data)
+    first = critic.update_critic(data)
+    for _ in range(3):
+        last = critic.update_critic(data)
+    assert last["critic/vf_loss"] < first["critic/vf_loss"]
+    after = _full(module)
+    changed = {k for k in after if not torch.equal(after[k], before[k])}
+    assert changed and all("lora_" in k or k.startswith("score.") for k in changed)
+    assert any(k.startswith("score.") for k in changed)
+
+
+def test_critic_lora_trains_the_adapters_and_the_value_head(tmp_path):
+    model_dir = make_tiny_model_dir(tmp_path / "model", with_tokenizer=False)
+    run_ranks(_critic_worker, 1, str(model_dir))

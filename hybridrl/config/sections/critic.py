@@ -65,6 +65,10 @@ class CriticConfig(Section):
         check_activation_offload(self.model, "critic.model", found)
         if cfg.algorithm.adv_estimator != "gae":
             return
+        from hybridrl.training.lora import check_lora_keys
+
+        found.errors += check_lora_keys(self.model.lora_rank, self.model.lora_alpha, self.model.target_modules,
+                                        prefix="critic.model")
         check_fsdp_size("critic.model.fsdp_config.fsdp_size", self.model.fsdp_config.fsdp_size, cfg, found)
         check_update_batches("critic", "critic.model", self, self.model.use_remove_padding, cfg, found)
         if self.use_dynamic_bsz is True:   # auto: the plan checks it where it turns them on
@@ -99,6 +103,13 @@ class CriticModelConfig(Section):
     are token-budgeted or split by Ulysses"""
     trust_remote_code: bool
     """passed to transformers' from_pretrained"""
+    lora_rank: int
+    """> 0: the critic trains LoRA adapters of this rank on its frozen backbone, and its value head whole (verl's
+    critic LoRA: peft's token-classification task); 0 = full fine-tuning"""
+    lora_alpha: int | float
+    """LoRA scale: the update is (lora_alpha / lora_rank) * B @ A"""
+    target_modules: str | list[str]
+    """all-linear, or a list of q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj"""
     fsdp_config: CriticFSDPConfig
 
 
