@@ -118,11 +118,15 @@ def test_ulysses_sft_on_two_ranks_trains_as_one_rank(setup, tmp_path):
     one = run_sft(load_sft_config(overrides=_keys(setup, tmp_path / "one", "trainer.total_training_steps=2",
                                                   "use_remove_padding=true")))
     keys = _keys(setup, tmp_path / "sp", "trainer.total_training_steps=2", "use_remove_padding=true",
-                 "ulysses_sequence_parallel_size=2")
+                 "ulysses_sequence_parallel_size=2", "trainer.save_freq=2")
     run_ranks(_sp_rank, 2, keys)
+    # both ranks wrote their shards of the step-2 checkpoint; rank 0 committed it
+    assert sorted(p.name for p in (tmp_path / "sp" / "global_step_2").glob("extra_state_*")) == [
+        "extra_state_world_size_2_rank_0.pt", "extra_state_world_size_2_rank_1.pt"]
+    assert (tmp_path / "sp" / "global_step_2" / "COMPLETE").exists()
     a = _weights(one)
     b = _weights({"hf_model_dir": str(tmp_path / "sp" / "huggingface")})
     for name in a:
         torch.testing.assert_close(b[name], a[name], atol=1e-5, rtol=1e-4)
     with pytest.raises(ValueError, match="ulysses_sequence_parallel_size=2 must be >= 1 and divide the world size 1"):
-        run_sft(load_sft_config(overrides=keys))
+        run_sft(load_sft_config(overrides=[*keys, f"trainer.default_local_dir={tmp_path / 'sp1'}"]))
