@@ -130,3 +130,13 @@ def test_ulysses_sft_on_two_ranks_trains_as_one_rank(setup, tmp_path):
         torch.testing.assert_close(b[name], a[name], atol=1e-5, rtol=1e-4)
     with pytest.raises(ValueError, match="ulysses_sequence_parallel_size=2 must be >= 1 and divide the world size 1"):
         run_sft(load_sft_config(overrides=[*keys, f"trainer.default_local_dir={tmp_path / 'sp1'}"]))
+
+
+def test_an_export_only_sft_checkpoint_is_no_resume_point(setup, tmp_path):
+    keys = _keys(setup, tmp_path / "export", "trainer.total_training_steps=2", "trainer.save_freq=2",
+                 "trainer.checkpoint.save_contents=[hf_model]", "trainer.checkpoint.load_contents=[hf_model]")
+    run_sft(load_sft_config(overrides=keys))
+    step = tmp_path / "export" / "global_step_2"
+    assert (step / "huggingface" / "model.safetensors").exists() and not (step / "model").exists()
+    with pytest.raises(ResumeConfigError, match=r"'trainer.checkpoint.contents' = \['hf_model'\], without 'model'"):
+        run_sft(load_sft_config(overrides=keys))
