@@ -180,8 +180,6 @@ VERL_REFUSED: dict[str, str] = {
     "data.tool_config_path": "the tool file is actor_rollout_ref.rollout.multi_turn.tool_config_path: set that",
     "reward_model.sandbox_fusion": "no remote sandbox service; code runs in hybridrl's local sandbox "
     "(reward_model.sandbox.*): remove it",
-    "reward_model.launch_reward_fn_async": "rule-based rewards are scored in the driver after the rollout, in a "
-    "worker process within reward_model.timeout_s: remove it",
     "actor_rollout_ref.rollout.multi_turn.use_inference_chat_template": "multi-turn trajectories are the engine's "
     "own token ids, with the tool and user turns rendered once by the chat template: remove it",
     "actor_rollout_ref.rollout.multi_turn.tokenization_sanity_check_mode": "multi-turn trajectories are the engine's "

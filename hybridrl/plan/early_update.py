@@ -51,6 +51,8 @@ def why_not_exact(sizing: Sizing, actor: ActorPlan) -> str | None:
         (get(f"{ROLLOUT}.partial_rollout.enable"), "partial rollouts choose the trained groups after the rollout"),
         (get(f"{ROLLOUT}.multi_turn.enable"), "a multi-turn agent can add samples to a group"),
         (get("reward_model.enable"), "a reward model scores on the GPUs during the rollout"),
+        (get("reward_model.launch_reward_fn_async"), "reward_model.launch_reward_fn_async scores the whole batch "
+                                                     "beside the passes after the rollout"),
         (get(f"{ROLLOUT}.name") != "native", f"{ROLLOUT}.name={get(f'{ROLLOUT}.name')!r}: only the native engine "
                                              "reports finished groups"),
         (get(f"{ACTOR}.fsdp_config.param_offload"), "param_offload moves the actor's parameters off the GPU during "

@@ -55,7 +55,7 @@ from hybridrl.trainer.metrics import (
 from hybridrl.trainer.partial_rollout import STATE_FILE as PARTIAL_STATE_FILE
 from hybridrl.trainer.partial_rollout import PartialRolloutBuffer
 from hybridrl.trainer.resume_check import check_resumable, check_resume_config, save_resolved_config
-from hybridrl.trainer.reward_phase import RM_COUNTS, compute_reward
+from hybridrl.trainer.reward_phase import RM_COUNTS, PendingReward, compute_reward, compute_rm_scores
 from hybridrl.trainer.rollout_batch import (
     assign_uids,
     attach_rollout,
@@ -141,6 +141,8 @@ class RayPPOTrainer:
         # partial rollouts (the plan's): the groups in flight across steps, and the IS level their update uses
         self.partial = PartialRolloutBuffer(partial, config.actor_rollout_ref.rollout.n) if partial else None
         self.rollout_correction = rollout_correction(config.algorithm.rollout_correction, partial)
+        # reward_model.launch_reward_fn_async: the step's scoring, running beside the next passes (PendingReward)
+        self._pending_reward: PendingReward | None = None
 
     def _total_steps(self) -> int:
         t = self.config.trainer
@@ -303,6 +305,9 @@ class RayPPOTrainer:
             batch = attach_rollout(batch, out, n)
         if balance:
             self._balance(batch, metrics)
+        if cfg.reward_model.launch_reward_fn_async:   # the config allows it where nothing reads the scores sooner
+            self._pending_reward = self._score(batch, metrics, timing, absorb, asynchronous=True)
+            return batch, {}
         result = self._score(batch, metrics, timing, absorb)
         if cfg.algorithm.use_kl_in_reward:
             batch = self._old_and_ref_log_probs(batch, timing, absorb)
@@ -315,20 +320,41 @@ class RayPPOTrainer:
             batch.batch["token_level_rewards"] = batch.batch["token_level_scores"]
         return batch, result
 
-    def _score(self, batch: DataProto, metrics: dict, timing: dict, absorb) -> dict:
+    def _score(self, batch: DataProto, metrics: dict, timing: dict, absorb, asynchronous: bool = False):
         """The reward phase: `token_level_scores` in the batch, the reward manager's result returned; reward-model
-        counts add up over calls (generation batches of dynamic sampling, parts of an early update)."""
+        counts add up over calls (generation batches of dynamic sampling, parts of an early update). `asynchronous`:
+        the reward model scores here, the reward function starts in a thread and its PendingReward is returned
+        (`_await_reward` applies it)."""
         with marked_timer("reward", timing):
-            result, rm_metrics, rm_worker = compute_reward(batch, self.reward_fn, self.reward_model)
+            rm_metrics, rm_worker = compute_rm_scores(batch, self.reward_model)
             absorb(DataProto(meta_info={"metrics": rm_worker}))
             for key, value in rm_metrics.items():
                 metrics[key] = metrics.get(key, 0.0) + value if key in RM_COUNTS else value
-            batch.batch["token_level_scores"] = result["reward_tensor"]
-            if self.config.trainer.rollout_data_dir:   # the scorer's per-sample extras, for the rollout dumps
-                extras = result.get("reward_extra_info") or {}
-                batch.non_tensor_batch[REWARD_EXTRAS] = np.array([{k: v[i] for k, v in extras.items()}
-                                                                  for i in range(len(batch))], dtype=object)
+            if asynchronous:
+                return PendingReward(self.reward_fn, batch)
+            result = self.reward_fn(batch)
+            self._apply_scores(batch, result)
         return result
+
+    def _apply_scores(self, batch: DataProto, result: dict) -> None:
+        batch.batch["token_level_scores"] = result["reward_tensor"]
+        if self.config.trainer.rollout_data_dir:   # the scorer's per-sample extras, for the rollout dumps
+            extras = result.get("reward_extra_info") or {}
+            batch.non_tensor_batch[REWARD_EXTRAS] = np.array([{k: v[i] for k, v in extras.items()}
+                                                              for i in range(len(batch))], dtype=object)
+
+    def _await_reward(self, batch: DataProto, metrics: dict, timing: dict) -> None:
+        """The asynchronous reward function's scores into the batch (as rewards: no KL in the reward beside it), its
+        metrics, and the reward-failure guard before any update. `timing_s/reward` adds the seconds it scored,
+        `timing_s/reward_wait` is what the step waited for it after the passes it ran beside."""
+        pending, self._pending_reward = self._pending_reward, None
+        result, scored, waited = pending.result()
+        timing["reward"] = timing.get("reward", 0.0) + scored
+        timing["reward_wait"] = waited
+        self._apply_scores(batch, result)
+        batch.batch["token_level_rewards"] = batch.batch["token_level_scores"]
+        metrics.update(merge_reward_metrics([result.get("metrics", {})]))
+        metrics["reward/failed_fraction"] = self.reward_guard.check(self.global_steps, metrics)
 
     def _partial_rollout(self, batch: DataProto, meta: dict, metrics: dict, timing: dict, absorb) -> DataProto | None:
         """Partial rollouts: the new prompts join the groups in flight, every unfinished sample generates up to the
@@ -395,9 +421,10 @@ class RayPPOTrainer:
             batch = next(more_batches, None)
             if batch is None:
                 raise RuntimeError("algorithm.filter_groups needs another generation batch but none was given")
-        metrics.update(merge_reward_metrics(reward_metrics))
-        # failed samples were scored 0; past the configured share the run stops before any update uses them
-        metrics["reward/failed_fraction"] = self.reward_guard.check(self.global_steps, metrics)
+        if self._pending_reward is None:   # else _await_reward does both once the scores are in
+            metrics.update(merge_reward_metrics(reward_metrics))
+            # failed samples were scored 0; past the configured share the run stops before any update uses them
+            metrics["reward/failed_fraction"] = self.reward_guard.check(self.global_steps, metrics)
         return part
 
     def _train_on(self, batch: DataProto, metrics: dict, timing: dict, absorb) -> DataProto:
@@ -419,6 +446,8 @@ class RayPPOTrainer:
                 values = self.critic_wg.compute_values(batch)
                 absorb(values)
                 batch.union(values)
+        if self._pending_reward is not None:   # scored beside the passes above
+            self._await_reward(batch, metrics, timing)
         batch = self._advantages(batch, metrics, timing)
         if self.use_critic:
             with marked_timer("update_critic", timing):

@@ -20,6 +20,9 @@ REFUSED = [
     ([f"{RC}.rollout_is=token", f"{RC}.rollout_is_threshold=0.0"], rf"'{RC}.rollout_is_threshold' = 0.0 must be > 0"),
     ([f"{RC}.rollout_rs=token_k2"], rf"{RC}.rollout_rs_threshold is null but rollout_rs='token_k2'"),
     ([f"{RC}.rollout_rs=seq_k2", f"{RC}.rollout_rs_threshold=1"], r"unknown: \['seq_k2'\]"),
+    (["reward_model.launch_reward_fn_async=true", f"{FG}.enable=true", f"{FG}.metric=acc"],
+     rf"'reward_model.launch_reward_fn_async' = true scores beside the passes after the rollout, but '{FG}.enable' "
+     "= true needs the scores before them"),
     ([f"{RC}.loss_type=reinforce"], rf"'{RC}.loss_type' = reinforce acts only with '{RC}.bypass_mode' = true"),
     ([f"{RC}.loss_type=pg"], rf"'{RC}.loss_type' = 'pg' is not one of \['ppo_clip', 'reinforce'\]"),
     ([f"{RC}.bypass_mode=true", "actor_rollout_ref.actor.policy_loss.loss_mode=gspo"],

@@ -260,3 +260,20 @@ def test_shared_prompt_forwards_give_the_unshared_step(ray_local, tiny_model_dir
     for key in ("actor/pg_loss", "actor/grad_norm", "actor/kl_loss", "actor/entropy", "critic/vf_loss",
                 "critic/grad_norm", "critic/values/mean"):
         assert math.isclose(shared[key], plain[key], rel_tol=1e-4, abs_tol=1e-6), (key, shared[key], plain[key])
+
+
+def test_the_reward_function_scoring_beside_the_passes_gives_the_same_step(ray_local, tiny_model_dir, arith_dir,
+                                                                           tmp_path):
+    """reward_model.launch_reward_fn_async: the reward function scores in a driver thread while the reference pass
+    runs; the step's scores, losses and update equal those of the step that scored first."""
+    steps = {}
+    for name, value in (("sync", "false"), ("async", "true")):
+        cfg = load_config(overrides=overrides(tiny_model_dir, arith_dir, tmp_path / name,
+                                              "trainer.total_training_steps=1", "actor_rollout_ref.actor.use_kl_loss=true",
+                                              f"reward_model.launch_reward_fn_async={value}"))
+        (steps[name],) = train_metrics(run_ppo(cfg)["history"])
+    a, s = steps["async"], steps["sync"]
+    assert "timing_s/reward_wait" in a and "timing_s/reward_wait" not in s and "timing_s/ref" in a
+    for key in ("critic/score/mean", "critic/advantages/mean", "actor/pg_loss", "actor/kl_loss", "actor/grad_norm",
+                "response_length/mean", "reward/failed_fraction"):
+        assert a[key] == pytest.approx(s[key], rel=1e-5, abs=1e-7), key

@@ -38,6 +38,7 @@ def test_auto_off_where_both_at_once_would_not_fit():
     (["algorithm.adv_estimator=reinforce_plus_plus"], "'reinforce_plus_plus'"),
     (["algorithm.filter_groups.enable=true", "algorithm.filter_groups.metric=acc"], "dynamic sampling"),
     ([f"{A}.fsdp_config.param_offload=true"], "param_offload"),
+    (["reward_model.launch_reward_fn_async=true"], "launch_reward_fn_async"),
     ([f"{R}.name=hf"], "native engine"),
     (["trainer.n_gpus_per_node=2"], "2 ranks"),
     ([f"{A}.entropy_coeff=0.01", f"{A}.policy_loss.loss_mode=gspo"], "aggregates with 'seq-mean-token-mean'"),

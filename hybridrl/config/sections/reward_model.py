@@ -66,6 +66,10 @@ class RewardModelConfig(Section):
     scorer_workers: Auto | int
     """worker processes scoring a step's samples at once (naive manager with a timeout_s; verl's prime manager scores
     in parallel too); auto = the driver's CPUs, at most 16"""
+    launch_reward_fn_async: bool
+    """the reward function scores the step's samples in a driver thread while the old-log-prob, reference and value
+    passes run, joined before the advantages (timing_s/reward_wait: what the step still waited); not with dynamic
+    sampling, the KL in the reward or partial rollouts, which read the scores sooner"""
     max_error_fraction: float | None
     """stop the run once this share of the samples of the last error_window_steps failed to score (raised, non-finite or
     non-number score, timeout, no ground truth: each scored 0 and counted in reward/errors, reward/timeouts); 1.0 = only
@@ -91,6 +95,16 @@ class RewardModelConfig(Section):
             found.errors.append(f"'{RM}.timeout_s' must be > 0 or null (no limit), got {self.timeout_s}")
         if self.scorer_workers != "auto" and self.scorer_workers < 1:
             found.errors.append(f"'{RM}.scorer_workers' must be auto or >= 1, got {self.scorer_workers}")
+        if self.launch_reward_fn_async:
+            sooner = [key for key, on in (("algorithm.filter_groups.enable", cfg.algorithm.filter_groups.enable),
+                                          ("algorithm.use_kl_in_reward", cfg.algorithm.use_kl_in_reward),
+                                          ("actor_rollout_ref.rollout.partial_rollout.enable",
+                                           cfg.actor_rollout_ref.rollout.partial_rollout.enable),
+                                          ("actor_rollout_ref.actor.early_update",
+                                           cfg.actor_rollout_ref.actor.early_update is True)) if on]
+            if sooner:
+                found.errors.append(f"'{RM}.launch_reward_fn_async' = true scores beside the passes after the rollout, "
+                                    f"but '{sooner[0]}' = true needs the scores before them: set one of the two off")
         if self.max_error_fraction is not None and not 0 < self.max_error_fraction <= 1:
             found.errors.append(f"'{RM}.max_error_fraction' must be in (0, 1] or null (never stop), got "
                                 f"{self.max_error_fraction}")
