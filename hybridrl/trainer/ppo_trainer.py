@@ -326,13 +326,15 @@ class RayPPOTrainer:
         the reward model scores here, the reward function starts in a thread and its PendingReward is returned
         (`_await_reward` applies it)."""
         with marked_timer("reward", timing):
-            rm_metrics, rm_worker = compute_rm_scores(batch, self.reward_model)
+            if asynchronous:
+                rm_metrics, rm_worker = compute_rm_scores(batch, self.reward_model)
+            else:
+                result, rm_metrics, rm_worker = compute_reward(batch, self.reward_fn, self.reward_model)
             absorb(DataProto(meta_info={"metrics": rm_worker}))
             for key, value in rm_metrics.items():
                 metrics[key] = metrics.get(key, 0.0) + value if key in RM_COUNTS else value
             if asynchronous:
                 return PendingReward(self.reward_fn, batch)
-            result = self.reward_fn(batch)
             self._apply_scores(batch, result)
         return result
 
