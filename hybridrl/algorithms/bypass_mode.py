@@ -17,10 +17,12 @@ Entropy and KL terms use the unrejected mask, as in verl.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 
-from hybridrl.algorithms.policy_loss import _check_clip_range, agg_loss, vanilla_token_losses
+from hybridrl.algorithms.policy_loss import agg_loss, vanilla_token_losses
+from hybridrl.algorithms.policy_loss_modes import vanilla_clip
 from hybridrl.algorithms.rollout_correction import (
     kept_by_rejection,
     parse_rs_thresholds,
@@ -55,7 +57,9 @@ class BypassLoss:
         """From `algorithm.rollout_correction` (a section or a dict of its keys)."""
         return cls(**{k: dotted_get(section, k, getattr(cls, k, None)) for k in cls.__dataclass_fields__})
 
+    @cached_property
     def thresholds(self) -> dict | None:
+        """The rejection criteria, parsed once (parse_rs_thresholds); None without rejection."""
         return None if self.rollout_rs is None else parse_rs_thresholds(self.rollout_rs, self.rollout_rs_threshold)
 
 
@@ -75,10 +79,11 @@ def _weights(log_ratio, mask, s: BypassLoss) -> torch.Tensor | None:
 
 
 def bypass_policy_loss(log_prob: torch.Tensor, rollout_log_prob: torch.Tensor, advantages: torch.Tensor,
-                       response_mask: torch.Tensor, loss_agg_mode: str, config, settings: BypassLoss,
-                       thresholds: dict | None = None) -> tuple[torch.Tensor, dict]:
+                       response_mask: torch.Tensor, loss_agg_mode: str, config, settings: BypassLoss
+                       ) -> tuple[torch.Tensor, dict]:
     """(the micro-batch's policy loss, verl's `actor/` metrics as detached 0-d tensors). `config` is the actor
-    section (clip ratios, loss_scale_factor); `thresholds` the parsed rejection criteria (settings.thresholds())."""
+    section (clip ratios, loss_scale_factor)."""
+    thresholds = settings.thresholds
     with torch.no_grad():
         log_ratio = torch.where(response_mask.bool(), log_prob.detach().float() - rollout_log_prob.float(), 0.0)
         kept = response_mask if thresholds is None else kept_by_rejection(log_ratio, response_mask, thresholds)
@@ -86,9 +91,7 @@ def bypass_policy_loss(log_prob: torch.Tensor, rollout_log_prob: torch.Tensor, a
     normaliser = {"batch_num_tokens": response_mask.sum().float(), "global_batch_size": rows,
                   "loss_scale_factor": dotted_get(config, "loss_scale_factor", None)}
     if settings.loss_type == "ppo_clip":
-        clip_ratio_c = float(dotted_get(config, "clip_ratio_c", 3.0))
-        low, high = _check_clip_range(dotted_get(config, "clip_ratio", None), dotted_get(config, "clip_ratio_low", None),
-                                      dotted_get(config, "clip_ratio_high", None), clip_ratio_c)
+        low, high, clip_ratio_c = vanilla_clip(config)
         losses, (clipfrac, ppo_kl, clipfrac_lower) = vanilla_token_losses(rollout_log_prob, log_prob, advantages,
                                                                           kept, low, high, clip_ratio_c)
         metrics = {"actor/pg_clipfrac": clipfrac, "actor/ppo_kl": ppo_kl, "actor/pg_clipfrac_lower": clipfrac_lower}

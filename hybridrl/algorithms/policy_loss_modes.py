@@ -41,7 +41,7 @@ from hybridrl.dotted import dotted_get
 
 __all__ = ["compute_policy_loss_cispo", "compute_policy_loss_clip_cov", "compute_policy_loss_geo_mean",
            "compute_policy_loss_gpg", "compute_policy_loss_gspo", "compute_policy_loss_kl_cov",
-           "compute_policy_loss_sapo", "compute_policy_loss_vanilla"]
+           "compute_policy_loss_sapo", "compute_policy_loss_vanilla", "vanilla_clip"]
 
 
 def _need_config(config, mode: str):
@@ -69,14 +69,20 @@ def _metrics(**metrics) -> dict:
     return {f"actor/{k}": v.detach() if torch.is_tensor(v) else float(v) for k, v in metrics.items()}
 
 
-@register_policy_loss("vanilla")
-def compute_policy_loss_vanilla(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean",
-                                config=None, rollout_is_weights=None):
-    _need_config(config, "vanilla")
+def vanilla_clip(config) -> tuple[float, float, float]:
+    """(clip_ratio_low, clip_ratio_high, clip_ratio_c) of the vanilla PPO loss from the actor config, checked."""
     clip_ratio_c = float(dotted_get(config, "clip_ratio_c", 3.0))
     low, high = _check_clip_range(dotted_get(config, "clip_ratio", None),
                                   dotted_get(config, "clip_ratio_low", None),
                                   dotted_get(config, "clip_ratio_high", None), clip_ratio_c)
+    return low, high, clip_ratio_c
+
+
+@register_policy_loss("vanilla")
+def compute_policy_loss_vanilla(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean",
+                                config=None, rollout_is_weights=None):
+    _need_config(config, "vanilla")
+    low, high, clip_ratio_c = vanilla_clip(config)
     pg_losses, (clipfrac, ppo_kl, clipfrac_lower) = vanilla_token_losses(
         old_log_prob, log_prob, advantages, response_mask, low, high, clip_ratio_c)
     pg_loss = _aggregate(pg_losses, response_mask, loss_agg_mode, config, rollout_is_weights)

@@ -226,9 +226,8 @@ def _dropped(key: str, value: Any, schema: dict, dropped: list[str], served: lis
 def _verl_spellings(tree: dict, source: str, equals: list[tuple[str, Any, str]], schema: dict,
                     dropped: list[str], served: list[tuple[str, Any, str]], root: str) -> dict:
     """A user YAML tree with verl's spellings (schema.key_renames) moved to our keys, schema.key_equals taken out into
-    `equals`
-    (key, value, source) for the check after resolution, and `_dropped` keys left out (recorded in `dropped`). Of
-    a key given in both spellings, a null yields to the other's value (verl's generated config nulls the
+    `equals` (key, value, source) for the check after resolution, and `_dropped` keys left out (recorded in
+    `dropped`). Of a key given in both spellings, a null yields to the other's value (verl's generated config nulls the
     deprecated spelling)."""
     flat: dict = {}
     spelled: dict[str, str] = {}   # our key -> the key the file gave it under

@@ -32,7 +32,7 @@ import yaml
 
 from hybridrl.config.errors import ConfigError
 
-__all__ = ["ANY_VALUE", "SERVED_REWARD_MODEL", "SFT_ANY_VALUE", "TABLE", "TABLES", "UNSET_WHEN_NULL", "VERL_ANY_VALUE",
+__all__ = ["ANY_VALUE", "SERVED_REWARD_MODEL", "SFT_ANY_VALUE", "TABLES", "UNSET_WHEN_NULL", "VERL_ANY_VALUE",
            "check_served_reward_model", "drop_verl_key", "grouped", "is_verl_default", "verl_defaults"]
 
 log = logging.getLogger("hybridrl.config")
@@ -40,7 +40,6 @@ log = logging.getLogger("hybridrl.config")
 # one table per config: verl's PPO trainer's keys, and its SFT trainer's (fsdp_sft_trainer)
 TABLES = {root: Path(__file__).resolve().parent / "verl" / f"{root}_defaults.yaml"
           for root in ("ppo_trainer", "sft_trainer")}
-TABLE = TABLES["ppo_trainer"]
 
 UNSET_WHEN_NULL = (
     "actor_rollout_ref.actor.optim.warmup_style", "critic.optim.warmup_style",

@@ -17,7 +17,6 @@ import time
 
 from hybridrl.protocol import DataProto
 from hybridrl.seeding import step_sampling_seed
-from hybridrl.trainer.dynamic_sampling import merge_reward_metrics
 from hybridrl.trainer.rollout_batch import (
     assign_uids,
     attach_rollout,
@@ -65,9 +64,7 @@ def early_update_step(trainer, batch: DataProto, metrics: dict, timing: dict, ab
             part.batch["old_log_probs"] = out.batch["old_log_probs"]
         trained_early += len(part) if out.meta_info.get("during_rollout") else 0
         parts.append(part)
-    metrics.update(merge_reward_metrics(reward_metrics))
-    # failed samples were scored 0; past the configured share the run stops before the optimizer step uses them
-    metrics["reward/failed_fraction"] = trainer.reward_guard.check(trainer.global_steps, metrics)
+    trainer._check_rewards(reward_metrics, metrics)   # before the optimizer step uses the scores
     with marked_timer("update_actor", timing):
         for out in wg.finish_early_update():
             absorb(out)

@@ -19,7 +19,7 @@ from hybridrl.models.external_lib import import_external_lib
 from hybridrl.seeding import seed_everything
 from hybridrl.trainer.ppo_trainer import RayPPOTrainer, need_critic, need_reference
 from hybridrl.trainer.run_dir import claim_run_dir, run_log_dirs
-from hybridrl.trainer.tracking import format_duration
+from hybridrl.trainer.tracking import format_duration, logger_names
 
 
 def _files(value, key: str) -> list[str]:
@@ -149,7 +149,7 @@ def _use_gpu(config: PPOConfig) -> bool:
 
 
 def _loggers(config: PPOConfig) -> list[str]:
-    return list(config.trainer.logger) if not isinstance(config.trainer.logger, str) else [config.trainer.logger]
+    return logger_names(config.trainer.logger)
 
 
 def _device_spec(use_gpu: bool):

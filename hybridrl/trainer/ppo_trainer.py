@@ -328,14 +328,13 @@ class RayPPOTrainer:
         with marked_timer("reward", timing):
             if asynchronous:
                 rm_metrics, rm_worker = compute_rm_scores(batch, self.reward_model)
+                result = PendingReward(self.reward_fn, batch)
             else:
                 result, rm_metrics, rm_worker = compute_reward(batch, self.reward_fn, self.reward_model)
+                self._apply_scores(batch, result)
             absorb(DataProto(meta_info={"metrics": rm_worker}))
             for key, value in rm_metrics.items():
                 metrics[key] = metrics.get(key, 0.0) + value if key in RM_COUNTS else value
-            if asynchronous:
-                return PendingReward(self.reward_fn, batch)
-            self._apply_scores(batch, result)
         return result
 
     def _apply_scores(self, batch: DataProto, result: dict) -> None:
@@ -355,7 +354,12 @@ class RayPPOTrainer:
         timing["reward_wait"] = waited
         self._apply_scores(batch, result)
         batch.batch["token_level_rewards"] = batch.batch["token_level_scores"]
-        metrics.update(merge_reward_metrics([result.get("metrics", {})]))
+        self._check_rewards([result.get("metrics", {})], metrics)
+
+    def _check_rewards(self, reward_metrics: list[dict], metrics: dict) -> None:
+        """The step's reward counts, summed over its scoring calls, and the reward-failure guard: failed samples were
+        scored 0; past the configured share the run stops before any update uses them."""
+        metrics.update(merge_reward_metrics(reward_metrics))
         metrics["reward/failed_fraction"] = self.reward_guard.check(self.global_steps, metrics)
 
     def _partial_rollout(self, batch: DataProto, meta: dict, metrics: dict, timing: dict, absorb) -> DataProto | None:
@@ -423,10 +427,8 @@ class RayPPOTrainer:
             batch = next(more_batches, None)
             if batch is None:
                 raise RuntimeError("algorithm.filter_groups needs another generation batch but none was given")
-        if self._pending_reward is None:   # else _await_reward does both once the scores are in
-            metrics.update(merge_reward_metrics(reward_metrics))
-            # failed samples were scored 0; past the configured share the run stops before any update uses them
-            metrics["reward/failed_fraction"] = self.reward_guard.check(self.global_steps, metrics)
+        if self._pending_reward is None:   # else _await_reward checks them once the scores are in
+            self._check_rewards(reward_metrics, metrics)
         return part
 
     def _train_on(self, batch: DataProto, metrics: dict, timing: dict, absorb) -> DataProto:

@@ -30,7 +30,7 @@ from hybridrl.config.sections import PPOConfig
 from hybridrl.dotted import dotted_leaves
 
 __all__ = ["CONFIG_FILE", "MODEL_FILES", "ResumeConfigError", "save_resolved_config", "classify_changes",
-           "check_resumable", "check_resume_config", "model_fingerprint"]
+           "check_resumable", "check_resume_config", "model_fingerprint", "refuse_weightless"]
 
 logger = logging.getLogger("hybridrl.resume")
 
@@ -193,14 +193,19 @@ def check_resume_config(ckpt_dir: str | os.PathLike, config: PPOConfig) -> dict[
 def check_resumable(ckpt_dir: str | os.PathLike, roles: list[str]) -> None:
     """Raise ResumeConfigError where a role's checkpoint in `ckpt_dir` was saved without its weights ('model' not in
     its contents: an export such as verl's save_contents=['hf_model'])."""
+    for role in roles:
+        key = "actor_rollout_ref.actor" if role == "actor" else role
+        refuse_weightless(Path(ckpt_dir) / role, ckpt_dir, f"its {role} was", f"{key}.checkpoint.contents")
+
+
+def refuse_weightless(saved_dir: str | os.PathLike, ckpt_dir: str | os.PathLike, what: str, key: str) -> None:
+    """Raise ResumeConfigError where the checkpoint in `saved_dir` (of the resume point `ckpt_dir`; `what` and `key`
+    name it and its contents key in the message) holds no 'model'."""
     from hybridrl.training.checkpoint import saved_contents
 
-    for role in roles:
-        contents = saved_contents(Path(ckpt_dir) / role)
-        if contents is not None and "model" not in contents:
-            key = "actor_rollout_ref.actor" if role == "actor" else role
-            raise ResumeConfigError(
-                f"cannot resume from {ckpt_dir}: its {role} was saved with '{key}.checkpoint.contents' = "
-                f"{sorted(contents)}, without 'model' (an export of the weights, not a resume point). Start a fresh "
-                "run (trainer.resume_mode=disable; its huggingface/ directory can be the model.path), or resume from a "
-                "checkpoint saved with 'model'")
+    contents = saved_contents(saved_dir)
+    if contents is not None and "model" not in contents:
+        raise ResumeConfigError(
+            f"cannot resume from {ckpt_dir}: {what} saved with '{key}' = {sorted(contents)}, without 'model' (an "
+            "export of the weights, not a resume point). Start a fresh run (trainer.resume_mode=disable; its "
+            "huggingface/ directory holds the weights), or resume from a checkpoint saved with 'model'")

@@ -12,8 +12,8 @@ from pathlib import Path
 import torch.distributed as dist
 
 from hybridrl.trainer.checkpoint_manager import CheckpointManager, save_distributed, step_of
-from hybridrl.trainer.resume_check import ResumeConfigError
-from hybridrl.training.checkpoint import load_checkpoint, save_checkpoint, saved_contents
+from hybridrl.trainer.resume_check import ResumeConfigError, refuse_weightless
+from hybridrl.training.checkpoint import load_checkpoint, save_checkpoint
 
 __all__ = ["SFT_ROLE", "data_order_facts", "resume_sft", "save_sft_checkpoint", "sft_checkpoints"]
 
@@ -63,11 +63,7 @@ def resume_sft(t, manager: CheckpointManager | None, module, optimizer, schedule
     if box[0]["path"] is None:
         return 0
     path = Path(box[0]["path"])
-    contents = saved_contents(path)
-    if contents is not None and "model" not in contents:
-        raise ResumeConfigError(f"cannot resume from {path}: it was saved with 'trainer.checkpoint.contents' = "
-                                f"{sorted(contents)}, without 'model' (an export, not a resume point); start a fresh "
-                                "run (trainer.resume_mode=disable) or resume from a checkpoint saved with 'model'")
+    refuse_weightless(path, path, "it was", "trainer.checkpoint.contents")
     extra = load_checkpoint(path, module, optimizer, scheduler, contents=tuple(t.checkpoint.contents))
     saved = extra.get("data_order") if "extra" in t.checkpoint.contents else None
     changed = {k: (saved[k], v) for k, v in facts.items() if saved is not None and saved.get(k) != v}

@@ -51,6 +51,7 @@ from hybridrl.protocol import DataProto
 from hybridrl.trainer.sft_state import data_order_facts, resume_sft, save_sft_checkpoint, sft_checkpoints
 from hybridrl.training.checkpoint import save_hf_model
 from hybridrl.training.fsdp import FSDPDtypes, ModelSource, build_fsdp_model, load_hf_config
+from hybridrl.training.lora import lora_settings
 from hybridrl.training.micro_batches import loss_scale, make_micro_batches
 from hybridrl.training.optim import build_lr_scheduler, build_optimizer
 from hybridrl.training.response_forward import forward_response_logits
@@ -234,26 +235,14 @@ def _micro_size(d, dp: int) -> int:
     return d.micro_batch_size // dp
 
 
-def _lora(m):
-    """LoRA settings of the SFT model section (training/lora.py), or None for full fine-tuning."""
-    from hybridrl.training.lora import LoraSettings, check_lora_keys
-
-    targets = m.target_modules if isinstance(m.target_modules, str) else list(m.target_modules)
-    errors = check_lora_keys(m.lora_rank, m.lora_alpha, targets, prefix="model")
-    if errors:
-        raise ValueError("; ".join(errors))
-    return None if m.lora_rank == 0 else LoraSettings(int(m.lora_rank), float(m.lora_alpha),
-                                                      targets if isinstance(targets, str) else tuple(targets))
-
-
 def _tracker(cfg, rank: int):
     """The RL run's trackers for the loggers other than console (whose line the trainer prints), on rank 0, writing
     under {trainer.default_local_dir}/logs."""
-    loggers = [cfg.trainer.logger] if isinstance(cfg.trainer.logger, str) else list(cfg.trainer.logger)
-    backends = [b for b in loggers if b != "console"]
+    from hybridrl.trainer.tracking import Tracking, logger_names
+
+    backends = [b for b in logger_names(cfg.trainer.logger) if b != "console"]
     if rank != 0 or not backends:
         return None
-    from hybridrl.trainer.tracking import Tracking
 
     t = cfg.trainer
     return Tracking(t.project_name, t.experiment_name, backends, config=cfg.to_dict(),
@@ -268,9 +257,10 @@ def _run_dir(t, rank: int):
         yield
         return
     from hybridrl.trainer.run_dir import claim_run_dir, run_log_dirs
+    from hybridrl.trainer.tracking import logger_names
 
     root = Path(os.path.expanduser(t.default_local_dir))
-    with claim_run_dir(root, run_log_dirs([t.logger] if isinstance(t.logger, str) else list(t.logger), root / "logs")):
+    with claim_run_dir(root, run_log_dirs(logger_names(t.logger), root / "logs")):
         yield
 
 
@@ -308,7 +298,7 @@ def _train(cfg, device, world, rank, AutoTokenizer) -> dict:
         print(f"[sft] auto: {choices[0]}", flush=True)
     module = build_fsdp_model(ModelSource(model_path, dict(m.override_config), m.trust_remote_code),
                               FSDPDtypes.of(m.fsdp_config), mesh, device, role="causal_lm",
-                              use_varlen_attention=m.use_remove_padding, lora=_lora(m),
+                              use_varlen_attention=m.use_remove_padding, lora=lora_settings(m, "model"),
                               gradient_checkpointing=m.enable_gradient_checkpointing, liger=liger)
     # SFT's optim keys in the PPO optimizer's section (warmup by ratio only, verl's fsdp_sft_trainer)
     optim_cfg = OptimConfig(lr=o.lr, weight_decay=o.weight_decay, betas=list(o.betas), lr_warmup_steps=-1,

@@ -43,11 +43,16 @@ from typing import Any, TextIO
 import numpy as np
 
 __all__ = ["Tracking", "ValidationGenerationsLogger", "select_generations", "make_progress_bar",
-           "format_console_line", "format_duration", "SUPPORTED_BACKENDS"]
+           "format_console_line", "format_duration", "logger_names", "SUPPORTED_BACKENDS"]
 
 logger = logging.getLogger("hybridrl.tracking")
 
 SUPPORTED_BACKENDS = ("console", "file", "tensorboard", "wandb", "mlflow")
+
+
+def logger_names(value) -> list[str]:
+    """`trainer.logger` as a list: verl takes one backend's name or a list of them."""
+    return [value] if isinstance(value, str) else list(value)
 
 # (metric key, short name) shown on the console line, in this order, when present: what tells whether a run
 # learns (score, entropy, length; the critic's loss for PPO) and what it costs (step time, memory)

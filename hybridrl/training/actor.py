@@ -92,8 +92,7 @@ SUMMED_LOSSES = ("pg_loss", "kl_loss", "entropy")   # logged per mini-batch as t
 class _LossSettings:
     """How an update's loss is made: the rollout temperature, the aggregation of the loss (and of the policy loss,
     which a loss such as gspo fixes itself), its regularisers, and whether the update's own log-probs are the old
-    ones (with the rollout-correction level and threshold it then applies itself), or the bypass mode's loss with
-    its parsed rejection criteria."""
+    ones (with the rollout-correction level and threshold it then applies itself), or the bypass mode's loss."""
     temperature: float
     mode: str
     pg_mode: str
@@ -102,7 +101,6 @@ class _LossSettings:
     own_old: bool
     rollout_is: dict | None
     bypass: BypassLoss | None = None
-    rs_thresholds: dict | None = None
 
 
 @dataclass
@@ -253,8 +251,7 @@ class DataParallelPPOActor(FSDPUpdater):
         mode = cfg.loss_agg_mode
         pg_mode = mode if bypass is not None else getattr(self._policy_loss_fn(), "loss_agg_mode", mode)
         return data, _LossSettings(float(data.meta_info["temperature"]), mode, pg_mode, float(cfg.entropy_coeff),
-                                   cfg.use_kl_loss, own_old, rollout_is, bypass,
-                                   None if bypass is None else bypass.thresholds())
+                                   cfg.use_kl_loss, own_old, rollout_is, bypass)
 
     def update_policy(self, data: DataProto) -> dict[str, float]:
         data, loss = self._loss_settings(data)
@@ -410,7 +407,7 @@ class DataParallelPPOActor(FSDPUpdater):
                                                           rollout_is["level"], float(rollout_is["threshold"]))
                 if loss.bypass is not None:   # the rollout's log-probs are the old ones (algorithms/bypass_mode.py)
                     pg_loss, pg_metrics = bypass_policy_loss(log_prob, b["rollout_log_probs"], b["advantages"], mask,
-                                                             mode, cfg, loss.bypass, loss.rs_thresholds)
+                                                             mode, cfg, loss.bypass)
                 else:
                     pg_loss, pg_metrics = policy_loss_fn(old_log_prob, log_prob, b["advantages"], mask,
                                                          loss_agg_mode=mode, config=cfg, rollout_is_weights=is_weights)

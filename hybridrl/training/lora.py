@@ -99,14 +99,15 @@ def check_lora_keys(rank, alpha, targets, parameters=None, prefix: str = "actor_
     return errors
 
 
-def lora_settings(model_cfg) -> LoraSettings | None:
+def lora_settings(model_cfg, prefix: str = "actor_rollout_ref.model") -> LoraSettings | None:
     """The LoRA settings of a typed model section (the actor's ModelConfig: lora_rank, lora_alpha, target_modules,
-    target_parameters; the critic's has no expert targets), or None when `lora_rank` is 0 (full fine-tuning)."""
+    target_parameters; the critic's and SFT's have no expert targets), or None when `lora_rank` is 0 (full
+    fine-tuning). Errors name the keys under `prefix`, the section's path."""
     rank, alpha, targets = model_cfg.lora_rank, model_cfg.lora_alpha, model_cfg.target_modules
     parameters = getattr(model_cfg, "target_parameters", None)
     targets = targets if isinstance(targets, str) else list(targets)
     parameters = None if parameters is None else list(parameters)
-    errors = check_lora_keys(rank, alpha, targets, parameters)
+    errors = check_lora_keys(rank, alpha, targets, parameters, prefix)
     if errors:
         raise ValueError("; ".join(errors))
     if rank == 0:

@@ -110,7 +110,7 @@ def build_fsdp_model(model_cfg: Section, dtypes: FSDPDtypes, optim_cfg: OptimCon
     from hybridrl.training.lora import lora_settings
     from hybridrl.training.optim import build_lr_scheduler, build_optimizer
 
-    lora = lora_settings(model_cfg) if trainable else None
+    lora = lora_settings(model_cfg, "critic.model" if critic else "actor_rollout_ref.model") if trainable else None
     module = shard(ModelSource.of(model_cfg), dtypes, mesh, device, role="critic" if critic else "actor", lora=lora,
                    lora_base_dtype=lora_base_dtype, gradient_checkpointing=trainable and gradient_checkpointing,
                    recompute_kept_layers=recompute_kept_layers, liger=liger, use_varlen_attention=use_varlen_attention)

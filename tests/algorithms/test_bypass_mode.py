@@ -37,7 +37,7 @@ def test_ppo_clip_without_rejection_is_the_vanilla_loss_against_the_rollouts_log
 def test_rejected_tokens_add_nothing_and_still_count_in_the_normaliser(mode):
     log_prob, rollout, adv, mask = inputs(seed=1)
     settings = BypassLoss("ppo_clip", rollout_rs="token_k1", rollout_rs_threshold="0.8_1.25")
-    loss, _ = bypass_policy_loss(log_prob, rollout, adv, mask, mode, CFG, settings, settings.thresholds())
+    loss, _ = bypass_policy_loss(log_prob, rollout, adv, mask, mode, CFG, settings)
     log_ratio = torch.where(mask.bool(), log_prob.detach() - rollout, 0.0)
     kept, _ = rejection_mask(log_ratio, mask, "token_k1", "0.8_1.25")
     assert 0 < kept.sum() < mask.sum()   # some rejected, some kept
@@ -55,12 +55,12 @@ def test_the_loss_does_not_depend_on_the_micro_batch_split():
     log_prob, rollout, adv, mask = inputs(seed=2, rows=8)
     settings = BypassLoss("reinforce", rollout_is="token", rollout_is_threshold=1.5, rollout_rs="seq_max_k2",
                           rollout_rs_threshold=0.05)
-    th = settings.thresholds()
-    whole, _ = bypass_policy_loss(log_prob, rollout, adv, mask, "token-mean", CFG, settings, th)
+    th = settings.thresholds
+    whole, _ = bypass_policy_loss(log_prob, rollout, adv, mask, "token-mean", CFG, settings)
     parts = torch.zeros(())
     for rows in (slice(0, 3), slice(3, 8)):
         part, _ = bypass_policy_loss(log_prob[rows], rollout[rows], adv[rows], mask[rows], "token-mean", CFG,
-                                     settings, th)
+                                     settings)
         parts = parts + part * mask[rows].sum() / mask.sum()
     kept = kept_by_rejection(log_prob.detach() - rollout, mask, th)
     assert (kept.sum(-1) == 0).sum() > (mask.sum(-1) == 0).sum()   # whole rows were rejected
@@ -106,8 +106,8 @@ def test_batch_normalised_weights_are_divided_by_their_mean_over_the_micro_batch
 def test_seq_mean_token_sum_norm_keeps_its_constant():
     log_prob, rollout, adv, mask = inputs(seed=5)
     settings = BypassLoss("ppo_clip", rollout_rs="token_k2", rollout_rs_threshold=0.02)
-    th = settings.thresholds()
-    loss, _ = bypass_policy_loss(log_prob, rollout, adv, mask, "seq-mean-token-sum-norm", CFG, settings, th)
+    th = settings.thresholds
+    loss, _ = bypass_policy_loss(log_prob, rollout, adv, mask, "seq-mean-token-sum-norm", CFG, settings)
     kept = kept_by_rejection(log_prob.detach() - rollout, mask, th)
     ref, _ = compute_policy_loss_vanilla(rollout, log_prob, adv, kept, "seq-mean-token-sum-norm", CFG)
     torch.testing.assert_close(loss, ref)
@@ -118,6 +118,6 @@ def test_settings_come_from_the_section_and_refuse_an_unknown_loss_type():
     s = BypassLoss.of({"loss_type": "reinforce", "rollout_rs": "seq_mean_k1", "rollout_rs_threshold": "0.99_1.01",
                        "bypass_mode": True})
     assert s.rollout_is is None and s.rollout_is_threshold == 2.0
-    assert s.thresholds() == parse_rs_thresholds("seq_mean_k1", "0.99_1.01")
+    assert s.thresholds == parse_rs_thresholds("seq_mean_k1", "0.99_1.01")
     with pytest.raises(ValueError, match=r"loss_type='pg'.*\['ppo_clip', 'reinforce'\]"):
         BypassLoss("pg")
