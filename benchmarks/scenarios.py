@@ -454,7 +454,7 @@ SMOLLM2 = [
              "the tail (96 of the 128 new tokens per sample per step; responses average ~55), three seeds",
              "nvidia-h200", "smollm2_defaults/partial_rollout", (MAKE_ADD, *partial_arith_runs(96, "96"))),
     Scenario("smollm2-arith-20-algorithms", "the 20-step a + b check, three seeds each, with verl's bypass mode "
-             "(ppo_clip, and reinforce with token IS), the optimal token baseline, and PF-PPO on GAE",
+             "(ppo_clip, and reinforce with token IS), the optimal token baseline, and PF-PPO on GAE beside GAE alone",
              "nvidia-h200", "smollm2_defaults/algorithms", (
                  MAKE_ADD,
                  *arith_seed_runs("bypass_clip", "algorithm.rollout_correction.bypass_mode=true"),
@@ -463,7 +463,8 @@ SMOLLM2 = [
                                   "algorithm.rollout_correction.rollout_is=token"),
                  *arith_seed_runs("otb", "algorithm.adv_estimator=optimal_token_baseline",
                                   "actor_rollout_ref.actor.calculate_sum_pi_squared=true"),
-                 *arith_seed_runs("pf_ppo", "algorithm.adv_estimator=gae", "algorithm.use_pf_ppo=true"))),
+                 *arith_seed_runs("pf_ppo", "algorithm.adv_estimator=gae", "algorithm.use_pf_ppo=true"),
+                 *arith_seed_runs("gae", "algorithm.adv_estimator=gae"))),   # PF-PPO's own baseline
 ]
 
 

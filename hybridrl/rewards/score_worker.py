@@ -40,19 +40,30 @@ def _worker_main(conn, fn_bytes: bytes) -> None:
     while True:
         try:
             msg = conn.recv()
-        except EOFError:
+        except (EOFError, OSError):  # the driver has gone (closed, killed, or its pipe reset): leave quietly
             return
         if msg is None:
             return
         args, kwargs = msg
         try:
-            result = fn(*args, **kwargs)
-            conn.send(("ok", result))
-        except BaseException as e:
-            try:
-                conn.send(("error", repr(e)))
-            except Exception:  # the exception itself did not pickle
-                conn.send(("error", f"{type(e).__name__}: (unpicklable exception)"))
+            _answer(conn, fn, args, kwargs)
+        except OSError:
+            return
+
+
+def _answer(conn, fn, args, kwargs) -> None:
+    """One call's reply. OSError from the pipe propagates (the driver has gone); a result that does not pickle
+    is reported as an error instead."""
+    try:
+        reply = ("ok", fn(*args, **kwargs))
+    except BaseException as e:
+        reply = ("error", repr(e))
+    try:
+        conn.send(reply)
+    except OSError:
+        raise
+    except Exception as e:  # the result did not pickle
+        conn.send(("error", f"the scorer's result could not be sent back: {e!r}"))
 
 
 def _stop(proc, conn) -> None:

@@ -1,12 +1,13 @@
 """Several scorer worker processes (reward_model.scorer_workers): the same scores, errors and timeouts as one, in
 sample order, with the samples spread over the processes; a scorer hanging on every input still stops the run."""
 
+import pickle
 import textwrap
 
 import pytest
 from test_custom_and_manager import make_batch, tok  # noqa: F401  (tok is a fixture)
 
-from hybridrl.rewards import RewardManager, load_custom_reward_function
+from hybridrl.rewards import RewardManager, load_custom_reward_function, score_worker
 from hybridrl.rewards.error_guard import RewardErrorLimitError
 
 SCORER = textwrap.dedent('''
@@ -60,3 +61,48 @@ def test_a_scorer_hanging_on_every_input_stops_the_run_with_several_workers(tok,
 def test_bad_worker_counts_are_refused(tok):  # noqa: F811
     with pytest.raises(ValueError, match=r"reward_model.scorer_workers=0: must be an integer >= 1"):
         RewardManager(tok, timeout_s=1.0, workers=0)
+
+
+class _Pipe:
+    """A worker's end of the pipe whose driver has gone after `calls` requests: recv raises `error` then."""
+
+    def __init__(self, calls, error, send_error=None):
+        self.calls, self.error, self.send_error, self.sent = list(calls), error, send_error, []
+
+    def recv(self):
+        if not self.calls:
+            raise self.error
+        return self.calls.pop(0)
+
+    def send(self, msg):
+        if self.send_error is not None and msg[0] != "ready":
+            raise self.send_error
+        self.sent.append(msg)
+
+
+@pytest.mark.parametrize("error", [EOFError(), ConnectionResetError(104, "Connection reset by peer"),
+                                   BrokenPipeError()])
+def test_a_worker_leaves_quietly_when_the_driver_has_gone(error):
+    """Killing the driver resets the pipe (ConnectionResetError, not EOFError): the worker returns instead of
+    printing a traceback for every scorer process of the run."""
+    pipe = _Pipe([(("abc",), {})], error)
+    score_worker._worker_main(pipe, pickle.dumps(len))
+    assert pipe.sent == [("ready", None), ("ok", 3)]
+    gone = _Pipe([(("abc",), {})], EOFError(), send_error=BrokenPipeError())   # gone while the call ran
+    score_worker._worker_main(gone, pickle.dumps(len))
+    assert gone.sent == [("ready", None)]
+
+
+def test_a_result_that_cannot_be_sent_back_is_an_error_and_the_worker_goes_on(tmp_path):
+    path = tmp_path / "unsendable.py"
+    path.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+                    "    return (lambda: 1) if solution_str == 'lambda' else 2.0\n")
+    worker = score_worker.ScorerProcess(load_custom_reward_function(path))
+    try:
+        kwargs = {"data_source": "d", "ground_truth": "1"}
+        status, value = worker.call((), {**kwargs, "solution_str": "lambda"}, 30.0)
+        assert status == "error" and "could not be sent back" in value, value
+        assert worker.call((), {**kwargs, "solution_str": "x"}, 30.0) == ("ok", 2.0)
+        assert worker.restarts == 0
+    finally:
+        worker.close()
