@@ -29,7 +29,7 @@ import json
 import math
 from dataclasses import dataclass
 
-__all__ = ["AssertTests", "decode_values", "judge", "parse_assert_tests"]
+__all__ = ["ENCODER", "AssertTests", "decode_value", "decode_values", "judge", "parse_assert_tests"]
 
 _SAFE_FUNCS = {f.__name__: f for f in (abs, all, any, bool, dict, float, frozenset, int, isinstance, len, list,
                                        max, min, repr, round, set, sorted, str, sum, tuple, type)}
@@ -155,31 +155,36 @@ def _is_literal(node) -> bool:
     return True
 
 
-HARNESS = r'''
+# Defines __hybridrl_enc(value): plain data as JSON-able tags (decoded by decode_value); anything else raises.
+ENCODER = r'''
+def __hybridrl_enc(v, depth=0):
+    import math as _math
+    t = type(v)
+    if depth > 50:
+        raise ValueError("nested too deeply")
+    if v is None or t in (bool, int, str):
+        return v if t is not int or abs(v) < 2 ** 53 else {"int": str(v)}
+    if t is float:
+        return v if _math.isfinite(v) else {"float": repr(v)}
+    if t is complex:
+        return {"complex": [v.real, v.imag]}
+    if t is bytes:
+        return {"bytes": v.hex()}
+    if t in (list, tuple, set, frozenset):
+        return {t.__name__: [__hybridrl_enc(x, depth + 1) for x in v]}
+    if t is dict:
+        return {"dict": [[__hybridrl_enc(k, depth + 1), __hybridrl_enc(x, depth + 1)] for k, x in v.items()]}
+    raise TypeError("not plain data: " + t.__name__)
+'''
+
+HARNESS = ENCODER + r'''
 
 def __hybridrl_probe_values(probes, fd):
-    import json as _json, math as _math, os as _os
-    def enc(v, depth=0):
-        t = type(v)
-        if depth > 50:
-            raise ValueError("nested too deeply")
-        if v is None or t in (bool, int, str):
-            return v if t is not int or abs(v) < 2 ** 53 else {"int": str(v)}
-        if t is float:
-            return v if _math.isfinite(v) else {"float": repr(v)}
-        if t is complex:
-            return {"complex": [v.real, v.imag]}
-        if t is bytes:
-            return {"bytes": v.hex()}
-        if t in (list, tuple, set, frozenset):
-            return {t.__name__: [enc(x, depth + 1) for x in v]}
-        if t is dict:
-            return {"dict": [[enc(k, depth + 1), enc(x, depth + 1)] for k, x in v.items()]}
-        raise TypeError("not plain data: " + t.__name__)
+    import json as _json, os as _os
     g = globals()
     for i, src in enumerate(probes):
         try:
-            line = ["ok", enc(eval(src, g))]
+            line = ["ok", __hybridrl_enc(eval(src, g))]
         except BaseException as e:
             line = ["raised", type(e).__name__]
         _os.write(fd, (_json.dumps([i] + line) + "\n").encode())
@@ -193,7 +198,8 @@ def harness_program(solution: str, tests: AssertTests) -> str:
     return "\n".join([solution, "", *tests.setup, HARNESS % (tests.probes,)])
 
 
-def _decode(v):
+def decode_value(v):
+    """The value __hybridrl_enc encoded (plain data only)."""
     if isinstance(v, list):
         raise TypeError("a bare list is not an encoded value")
     if not isinstance(v, dict):
@@ -208,8 +214,8 @@ def _decode(v):
     if tag == "bytes":
         return bytes.fromhex(x)
     if tag == "dict":
-        return {_decode(k): _decode(y) for k, y in x}
-    return {"list": list, "tuple": tuple, "set": set, "frozenset": frozenset}[tag](_decode(y) for y in x)
+        return {decode_value(k): decode_value(y) for k, y in x}
+    return {"list": list, "tuple": tuple, "set": set, "frozenset": frozenset}[tag](decode_value(y) for y in x)
 
 
 def decode_values(raw: bytes, n: int) -> dict[int, tuple[str, object]]:
@@ -220,7 +226,7 @@ def decode_values(raw: bytes, n: int) -> dict[int, tuple[str, object]]:
         try:
             i, status, payload = json.loads(line)
             if isinstance(i, int) and 0 <= i < n and i not in out and status in ("ok", "raised"):
-                out[i] = (status, _decode(payload) if status == "ok" else str(payload))
+                out[i] = (status, decode_value(payload) if status == "ok" else str(payload))
         except (ValueError, TypeError, KeyError, RecursionError, OverflowError):
             continue
     return out

@@ -4,8 +4,9 @@
 - The project's own tasks keep their scorers: `countdown`, `arith`, `bignum` (exact integer), and the lenient
   comparisons under their own names, `hybridrl/lenient_numeric` (GSM8K-style `#### N`, compared as numbers) and
   `hybridrl/lenient_math` (`\\boxed{}` answers, equal fractions accepted).
-- verl's code sources raise NotImplementedError naming the sandbox they need; an unknown source is a ValueError
-  naming the known ones — a silent 0 would train on noise.
+- verl's code sources (`codecontests`, `apps`, `codeforces`, `taco`) run the program against the sample's test cases
+  in the sandbox, judged as verl's prime_code judges them (verl_compat/prime_code.py).
+- An unknown source is a ValueError naming the known ones — a silent 0 would train on noise.
 """
 
 from __future__ import annotations
@@ -40,27 +41,20 @@ SCORERS = {
 
 
 def is_scorable(data_source: str) -> bool:
-    """True when default_compute_score has a rule scorer for `data_source`: a name in SCORERS or one verl's
-    dispatch routes to a scorer here (e.g. any name starting with 'aime')."""
-    return data_source in SCORERS or verl_scorer_module(data_source) is not None
+    """True when default_compute_score has a scorer for `data_source`: a name in SCORERS, one of verl's code
+    sources, or one verl's dispatch routes to a scorer here (e.g. any name starting with 'aime')."""
+    return data_source in SCORERS or data_source in CODE_DATA_SOURCES or verl_scorer_module(data_source) is not None
 
 
 def unscorable_sources_error(sources, reward_fn_key: str = "data_source") -> str | None:
-    """Why default_compute_score cannot score some of `sources` (code sources: no sandbox; others: unknown),
-    or None when it can score them all."""
-    code = sorted({s for s in sources if s in CODE_DATA_SOURCES})
-    unknown = sorted({s for s in sources if s not in CODE_DATA_SOURCES and not is_scorable(s)})
-    problems = []
-    if code:
-        problems.append(f"data_source(s) {code} need a code sandbox: they are scored by running the generated code "
-                        "against test cases, and hybridrl has no code-execution service")
-    if unknown:
-        problems.append(f"no rule scorer for data_source(s) {unknown}; known: {sorted(SCORERS)} and any name "
-                        "starting with 'aime'")
-    if not problems:
+    """Why default_compute_score cannot score some of `sources` (no rule scorer), or None when it can score them
+    all."""
+    unknown = sorted({s for s in sources if not is_scorable(s)})
+    if not unknown:
         return None
-    return (f"reward (key data.reward_fn_key={reward_fn_key!r}): " + "; ".join(problems)
-            + ". Set custom_reward_function.path to score them.")
+    return (f"reward (key data.reward_fn_key={reward_fn_key!r}): no rule scorer for data_source(s) {unknown}; "
+            f"known: {sorted(SCORERS)}, verl's code sources {list(CODE_DATA_SOURCES)} and any name starting with "
+            "'aime'. Set custom_reward_function.path to score them.")
 
 
 def default_compute_score(data_source: str, solution_str: str, ground_truth, extra_info=None, **kwargs):
@@ -70,5 +64,6 @@ def default_compute_score(data_source: str, solution_str: str, ground_truth, ext
     if data_source in CODE_DATA_SOURCES or verl_scorer_module(data_source) is not None:
         return verl_compute_score(data_source, solution_str, ground_truth, extra_info, **kwargs)
     raise ValueError(f"default_compute_score: no rule scorer for data_source={data_source!r}; known: "
-                     f"{sorted(SCORERS)} and any name starting with 'aime'. "
+                     f"{sorted(SCORERS)}, verl's code sources {list(CODE_DATA_SOURCES)} and any name starting with "
+                     "'aime'. "
                      f"Set custom_reward_function.path to score other sources.")

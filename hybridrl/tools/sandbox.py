@@ -298,7 +298,7 @@ def _wait(proc: subprocess.Popen, timeout_s: float) -> bool:
 
 
 def _run(code, *, timeout_s, memory_mb, cpu_s, max_file_mb, max_procs, stdin, max_output_bytes, audit_hook,
-         layers: frozenset, values: bool) -> SandboxResult:
+         layers: frozenset, values: bool, values_cap: int = _VALUES_CAP) -> SandboxResult:
     root = tempfile.mkdtemp(prefix="hybridrl-sandbox-")
     work = os.path.join(root, "work")
     uid = _next_uid() if "uid_dropped" in layers else None
@@ -353,7 +353,7 @@ def _run(code, *, timeout_s, memory_mb, cpu_s, max_file_mb, max_procs, stdin, ma
         caps = [max_output_bytes, max_output_bytes, 1 << 16]
         if values:
             streams.append(os.fdopen(values_r, "rb", buffering=0))
-            caps.append(_VALUES_CAP)
+            caps.append(values_cap)
         outs = [[b"", False] for _ in streams]
         readers = [threading.Thread(target=_drain, args=(s, c, o), daemon=True)
                    for s, c, o in zip(streams, caps, outs)]
@@ -410,7 +410,8 @@ def _result(rc, outs, timed_out, wall, audit_hook, uid, work) -> SandboxResult:
 def run_python(code: str, *, timeout_s: float = 10.0, memory_mb: int = 512, cpu_s: int | None = None,
                max_file_mb: int = 16, max_procs: int = 16, stdin: str | bytes | None = None,
                max_output_bytes: int = 64 * 1024, audit_hook: bool = True, values: bool = False,
-               require=None, layers=None, stats: SandboxStats | None = None) -> SandboxResult:
+               max_values_bytes: int = _VALUES_CAP, require=None, layers=None,
+               stats: SandboxStats | None = None) -> SandboxResult:
     """Run `code` as __main__ in a fresh sandboxed interpreter (see the module docstring for the layers).
 
     timeout_s: wall clock, then the process group is SIGKILLed (killed_reason "timeout"); cpu_s: CPU seconds
@@ -418,9 +419,9 @@ def run_python(code: str, *, timeout_s: float = 10.0, memory_mb: int = 512, cpu_
     ("file_size"); max_procs: processes of the run (enforced when the uid is dropped, or the caller is not root);
     max_output_bytes: stdout and stderr are each cut there (stdout_truncated / stderr_truncated).
     audit_hook=False leaves out the in-process guard and `layers` (names) applies only those of the working kernel
-    layers: both only for testing one layer alone. values=True opens the
-    values channel (SandboxResult.values, at most 1 MiB). require: layer names (or "all") the run must have,
-    default HYBRIDRL_SANDBOX_REQUIRED_LAYERS; SandboxUnavailableError when one is off here. `stats` counts the run.
+    layers: both only for testing one layer alone. values=True opens the values channel (SandboxResult.values,
+    cut at max_values_bytes, default 1 MiB). require: layer names (or "all") the run must have, default
+    HYBRIDRL_SANDBOX_REQUIRED_LAYERS; SandboxUnavailableError when one is off here. `stats` counts the run.
     `ok` is True only for exit status 0 within every limit.
     """
     if timeout_s <= 0 or memory_mb <= 0 or max_file_mb < 0 or max_procs < 1:
@@ -435,6 +436,7 @@ def run_python(code: str, *, timeout_s: float = 10.0, memory_mb: int = 512, cpu_
     result = _run(code, timeout_s=timeout_s, memory_mb=int(memory_mb), cpu_s=max(cpu, 1),
                   max_file_mb=int(max_file_mb), max_procs=int(max_procs), stdin=stdin,
                   max_output_bytes=int(max_output_bytes), audit_hook=audit_hook, values=values,
+                  values_cap=int(max_values_bytes),
                   layers=frozenset(x for x in KERNEL_LAYERS if iso[x] and (layers is None or x in layers)))
     result.isolation.update({x: x in result.isolation["applied"] for x in KERNEL_LAYERS},
                             rlimit_nproc_enforced=iso["rlimit_nproc_enforced"])

@@ -198,10 +198,11 @@ class SandboxConfig(Section):
     """`reward_model.sandbox`."""
 
     required_layers: list[str] | str
-    """sandbox layers the code_exec reward must run under, or it refuses to start (a start-up error naming the layers
-    this machine lacks and why): names from net_namespace, mount_namespace, uid_dropped, user_namespace,
-    capabilities_dropped, no_new_privs, landlock, seccomp, or all (every one but uid_dropped/user_namespace); [] = run
-    with whatever the machine allows (logged at start-up, counted per layer in sandbox/layer/NAME)"""
+    """sandbox layers the code rewards (code_exec, verl's code sources) must run under, or it refuses to start (a
+    start-up error naming the layers this machine lacks and why): names from net_namespace, mount_namespace,
+    uid_dropped, user_namespace, capabilities_dropped, no_new_privs, landlock, seccomp, or all (every one but
+    uid_dropped/user_namespace); [] = run with whatever the machine allows (logged at start-up, counted per layer in
+    sandbox/layer/NAME)"""
 
 
 @dataclass(frozen=True)

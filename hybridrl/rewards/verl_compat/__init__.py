@@ -2,8 +2,8 @@
 
 `verl_compute_score(data_source, solution_str, ground_truth, ...)` routes exactly as verl's
 `default_compute_score`: GSM8K, MATH (`math_reward`), DAPO math (`math_dapo`, `math`, `math_dapo_reasoning`,
-`aime*`), PRIME math (`numina_*`), Geometry3K and Search-R1 QA. Sources that need a service (code execution
-for `codecontests`/`apps`/`codeforces`/`taco`) raise a NotImplementedError saying which. Results are converted
+`aime*`), PRIME math (`numina_*`), Geometry3K, Search-R1 QA, and the code sources (`codecontests`, `apps`,
+`codeforces`, `taco`: verl's prime_code harness, the program run in hybridrl's sandbox). Results are converted
 as verl converts them: a dict is returned as is, a number becomes float, a tuple gives float of its first item.
 The `prime_math` and `geometry3k` scorers need sympy and pylatexenc (`pip install 'hybridrl[math]'`).
 """
@@ -45,11 +45,9 @@ def _as_verl_result(result):
 
 def verl_compute_score(data_source: str, solution_str: str, ground_truth, extra_info=None,
                        sandbox_fusion_url=None, concurrent_semaphore=None, memory_limit_mb=None, **kwargs):
-    if data_source in CODE_DATA_SOURCES:
-        raise NotImplementedError(
-            f"data_source={data_source!r} is scored by running the generated code against test cases, which needs "
-            f"a code-execution sandbox service (verl: sandbox_fusion_url or prime_code's executor); hybridrl has "
-            f"none. Set custom_reward_function.path to a function that calls your sandbox.")
+    if data_source in CODE_DATA_SOURCES:  # verl without sandbox_fusion_url: prime_code, run in the local sandbox
+        from hybridrl.rewards.verl_compat import prime_code
+        return prime_code.compute_score(solution_str, ground_truth, extra_info)
     module_name = verl_scorer_module(data_source)
     if module_name is None:
         raise NotImplementedError(f"Reward function is not implemented for data_source={data_source!r}")
