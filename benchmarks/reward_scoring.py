@@ -1,7 +1,8 @@
 """The reward phase's time against reward_model.scorer_workers: one step's samples scored by RewardManager with 1
-and more worker processes, for a scorer that waits (a sandboxed program or a remote judge: `time.sleep`) and one that
-computes (pure-Python arithmetic on the CPU). Each setting runs --repeat times on a warm manager (its processes
-started by a first, untimed call); the scores are checked equal to the single-worker ones.
+and more worker processes, for a scorer that waits (a remote judge: `time.sleep`), one that computes (pure-Python
+arithmetic on the CPU), and verl's code source `apps` (each sample's program run on 4 stdin cases in the sandbox,
+half of the programs right). Each setting runs --repeat times on a warm manager (its processes started by a first,
+untimed call); the scores are checked equal to the single-worker ones.
 
   python benchmarks/reward_scoring.py --samples 256 --workers 1,2,4,8 --repeat 3 --out OUT.json
 """
@@ -34,10 +35,18 @@ SCORERS = textwrap.dedent('''
 ''')
 
 
-def _batch(tok, samples: int):
+CODE_CASES = json.dumps({"inputs": ["1 2\n", "3 4\n", "5 6\n", "7 8\n"], "outputs": ["3\n", "7\n", "11\n", "15\n"]})
+CODE_ANSWERS = ("```python\na, b = map(int, input().split())\nprint(a + b)\n```",
+                "```python\na, b = map(int, input().split())\nprint(a + b + 1)\n```")
+
+
+def _batch(tok, samples: int, source: str = "bench"):
     from hybridrl.protocol import DataProto
 
-    texts = [f"the answer is {i % 97}" for i in range(samples)]
+    if source == "apps":
+        texts, truths = [CODE_ANSWERS[i % 2] for i in range(samples)], [CODE_CASES] * samples
+    else:
+        texts, truths = [f"the answer is {i % 97}" for i in range(samples)], [str(i % 5) for i in range(samples)]
     ids = [tok.encode(t, add_special_tokens=False) for t in texts]
     width = max(len(x) for x in ids)
     responses = torch.full((samples, width), tok.pad_token_id)
@@ -45,8 +54,8 @@ def _batch(tok, samples: int):
     for i, x in enumerate(ids):
         responses[i, :len(x)], mask[i, :len(x)] = torch.tensor(x), 1
     return DataProto.from_dict({"responses": responses, "response_mask": mask},
-                               {"data_source": ["bench"] * samples,
-                                "reward_model": [{"style": "rule", "ground_truth": str(i % 5)} for i in range(samples)],
+                               {"data_source": [source] * samples,
+                                "reward_model": [{"style": "rule", "ground_truth": t} for t in truths],
                                 "extra_info": [{"index": i} for i in range(samples)]})
 
 
@@ -66,26 +75,29 @@ def main(argv=None) -> int:
     tok = save_tokenizer(train_tokenizer(), work / "tok")
     (work / "scorers.py").write_text(SCORERS)
     rows = []
-    for name in ("waiting", "computing"):
-        fn = load_custom_reward_function(work / "scorers.py", name)
+    for name in ("waiting", "computing", "sandboxed_code"):
+        fn = None if name == "sandboxed_code" else load_custom_reward_function(work / "scorers.py", name)
+        source = "apps" if name == "sandboxed_code" else "bench"
         reference = None
         for workers in (int(w) for w in args.workers.split(",")):
             manager = RewardManager(tok, compute_score=fn, timeout_s=30.0, workers=workers)
             try:
-                manager(_batch(tok, workers * 2))   # start the processes (not timed)
+                manager(_batch(tok, workers * 2, source))   # start the processes (not timed)
                 seconds = []
                 for _ in range(args.repeat):
                     start = time.perf_counter()
-                    out = manager(_batch(tok, args.samples))
+                    out = manager(_batch(tok, args.samples, source))
                     seconds.append(time.perf_counter() - start)
             finally:
                 manager.close()
             reference = out["scores"] if reference is None else reference
             if out["scores"] != reference:
                 raise SystemExit(f"{name}: the scores with {workers} workers differ from those with one")
+            if name == "sandboxed_code" and sorted(set(out["scores"])) != [0.0, 1.0]:
+                raise SystemExit(f"sandboxed_code: expected scores of 0 and 1, got {sorted(set(out['scores']))}")
             rows.append({"scorer": name, "workers": workers, "seconds": seconds,
                          "median_s": statistics.median(seconds), "spread_s": max(seconds) - min(seconds)})
-            print(f"{name:9s} workers={workers:2d} median {rows[-1]['median_s']:.2f} s "
+            print(f"{name:14s} workers={workers:2d} median {rows[-1]['median_s']:.2f} s "
                   f"(spread {rows[-1]['spread_s']:.2f})", flush=True)
     for row in rows:
         one = next(r for r in rows if r["scorer"] == row["scorer"] and r["workers"] == 1)

@@ -33,8 +33,9 @@ from hybridrl.assets.tokenizer import save_tokenizer, train_tokenizer
 __all__ = ["ARCHS", "MOE_ARCHS", "SIZE_PRESETS", "build_tiny_model", "build_tiny_reward_model", "make_config",
            "write_size_preset"]
 
-ARCHS = ("qwen2", "llama", "qwen3")  # dense: what build_tiny_model builds
+ARCHS = ("qwen2", "llama", "mistral", "qwen3")  # dense: what build_tiny_model builds
 MOE_ARCHS = ("qwen3_moe",)  # mixture of experts: make_config (experts=..., experts_per_token=...) and size presets
+HEAD_DIM_ARCHS = ("mistral", "qwen3", "qwen3_moe")  # whose configs carry a head_dim of their own
 SIZE_PRESETS = {
     "qwen2.5-0.5b": dict(arch="qwen2", hidden=896, layers=24, heads=14, kv_heads=2, intermediate=4864,
                          vocab_size=151936, rope_theta=1e6, tie=True, rms_norm_eps=1e-6, max_position=32768),
@@ -66,7 +67,8 @@ def make_config(arch: str, *, hidden: int, layers: int, heads: int, kv_heads: in
                 max_position: int = 4096, token_ids: dict | None = None, dtype: str = "float32",
                 head_dim: int | None = None, experts: int | None = None, experts_per_token: int | None = None,
                 expert_intermediate: int | None = None, norm_topk_prob: bool | None = None):
-    """The HF config of `arch` (ARCHS or MOE_ARCHS). `head_dim` (default hidden // heads) is for the Qwen3 family.
+    """The HF config of `arch` (ARCHS or MOE_ARCHS). `head_dim` (default hidden // heads) is for the Qwen3 family and
+    Mistral (full attention: no sliding window).
     For "qwen3_moe" `experts` (E) and `experts_per_token` (k) are required; `expert_intermediate` (default
     `intermediate`) is one expert's MLP width, `norm_topk_prob` (default True, as in Qwen3-MoE checkpoints)
     renormalises the k router weights; every layer is sparse (decoder_sparse_step 1, no mlp_only_layers), so
@@ -83,16 +85,19 @@ def make_config(arch: str, *, hidden: int, layers: int, heads: int, kv_heads: in
            if v is not None}
     if arch not in MOE_ARCHS and moe:
         raise ValueError(f"arch={arch!r} is dense: {', '.join(sorted(moe))} only apply to {MOE_ARCHS}")
-    if head_dim is not None and arch not in ("qwen3", "qwen3_moe"):
-        raise ValueError(f"arch={arch!r}: head_dim only applies to qwen3 and qwen3_moe (it is hidden // heads)")
+    if head_dim is not None and arch not in HEAD_DIM_ARCHS:
+        raise ValueError(f"arch={arch!r}: head_dim only applies to {', '.join(HEAD_DIM_ARCHS)} (it is hidden // heads)")
     cls = {"qwen2": transformers.Qwen2Config, "llama": transformers.LlamaConfig,
-           "qwen3": transformers.Qwen3Config, "qwen3_moe": transformers.Qwen3MoeConfig}[arch]
+           "mistral": transformers.MistralConfig, "qwen3": transformers.Qwen3Config,
+           "qwen3_moe": transformers.Qwen3MoeConfig}[arch]
     kwargs = dict(hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
                   num_key_value_heads=kv_heads, intermediate_size=intermediate, vocab_size=vocab_size,
                   rope_theta=rope_theta, tie_word_embeddings=tie, rms_norm_eps=rms_norm_eps,
                   max_position_embeddings=max_position, **(token_ids or {}))
-    if arch in ("qwen3", "qwen3_moe"):
+    if arch in HEAD_DIM_ARCHS:
         kwargs["head_dim"] = head_dim or hidden // heads
+    if arch == "mistral":
+        kwargs["sliding_window"] = None
     if arch in MOE_ARCHS:
         if experts is None or experts_per_token is None:
             raise ValueError(f"arch={arch!r}: experts and experts_per_token are required (got experts={experts}, "
@@ -122,8 +127,8 @@ def _write_generation_config(out_dir: Path, hf_tok) -> None:
 
 def build_tiny_model(out_dir: str | Path, arch: str = "qwen2", layers: int = 2, hidden: int = 64, heads: int = 4,
                      kv_heads: int = 2, intermediate: int | None = None, seed: int = 0,
-                     vocab_size: int = 512) -> Path:
-    """Write a tiny random HF causal LM + tokenizer into out_dir; returns the path."""
+                     vocab_size: int = 512, head_dim: int | None = None) -> Path:
+    """Write a tiny random HF causal LM + tokenizer into out_dir; returns the path. `head_dim`: see make_config."""
     from transformers import AutoModelForCausalLM
 
     if arch not in ARCHS:  # MoE shapes: make_config(..., experts=..., experts_per_token=...) or a size preset
@@ -131,7 +136,7 @@ def build_tiny_model(out_dir: str | Path, arch: str = "qwen2", layers: int = 2, 
     out_dir = Path(out_dir).expanduser()
     out_dir.mkdir(parents=True, exist_ok=True)
     hf_tok = save_tokenizer(train_tokenizer(vocab_size), out_dir)
-    config = make_config(arch, hidden=hidden, layers=layers, heads=heads, kv_heads=kv_heads,
+    config = make_config(arch, hidden=hidden, layers=layers, heads=heads, kv_heads=kv_heads, head_dim=head_dim,
                          intermediate=intermediate or 2 * hidden, vocab_size=-(-len(hf_tok) // 64) * 64,
                          token_ids=_token_ids(hf_tok))
     torch.manual_seed(seed)

@@ -1,5 +1,5 @@
-"""One tensor-parallel decoder for the rollout engine: Qwen2/Qwen2.5, Llama 3, Qwen3, and the mixture-of-experts
-Qwen3-MoE and Mixtral.
+"""One tensor-parallel decoder for the rollout engine: Qwen2/Qwen2.5, Llama 3, Mistral (full attention), Qwen3, and
+the mixture-of-experts Qwen3-MoE and Mixtral.
 
 Choices:
 - The families differ only in small switches, read from the HF config: q/k/v bias (Qwen2
@@ -44,7 +44,7 @@ from hybridrl.models.tp_layers import (
 )
 from hybridrl.models.tp_rules import tp_size_error
 
-SUPPORTED_MODEL_TYPES = ("qwen2", "llama", "qwen3", "qwen3_moe", "mixtral")
+SUPPORTED_MODEL_TYPES = ("qwen2", "llama", "mistral", "qwen3", "qwen3_moe", "mixtral")
 QK_NORM_MODEL_TYPES = ("qwen3", "qwen3_moe")
 
 # HF sub-module name -> (our fused parameter's module name, shard id)
@@ -64,7 +64,7 @@ def check_supported(config, tp_size: int = 1, expert_parallel: bool = False) -> 
     if getattr(config, "use_sliding_window", False):
         raise ValueError(f"{mt}: use_sliding_window=True is not supported by the native rollout engine; "
                          "set actor_rollout_ref.rollout.name=hf")
-    if mt == "mixtral" and getattr(config, "sliding_window", None) is not None:
+    if mt in ("mistral", "mixtral") and getattr(config, "sliding_window", None) is not None:
         raise ValueError(f"{mt}: sliding_window={config.sliding_window} is not supported by the native rollout "
                          "engine (full attention only); set actor_rollout_ref.rollout.name=hf")
     if getattr(config, "mlp_bias", False):

@@ -36,7 +36,7 @@ def test_tiny_model_loads_offline_and_tokenizer_round_trips(tiny_model_dir):
     assert tok.convert_tokens_to_ids("<|im_end|>") in gen["eos_token_id"]
 
 
-@pytest.mark.parametrize("arch,model_type", [("llama", "llama"), ("qwen3", "qwen3")])
+@pytest.mark.parametrize("arch,model_type", [("llama", "llama"), ("mistral", "mistral"), ("qwen3", "qwen3")])
 def test_other_archs(tmp_path, arch, model_type):
     path = build_tiny_model(tmp_path, arch=arch, layers=1, hidden=32, heads=4, kv_heads=2)
     model = AutoModelForCausalLM.from_pretrained(path)

@@ -277,3 +277,19 @@ def test_the_reward_function_scoring_beside_the_passes_gives_the_same_step(ray_l
     for key in ("critic/score/mean", "critic/advantages/mean", "actor/pg_loss", "actor/kl_loss", "actor/grad_norm",
                 "response_length/mean", "reward/failed_fraction"):
         assert a[key] == pytest.approx(s[key], rel=1e-5, abs=1e-7), key
+
+
+def test_a_mistral_model_trains_and_its_rollout_matches_the_actor(ray_local, arith_dir, tmp_path):
+    """Mistral (full attention) with a head_dim of its own, not hidden / heads: the rollout engine at TP 2 samples
+    the actor's own policy (old log-probs equal the engine's), also in step 2 after the update changed the weights
+    (the entropy bonus gives a gradient where a random model's rewards are all 0)."""
+    from hybridrl.assets.tiny_model import build_tiny_model
+
+    model = build_tiny_model(tmp_path / "mistral", arch="mistral", hidden=64, heads=4, kv_heads=2, head_dim=24)
+    cfg = load_config(overrides=overrides(model, arith_dir, tmp_path / "run", "trainer.total_training_steps=2",
+                                          "actor_rollout_ref.actor.entropy_coeff=0.01"))
+    steps = train_metrics(run_ppo(cfg)["history"])
+    assert [h["training/global_step"] for h in steps] == [1, 2]
+    for h in steps:
+        assert 0 <= h["training/rollout_probs_diff_max"] < 1e-3, h["training/rollout_probs_diff_max"]
+        assert math.isfinite(h["actor/pg_loss"]) and h["actor/grad_norm"] > 0

@@ -14,6 +14,8 @@ def tiny_config(kind: str, **overrides):
         rope = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                 "original_max_position_embeddings": 32, "rope_theta": 10000.0}
         cfg = transformers.LlamaConfig(**TINY, rope_scaling=rope)
+    elif kind == "mistral":  # head_dim set apart from hidden / heads, as in Mistral-Nemo
+        cfg = transformers.MistralConfig(**TINY, head_dim=24, sliding_window=None, rope_theta=1e6)
     elif kind == "qwen3":
         cfg = transformers.Qwen3Config(**TINY, head_dim=32)
     elif kind == "qwen3_moe":  # 3 layers: MoE, dense (mlp_only_layers), MoE

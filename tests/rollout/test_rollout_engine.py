@@ -16,7 +16,7 @@ PROMPTS = [[1, 2, 3, 4, 5], [7, 8, 9], [10] * 11]
 GREEDY = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
 
 
-@pytest.mark.parametrize("kind,overrides", [("qwen2", {}), ("llama", {}), ("qwen3", {}),
+@pytest.mark.parametrize("kind,overrides", [("qwen2", {}), ("llama", {}), ("mistral", {}), ("qwen3", {}),
                                             ("qwen3", {"tie_word_embeddings": True}),
                                             ("qwen3_moe", {}), ("qwen3_moe", {"norm_topk_prob": False}),
                                             ("mixtral", {})])
@@ -118,6 +118,8 @@ def test_unsupported_architecture_points_to_hf_backend():
     cfg = transformers.GPT2Config(n_embd=32, n_layer=1, n_head=2, vocab_size=64)
     with pytest.raises(ValueError, match="model_type 'gpt2'.*rollout.name=hf"):
         LLMEngine(cfg, EngineConfig(num_kv_blocks=8), device="cpu")
+    with pytest.raises(ValueError, match="mistral: sliding_window=4096 .*rollout.name=hf"):
+        LLMEngine(tiny_config("mistral", sliding_window=4096), EngineConfig(num_kv_blocks=8), device="cpu")
     with pytest.raises(ValueError, match="rope type 'yarn'.*rollout.name=hf"):
         LLMEngine(tiny_config("qwen2", rope_parameters={"rope_type": "yarn", "rope_theta": 1e4, "factor": 2.0}),
                   EngineConfig(num_kv_blocks=8), device="cpu")
