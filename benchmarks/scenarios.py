@@ -66,7 +66,8 @@ def partial_arith_runs(tokens: int, tag: str) -> tuple:
 
 CPU = [
     Scenario("reward-scoring", "one step's 256 samples scored with 1-8 scorer worker processes "
-             "(reward_model.scorer_workers), a waiting and a computing scorer", "cpu", "reward_scoring.json",
+             "(reward_model.scorer_workers), a waiting and a computing scorer, and verl's apps source in the sandbox",
+             "cpu", "reward_scoring.json",
              (py("benchmarks/reward_scoring.py", "--samples", "256", "--workers", "1,2,4,8", "--repeat", "3",
                  "--out", "{out}/reward_scoring.json"),)),
     Scenario("memory-model", "the plan's memory prediction per phase beside every measured one-H200 peak",
