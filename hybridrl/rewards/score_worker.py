@@ -12,12 +12,20 @@ from __future__ import annotations
 import logging
 import multiprocessing as mp
 import pickle
+import time
 import weakref
 
-__all__ = ["ScorerProcess", "check_picklable"]
+__all__ = ["ScorerProcess", "check_picklable", "time_left"]
 
 log = logging.getLogger(__name__)
 STARTUP_TIMEOUT_S = 120.0
+_deadline: float | None = None   # of the call this worker process is running
+
+
+def time_left() -> float | None:
+    """Seconds left before the call running in this scorer process is killed (reward_model.timeout_s), or None
+    outside a worker process: a scorer that can cut its own work short (verl_compat.prime_code) reads it."""
+    return None if _deadline is None else _deadline - time.monotonic()
 
 
 def check_picklable(fn) -> None:
@@ -31,6 +39,7 @@ def check_picklable(fn) -> None:
 
 
 def _worker_main(conn, fn_bytes: bytes) -> None:
+    global _deadline
     try:
         fn = pickle.loads(fn_bytes)
     except BaseException as e:  # report instead of dying silently
@@ -44,11 +53,14 @@ def _worker_main(conn, fn_bytes: bytes) -> None:
             return
         if msg is None:
             return
-        args, kwargs = msg
+        args, kwargs, timeout_s = msg
+        _deadline = time.monotonic() + timeout_s
         try:
             _answer(conn, fn, args, kwargs)
         except OSError:
             return
+        finally:
+            _deadline = None
 
 
 def _answer(conn, fn, args, kwargs) -> None:
@@ -124,7 +136,7 @@ class ScorerProcess:
             if status != "ready":
                 return "error", err
         try:
-            self._conn.send((args, kwargs or {}))
+            self._conn.send((args, kwargs or {}, timeout_s))
             if not self._conn.poll(timeout_s):
                 self._kill()
                 return "timeout", None

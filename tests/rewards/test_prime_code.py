@@ -5,10 +5,12 @@ on 427 generated comparisons, and verl's own prime_code test case (tests/utils/r
 a king's BFS with 11 cases: 1.0, and 0.9 with one expected output changed) scored 1.0 and 0.9 here too."""
 
 import json
+import time
 
 import pytest
+from test_custom_and_manager import make_batch, tok  # noqa: F401  (tok is a fixture)
 
-from hybridrl.rewards import default_compute_score
+from hybridrl.rewards import RewardManager, default_compute_score
 from hybridrl.rewards.verl_compat import prime_code as P
 from hybridrl.rewards.verl_compat import verl_compute_score
 
@@ -93,10 +95,9 @@ def test_crashes_compile_errors_and_hangs(monkeypatch):
     crash = score("a, b = map(int, input().split())\nprint(a + b if a < 10 else 1 // 0)")
     assert crash["score"] == pytest.approx(2 / 3) and crash["errors"] == 1 and crash["timeouts"] == 0
     assert score("def (:")["score"] == 0.0
-    monkeypatch.setattr(P, "FULL_CASE_S", 1)
+    monkeypatch.setattr(P, "FULL_CASE_S", 1.0)
     monkeypatch.setattr(P, "FULL_TOTAL_S", 2.0)
-    monkeypatch.setattr(P, "SINGLE_CASE_S", 1)
-    monkeypatch.setattr(P, "SINGLE_TOTAL_S", 2.0)
+    monkeypatch.setattr(P, "SINGLE_CASE_S", 1.0)
     hang = score("a, b = map(int, input().split())\nwhile a == 10:\n    pass\nprint(a + b)")
     assert hang["score"] == pytest.approx(2 / 3) and hang["timeouts"] == 1, hang   # cut by the alarm, run again
     spin = score("try:\n    while True:\n        pass\nexcept BaseException:\n    while True:\n        pass")
@@ -150,3 +151,21 @@ def test_verl_dispatch_and_extraction():
     for source in ("codecontests", "apps", "codeforces", "taco"):
         assert default_compute_score(source, fence("print(sum(map(int, input().split())))"), gt)["score"] == 1.0
     assert verl_compute_score("apps", fence("print(3)"), gt)["score"] == pytest.approx(1 / 3)
+
+
+def test_a_slow_program_is_scored_within_the_samples_time_limit(tok):  # noqa: F811
+    """Through the reward manager with reward_model.timeout_s = 4: the program hangs on the third case, so verl's
+    harness would spend 5 + 10 s on it; here the full check fits into the time left, the hanging case no longer
+    fits a run of its own and counts as failed (skipped), and the sample gets 2/3 instead of a reward timeout."""
+    hang = fence("a, b = map(int, input().split())\nwhile a == 10:\n    pass\nprint(a + b)")
+    manager = RewardManager(tok, timeout_s=4.0, workers=1)
+    try:
+        manager(make_batch(tok, [fence("print(3)")], [json.dumps(ADD_CASES)], data_source="apps", resp_len=160))
+        start = time.monotonic()
+        out = manager(make_batch(tok, [hang], [json.dumps(ADD_CASES)], data_source="apps", resp_len=160))
+        took = time.monotonic() - start
+    finally:
+        manager.close()
+    assert out["reward_tensor"].sum().item() == pytest.approx(2 / 3)
+    assert out["reward_extra_info"]["skipped"] == [1] and out["reward_extra_info"]["timeouts"] == [0]
+    assert took < 4.0

@@ -85,10 +85,10 @@ class _Pipe:
 def test_a_worker_leaves_quietly_when_the_driver_has_gone(error):
     """Killing the driver resets the pipe (ConnectionResetError, not EOFError): the worker returns instead of
     printing a traceback for every scorer process of the run."""
-    pipe = _Pipe([(("abc",), {})], error)
+    pipe = _Pipe([(("abc",), {}, 5.0)], error)
     score_worker._worker_main(pipe, pickle.dumps(len))
     assert pipe.sent == [("ready", None), ("ok", 3)]
-    gone = _Pipe([(("abc",), {})], EOFError(), send_error=BrokenPipeError())   # gone while the call ran
+    gone = _Pipe([(("abc",), {}, 5.0)], EOFError(), send_error=BrokenPipeError())   # gone while the call ran
     score_worker._worker_main(gone, pickle.dumps(len))
     assert gone.sent == [("ready", None)]
 

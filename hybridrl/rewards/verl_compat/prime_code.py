@@ -26,9 +26,12 @@ What differs, on purpose:
   per-case score (verl reruns it in a fresh process), only the ones it did not reach or that timed out.
 - Data verl's harness cannot read scores 0 there but is read here: call-based inputs given as argument lists and
   outputs given as values rather than JSON strings (raw APPS rows). No cases at all is an error, not verl's 1.0.
-- The per-sample scorer is bounded by `reward_model.timeout_s` (default 10 s): a program that hangs on several of
-  the first 10 cases can take verl's harness ~2 minutes; here it is then a reward timeout (scored 0 and counted).
-  Raise `reward_model.timeout_s` to about 120 for verl's partial credit on such programs.
+- Time: a program that times out on the first 10 cases can take verl's harness ~2 minutes (`WORST_CASE_S`). Here the
+  sample's scorer has `reward_model.timeout_s` (default 10 s): it reads the time left (`score_worker.time_left`),
+  fits the full check into it, and runs a case again alone (first the cases the full check never reached, then
+  those its alarm cut) only while one fits, with at most 10 s; a case that no longer fits counts as failed
+  (`skipped`). So a slow program gets a score, not a reward timeout, and the run's hang check is not tripped by a
+  group of slow programs. With `reward_model.timeout_s` >= 117 (or null: no limit) the scores are verl's.
 - extra_info may set "memory_mb" (address space of the sandboxed run, default 1024; verl sets no limit).
 """
 
@@ -37,16 +40,26 @@ from __future__ import annotations
 import json
 import math
 
+from hybridrl.rewards import score_worker
 from hybridrl.rewards.code_tests import ENCODER, decode_value
 from hybridrl.tools.sandbox import run_python
 
-__all__ = ["call_result_matches", "compute_score", "extract_solution", "parse_cases", "stdout_matches"]
+__all__ = ["WORST_CASE_S", "call_result_matches", "compute_score", "extract_solution", "parse_cases",
+           "stdout_matches"]
 
-FULL_CASE_S, FULL_TOTAL_S = 5, 6.0           # verl: check_correctness(timeout=5): alarm 5 s a case, join 5 + 1 s
-SINGLE_CASE_S, SINGLE_TOTAL_S = 10, 11.0     # verl: the per-case check, timeout=10
+FULL_CASE_S, FULL_TOTAL_S = 5.0, 6.0         # verl: check_correctness(timeout=5): alarm 5 s a case, join 5 + 1 s
+SINGLE_CASE_S, SINGLE_EXTRA_S = 10.0, 1.0   # verl: the per-case check, timeout=10: alarm 10 s, join 10 + 1 s
 FIRST_CASES = 10                             # verl: `if test_case_id >= 9: break`
 VALUES_CAP = 16 << 20                        # printed outputs of every case come back through the values channel
-TIMEOUT = "TimeoutError"
+TIMEOUT, SKIPPED = "TimeoutError", "skipped: the per-sample time limit was spent"
+MARGIN_S = 0.5        # kept back from the scorer's time limit (reward_model.timeout_s) for the reply
+MIN_CASE_S = 0.5      # a case is not started with less than this
+WORST_CASE_S = FULL_TOTAL_S + FIRST_CASES * (SINGLE_CASE_S + SINGLE_EXTRA_S) + MARGIN_S   # 116.5 s: verl's worst
+
+
+def _budget() -> float | None:
+    """Seconds left of reward_model.timeout_s for this sample (None: scored in-process, without a limit)."""
+    return score_worker.time_left()
 
 PRELUDE = ("from string import *\nfrom re import *\nfrom datetime import *\nfrom collections import *\n"
            "from heapq import *\nfrom bisect import *\nfrom copy import *\nfrom math import *\nfrom random import *\n"
@@ -72,6 +85,7 @@ def __hybridrl_cases(src, fn_name, case_s, prelude, fd):
         raise TimeoutError("case time limit")
 
     signal.signal(signal.SIGALRM, over)
+    arm = lambda seconds: signal.setitimer(signal.ITIMER_REAL, seconds)  # noqa: E731
     try:
         code = compile(prelude + src, "<solution>", "exec")
     except BaseException as e:
@@ -82,7 +96,7 @@ def __hybridrl_cases(src, fn_name, case_s, prelude, fd):
             status, out = "ok", io.StringIO()
             sys.stdin, sys.stdout = io.StringIO(text), out
             builtins.open = lambda *a, _text=text, **k: io.StringIO(_text)   # verl: mock_open(read_data=input)
-            signal.alarm(case_s)
+            arm(case_s)
             try:
                 exec(code, {"__name__": "__main__", "__builtins__": builtins})
             except SystemExit:
@@ -90,22 +104,22 @@ def __hybridrl_cases(src, fn_name, case_s, prelude, fd):
             except BaseException as e:
                 status, out = "raised", type(e).__name__
             finally:
-                signal.alarm(0)
+                arm(0)
                 sys.stdout, builtins.open = real_stdout, real_open
             send(i, status, out.getvalue() if status == "ok" else out)
         return
     g = {"__name__": "tmp_sol", "__builtins__": builtins}
-    signal.alarm(case_s)
+    arm(case_s)
     try:
         exec(code, g)
         method = getattr(g["Solution"](), fn_name) if "class Solution" in src else g[fn_name]
     except BaseException as e:
-        signal.alarm(0)
+        arm(0)
         send(-1, "compile", type(e).__name__)
         return
-    signal.alarm(0)
+    arm(0)
     for i, text in enumerate(inputs):
-        signal.alarm(case_s)
+        arm(case_s)
         try:
             args = [json.loads(line) for line in text.split("\n")]
             try:
@@ -119,10 +133,10 @@ def __hybridrl_cases(src, fn_name, case_s, prelude, fd):
         except BaseException as e:
             line = ("raised", type(e).__name__)
         finally:
-            signal.alarm(0)
+            arm(0)
         send(i, *line)
 
-__hybridrl_cases(%r, %r, %d, %r, __sandbox_values_fd__)
+__hybridrl_cases(%r, %r, %r, %r, __sandbox_values_fd__)
 '''
 
 
@@ -254,20 +268,30 @@ def compute_score(completion: str, ground_truth, extra_info=None) -> dict:
     memory_mb = int(extra_info.get("memory_mb", 1024))
     inputs, outputs, fn_name = parse_cases(ground_truth)
     code = extract_solution(completion)
-    outcomes, r = _run_cases(code, fn_name, inputs, FULL_CASE_S, FULL_TOTAL_S, memory_mb)
-    report = {"all_passed": False, "timeouts": 0, "errors": 0, "sandbox_layers": len(r.isolation["applied"])}
+    left = _budget()
+    total = FULL_TOTAL_S if left is None else max(0.5, min(FULL_TOTAL_S, left - MARGIN_S))
+    outcomes, r = _run_cases(code, fn_name, inputs, min(FULL_CASE_S, total), total, memory_mb)
+    report = {"all_passed": False, "timeouts": 0, "errors": 0, "skipped": 0,
+              "sandbox_layers": len(r.isolation["applied"])}
     if -1 in outcomes:  # the program did not compile (or fn_name is not defined in it): every case fails
         return {"score": 0.0, "passed": 0, "total": len(inputs), **report, "errors": 1}
     if not r.timed_out and all(i in outcomes and _passes(outcomes[i], outputs[i], fn_name)
                                for i in range(len(inputs))):
         return {"score": 1.0, "passed": len(inputs), "total": len(inputs), **report, "all_passed": True}
     counted = range(min(FIRST_CASES, len(inputs)))
-    for i in counted:  # the ones the full check did not reach, or cut at its 5 s alarm, run alone with 10 s
-        if outcomes.get(i, ("raised", TIMEOUT))[1] == TIMEOUT:
-            alone, r = _run_cases(code, fn_name, [inputs[i]], SINGLE_CASE_S, SINGLE_TOTAL_S, memory_mb)
-            outcomes[i] = alone.get(0, ("raised", TIMEOUT if r.timed_out else "the run ended without a result"))
+    # the first ten cases the full check did not reach, then those its 5 s alarm cut, each run alone with 10 s
+    rerun = sorted((i for i in counted if outcomes.get(i, ("raised", TIMEOUT))[1] == TIMEOUT), key=outcomes.__contains__)
+    skipped = 0
+    for i in rerun:
+        left = _budget()
+        case_s = SINGLE_CASE_S if left is None else min(SINGLE_CASE_S, left - MARGIN_S - SINGLE_EXTRA_S)
+        if case_s < MIN_CASE_S:   # the per-sample time limit is spent: this case counts as failed
+            outcomes[i], skipped = ("raised", SKIPPED), skipped + 1
+            continue
+        alone, r = _run_cases(code, fn_name, [inputs[i]], case_s, case_s + SINGLE_EXTRA_S, memory_mb)
+        outcomes[i] = alone.get(0, ("raised", TIMEOUT if r.timed_out else "the run ended without a result"))
     final = [outcomes[i] for i in counted]
     passed = sum(_passes(outcomes[i], outputs[i], fn_name) for i in counted)
-    return {"score": passed / len(counted), "passed": passed, "total": len(counted), **report,
+    return {"score": passed / len(counted), "passed": passed, "total": len(counted), **report, "skipped": skipped,
             "timeouts": sum(o == ("raised", TIMEOUT) for o in final),
-            "errors": sum(o[0] == "raised" and o[1] != TIMEOUT for o in final)}
+            "errors": sum(o[0] == "raised" and o[1] not in (TIMEOUT, SKIPPED) for o in final)}
