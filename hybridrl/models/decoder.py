@@ -189,11 +189,12 @@ class TPDecoderForCausalLM(nn.Module):
         if self.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         self.rope_cache = None  # [2, max_len, D] fp32, set by the runner on wake-up
+        self.fused_fits = fused.head_dim_fits(head_dim_of(config))
 
     def forward(self, input_ids_T, positions_T, ctx):
         h = self.model.embed_tokens(input_ids_T)
         cos, sin = (c.index_select(0, positions_T).to(h.dtype) for c in self.rope_cache)
-        if fused.enabled(h):
+        if self.fused_fits and fused.enabled(h):
             return self._forward_fused(h, cos, sin, ctx)
         for layer in self.model.layers:
             h = layer(h, cos, sin, ctx)

@@ -36,6 +36,13 @@ def _triton_ok() -> bool:
     return triton is not None
 
 
+def head_dim_fits(head_dim: int) -> bool:
+    """Whether the Triton decode kernels (this module's RoPE + K/V store, the paged decode attention) take this
+    head_dim: they tile it whole, so it must be a power of two (64 and 128 in every supported family's checkpoints);
+    other widths decode through the torch paths."""
+    return head_dim > 0 and head_dim & (head_dim - 1) == 0
+
+
 def enabled(t: torch.Tensor) -> bool:
     mode = os.environ.get("HYBRIDRL_FUSED", "1")
     if mode == "0" or not _triton_ok():

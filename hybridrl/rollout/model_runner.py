@@ -118,7 +118,7 @@ class ModelRunner:
         self.config, self.hf_config, self.tp_group, self.device = config, hf_config, tp_group, torch.device(device)
         self.is_cuda = self.device.type == "cuda"
         self.use_graphs = self.is_cuda and not config.enforce_eager
-        self.use_triton = _triton_available(self.device)
+        self.use_triton = _triton_available(self.device) and fused.head_dim_fits(head_dim_of(hf_config))
         with torch.device("meta"):
             self.model = TPDecoderForCausalLM(hf_config, tp_group).to(config.dtype)
         self.use_graphs = self.use_graphs and self.model.cuda_graph_safe(self.device, config.dtype)  # MoE fallback syncs

@@ -196,3 +196,14 @@ def test_stats_describe_each_call_and_the_tail():
     assert stats["tail_time_frac"] == pytest.approx(4 / 6, rel=0.1)
     assert stats["running_seqs_mean"] == pytest.approx(44 / 6)
     assert stats["decode_floor_s"] == pytest.approx((2 * 20 + 4) * 100 * 1e-6)
+
+
+def test_triton_decode_kernels_only_take_head_dims_they_tile():
+    """The Triton RoPE/store and paged-decode kernels tile head_dim whole: a model whose head_dim is not a power of
+    two (the tiny Mistral's 24) decodes through the torch paths instead of failing at its first decode step."""
+    from hybridrl.models import fused
+    from hybridrl.models.decoder import TPDecoderForCausalLM
+
+    assert [d for d in (16, 24, 64, 80, 96, 128, 256) if fused.head_dim_fits(d)] == [16, 64, 128, 256]
+    assert not TPDecoderForCausalLM(tiny_config("mistral")).fused_fits
+    assert TPDecoderForCausalLM(tiny_config("qwen3")).fused_fits

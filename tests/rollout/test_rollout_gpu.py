@@ -46,7 +46,8 @@ def test_decode_splits_fill_the_gpu_and_respect_the_minimum_split():
     assert decode_splits(1, 1, 100, 132) == 1               # too short to split
 
 
-@pytest.mark.parametrize("kind", ["qwen2", "qwen3"])   # head_dim 16 and 32
+@pytest.mark.parametrize("kind", ["qwen2", "qwen3", "mistral"])   # head_dim 16, 32, and 24: not a power of two,
+# so the mistral run decodes through the torch paths
 @pytest.mark.parametrize("enforce_eager,async_scheduling", [(True, False), (False, False), (False, True)])
 def test_engine_on_cuda_matches_hf_and_sleep_frees_memory(enforce_eager, async_scheduling, kind):
     model = tiny_hf_model(kind).cuda()

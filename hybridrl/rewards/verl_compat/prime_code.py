@@ -32,6 +32,8 @@ What differs, on purpose:
   those its alarm cut) only while one fits, with at most 10 s; a case that no longer fits counts as failed
   (`skipped`). So a slow program gets a score, not a reward timeout, and the run's hang check is not tripped by a
   group of slow programs. With `reward_model.timeout_s` >= 117 (or null: no limit) the scores are verl's.
+- The sandbox holds the standard library only: a solution importing numpy fails here and may pass in verl, whose
+  harness runs in the trainer's environment.
 - extra_info may set "memory_mb" (address space of the sandboxed run, default 1024; verl sets no limit).
 """
 
