@@ -10,15 +10,16 @@ FSDP on several ranks every rank runs generate in lockstep (`synced_gpus`), whic
 from __future__ import annotations
 
 import torch
-from transformers import AutoConfig, AutoTokenizer
+from transformers import AutoTokenizer
 
 from hybridrl.config.sections.rollout import RolloutConfig
 
 
-def build_rollout_engine(rcfg: RolloutConfig, plan, *, model_path: str, device: torch.device, tp_group,
+def build_rollout_engine(rcfg: RolloutConfig, plan, *, model_path: str, hf_config, device: torch.device, tp_group,
                          actor_module=None):
-    """The engine `rcfg.name` names; the native one is configured by `plan.rollout.engine_config` (the run plan's sizes,
-    dtype and scheduling with the section's switches), ending sequences at the tokenizer's eos."""
+    """The engine `rcfg.name` names; the native one runs the actor's HF config `hf_config` (its
+    `model.override_config` applied, as the actor's model has it), configured by `plan.rollout.engine_config` (the run
+    plan's sizes, dtype and scheduling with the section's switches), ending sequences at the tokenizer's eos."""
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     eos = tokenizer.eos_token_id
     if rcfg.name == "hf":
@@ -36,4 +37,4 @@ def build_rollout_engine(rcfg: RolloutConfig, plan, *, model_path: str, device: 
     from hybridrl.rollout.engine import LLMEngine
 
     config = plan.rollout.engine_config(rcfg, eos_token_ids=None if eos is None else (eos,))
-    return LLMEngine(AutoConfig.from_pretrained(model_path), config, tp_group=tp_group, device=device)
+    return LLMEngine(hf_config, config, tp_group=tp_group, device=device)

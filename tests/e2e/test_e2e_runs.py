@@ -293,3 +293,12 @@ def test_a_mistral_model_trains_and_its_rollout_matches_the_actor(ray_local, ari
     for h in steps:
         assert 0 <= h["training/rollout_probs_diff_max"] < 1e-3, h["training/rollout_probs_diff_max"]
         assert math.isfinite(h["actor/pg_loss"]) and h["actor/grad_norm"] > 0
+
+
+def test_the_rollout_engine_runs_the_actors_overridden_config(ray_local, tiny_model_dir, arith_dir, tmp_path):
+    """model.override_config reaches the rollout engine as it reaches the actor: with rms_norm_eps overridden (a
+    change to every layer's output) the engine still samples the actor's policy, step after step."""
+    cfg = load_config(overrides=overrides(tiny_model_dir, arith_dir, tmp_path / "run", "trainer.total_training_steps=1",
+                                          "+actor_rollout_ref.model.override_config.rms_norm_eps=10.0"))
+    (step,) = train_metrics(run_ppo(cfg)["history"])
+    assert 0 <= step["training/rollout_probs_diff_max"] < 1e-4, step["training/rollout_probs_diff_max"]
