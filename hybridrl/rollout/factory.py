@@ -15,20 +15,37 @@ from transformers import AutoTokenizer
 from hybridrl.config.sections.rollout import RolloutConfig
 
 
+def stop_token_ids(model_path: str, tokenizer) -> tuple[int, ...]:
+    """The tokens that end a sequence: the tokenizer's eos, then the other eos ids of the model's
+    generation_config.json (an instruct model lists its turn end and its document end there, Llama 3.1 also its
+    tool-call end), as vLLM stops on them."""
+    from transformers import GenerationConfig
+
+    ids = [] if tokenizer.eos_token_id is None else [int(tokenizer.eos_token_id)]
+    try:
+        listed = GenerationConfig.from_pretrained(model_path).eos_token_id
+    except OSError:   # no generation_config.json
+        listed = None
+    for token in [listed] if isinstance(listed, int) else list(listed or ()):
+        if int(token) not in ids:
+            ids.append(int(token))
+    return tuple(ids)
+
+
 def build_rollout_engine(rcfg: RolloutConfig, plan, *, model_path: str, hf_config, device: torch.device, tp_group,
                          actor_module=None):
     """The engine `rcfg.name` names; the native one runs the actor's HF config `hf_config` (its
     `model.override_config` applied, as the actor's model has it), configured by `plan.rollout.engine_config` (the run
-    plan's sizes, dtype and scheduling with the section's switches), ending sequences at the tokenizer's eos."""
+    plan's sizes, dtype and scheduling with the section's switches), ending sequences at `stop_token_ids`."""
     tokenizer = AutoTokenizer.from_pretrained(model_path)
-    eos = tokenizer.eos_token_id
+    eos = stop_token_ids(model_path, tokenizer)
     if rcfg.name == "hf":
         if tp_group is not None:
             raise ValueError("actor_rollout_ref.rollout.name=hf runs HF generate on each rank: set "
                              "rollout.tensor_model_parallel_size=1")
         from hybridrl.rollout.hf_backend import HFRolloutEngine
 
-        engine = HFRolloutEngine(actor_module, pad_token_id=tokenizer.pad_token_id or 0, eos_token_id=eos,
+        engine = HFRolloutEngine(actor_module, pad_token_id=tokenizer.pad_token_id or 0, eos_token_id=list(eos) or None,
                                  synced=torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1)
         engine.shares_actor_weights = True  # the hybrid engine must not reshard into (or offload) the actor itself
         return engine
@@ -36,5 +53,5 @@ def build_rollout_engine(rcfg: RolloutConfig, plan, *, model_path: str, hf_confi
         raise ValueError(f"actor_rollout_ref.rollout.name={rcfg.name!r}: use 'native' (paged-KV engine) or 'hf'")
     from hybridrl.rollout.engine import LLMEngine
 
-    config = plan.rollout.engine_config(rcfg, eos_token_ids=None if eos is None else (eos,))
+    config = plan.rollout.engine_config(rcfg, eos_token_ids=eos or None)
     return LLMEngine(hf_config, config, tp_group=tp_group, device=device)
