@@ -1,5 +1,5 @@
-"""One tensor-parallel decoder for the rollout engine: Qwen2/Qwen2.5, Llama 3, Mistral (full attention), Qwen3, and
-the mixture-of-experts Qwen3-MoE and Mixtral.
+"""One tensor-parallel decoder for the rollout engine: Qwen2/Qwen2.5, Llama 3, Mistral, Qwen3, and the
+mixture-of-experts Qwen3-MoE and Mixtral (full attention: a model's sliding window must hold the run's sequences).
 
 Choices:
 - The families differ only in small switches, read from the HF config: q/k/v bias (Qwen2
@@ -54,19 +54,38 @@ IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 PER_EXPERT_NAME = re.compile(r"\.experts\.\d+\.")  # experts.<e>.gate_proj.weight: the layout before transformers 5
 
 
-def check_supported(config, tp_size: int = 1, expert_parallel: bool = False) -> None:
-    """ValueError naming what the native engine cannot run: the model type, an option, or a TP degree that does not
-    split its heads, MLP or experts (see tp_rules.py)."""
+def attention_window(config) -> int | None:
+    """The sliding window HF's attention applies to this model (None: full attention): Mistral's and Mixtral's
+    `sliding_window`, Qwen2's where `use_sliding_window` is on."""
+    mt = getattr(config, "model_type", None)
+    on = mt in ("mistral", "mixtral") or getattr(config, "use_sliding_window", False)
+    window = getattr(config, "sliding_window", None) if on else None
+    return None if window is None else int(window)
+
+
+def window_error(config, max_len: int | None) -> str | None:
+    """Why a model with a sliding attention window cannot run sequences of `max_len` tokens here (None: it can): the
+    engine and the packed training attention attend fully, which is the window's result only where no sequence is
+    longer than the window."""
+    window = attention_window(config)
+    if window is None or (max_len is not None and max_len <= window):
+        return None
+    return (f"{getattr(config, 'model_type', None)}: sliding_window={window} is narrower than the run's sequences "
+            f"({'unknown length' if max_len is None else f'{max_len} tokens'}: data.max_prompt_length + "
+            "data.max_response_length): sliding-window attention is not implemented, so only runs whose prompt + "
+            f"response fit in the window ({window} tokens) attend as the model does")
+
+
+def check_supported(config, tp_size: int = 1, expert_parallel: bool = False, max_model_len: int | None = None) -> None:
+    """ValueError naming what the native engine cannot run: the model type, an option, a sliding window narrower
+    than `max_model_len`, or a TP degree that does not split its heads, MLP or experts (see tp_rules.py)."""
     mt = getattr(config, "model_type", None)
     if mt not in SUPPORTED_MODEL_TYPES:
         raise ValueError(f"model_type {mt!r} is not supported by the native rollout engine (supported: "
                          f"{', '.join(SUPPORTED_MODEL_TYPES)}); set actor_rollout_ref.rollout.name=hf")
-    if getattr(config, "use_sliding_window", False):
-        raise ValueError(f"{mt}: use_sliding_window=True is not supported by the native rollout engine; "
-                         "set actor_rollout_ref.rollout.name=hf")
-    if mt in ("mistral", "mixtral") and getattr(config, "sliding_window", None) is not None:
-        raise ValueError(f"{mt}: sliding_window={config.sliding_window} is not supported by the native rollout "
-                         "engine (full attention only); set actor_rollout_ref.rollout.name=hf")
+    error = window_error(config, max_model_len)
+    if error:
+        raise ValueError(error)
     if getattr(config, "mlp_bias", False):
         raise ValueError(f"{mt}: mlp_bias=True is not supported by the native rollout engine; "
                          "set actor_rollout_ref.rollout.name=hf")
@@ -179,9 +198,9 @@ class TPDecoderForCausalLM(nn.Module):
     `expert_parallel` splits an MoE model's experts whole across the TP ranks instead of their intermediate
     columns (moe.py)."""
 
-    def __init__(self, config, tp_group=None, expert_parallel: bool = False):
+    def __init__(self, config, tp_group=None, expert_parallel: bool = False, max_model_len: int | None = None):
         super().__init__()
-        check_supported(config, tp_rank_size(tp_group)[1], expert_parallel)
+        check_supported(config, tp_rank_size(tp_group)[1], expert_parallel, max_model_len)
         self.config = config
         self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
         self.model = DecoderModel(config, tp_group, expert_parallel)

@@ -16,6 +16,7 @@ from hybridrl.config.errors import ConfigError
 from hybridrl.config.sections import PPOConfig
 from hybridrl.config.sections.reward_model import RewardModelConfig
 from hybridrl.dotted import dotted_get
+from hybridrl.models.decoder import window_error
 from hybridrl.models.moe import padded_rank
 from hybridrl.plan.actor_plan import (
     ACTOR,
@@ -129,6 +130,7 @@ def make_plan(config: PPOConfig, hf_config, device: DeviceSpec, val_prompts: int
     shape = ModelShape.from_hf_config(hf_config)
     _check_router_keys(get, shape, hf_config)
     _check_expert_lora(get, shape, hf_config)
+    _check_attention_window(get, hf_config)
     rm_shape = _reward_model_shape(config.reward_model, rm_hf_config)
     master_dtype = _dtype_name(get(f"{ACTOR}.fsdp_config.model_dtype"))
     lora_rank = get(f"{MODEL}.lora_rank")
@@ -198,6 +200,18 @@ def _check_router_keys(get, shape: ModelShape, hf_config) -> None:
         raise ConfigError([f"'{ACTOR}.{k}' = {get(f'{ACTOR}.{k}')!r} applies to mixture-of-experts models only; "
                            f"model_type {getattr(hf_config, 'model_type', None)!r} has no MoE layers"
                            for k in router_keys])
+
+
+def _check_attention_window(get, hf_config) -> None:
+    """A model's sliding window narrower than the run's sequences is refused where hybridrl's own attention runs it
+    (the native engine, the packed training path): both attend fully."""
+    native = get(f"{ROLLOUT}.name") in ("native", "vllm")
+    packed = get(f"{MODEL}.use_remove_padding") is not False or get(f"{ACTOR}.use_prefix_grouper") is not False
+    error = window_error(hf_config, get("data.max_prompt_length") + get("data.max_response_length"))
+    if error and (native or packed):
+        where = [f"'{ROLLOUT}.name' = {get(f'{ROLLOUT}.name')!r}"] * native + ["the packed training path"] * packed
+        raise ConfigError([f"{error} (with {' and '.join(where)}; HF's own attention, rollout.name=hf with "
+                           "use_remove_padding=false, applies the window)"])
 
 
 def _check_expert_lora(get, shape: ModelShape, hf_config) -> None:

@@ -100,11 +100,11 @@ class LLMEngine:
     def __init__(self, hf_config, config: EngineConfig, *, tp_group=None, device=None):
         """`config` with the model's defaults filled in (EngineConfig.for_model) is what the runner and each call's
         scheduler read their sizes from."""
-        check_supported(hf_config)
         if device is None:
             device = "cuda" if torch.cuda.is_available() else "cpu"
         self.hf_config = hf_config
         self.config = config.for_model(hf_config)
+        check_supported(hf_config, max_model_len=self.config.max_model_len)
         self.runner = ModelRunner(hf_config, self.config, tp_group=tp_group, device=device)
         self._loaded: set = set()
         self.stats: dict = {}

@@ -120,7 +120,7 @@ class ModelRunner:
         self.use_graphs = self.is_cuda and not config.enforce_eager
         self.use_triton = _triton_available(self.device) and fused.head_dim_fits(head_dim_of(hf_config))
         with torch.device("meta"):
-            self.model = TPDecoderForCausalLM(hf_config, tp_group).to(config.dtype)
+            self.model = TPDecoderForCausalLM(hf_config, tp_group, max_model_len=config.max_model_len).to(config.dtype)
         self.use_graphs = self.use_graphs and self.model.cuda_graph_safe(self.device, config.dtype)  # MoE fallback syncs
         attn = self.model.model.layers[0].self_attn
         self.num_kv_heads, self.head_dim = attn.num_kv_heads, head_dim_of(hf_config)

@@ -119,9 +119,11 @@ def varlen_attention_forward(module, query, key, value, attention_mask, dropout:
                                       **kwargs)
     if query.shape[0] != 1:
         raise ValueError(f"packed attention expects one packed row, got batch {query.shape[0]}")
-    if sliding_window is not None:
-        raise ValueError(f"packed attention does not implement sliding_window={sliding_window}; "
-                         "set use_remove_padding=false for sliding-window models")
+    span = kwargs.get("max_key_span")   # the longest row a token attends over, where the caller knows it
+    if sliding_window is not None and (span is None or span > sliding_window):
+        raise ValueError(f"packed attention does not implement sliding_window={sliding_window} (rows of "
+                         f"{'unknown length' if span is None else span} tokens); set use_remove_padding=false for "
+                         "sliding-window models, or keep prompt + response within the window")
     sp = kwargs.get("sp_group")
     if sp is not None:  # [T_loc tokens, all heads] -> [all tokens, heads / P]
         query, key, value = ulysses_qkv(query, key, value, sp)

@@ -133,8 +133,11 @@ def forward_response_logits(module, input_ids: torch.Tensor, attention_mask: tor
     keep = to_device(wanted[valid], device)                                # their packed positions
     laid_out = _lay_out(token_data, packed, device)
     packed = packed.to(device)
+    # max_key_span: no token attends over more than its padded row, so a sliding window at least that wide never
+    # binds and the packed (full) attention is the model's own
     kwargs = dict(cu_seq_lens_q=packed.cu_seqlens, cu_seq_lens_k=packed.cu_seqlens,
-                  max_length_q=packed.max_seqlen, max_length_k=packed.max_seqlen, use_cache=False)
+                  max_length_q=packed.max_seqlen, max_length_k=packed.max_seqlen, max_key_span=seq_len,
+                  use_cache=False)
     if mask_unread(module):
         kwargs["attention_mask"] = no_mask()
     if packed.shared is not None:

@@ -279,13 +279,23 @@ def test_the_reward_function_scoring_beside_the_passes_gives_the_same_step(ray_l
         assert a[key] == pytest.approx(s[key], rel=1e-5, abs=1e-7), key
 
 
-def test_a_mistral_model_trains_and_its_rollout_matches_the_actor(ray_local, arith_dir, tmp_path):
-    """Mistral (full attention) with a head_dim of its own, not hidden / heads: the rollout engine at TP 2 samples
-    the actor's own policy (old log-probs equal the engine's), also in step 2 after the update changed the weights
-    (the entropy bonus gives a gradient where a random model's rewards are all 0)."""
+def _windowed_mistral(path, window: int):
+    import json
+
     from hybridrl.assets.tiny_model import build_tiny_model
 
-    model = build_tiny_model(tmp_path / "mistral", arch="mistral", hidden=64, heads=4, kv_heads=2, head_dim=24)
+    model = build_tiny_model(path, arch="mistral", hidden=64, heads=4, kv_heads=2, head_dim=24)
+    config = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps({**config, "sliding_window": window}))
+    return model
+
+
+def test_a_mistral_model_trains_and_its_rollout_matches_the_actor(ray_local, arith_dir, tmp_path):
+    """Mistral with a head_dim of its own, not hidden / heads, and a sliding window of 100 tokens, wider than the run's
+    64 + 12 (so attending fully is the model's own attention): the rollout engine at TP 2 samples the actor's own
+    policy (old log-probs equal the engine's), also in step 2 after the update changed the weights (the entropy
+    bonus gives a gradient where a random model's rewards are all 0)."""
+    model = _windowed_mistral(tmp_path / "mistral", window=100)
     cfg = load_config(overrides=overrides(model, arith_dir, tmp_path / "run", "trainer.total_training_steps=2",
                                           "actor_rollout_ref.actor.entropy_coeff=0.01"))
     steps = train_metrics(run_ppo(cfg)["history"])
@@ -302,3 +312,13 @@ def test_the_rollout_engine_runs_the_actors_overridden_config(ray_local, tiny_mo
                                           "+actor_rollout_ref.model.override_config.rms_norm_eps=10.0"))
     (step,) = train_metrics(run_ppo(cfg)["history"])
     assert 0 <= step["training/rollout_probs_diff_max"] < 1e-4, step["training/rollout_probs_diff_max"]
+
+
+def test_a_sliding_window_narrower_than_the_runs_sequences_is_refused_by_the_plan(arith_dir, tmp_path):
+    from hybridrl.config.errors import ConfigError
+    from hybridrl.trainer.launch import make_run_plan
+
+    model = _windowed_mistral(tmp_path / "mistral", window=50)
+    cfg = load_config(overrides=overrides(model, arith_dir, tmp_path / "run"))
+    with pytest.raises(ConfigError, match=r"sliding_window=50 is narrower than the run's sequences \(76 tokens"):
+        make_run_plan(cfg, str(model), use_gpu=False, val_prompts=None)

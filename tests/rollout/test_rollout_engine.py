@@ -118,8 +118,9 @@ def test_unsupported_architecture_points_to_hf_backend():
     cfg = transformers.GPT2Config(n_embd=32, n_layer=1, n_head=2, vocab_size=64)
     with pytest.raises(ValueError, match="model_type 'gpt2'.*rollout.name=hf"):
         LLMEngine(cfg, EngineConfig(num_kv_blocks=8), device="cpu")
-    with pytest.raises(ValueError, match="mistral: sliding_window=4096 .*rollout.name=hf"):
-        LLMEngine(tiny_config("mistral", sliding_window=4096), EngineConfig(num_kv_blocks=8), device="cpu")
+    with pytest.raises(ValueError, match=r"mistral: sliding_window=100 is narrower than the run's sequences \(256 "):
+        LLMEngine(tiny_config("mistral", sliding_window=100), EngineConfig(num_kv_blocks=8), device="cpu")
+    LLMEngine(tiny_config("mistral", sliding_window=256), EngineConfig(num_kv_blocks=8), device="cpu")  # never binds
     with pytest.raises(ValueError, match="rope type 'yarn'.*rollout.name=hf"):
         LLMEngine(tiny_config("qwen2", rope_parameters={"rope_type": "yarn", "rope_theta": 1e4, "factor": 2.0}),
                   EngineConfig(num_kv_blocks=8), device="cpu")
