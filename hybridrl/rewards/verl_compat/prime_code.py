@@ -26,7 +26,7 @@ What differs, on purpose:
   per-case score (verl reruns it in a fresh process), only the ones it did not reach or that timed out.
 - Data verl's harness cannot read scores 0 there but is read here: call-based inputs given as argument lists and
   outputs given as values rather than JSON strings (raw APPS rows). No cases at all is an error, not verl's 1.0.
-- Time: a program that times out on the first 10 cases can take verl's harness ~2 minutes (`WORST_CASE_S`). Here the
+- Time: a program that times out on the first 10 cases can take verl's harness 6 + 10 x 11 = 116 s. Here the
   sample's scorer has `reward_model.timeout_s` (default 10 s): it reads the time left (`score_worker.time_left`),
   fits the full check into it, and runs a case again alone (first the cases the full check never reached, then
   those its alarm cut) only while one fits, with at most 10 s; a case that no longer fits counts as failed
@@ -46,8 +46,7 @@ from hybridrl.rewards import score_worker
 from hybridrl.rewards.code_tests import ENCODER, decode_value
 from hybridrl.tools.sandbox import run_python
 
-__all__ = ["WORST_CASE_S", "call_result_matches", "compute_score", "extract_solution", "parse_cases",
-           "stdout_matches"]
+__all__ = ["call_result_matches", "compute_score", "extract_solution", "parse_cases", "stdout_matches"]
 
 FULL_CASE_S, FULL_TOTAL_S = 5.0, 6.0         # verl: check_correctness(timeout=5): alarm 5 s a case, join 5 + 1 s
 SINGLE_CASE_S, SINGLE_EXTRA_S = 10.0, 1.0   # verl: the per-case check, timeout=10: alarm 10 s, join 10 + 1 s
@@ -56,12 +55,6 @@ VALUES_CAP = 16 << 20                        # printed outputs of every case com
 TIMEOUT, SKIPPED = "TimeoutError", "skipped: the per-sample time limit was spent"
 MARGIN_S = 0.5        # kept back from the scorer's time limit (reward_model.timeout_s) for the reply
 MIN_CASE_S = 0.5      # a case is not started with less than this
-WORST_CASE_S = FULL_TOTAL_S + FIRST_CASES * (SINGLE_CASE_S + SINGLE_EXTRA_S) + MARGIN_S   # 116.5 s: verl's worst
-
-
-def _budget() -> float | None:
-    """Seconds left of reward_model.timeout_s for this sample (None: scored in-process, without a limit)."""
-    return score_worker.time_left()
 
 PRELUDE = ("from string import *\nfrom re import *\nfrom datetime import *\nfrom collections import *\n"
            "from heapq import *\nfrom bisect import *\nfrom copy import *\nfrom math import *\nfrom random import *\n"
@@ -237,7 +230,12 @@ def call_result_matches(result, expected_raw) -> bool:
         return False
 
 
-def _run_cases(code: str, fn_name, inputs: list[str], case_s: int, total_s: float, memory_mb: int):
+def _budget() -> float | None:
+    """Seconds left of reward_model.timeout_s for this sample (None: scored in-process, without a limit)."""
+    return score_worker.time_left()
+
+
+def _run_cases(code: str, fn_name, inputs: list[str], case_s: float, total_s: float, memory_mb: int):
     program = HARNESS % (code, fn_name, case_s, PRELUDE)
     r = run_python(program, timeout_s=total_s, memory_mb=memory_mb, stdin=json.dumps(inputs), values=True,
                    max_values_bytes=VALUES_CAP)
