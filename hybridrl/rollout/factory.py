@@ -1,18 +1,17 @@
 """Build the rollout engine a worker uses, from the `actor_rollout_ref.rollout` config section and the run plan.
 
 `native` is our paged-KV engine (TP over the given group; weights arrive from the actor by resharding), configured
-by the plan's `EngineConfig` (rollout/config.py) — the factory adds only what the plan cannot know, the tokenizer's
-eos.
+by the plan's `EngineConfig` (rollout/config.py) — the factory adds only what the plan cannot know, the stop tokens;
+it runs the actor's HF config (overrides applied).
 `hf` wraps the actor's own module in HF `generate` — any causal LM, no second copy of the weights, slow; with
 FSDP on several ranks every rank runs generate in lockstep (`synced_gpus`), which HF supports for sharded models.
 """
 
 from __future__ import annotations
 
-import torch
-from transformers import AutoTokenizer
+import os
 
-from hybridrl.config.sections.rollout import RolloutConfig
+import torch
 
 
 def stop_token_ids(model_path: str, tokenizer) -> tuple[int, ...]:
@@ -32,12 +31,17 @@ def stop_token_ids(model_path: str, tokenizer) -> tuple[int, ...]:
     return tuple(ids)
 
 
-def build_rollout_engine(rcfg: RolloutConfig, plan, *, model_path: str, hf_config, device: torch.device, tp_group,
-                         actor_module=None):
-    """The engine `rcfg.name` names; the native one runs the actor's HF config `hf_config` (its
-    `model.override_config` applied, as the actor's model has it), configured by `plan.rollout.engine_config` (the run
-    plan's sizes, dtype and scheduling with the section's switches), ending sequences at `stop_token_ids`."""
-    tokenizer = AutoTokenizer.from_pretrained(model_path)
+def build_rollout_engine(config, plan, *, device: torch.device, tp_group, actor_module=None):
+    """The engine `actor_rollout_ref.rollout.name` names. The native one runs the actor's HF config
+    (`model.override_config` applied, as the actor's model has it), configured by `plan.rollout.engine_config` (the
+    run plan's sizes, dtype and scheduling with the section's switches), ending sequences at `stop_token_ids` of the
+    run's tokenizer (`models/tokenizer.py: policy_tokenizer`) and the model's generation config."""
+    from hybridrl.models.tokenizer import policy_tokenizer
+    from hybridrl.training.fsdp import load_hf_config
+
+    rcfg, model = config.actor_rollout_ref.rollout, config.actor_rollout_ref.model
+    model_path = os.path.expanduser(model.path)
+    tokenizer = policy_tokenizer(config)
     eos = stop_token_ids(model_path, tokenizer)
     if rcfg.name == "hf":
         if tp_group is not None:
@@ -53,5 +57,7 @@ def build_rollout_engine(rcfg: RolloutConfig, plan, *, model_path: str, hf_confi
         raise ValueError(f"actor_rollout_ref.rollout.name={rcfg.name!r}: use 'native' (paged-KV engine) or 'hf'")
     from hybridrl.rollout.engine import LLMEngine
 
-    config = plan.rollout.engine_config(rcfg, eos_token_ids=eos or None)
-    return LLMEngine(hf_config, config, tp_group=tp_group, device=device)
+    hf_config = load_hf_config(model_path, override_config=model.override_config,
+                               trust_remote_code=model.trust_remote_code)
+    engine_config = plan.rollout.engine_config(rcfg, eos_token_ids=eos or None)
+    return LLMEngine(hf_config, engine_config, tp_group=tp_group, device=device)

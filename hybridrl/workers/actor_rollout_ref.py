@@ -153,16 +153,12 @@ class ActorRolloutRefWorker(EarlyUpdateWorker, RoleWorker):
         self.set_dispatch_info("rollout", coords.dp_rank, coords.dp_size, coords.is_collect)
         self.rollout_coords = coords
 
-        rcfg = cfg.rollout
         from hybridrl.rollout.factory import build_rollout_engine
-        from hybridrl.training.fsdp import load_hf_config, resolve_dtype
+        from hybridrl.training.fsdp import resolve_dtype
 
         dtype = resolve_dtype(self.plan.rollout.dtype, "plan.rollout.dtype")
-        model_path = os.path.expanduser(cfg.model.path)
         self.engine = build_rollout_engine(
-            rcfg, self.plan, model_path=model_path, device=self.compute_device,
-            hf_config=load_hf_config(model_path, override_config=cfg.model.override_config,
-                                     trust_remote_code=cfg.model.trust_remote_code),
+            self.config, self.plan, device=self.compute_device,
             tp_group=self.rollout_mesh.get_group("infer_tp") if tp > 1 else None, actor_module=self.actor_module)
         self.tool_agent = build_tool_agent(self.config, getattr(self.engine, "eos_token_ids", ()),
                                            self.plan.rollout.kv_cache.max_num_seqs)
