@@ -1,13 +1,15 @@
 """Plots for docs/benchmarks.md from the committed results JSON (no GPU needed):
 
   python benchmarks/plot_results.py   → docs/img/memory_{7b,1.5b,llama3-8b}_scheme_a_vs_hybrid.png,
-                                        docs/img/stability_7b_util07.png (from the stability run's console log)
+                                        docs/img/stability_7b_util07.png (from the stability run's console log),
+                                        docs/img/smollm2_algorithms.png (the real model's curves per algorithm)
 """
 
 from __future__ import annotations
 
 import json
 import re
+import statistics
 from pathlib import Path
 
 from hybridrl.trainer.memory_timeline import MemoryTimeline, plot_comparison
@@ -56,6 +58,59 @@ def plot_stability(log: Path, out: Path, title: str) -> None:
     plt.close(fig)
 
 
+def validation_curve(metrics: Path) -> dict[int, float]:
+    """{step: sampled validation accuracy} of a run's metrics.jsonl (the file logger's rows)."""
+    curve = {}
+    for line in metrics.read_text().splitlines():
+        row = json.loads(line)
+        for key, value in (row.get("data") or row).items():
+            if key.startswith("val-core/") and key.endswith("acc/mean@1"):
+                curve[int(row["step"])] = value
+    return curve
+
+
+SMOLLM2_RUNS = (  # label, files under results/smollm2_defaults (one per seed)
+    ("defaults (GRPO)", "seeds/summary.json"),
+    ("bypass, ppo_clip", "algorithms/m_bypass_clip_seed{s}.jsonl"),
+    ("bypass, reinforce + token IS", "algorithms/m_bypass_reinforce_seed{s}.jsonl"),
+    ("optimal token baseline", "algorithms/m_otb_seed{s}.jsonl"),
+    ("partial rollouts, 96 of 128 tokens", "partial_rollout/m_partial96_seed{s}.jsonl"),
+    ("partial rollouts, 64 tokens", "partial_rollout/m_partial_seed{s}.jsonl"),
+    ("PF-PPO on GAE", "algorithms/m_pf_ppo_seed{s}.jsonl"),
+    ("GAE alone", "algorithms/m_gae_seed{s}.jsonl"),
+)
+
+
+def plot_smollm2_algorithms(out: Path) -> None:
+    """Median and range over seeds 1-3 (those run) of the sampled validation accuracy at steps 0, 10 and 20."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    base = RESULTS / "smollm2_defaults"
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for i, (label, pattern) in enumerate(SMOLLM2_RUNS):
+        if pattern.endswith("summary.json"):
+            runs = json.loads((base / pattern).read_text())["runs"]
+            curves = [{int(k): v for k, v in runs[f"fused1_seed{s}"]["val_acc"].items()} for s in (1, 2, 3)]
+        else:
+            curves = [validation_curve(base / pattern.format(s=s)) for s in (1, 2, 3)
+                      if (base / pattern.format(s=s)).exists()]
+        steps = sorted(set.intersection(*(set(c) for c in curves)))
+        values = [sorted(c[t] for c in curves) for t in steps]
+        mid = [statistics.median(v) for v in values]
+        x = [t + (i - len(SMOLLM2_RUNS) / 2) * 0.25 for t in steps]
+        ax.errorbar(x, mid, yerr=[[m - v[0] for m, v in zip(mid, values)], [v[-1] - m for m, v in zip(mid, values)]],
+                    marker="o", capsize=3, label=f"{label} ({len(curves)} seed{'s' * (len(curves) > 1)})")
+    ax.set(xlabel="step", ylabel="sampled validation accuracy (T = 0.8)", xticks=[0, 10, 20],
+           title="SmolLM2-135M a + b, 20 GRPO steps: median and range over seeds")
+    ax.legend(fontsize=7, loc="upper left")
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+
+
 def main():
     IMG.mkdir(parents=True, exist_ok=True)
     for name, file in (("7b", "grpo_qwen2.5-7b"), ("1.5b", "grpo_qwen2.5-1.5b"), ("llama3-8b", "grpo_llama3-8b")):
@@ -69,6 +124,9 @@ def main():
     out = IMG / "stability_7b_util07.png"
     plot_stability(RESULTS / "grpo_qwen2.5-7b_stability.log", out,
                    "Qwen2.5-7B hybrid engine, 2×H200, 16 prompts × n=8, gpu_memory_utilization=0.7")
+    print(out)
+    out = IMG / "smollm2_algorithms.png"
+    plot_smollm2_algorithms(out)
     print(out)
 
 
