@@ -166,8 +166,11 @@ def test_weight_name_shape_and_missing_errors():
 def test_config_errors_name_the_key():
     with pytest.raises(ValueError, match="num_experts_per_tok=9 must be between 1 and the number of experts"):
         check_supported(tiny_config("qwen3_moe", num_experts_per_tok=9))
-    with pytest.raises(ValueError, match="mixtral: sliding_window=64 is not supported"):
+    with pytest.raises(ValueError, match=r"mixtral: sliding_window=64 is narrower than the run's sequences \(65 tok"):
+        check_supported(tiny_config("mixtral", sliding_window=64), max_model_len=65)
+    with pytest.raises(ValueError, match=r"mixtral: sliding_window=64 .*\(unknown length"):
         check_supported(tiny_config("mixtral", sliding_window=64))
+    check_supported(tiny_config("mixtral", sliding_window=64), max_model_len=64)   # the window never binds
     with pytest.raises(ValueError, match=r"= 4 does not fit.*the experts' intermediate size 50.*allowed: \[1, 2\]"):
         check_supported(tiny_config("mixtral", intermediate_size=50), 4)
 
