@@ -23,8 +23,8 @@
   `timeout_s=None` scores in-process with no limit. With `workers` > 1 (naive mode) that many worker processes score
   the samples at once, each sample within timeout_s (a sandboxed or slow scorer's step time divided by about that
   many); the hang check then reads the first HUNG_AFTER results to finish.
-- With the default scorer, a data_source it cannot score (unknown, or a code source needing a sandbox) fails
-  the call with the reason (a config error, not a sample error).
+- With the default scorer, a data_source it has no scorer for fails the call with the reason (a config error, not
+  a sample error).
 - An empty response (no valid token) is still scored (on ""); its score cannot sit on a valid token, so it is
   put at position 0 and counted in `reward/empty_responses`.
 - Model-based rewards (`reward_model.enable`): the batch carries `rm_scores` [B, R] (the reward model's or the

@@ -281,17 +281,17 @@ def compute_score(completion: str, ground_truth, extra_info=None) -> dict:
     counted = range(min(FIRST_CASES, len(inputs)))
     # the first ten cases the full check did not reach, then those its 5 s alarm cut, each run alone with 10 s
     rerun = sorted((i for i in counted if outcomes.get(i, ("raised", TIMEOUT))[1] == TIMEOUT), key=outcomes.__contains__)
-    skipped = 0
     for i in rerun:
         left = _budget()
         case_s = SINGLE_CASE_S if left is None else min(SINGLE_CASE_S, left - MARGIN_S - SINGLE_EXTRA_S)
         if case_s < MIN_CASE_S:   # the per-sample time limit is spent: this case counts as failed
-            outcomes[i], skipped = ("raised", SKIPPED), skipped + 1
+            outcomes[i] = ("raised", SKIPPED)
             continue
         alone, r = _run_cases(code, fn_name, [inputs[i]], case_s, case_s + SINGLE_EXTRA_S, memory_mb)
         outcomes[i] = alone.get(0, ("raised", TIMEOUT if r.timed_out else "the run ended without a result"))
     final = [outcomes[i] for i in counted]
     passed = sum(_passes(outcomes[i], outputs[i], fn_name) for i in counted)
-    return {"score": passed / len(counted), "passed": passed, "total": len(counted), **report, "skipped": skipped,
+    return {"score": passed / len(counted), "passed": passed, "total": len(counted), **report,
+            "skipped": sum(o == ("raised", SKIPPED) for o in final),
             "timeouts": sum(o == ("raised", TIMEOUT) for o in final),
             "errors": sum(o[0] == "raised" and o[1] not in (TIMEOUT, SKIPPED) for o in final)}
