@@ -166,6 +166,22 @@ SMALL = [
              "runs (hybridrl's side only)", "nvidia-h200", "long_tail", (
                  grpo("fixed_256_256_1.5b.json", "--preset", "qwen2.5-1.5b", *ONE_GPU, "--grad-ckpt", "--steps",
                       "3", "--repeat", "3", "--variants", "hybrid"),)),
+    Scenario("cascade-decode", "cascade decode attention (each shared prompt read once per group) against the "
+             "per-row kernel, one layer's K/V, 1.5B and 7B heads, prompts of 64-4,096 tokens", "nvidia-h100-x1",
+             "cascade_decode", (py("benchmarks/cascade_decode.py", "--out", "{out}/cascade_decode.json"),)),
+    Scenario("long-prompt-cascade-1.5b", "GRPO 1.5B, 32 x 8, 2,048-token prompts + 1,024 generated tokens (EOS "
+             "ignored), cascade attention off / on (HYBRIDRL_CASCADE), three runs each", "nvidia-h100-x1",
+             "cascade_decode", tuple(
+                 py("benchmarks/grpo_step.py", "--preset", "qwen2.5-1.5b", "--gpus", "1", "--defaults", "--prompts",
+                    "32", "--n", "8", "--prompt-len", "2048", "--response-len", "1024", "--steps", "3", "--variants",
+                    "hybrid", "--repeat", "3", "--workdir", "{work}/long_prompt",
+                    "--out", f"{{out}}/long_prompt_cascade{c}.json", HYBRIDRL_CASCADE=c) for c in ("0", "1"))),
+    Scenario("long-tail-prompt2048-cascade-1.5b", "the long-tail 1.5B workload with 2,048-token prompts (EOS scale "
+             "of the 256-token calibration), cascade attention off / on, one run each", "nvidia-h100-x1", "cascade_decode", tuple(
+                 py("benchmarks/long_tail.py", "--preset", "qwen2.5-1.5b", "--prompt-len", "2048", "--response-len",
+                    "4096", "--mean-len", "1000", "--eos-scale", "4.33313453443048", "--workdir", "{work}/long_tail",
+                    "--defaults", "--gpus", "1", "--prompts", "32", "--n", "8", "--steps", "3", "--variants", "hybrid",
+                    "--repeat", "1", "--out", f"{{out}}/long_tail_prompt2048_cascade{c}.json", HYBRIDRL_CASCADE=c) for c in ("0", "1"))),
     Scenario("decode-floor-1.5b", "decode steps against the bandwidth floor: single-pass vs split kernels vs async",
              "nvidia-h200", "long_tail", (
                  py("benchmarks/decode_floor.py", "--out", "{out}/decode_floor.json"),

@@ -18,7 +18,8 @@ Choices:
   blocks write their tokens' experts at the same `slot_mapping` as the K/V (`record_experts`), inside CUDA graphs
   too.
 - Decode: on CUDA the Triton paged kernel (reads each K/V block once per kv head, GQA in one
-  program); elsewhere `paged_decode_reference`, a plain torch gather + softmax in fp32, which is
+  program), with `shared_prefix` set (cascade) reading the prefix a group of rows shares once for the group;
+  elsewhere `paged_decode_reference`, a plain torch gather + softmax in fp32, which is
   also the oracle the kernel is tested against.
 
 Shape legend: T tokens, B sequences, N q heads, K kv heads, D head_dim, M blocks per sequence, S keys.
@@ -33,6 +34,7 @@ import torch
 import torch.nn.functional as F
 
 from hybridrl.models.varlen_attention import varlen_causal_attention
+from hybridrl.rollout.shared_prefix import SharedPrefix
 
 
 def sdpa_gqa(q_BNLD, k_BKSD, v_BKSD, scale, is_causal=False, mask=None):
@@ -112,6 +114,7 @@ class AttentionContext:
     block_tables: torch.Tensor | None = None  # [B, M] int32
     context_lens: torch.Tensor | None = None  # [B] int32
     use_triton: bool = False
+    shared_prefix: SharedPrefix | None = None  # cascade decode (rollout/shared_prefix.py), Triton path only
     routed_experts: torch.Tensor | None = None  # [MoE layers, slots, k]: the routing record, or None (not recorded)
 
     def record_experts(self, moe_layer: int, ids_Tk) -> None:
@@ -135,7 +138,8 @@ class AttentionContext:
             if self.use_triton:
                 from hybridrl.rollout.triton_decode import paged_decode_triton
 
-                return paged_decode_triton(q_TND, cache[0], cache[1], self.block_tables, self.context_lens, scale)
+                return paged_decode_triton(q_TND, cache[0], cache[1], self.block_tables, self.context_lens, scale,
+                                           prefix=self.shared_prefix)
             return paged_decode_reference(q_TND, cache[0], cache[1], self.block_tables, self.context_lens, scale)
         return self._prefill(cache, q_TND, k_TKD, v_TKD, scale)
 

@@ -126,8 +126,8 @@ class LLMEngine:
                       "kv_block_bytes": self.runner.block_bytes(), "weights_ignored": 0,
                       "cuda_graph_capture_s": self.runner.last_capture_s, "schedule_s": 0.0, "decode_s": 0.0,
                       "tail_time_frac": 0.0, "running_seqs_mean": 0.0, **dict.fromkeys(SPEC_COUNTERS, 0)}
-        self.runner.timing = dict.fromkeys(self.runner.timing, 0.0)
-        self.stats.update(self.runner.timing)
+        self.runner.counters = dict.fromkeys(self.runner.counters, 0.0)
+        self.stats.update(self.runner.counters)
 
     # ------------------------------------------------------------------ memory phases
     def wake_up(self, tags=("weights", "kv_cache"), num_kv_blocks: int | None = None,
@@ -404,7 +404,7 @@ class LLMEngine:
         self.stats["generated_tokens"] += sum(s.num_completion_tokens - s.num_carried_tokens
                                               for group in call.groups for s in group)
         self.stats["cuda_graph_capture_s"] = self.runner.last_capture_s  # graphs are captured on first use
-        self.stats.update(self.runner.timing)
+        self.stats.update(self.runner.counters)
         for key, value in call.sched.stats.items():
             self.stats[key] = max(self.stats[key], value) if key in PEAK_STATS else self.stats[key] + value
         st = self.stats

@@ -46,6 +46,8 @@ Choices:
 
 from __future__ import annotations
 
+import operator
+import os
 import time
 from dataclasses import dataclass
 
@@ -64,13 +66,15 @@ from hybridrl.rollout.attention import AttentionContext, prefill_chunks
 from hybridrl.rollout.config import EngineConfig
 from hybridrl.rollout.sampler import sample
 from hybridrl.rollout.scheduler import ScheduledBatch
+from hybridrl.rollout.shared_prefix import SharedPrefix, find_prefix_groups, prefix_members, use_cascade
 from hybridrl.rollout.spec_verify import verify_drafts
 
 
 @dataclass
 class _HostStepBuffers:
     """One set of pinned host buffers for a step (two sets alternate, see the module docstring)."""
-    meta: torch.Tensor       # [5, rows] int64: token ids, positions, slots, context lengths, feed rows
+    meta: torch.Tensor       # [8, rows] int64: token ids, positions, slots, context lengths, feed rows, and the
+                             # shared prefixes (tokens a row; each group's first row; its rows)
     tables: torch.Tensor     # [rows, max_blocks] int32
     tokens: torch.Tensor     # [rows] sampled ids, copied back from the device
     logprobs: torch.Tensor   # [rows]
@@ -135,10 +139,20 @@ class ModelRunner:
         self.kv_caches = None
         self.num_blocks = 0
         self.graphs, self.graph_pool, self.graph_out, self.graph_sizes = {}, None, None, []
-        self.warmed: set[int] = set()   # buckets captured once in this process: their kernels are compiled
+        self.warmed: set[tuple] = set()   # (bucket, cascade) captured once in this process: kernels compiled
         self._param_cache = None
         self._free_step_buffers()
-        self.timing = dict.fromkeys(("prefill_launch_s", "prefill_wait_s", "decode_launch_s", "decode_wait_s"), 0.0)
+        # host seconds launching / waiting for steps, and decode steps run with cascade attention (engine stats)
+        self.counters = dict.fromkeys(("prefill_launch_s", "prefill_wait_s", "decode_launch_s", "decode_wait_s",
+                                       "num_cascade_steps"), 0.0)
+        # cascade decode: rows a prefix group's program attends together (0: off — no Triton path, one q head
+        # per group, or HYBRIDRL_CASCADE=0), and the groups of the last batch seen (rollout/shared_prefix.py)
+        heads = hf_config.num_attention_heads // hf_config.num_key_value_heads
+        members = prefix_members(heads) if self.use_triton and os.environ.get("HYBRIDRL_CASCADE", "1") != "0" else 0
+        self.cascade_members = members if members >= 2 else 0
+        self._prefix_tables, self._prefix = [], None
+        self._kv_token_layer_bytes = 2 * self.num_kv_heads * self.head_dim * config.dtype.itemsize
+        self._l2_bytes = torch.cuda.get_device_properties(self.device).L2_cache_size if self.is_cuda else 0
         self.last_capture_s = 0.0
         self.activation_reserve = None
         self.weights_awake = False
@@ -281,7 +295,8 @@ class ModelRunner:
     def _alloc_step_buffers(self) -> None:
         """Pinned host staging + device buffers for decode inputs, allocated on KV wake-up.
 
-        meta rows: 0 token ids, 1 positions, 2 slots, 3 context lengths (int64, one H2D copy a step);
+        meta rows: 0 token ids, 1 positions, 2 slots, 3 context lengths, 4 feed rows, 5-7 the shared prefixes of a
+        cascade step (int64, one H2D copy a step);
         tables: [rows, max blocks] int32, updated in place on the host only where a row changed.
         The host buffers are rewritten for step t+1 only after step t's tokens were read (a sync that
         follows the non_blocking copies in stream order), so a copy never reads a half-written buffer."""
@@ -291,14 +306,14 @@ class ModelRunner:
         blk, slot = self._scratch()
         self._host_sets = []
         for _ in range(2):
-            hs = _HostStepBuffers(torch.zeros(5, rows, dtype=torch.long, pin_memory=pin),
+            hs = _HostStepBuffers(torch.zeros(8, rows, dtype=torch.long, pin_memory=pin),
                                   torch.zeros(rows, max_blocks, dtype=torch.int32, pin_memory=pin),
                                   torch.zeros(rows, dtype=torch.long, pin_memory=pin),
                                   torch.zeros(rows, dtype=torch.float32, pin_memory=pin), [None] * rows, [0] * rows)
             hs.meta.numpy()[2], hs.meta.numpy()[3], hs.tables.numpy()[:, 0] = slot, 1, blk
             self._host_sets.append(hs)
         self._launches = 0
-        self.d_meta = torch.zeros(5, rows, dtype=torch.long, device=self.device)
+        self.d_meta = torch.zeros(8, rows, dtype=torch.long, device=self.device)
         self.d_tables = torch.zeros(rows, max_blocks, dtype=torch.int32, device=self.device)
         self.d_meta.copy_(self._host_sets[0].meta)
         self.d_tables.copy_(self._host_sets[0].tables)
@@ -322,17 +337,17 @@ class ModelRunner:
         self.last_capture_s = 0.0
 
     @torch.no_grad()
-    def _capture(self, bs: int) -> None:
+    def _capture(self, bs: int, cascade: bool) -> None:
         """Capture the decode graph of bucket `bs` on the step's own inputs (already in the device buffers). The
         first capture of a bucket in this process runs the step eagerly first (its kernels compile outside the
         capture); later ones (every rollout recaptures: sleep frees the graphs) go straight to capture, which saved
         0.1 s of a long-tail rollout's 0.3 s of captures (benchmarks/results/long_tail). Either way the replay that
         follows computes the step; padded rows touch only the scratch block."""
         t0 = time.perf_counter()
-        ids, pos, ctx = self._decode_args(bs)
-        if bs not in self.warmed:
+        ids, pos, ctx = self._decode_args(bs, cascade)
+        if (bs, cascade) not in self.warmed:
             self.graph_out[:bs] = self.model(ids, pos, ctx)
-            self.warmed.add(bs)
+            self.warmed.add((bs, cascade))
         graph = torch.cuda.CUDAGraph()
         # thread_local: the early update may be training on another thread meanwhile, whose CUDA calls must not
         # count as this capture's (global mode would fail the capture on them)
@@ -340,14 +355,39 @@ class ModelRunner:
             self.graph_out[:bs] = self.model(ids, pos, ctx)
         if self.graph_pool is None:
             self.graph_pool = graph.pool()
-        self.graphs[bs] = graph
+        self.graphs[bs, cascade] = graph
         self.last_capture_s += time.perf_counter() - t0
 
-    def _decode_args(self, rows: int):
-        m = self.d_meta
+    def _decode_args(self, rows: int, cascade: bool = False):
+        m, groups = self.d_meta, max(1, rows // 2)
+        prefix = SharedPrefix(m[5, :rows], m[6, :groups], m[7, :groups]) if cascade else None
         ctx = AttentionContext(self.kv_caches, False, m[2, :rows], block_tables=self.d_tables[:rows],
-                               context_lens=m[3, :rows], use_triton=self.use_triton, routed_experts=self.routing)
+                               context_lens=m[3, :rows], use_triton=self.use_triton, shared_prefix=prefix,
+                               routed_experts=self.routing)
         return m[0, :rows], m[1, :rows], ctx
+
+    def _cascade(self, batch: ScheduledBatch, seqs, lens, meta, rows: int) -> bool:
+        """Whether this decode step reads shared prefixes once per group (rollout/shared_prefix.py); if so their
+        rows of `meta` are written. The groups are recomputed only when a row's block table is another list than at
+        the last computation (the block manager makes a new list whenever it allocates, frees or trims; the lists
+        kept here cannot be reused meanwhile) or blocks were copied on write (replaced in place): blocks appended as
+        sequences grow never move a shared prefix."""
+        if not self.cascade_members or batch.drafts is not None:
+            return False
+        tables = [s.block_table for s in seqs]
+        if (batch.block_copies or len(tables) != len(self._prefix_tables)
+                or not all(map(operator.is_, tables, self._prefix_tables))):
+            self._prefix = find_prefix_groups(tables, lens, self.config.block_size, self.cascade_members)
+            self._prefix_tables = tables
+        found = self._prefix
+        if not use_cascade(found, self._kv_token_layer_bytes, self._l2_bytes):
+            return False
+        B, groups = len(seqs), max(1, rows // 2)
+        meta[5, :B], meta[5, B:rows] = found.lens, 0
+        meta[6:8, :groups] = 0
+        if found.groups:
+            meta[6:8, :len(found.groups)] = np.asarray(found.groups, dtype=np.int64).T
+        return True
 
     # ------------------------------------------------------------------ one step
     def _copy_blocks(self, copies) -> None:
@@ -432,6 +472,7 @@ class ModelRunner:
             elif row_lens[i] != len(bt):  # blocks appended since this row was written
                 tab[i, row_lens[i]:len(bt)] = bt[row_lens[i]:]
                 row_lens[i] = len(bt)
+        cascade = self._cascade(batch, seqs, lens, meta, rows)
         if rows > B:  # padded graph rows: read and write the scratch block only
             blk, slot = self._scratch()
             meta[0, B:rows], meta[1, B:rows], meta[2, B:rows], meta[3, B:rows] = 0, 0, slot, 1
@@ -441,13 +482,14 @@ class ModelRunner:
         self.d_tables[:rows].copy_(hs.tables[:rows], non_blocking=True)
         if feed is not None:  # gathered on the device: no wait for the previous step
             self.d_meta[0, :B] = feed.tokens[self.d_meta[4, :B]]
+        self.counters["num_cascade_steps"] += cascade
         if graph_bs is None:  # eager: only the batch's block-table width (the CPU reference gathers all of it),
-            ids, pos, ctx = self._decode_args(B)   # made contiguous once here rather than by every layer's kernel
+            ids, pos, ctx = self._decode_args(B, cascade)   # made contiguous once here, not by every layer's kernel
             ctx.block_tables = ctx.block_tables[:, :max(row_lens[:B])].contiguous()
             return self.model(ids, pos, ctx)
-        if graph_bs not in self.graphs:
-            self._capture(graph_bs)
-        self.graphs[graph_bs].replay()
+        if (graph_bs, cascade) not in self.graphs:
+            self._capture(graph_bs, cascade)
+        self.graphs[graph_bs, cascade].replay()
         return self.graph_out[:B]
 
     def _sampling_tensors(self, flat, params):
@@ -520,7 +562,7 @@ class ModelRunner:
             event = torch.cuda.Event()
             event.record()
         kind = "prefill" if batch.is_prefill else "decode"
-        self.timing[f"{kind}_launch_s"] += time.perf_counter() - t0
+        self.counters[f"{kind}_launch_s"] += time.perf_counter() - t0
         return StepHandle(kind, tokens, logprobs, hs if event is not None else None, event, n)
 
     def read(self, handle: StepHandle) -> tuple[list[int], list[float]]:
@@ -531,7 +573,7 @@ class ModelRunner:
             out = handle.host.tokens[:handle.n].tolist(), handle.host.logprobs[:handle.n].tolist()
         else:
             out = handle.tokens.tolist(), handle.logprobs.tolist()
-        self.timing[f"{handle.kind}_wait_s"] += time.perf_counter() - t0
+        self.counters[f"{handle.kind}_wait_s"] += time.perf_counter() - t0
         return out
 
     def step(self, batch: ScheduledBatch, generator, params=None) -> tuple[list[int], list[float]]:
