@@ -197,3 +197,43 @@ def test_engine_decodes_the_same_tokens_with_cascade_attention_on_cuda(enforce_e
     got, steps_on = _cascade_engine_outputs(model, "cuda", True, monkeypatch, **kw)
     assert steps_off == 0 and steps_on > 0
     assert got == ref
+
+
+def test_runner_recomputes_the_groups_only_when_a_table_is_replaced_or_blocks_are_copied(monkeypatch):
+    """The runner's per-step cascade decision (CPU engine, the Triton kernels not needed): groups written into the
+    step's meta rows, reused while every row keeps its block-table list (blocks appended in place move no prefix),
+    recomputed when a row's list is replaced or blocks were copied on write; never for a verify step."""
+    from types import SimpleNamespace
+
+    import numpy as np
+    from rollout_helpers import make_engine, tiny_hf_model
+
+    from hybridrl.rollout import model_runner, shared_prefix
+
+    monkeypatch.setattr(shared_prefix, "MIN_L2_FRACTION", 0.0)
+    runner = make_engine(tiny_hf_model("qwen2"), block_size=4).runner
+    runner.cascade_members = 8
+    calls = []
+    real = model_runner.find_prefix_groups
+    monkeypatch.setattr(model_runner, "find_prefix_groups", lambda *a, **k: calls.append(1) or real(*a, **k))
+    prompt = list(range(100, 116))          # 16 blocks of 4 = 64 tokens, shared by rows 0-2
+    seqs = [SimpleNamespace(block_table=prompt + [200 + r]) for r in range(3)]
+    seqs.append(SimpleNamespace(block_table=[1, 2, 3]))
+    lens = [66, 66, 66, 10]
+    batch = SimpleNamespace(drafts=None, block_copies=[])
+    meta = np.full((8, 8), -1, dtype=np.int64)
+    assert runner._cascade(batch, seqs, lens, meta, rows=8)
+    assert list(meta[5]) == [64, 64, 64, 0, 0, 0, 0, 0]
+    assert list(meta[6, :4]) == [0, 0, 0, 0] and list(meta[7, :4]) == [3, 0, 0, 0]
+    assert runner._cascade(batch, seqs, lens, meta, rows=8) and len(calls) == 1
+    seqs[1].block_table.append(300)          # a new block for the sequence's next tokens: same list
+    assert runner._cascade(batch, seqs, lens, meta, rows=8) and len(calls) == 1
+    seqs[2].block_table = [900 + i for i in range(17)]   # re-admitted elsewhere: a new list, shares nothing now
+    assert runner._cascade(batch, seqs, lens, meta, rows=8) and len(calls) == 2
+    assert list(meta[5, :4]) == [64, 64, 0, 0] and list(meta[7, :2]) == [2, 0]
+    assert runner._cascade(SimpleNamespace(drafts=None, block_copies=[(5, 6)]), seqs, lens, meta, rows=8)
+    assert len(calls) == 3
+    assert not runner._cascade(SimpleNamespace(drafts=[[1]] * 4, block_copies=[]), seqs, lens, meta, rows=8)
+    monkeypatch.setattr(shared_prefix, "MIN_L2_FRACTION", 1.0)
+    runner._l2_bytes = 1 << 40               # prefixes far below the L2 size: the per-row kernel
+    assert not runner._cascade(batch, seqs, lens, meta, rows=8)
