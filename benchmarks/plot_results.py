@@ -2,7 +2,8 @@
 
   python benchmarks/plot_results.py   → docs/img/memory_{7b,1.5b,llama3-8b}_scheme_a_vs_hybrid.png,
                                         docs/img/stability_7b_util07.png (from the stability run's console log),
-                                        docs/img/smollm2_algorithms.png (the real model's curves per algorithm)
+                                        docs/img/smollm2_algorithms.png (the real model's curves per algorithm),
+                                        docs/img/cascade_decode.png (cascade decode attention against prefix size)
 """
 
 from __future__ import annotations
@@ -111,6 +112,36 @@ def plot_smollm2_algorithms(out: Path) -> None:
     plt.close(fig)
 
 
+def plot_cascade_decode(out: Path) -> None:
+    """One layer's decode attention, cascade over per-row, against the groups' prefix K/V a layer (each once), with
+    the GPU's L2 size: the cascade pays once the prefixes outgrow L2."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    data = json.loads((RESULTS / "cascade_decode" / "cascade_decode.json").read_text())
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for model, marker in (("1.5B", "o"), ("7B", "s")):
+        for own_long, fill in ((False, "full"), (True, "none")):
+            cases = [c for c in data["cases"] if c["model"] == model and c["prefix_mb"] > 0
+                     and (c["own"] >= 2000) == own_long]
+            ax.scatter([c["prefix_mb"] for c in cases], [c["speedup"] for c in cases], marker=marker,
+                       facecolors="none" if fill == "none" else None, edgecolors="C0" if model == "1.5B" else "C1",
+                       color="C0" if model == "1.5B" else "C1",
+                       label=f"{model} heads, {'≥ 2,000' if own_long else '< 2,000'} own tokens a row")
+    ax.axhline(1.0, color="grey", lw=0.8)
+    ax.axvline(data["device"]["l2_mb"], color="grey", ls="--", lw=0.8)
+    ax.text(data["device"]["l2_mb"] * 1.05, 0.62, "L2", color="grey")
+    ax.set(xscale="log", xlabel="prefixes' K/V a layer, each group's once (MB)",
+           ylabel="per-row µs / cascade µs",
+           title=f"Cascade decode attention, one layer ({data['device']['gpu']})")
+    ax.legend(fontsize=7, loc="upper left")
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+
+
 def main():
     IMG.mkdir(parents=True, exist_ok=True)
     for name, file in (("7b", "grpo_qwen2.5-7b"), ("1.5b", "grpo_qwen2.5-1.5b"), ("llama3-8b", "grpo_llama3-8b")):
@@ -127,6 +158,9 @@ def main():
     print(out)
     out = IMG / "smollm2_algorithms.png"
     plot_smollm2_algorithms(out)
+    print(out)
+    out = IMG / "cascade_decode.png"
+    plot_cascade_decode(out)
     print(out)
 
 
