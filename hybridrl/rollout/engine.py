@@ -28,7 +28,8 @@ Choices:
   `tail_time_frac` (the share of the call's wall time in steps with fewer than TAIL_FRACTION of its sequences
   still running), `running_seqs_mean` (sequences per decode step, the mean over steps) and, on GPUs
   with known peaks (device_peaks.py), `decode_floor_s`: each decode step's unavoidable bytes (this rank's engine
-  weights once, plus every running sequence's K/V) over the HBM bandwidth, summed.
+  weights once, plus the running sequences' K/V, blocks that several of them share — a prompt's, for its samples —
+  once) over the HBM bandwidth, summed.
 - Routing record (`record_routed_experts`, MoE models): each finished sequence's experts are gathered on the
   device as it finishes (the scheduler's `on_finish`, before its blocks are freed), moved to the host together
   once the call ends, and returned in its CompletionOutput's `routed_experts`.
@@ -325,7 +326,7 @@ class LLMEngine:
         call.ahead = self._launch_ahead(call, batch, handle)
         tokens, logprobs = self.runner.read(handle)
         self._postprocess(call, batch, tokens, logprobs)
-        call.tail.step(batch, t0)
+        call.tail.step(batch, t0, handle.shared_tokens)
 
     def _schedule(self, call: _Call) -> _Launched | None:
         """The next step, scheduled and launched; None when nothing can run until a turn outcome is known."""
@@ -526,7 +527,9 @@ class _TailClock:
         self.steps = self.seq_steps = 0
         self.floor_s = 0.0 if step_floor_s is not None else None
 
-    def step(self, batch, t0: float) -> None:
+    def step(self, batch, t0: float, shared_tokens: int = 0) -> None:
+        """`shared_tokens`: context tokens whose K/V another sequence of the step holds too (read once by the
+        floor)."""
         if batch.is_prefill:
             return
         dt = time.perf_counter() - t0
@@ -537,7 +540,7 @@ class _TailClock:
         if running < self.cut:
             self.tail_s += dt
         if self.floor_s is not None:
-            self.floor_s += self.step_floor_s(sum(len(s) for s in batch.seqs))
+            self.floor_s += self.step_floor_s(sum(len(s) for s in batch.seqs) - shared_tokens)
 
     def stats(self) -> dict:
         wall = time.perf_counter() - self.start

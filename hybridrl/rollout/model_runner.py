@@ -66,7 +66,13 @@ from hybridrl.rollout.attention import AttentionContext, prefill_chunks
 from hybridrl.rollout.config import EngineConfig
 from hybridrl.rollout.sampler import sample
 from hybridrl.rollout.scheduler import ScheduledBatch
-from hybridrl.rollout.shared_prefix import SharedPrefix, find_prefix_groups, prefix_members, use_cascade
+from hybridrl.rollout.shared_prefix import (
+    PrefixGroups,
+    SharedPrefix,
+    find_prefix_groups,
+    prefix_members,
+    use_cascade,
+)
 from hybridrl.rollout.spec_verify import verify_drafts
 
 
@@ -97,6 +103,8 @@ class StepHandle:
     host: _HostStepBuffers | None   # where the samples are copied to (CUDA), else None
     event: object            # CUDA event after that copy, else None
     n: int
+    shared_tokens: int = 0   # a decode step's context tokens whose K/V another row of the step holds too (a shared
+                             # prompt's blocks beyond their first row): its floor reads them once
 
 
 GRAPH_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 160, 192, 224, 256, 320, 384, 448, 512)
@@ -146,13 +154,15 @@ class ModelRunner:
         self.counters = dict.fromkeys(("prefill_launch_s", "prefill_wait_s", "decode_launch_s", "decode_wait_s",
                                        "num_cascade_steps"), 0.0)
         # cascade decode: rows a prefix group's program attends together (0: off — no Triton path, one q head
-        # per group, or HYBRIDRL_CASCADE=0), and the groups of the last batch seen (rollout/shared_prefix.py)
-        heads = hf_config.num_attention_heads // hf_config.num_key_value_heads
-        members = prefix_members(heads) if self.use_triton and os.environ.get("HYBRIDRL_CASCADE", "1") != "0" else 0
-        self.cascade_members = members if members >= 2 else 0
+        # per group, or HYBRIDRL_CASCADE=0), and the groups of the last batch seen (rollout/shared_prefix.py),
+        # which also give a step's floor the K/V its rows share (`StepHandle.shared_tokens`)
+        self._group_members = prefix_members(hf_config.num_attention_heads // hf_config.num_key_value_heads)
+        cascade = self.use_triton and os.environ.get("HYBRIDRL_CASCADE", "1") != "0" and self._group_members >= 2
+        self.cascade_members = self._group_members if cascade else 0
         self._prefix_tables, self._prefix = [], None
         self._kv_token_layer_bytes = 2 * self.num_kv_heads * self.head_dim * config.dtype.itemsize
         self._l2_bytes = torch.cuda.get_device_properties(self.device).L2_cache_size if self.is_cuda else 0
+        self._step_shared_tokens = 0
         self.last_capture_s = 0.0
         self.activation_reserve = None
         self.weights_awake = False
@@ -215,8 +225,9 @@ class ModelRunner:
                    if id(t) not in skip)
 
     def _decode_floor_fn(self):
-        """(total context of a step's sequences) -> the seconds a decode step cannot beat on this GPU: its weights read
-        once plus the sequences' K/V, over the datasheet HBM bandwidth; None off the GPU or for unknown GPUs."""
+        """(context tokens whose K/V a decode step must read) -> the seconds it cannot beat on this GPU: its weights
+        read once plus those tokens' K/V, over the datasheet HBM bandwidth; None off the GPU or for unknown GPUs. The
+        caller counts a block that several sequences share once (StepHandle.shared_tokens)."""
         from hybridrl.device_peaks import peaks_of
 
         peaks = peaks_of(torch.cuda.get_device_name(self.device)) if self.is_cuda else None
@@ -366,23 +377,27 @@ class ModelRunner:
                                routed_experts=self.routing)
         return m[0, :rows], m[1, :rows], ctx
 
-    def _cascade(self, batch: ScheduledBatch, seqs, lens, meta, rows: int) -> bool:
-        """Whether this decode step reads shared prefixes once per group (rollout/shared_prefix.py); if so their
-        rows of `meta` are written. The groups are recomputed only when a row's block table is another list than at
-        the last computation (the block manager makes a new list whenever it allocates, frees or trims; the lists
-        kept here cannot be reused meanwhile) or blocks were copied on write (replaced in place): blocks appended as
-        sequences grow never move a shared prefix."""
-        if not self.cascade_members or batch.drafts is not None:
-            return False
+    def _prefix_groups(self, batch: ScheduledBatch, seqs, lens) -> PrefixGroups | None:
+        """The shared prefixes of a decode step's rows (rollout/shared_prefix.py), where the cascade or the floor
+        uses them (not for verify steps). Recomputed only when a row's block table is another list than at the last
+        computation (the block manager makes a new list whenever it allocates, frees or trims; the lists kept here
+        cannot be reused meanwhile) or blocks were copied on write (replaced in place): blocks appended as sequences
+        grow never move a shared prefix."""
+        if batch.drafts is not None or not (self.cascade_members or self.decode_step_floor_s is not None):
+            return None
         tables = [s.block_table for s in seqs]
         if (batch.block_copies or len(tables) != len(self._prefix_tables)
                 or not all(map(operator.is_, tables, self._prefix_tables))):
-            self._prefix = find_prefix_groups(tables, lens, self.config.block_size, self.cascade_members)
+            self._prefix = find_prefix_groups(tables, lens, self.config.block_size, self._group_members)
             self._prefix_tables = tables
-        found = self._prefix
-        if not use_cascade(found, self._kv_token_layer_bytes, self._l2_bytes):
+        return self._prefix
+
+    def _cascade(self, found: PrefixGroups | None, B: int, meta, rows: int) -> bool:
+        """Whether this decode step reads shared prefixes once per group; if so their rows of `meta` are written."""
+        if not self.cascade_members or found is None or not use_cascade(found, self._kv_token_layer_bytes,
+                                                                        self._l2_bytes):
             return False
-        B, groups = len(seqs), max(1, rows // 2)
+        groups = max(1, rows // 2)
         meta[5, :B], meta[5, B:rows] = found.lens, 0
         meta[6:8, :groups] = 0
         if found.groups:
@@ -472,7 +487,9 @@ class ModelRunner:
             elif row_lens[i] != len(bt):  # blocks appended since this row was written
                 tab[i, row_lens[i]:len(bt)] = bt[row_lens[i]:]
                 row_lens[i] = len(bt)
-        cascade = self._cascade(batch, seqs, lens, meta, rows)
+        found = self._prefix_groups(batch, seqs, lens)
+        self._step_shared_tokens = found.repeated_tokens if found is not None else 0
+        cascade = self._cascade(found, B, meta, rows)
         if rows > B:  # padded graph rows: read and write the scratch block only
             blk, slot = self._scratch()
             meta[0, B:rows], meta[1, B:rows], meta[2, B:rows], meta[3, B:rows] = 0, 0, slot, 1
@@ -563,7 +580,8 @@ class ModelRunner:
             event.record()
         kind = "prefill" if batch.is_prefill else "decode"
         self.counters[f"{kind}_launch_s"] += time.perf_counter() - t0
-        return StepHandle(kind, tokens, logprobs, hs if event is not None else None, event, n)
+        shared = self._step_shared_tokens if kind == "decode" else 0
+        return StepHandle(kind, tokens, logprobs, hs if event is not None else None, event, n, shared)
 
     def read(self, handle: StepHandle) -> tuple[list[int], list[float]]:
         """Wait for a launched step's samples: (token ids, log-probs), one per sampled sequence."""

@@ -48,10 +48,13 @@ class SharedPrefix:
 @dataclass
 class PrefixGroups:
     """`lens`: each row's shared-prefix tokens (0: none); `groups`: (first row, rows) of each group; `saved_tokens`:
-    the K/V token reads per layer the cascade saves (each group's prefix read once instead of once a row)."""
+    the K/V token reads per layer the cascade saves (each group's prefix read once instead of once a row);
+    `repeated_tokens`: every run's shared blocks counted once per row beyond the first, however short the prefix or
+    many the rows (the K/V a step's rows hold in common, which its bandwidth floor counts once)."""
     lens: list[int]
     groups: list[tuple[int, int]]
     saved_tokens: int
+    repeated_tokens: int = 0
 
 
 def find_prefix_groups(tables: list[list[int]], lens: list[int], block_size: int, members: int,
@@ -60,21 +63,22 @@ def find_prefix_groups(tables: list[list[int]], lens: list[int], block_size: int
     prefix shorter than `min_tokens` (MIN_PREFIX_TOKENS when None) is left to the per-row kernel."""
     min_tokens = MIN_PREFIX_TOKENS if min_tokens is None else min_tokens
     B = len(tables)
-    plen, groups, saved = [0] * B, [], 0
+    plen, groups, saved, repeated = [0] * B, [], 0, 0
     i = 0
     while i < B:
         head = tables[i]
         j = i + 1
         while j < B and head and tables[j] and tables[j][0] == head[0]:
             j += 1
-        if j - i >= 2 and members >= 2:
+        if j - i >= 2:
             limit = min(min((lens[r] - 1) // block_size, len(tables[r])) for r in range(i, j))
             common = limit
             for r in range(i + 1, j):
                 if tables[r][:common] != head[:common]:
                     common = next(c for c in range(common) if tables[r][c] != head[c])
             tokens = common * block_size
-            if tokens >= min_tokens:
+            repeated += (j - i - 1) * tokens
+            if tokens >= min_tokens and members >= 2:
                 parts = -(-(j - i) // members)
                 size, extra = divmod(j - i, parts)
                 first = i
@@ -86,7 +90,7 @@ def find_prefix_groups(tables: list[list[int]], lens: list[int], block_size: int
                         saved += (count - 1) * tokens
                     first += count
         i = j
-    return PrefixGroups(plen, groups, saved)
+    return PrefixGroups(plen, groups, saved, repeated)
 
 
 def use_cascade(found: PrefixGroups, kv_bytes_per_token: int, l2_bytes: int, min_l2_fraction: float | None = None

@@ -197,6 +197,9 @@ def test_stats_describe_each_call_and_the_tail():
     assert stats["tail_time_frac"] == pytest.approx(4 / 6, rel=0.1)
     assert stats["running_seqs_mean"] == pytest.approx(44 / 6)
     assert stats["decode_floor_s"] == pytest.approx((2 * 20 + 4) * 100 * 1e-6)
+    shared = _TailClock(4, step_floor_s=lambda context: context * 1e-6)
+    shared.step(Batch(4), time.perf_counter(), shared_tokens=150)   # 150 of the 400 tokens' K/V held by another row
+    assert shared.stats()["decode_floor_s"] == pytest.approx(250 * 1e-6)
 
 
 def test_triton_decode_kernels_only_take_head_dims_they_tile():

@@ -27,7 +27,7 @@ def test_groups_are_runs_of_rows_sharing_leading_blocks_up_to_the_first_differen
     found = find_prefix_groups(tables, lens, bs, members=8)
     assert found.groups == [(0, 3), (3, 2)]
     assert found.lens == [256, 256, 256, 64, 64, 0, 0]
-    assert found.saved_tokens == 2 * 256 + 64
+    assert found.saved_tokens == found.repeated_tokens == 2 * 256 + 64
 
 
 def test_prefix_stops_before_each_rows_last_token_and_short_prefixes_are_left_alone():
@@ -39,6 +39,7 @@ def test_prefix_stops_before_each_rows_last_token_and_short_prefixes_are_left_al
     assert found.lens == [64, 64] and found.groups == [(0, 2)]
     found = find_prefix_groups(tables, [170, 64], bs, members=8)        # 3 full blocks before the last token
     assert 3 * bs < MIN_PREFIX_TOKENS and found.groups == [] and found.lens == [0, 0]
+    assert found.saved_tokens == 0 and found.repeated_tokens == 3 * bs   # the floor still counts them once
 
 
 @pytest.mark.parametrize("rows,members,parts", [(9, 8, [5, 4]), (16, 8, [8, 8]), (3, 2, [2]), (5, 2, [2, 2])])
@@ -55,7 +56,7 @@ def test_members_per_program_fit_one_tile_and_single_member_groups_are_never_mad
     assert prefix_members(6) == 10 and prefix_members(7) == 9 and prefix_members(1) == 16
     assert prefix_members(71) == 1
     found = find_prefix_groups([[1, 2, 3, 4, 5]] * 4, [80] * 4, 16, members=prefix_members(71))
-    assert found.groups == [] and found.saved_tokens == 0
+    assert found.groups == [] and found.saved_tokens == 0 and found.repeated_tokens == 3 * 64
 
 
 def test_cascade_is_used_only_where_the_prefixes_outgrow_the_l2_share():
@@ -200,9 +201,10 @@ def test_engine_decodes_the_same_tokens_with_cascade_attention_on_cuda(enforce_e
 
 
 def test_runner_recomputes_the_groups_only_when_a_table_is_replaced_or_blocks_are_copied(monkeypatch):
-    """The runner's per-step cascade decision (CPU engine, the Triton kernels not needed): groups written into the
-    step's meta rows, reused while every row keeps its block-table list (blocks appended in place move no prefix),
-    recomputed when a row's list is replaced or blocks were copied on write; never for a verify step."""
+    """The runner's per-step prefix groups and cascade decision (CPU engine, the Triton kernels not needed): groups
+    written into the step's meta rows, reused while every row keeps its block-table list (blocks appended in place
+    move no prefix), recomputed when a row's list is replaced or blocks were copied on write; none for a verify
+    step; with the cascade off they are still found where the step's floor counts shared blocks once."""
     from types import SimpleNamespace
 
     import numpy as np
@@ -222,18 +224,27 @@ def test_runner_recomputes_the_groups_only_when_a_table_is_replaced_or_blocks_ar
     lens = [66, 66, 66, 10]
     batch = SimpleNamespace(drafts=None, block_copies=[])
     meta = np.full((8, 8), -1, dtype=np.int64)
-    assert runner._cascade(batch, seqs, lens, meta, rows=8)
+
+    def step(b=batch):
+        return runner._cascade(runner._prefix_groups(b, seqs, lens), len(seqs), meta, rows=8)
+
+    assert step()
     assert list(meta[5]) == [64, 64, 64, 0, 0, 0, 0, 0]
     assert list(meta[6, :4]) == [0, 0, 0, 0] and list(meta[7, :4]) == [3, 0, 0, 0]
-    assert runner._cascade(batch, seqs, lens, meta, rows=8) and len(calls) == 1
+    assert runner._prefix.repeated_tokens == 2 * 64
+    assert step() and len(calls) == 1
     seqs[1].block_table.append(300)          # a new block for the sequence's next tokens: same list
-    assert runner._cascade(batch, seqs, lens, meta, rows=8) and len(calls) == 1
+    assert step() and len(calls) == 1
     seqs[2].block_table = [900 + i for i in range(17)]   # re-admitted elsewhere: a new list, shares nothing now
-    assert runner._cascade(batch, seqs, lens, meta, rows=8) and len(calls) == 2
+    assert step() and len(calls) == 2
     assert list(meta[5, :4]) == [64, 64, 0, 0] and list(meta[7, :2]) == [2, 0]
-    assert runner._cascade(SimpleNamespace(drafts=None, block_copies=[(5, 6)]), seqs, lens, meta, rows=8)
-    assert len(calls) == 3
-    assert not runner._cascade(SimpleNamespace(drafts=[[1]] * 4, block_copies=[]), seqs, lens, meta, rows=8)
+    assert step(SimpleNamespace(drafts=None, block_copies=[(5, 6)])) and len(calls) == 3
+    assert runner._prefix_groups(SimpleNamespace(drafts=[[1]] * 4, block_copies=[]), seqs, lens) is None
     monkeypatch.setattr(shared_prefix, "MIN_L2_FRACTION", 1.0)
     runner._l2_bytes = 1 << 40               # prefixes far below the L2 size: the per-row kernel
-    assert not runner._cascade(batch, seqs, lens, meta, rows=8)
+    assert not step()
+    runner.cascade_members = 0               # cascade off, no floor (CPU): nothing to find
+    assert runner._prefix_groups(batch, seqs, lens) is None
+    runner.decode_step_floor_s = lambda context: context * 1e-9   # a GPU with known peaks: found for the floor
+    found = runner._prefix_groups(batch, seqs, lens)
+    assert found.repeated_tokens == 64 and not runner._cascade(found, len(seqs), meta, rows=8)
