@@ -11,12 +11,13 @@ Choices:
   the per-row kernel, so a step has at most rows // 2 groups (the fixed grid of a CUDA-graph bucket).
 - Worth it only where the per-row kernel's repeated reads of a prefix go to HBM: the rows of a group run at about
   the same time, so while every group's prefix fits in L2 their repeats are cache hits and the per-row kernel is
-  as fast as the cascade (whose merge costs a few microseconds a layer). Measured on an H100 (50 MB of L2,
-  benchmarks/results/long_tail/cascade_decode*.json): 256-token prompts x 32 groups (8-16 MB a layer) ran
-  0.55-0.8x with the cascade, 2,048-token prompts (64-128 MB) 1.27-1.48x. `use_cascade` asks for the prefixes'
-  K/V to exceed MIN_L2_FRACTION of L2.
-- Pure Python over lists: the runner recomputes the groups only when a row changes sequence or a block is copied
-  (the same events that make it rewrite a block-table row); blocks appended as sequences grow do not move a prefix.
+  as fast as the cascade (whose merge costs a few microseconds a layer). Measured on an H100 (52 MB of L2,
+  benchmarks/results/cascade_decode/cascade_decode.json, one layer): 256-token prompts x 32 groups (8-17 MB a
+  layer) 0.64-0.94x with the cascade, 1,024-token ones (34 MB) 0.88-1.08x, 2,048-4,096-token ones (67-268 MB)
+  0.99-1.53x. `use_cascade` asks for the prefixes' K/V to reach MIN_L2_FRACTION of L2.
+- The same groups give a step's bandwidth floor the K/V its rows share (`repeated_tokens`, counted once).
+- Pure Python over lists: the runner recomputes the groups only when a row's block-table list is replaced or a
+  block is copied on write; blocks appended as sequences grow do not move a prefix.
 """
 
 from __future__ import annotations
