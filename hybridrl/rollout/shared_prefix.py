@@ -13,8 +13,8 @@ Choices:
   the same time, so while every group's prefix fits in L2 their repeats are cache hits and the per-row kernel is
   as fast as the cascade (whose merge costs a few microseconds a layer). Measured on an H100 (52 MB of L2,
   benchmarks/results/cascade_decode/cascade_decode.json, one layer): 256-token prompts x 32 groups (8-17 MB a
-  layer) 0.64-0.94x with the cascade, 1,024-token ones (34 MB) 0.88-1.08x, 2,048-4,096-token ones (67-268 MB)
-  0.99-1.53x. `use_cascade` asks for the prefixes' K/V to reach MIN_L2_FRACTION of L2.
+  layer) 0.64-0.94x with the cascade, prefixes of 34 MB a layer 0.88-1.14x, of 67-268 MB (2,048-4,096-token
+  prompts) 0.99-1.53x. `use_cascade` asks for the prefixes' K/V to reach MIN_L2_FRACTION of L2.
 - The same groups give a step's bandwidth floor the K/V its rows share (`repeated_tokens`, counted once).
 - Pure Python over lists: the runner recomputes the groups only when a row's block-table list is replaced or a
   block is copied on write; blocks appended as sequences grow do not move a prefix.
