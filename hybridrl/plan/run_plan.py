@@ -122,6 +122,8 @@ def make_plan(config: PPOConfig, hf_config, device: DeviceSpec, val_prompts: int
     memory depends on: the KV cache first (a resident engine's training passes plan next to it), then each role's
     passes, then recompute against the run's peak, then the rollout engine's scheduling. The actor's 'auto' offloads
     come before all of them (offload.py)."""
+    choices: list[str] = []
+    device = _memory_cap(device, config.trainer.gpu_memory_gb, choices)
     layout = derive_layout(config, device.type)
 
     def get(key: str):
@@ -135,7 +137,6 @@ def make_plan(config: PPOConfig, hf_config, device: DeviceSpec, val_prompts: int
     master_dtype = _dtype_name(get(f"{ACTOR}.fsdp_config.model_dtype"))
     lora_rank = get(f"{MODEL}.lora_rank")
     frozen_dtype, lora_base_dtype, fused_optimizer = training_dtypes(master_dtype, bool(lora_rank), device.type)
-    choices: list[str] = []
     use_liger = resolve_liger(get(f"{MODEL}.use_liger"), device.type, getattr(hf_config, "model_type", None), choices)
     share_prompts = resolve_prefix_grouper(get(f"{ACTOR}.use_prefix_grouper"), device.type, layout.n,
                                            layout.ulysses_sp, choices)
@@ -169,6 +170,24 @@ def make_plan(config: PPOConfig, hf_config, device: DeviceSpec, val_prompts: int
     return RunPlan(layout=layout, device=device, model=shape, frozen_dtype=frozen_dtype,
                    fused_optimizer=fused_optimizer, rollout=rollout, actor=actor, critic=critic,
                    reward_model=reward_model, predicted=sizing.predicted, choices=tuple(choices), host_pinned=host)
+
+
+def _memory_cap(device: DeviceSpec, cap_gb: float | None, choices: list[str]) -> DeviceSpec:
+    """The device the plan sizes for under 'trainer.gpu_memory_gb': a GPU of that many GiB (its name, and so its
+    peaks, kept)."""
+    if cap_gb is None:
+        return device
+    key = "trainer.gpu_memory_gb"
+    if device.total_bytes is None:
+        choices.append(f"{key} = {cap_gb:g} has nothing to cap: the run has no GPU")
+        return device
+    cap = int(cap_gb * GiB)
+    if cap > device.total_bytes:
+        raise ConfigError([f"'{key}' = {cap_gb:g} exceeds the GPU's {device.total_bytes / GiB:.1f} GiB "
+                           f"({device.name}): set at most that, or null to plan for the whole GPU"])
+    choices.append(f"planned for {cap_gb:g} of the GPU's {device.total_bytes / GiB:.1f} GiB ({key}): the rest is "
+                   "left to other processes")
+    return replace(device, total_bytes=cap)
 
 
 def _update_tokens(batching, seq_len: int) -> int:

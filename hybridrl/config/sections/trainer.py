@@ -41,6 +41,9 @@ class TrainerConfig(Section):
     """GPUs (worker processes) per machine"""
     device: Device
     """auto | cuda | cpu"""
+    gpu_memory_gb: float | None
+    """plan each GPU as holding this many GiB (null = its whole memory): every phase, the KV cache and the update's
+    micro-batches are sized to fit it, so several runs can share a GPU; more than the GPU holds is refused"""
     ray_address: str | None
     """null = RAY_ADDRESS or a local Ray"""
     worker_timeout_s: int
@@ -78,7 +81,7 @@ class TrainerConfig(Section):
 
     def check_sizes(self, found: Findings) -> None:
         found.positive(self, "trainer", ("nnodes", "n_gpus_per_node", "total_epochs"))
-        found.positive_or_unset(self, "trainer", ("total_training_steps",))
+        found.positive_or_unset(self, "trainer", ("total_training_steps", "gpu_memory_gb"))
 
     def check(self, found: Findings, val_files) -> None:
         if self.val_only and not val_files:
