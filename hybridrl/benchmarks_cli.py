@@ -17,7 +17,9 @@ import os
 import runpy
 import subprocess
 import sys
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from hybridrl import bench_manifest
@@ -57,13 +59,16 @@ def _expand(text: str, places: dict[str, str]) -> str:
     return text
 
 
-def _execute(argv: list[str], env: dict[str, str], log: Path) -> int:
-    """Run from the repository root, streaming the output to the console and to LOG."""
-    with open(log, "w") as f, subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                                               stderr=subprocess.STDOUT, text=True) as proc:
-        for line in proc.stdout:
-            sys.stdout.write(line)
-            f.write(line)
+def _execute(argv: list[str], env: dict[str, str], log: Path, echo: bool = True) -> int:
+    """Run from the repository root, its output to LOG and (`echo`) streamed to the console as well."""
+    with open(log, "w") as f:
+        if not echo:
+            return subprocess.run(argv, cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT).returncode
+        with subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True) as proc:
+            for line in proc.stdout:
+                sys.stdout.write(line)
+                f.write(line)
     return proc.returncode
 
 
@@ -94,14 +99,22 @@ def _run(args) -> int:
                 "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "commands": commands}
     path = out / "manifest.json"
     path.write_text(json.dumps(manifest, indent=1))
-    failed = 0
-    for c in [] if args.dry_run else commands:
+    manifest["parallel"] = args.parallel
+    lock = threading.Lock()
+
+    def run_one(c: dict) -> None:
         print(f"[bench run] {' '.join(c['argv'])}", flush=True)
         t0 = time.time()
-        c["rc"] = _execute(c["argv"], {**base_env, **c["env"]}, out / c["log"])
-        c["wall_s"] = round(time.time() - t0, 2)
-        failed += c["rc"] != 0
-        path.write_text(json.dumps(manifest, indent=1))   # after each command: a cut-short run keeps its manifest
+        rc = _execute(c["argv"], {**base_env, **c["env"]}, out / c["log"], echo=args.parallel == 1)
+        with lock:
+            c["rc"], c["wall_s"] = rc, round(time.time() - t0, 2)
+            path.write_text(json.dumps(manifest, indent=1))   # after each command: a cut-short run keeps it
+        if args.parallel > 1:
+            print(f"[bench run] rc {rc} after {c['wall_s']} s: {c['log']}", flush=True)
+
+    with ThreadPoolExecutor(max_workers=args.parallel) as pool:
+        list(pool.map(run_one, [] if args.dry_run else commands))
+    failed = sum(c.get("rc", 0) != 0 for c in commands)
     print(f"[bench run] {s.name}: {len(commands)} commands, {failed} failed; {path}")
     return 1 if failed else 0
 
@@ -116,6 +129,13 @@ def _script(args) -> int:
     return 0
 
 
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"--parallel must be >= 1, got {value}")
+    return value
+
+
 def register(subparsers) -> None:
     p = subparsers.add_parser("bench", help="run a named benchmark scenario (bench list, bench run NAME) or one "
                               "benchmark script")
@@ -128,6 +148,9 @@ def register(subparsers) -> None:
     r.add_argument("--work", default="/tmp/hybridrl_bench", help="scratch folder: models, prompts, run directories")
     r.add_argument("--smollm2", default="/tmp/smollm2", help="the converted SmolLM2-135M-Instruct (SmolLM2 scenarios)")
     r.add_argument("--dry-run", action="store_true", help="write the manifest with the expanded commands, run nothing")
+    r.add_argument("--parallel", type=_positive_int, default=1,
+                   help="commands run at once, each writing only its log (for runs that share a GPU, give each "
+                        "trainer.gpu_memory_gb so that no plan sizes itself for the whole card)")
     r.set_defaults(func=_run)
     for which, script in SCRIPTS.items():
         s = sub.add_parser(which, help=f"benchmarks/{script} with the arguments given")

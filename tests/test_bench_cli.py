@@ -65,3 +65,30 @@ def test_failed_command_fails_the_run(tmp_path, monkeypatch):
 def test_overrides_are_found_inside_variants():
     argv = ["--variants", "a:x.y=1;x.z=bf16,b", "k.v=2", "--out", "f.json"]
     assert benchmarks_cli.bench_manifest.overrides(argv) == ["x.y=1", "x.z=bf16", "k.v=2"]
+
+
+def _waiting_for_each_other(n: int) -> Scenario:
+    """n commands that each mark their start, then wait (up to 20 s) for every other one to have started: they all
+    pass only when run at once."""
+    code = ("import os, sys, time; d, i, n = sys.argv[1], sys.argv[2], int(sys.argv[3]); "
+            "open(os.path.join(d, 'start' + i), 'w').close(); t = time.time()\n"
+            "while len([f for f in os.listdir(d) if f.startswith('start')]) < n:\n"
+            "    time.sleep(0.05)\n"
+            "    if time.time() - t > 20: sys.exit(1)")
+    return Scenario("meet", "commands that meet", "cpu", None, tuple(
+        Cmd(("python", "-c", code, "{out}", str(i), str(n)), (), f"meet{i}.log") for i in range(n)))
+
+
+def test_parallel_runs_the_commands_at_once_each_into_its_log(tmp_path, monkeypatch):
+    monkeypatch.setattr(benchmarks_cli, "load_scenarios", lambda: {"meet": _waiting_for_each_other(3)})
+    assert cli.main(["bench", "run", "meet", "--out", str(tmp_path), "--parallel", "3"]) == 0
+    m = json.loads((tmp_path / "manifest.json").read_text())
+    assert m["parallel"] == 3 and [c["rc"] for c in m["commands"]] == [0, 0, 0]
+    assert all((tmp_path / f"meet{i}.log").exists() for i in range(3))
+
+
+def test_parallel_must_be_positive(tmp_path):
+    import pytest
+
+    with pytest.raises(SystemExit):
+        cli.main(["bench", "run", "long-tail-1.5b", "--out", str(tmp_path), "--dry-run", "--parallel", "0"])
