@@ -12,24 +12,29 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class Cmd:
-    """One command: argv (`python` means the running interpreter), extra environment, and the file under the
-    output folder that receives its console output (default: `NN_<script>.log`)."""
+    """One command: argv (`python` means the running interpreter), extra environment, the file under the output
+    folder that receives its console output (default: `NN_<script>.log`), and `setup`: it prepares what others read
+    (data, models), so `bench run --parallel` runs it alone, before them."""
 
     argv: tuple[str, ...]
     env: tuple[tuple[str, str], ...] = ()
     log: str = ""
+    setup: bool = False
 
 
 @dataclass(frozen=True)
 class Scenario:
     """A named record: `record` is where its committed outputs live under benchmarks/results/ (None: scripted, not
-    run yet), `device` the machine kind it ran on ("cpu" for the CPU ones)."""
+    run yet), `device` the machine kind it ran on ("cpu" for the CPU ones); `parallel`: its commands other than setup
+    ones are independent and each planned for a share of the GPU (trainer.gpu_memory_gb), so `bench run --parallel`
+    may run several at once."""
 
     name: str
     what: str
     device: str
     record: str | None
     commands: tuple[Cmd, ...]
+    parallel: bool = False
 
 
 A = "actor_rollout_ref"
@@ -40,8 +45,8 @@ TWO_GPU_WORKLOAD = ("--prompts", "64", "--n", "8", "--prompt-len", "256", "--res
 ADD = "{work}/smollm2_add"
 
 
-def py(script: str, *args: str, log: str = "", **env: str) -> Cmd:
-    return Cmd(("python", script, *args), tuple(env.items()), log)
+def py(script: str, *args: str, log: str = "", setup: bool = False, **env: str) -> Cmd:
+    return Cmd(("python", script, *args), tuple(env.items()), log, setup)
 
 
 def grpo(out: str, *args: str) -> Cmd:

@@ -35,7 +35,8 @@ def long_tail_update(configs: str, out: str, repeat: int = 1, **env: str):
 
 
 MAKE_ADD = py("examples/smollm2_arith/make_data.py", "--out", ADD, "--train", "3000", "--test", "200", "--seed", "0",
-              log="make_data.log")
+              log="make_data.log", setup=True)
+SHARE_GPU = "trainer.gpu_memory_gb=16"   # a seed run's plan (13.2 GiB predicted): four share an 80 GB GPU
 
 
 def trl_long_tail(micro_batch: int, out: str) -> tuple:
@@ -49,10 +50,12 @@ def trl_long_tail(micro_batch: int, out: str) -> tuple:
 
 def arith_seed_runs(tag: str, *keys: str) -> tuple:
     """The 20-step SmolLM2 a + b recipe with `keys` over seeds 1-3 (the seeds of smollm2-arith-20-seeds, so each
-    curve has its defaults' beside it); `tag` names the files (m_{tag}_seedS.jsonl, log_..., run directories)."""
+    curve has its defaults' beside it), each planned for 16 GiB so that they can share a GPU (`bench run --parallel`;
+    the committed records ran before, each planned for the whole GPU); `tag` names the files (m_{tag}_seedS.jsonl,
+    log_..., run directories)."""
     return tuple(recipe(ARITH, f"m_{tag}_seed{seed}.jsonl", f"log_{tag}_seed{seed}.log",
                         "trainer.total_training_steps=20", f"trainer.seed={seed}", f"data.seed={41 + seed}", *keys,
-                        "actor_rollout_ref.rollout.gpu_memory_utilization=0.1",
+                        "actor_rollout_ref.rollout.gpu_memory_utilization=0.1", SHARE_GPU,
                         f"trainer.default_local_dir={{work}}/smollm2_{tag}_{seed}", DATA=ADD)
                  for seed in (1, 2, 3))
 
@@ -466,10 +469,11 @@ SMOLLM2 = [
                  "trainer.default_local_dir={work}/smollm2_early_1", DATA=ADD))),
     Scenario("smollm2-arith-20-partial", "the 20-step a + b check with partial rollouts (64 new tokens per sample "
              "per step), three seeds", "nvidia-h200", "smollm2_defaults/partial_rollout",
-             (MAKE_ADD, *partial_arith_runs(64, ""))),
+             (MAKE_ADD, *partial_arith_runs(64, "")), parallel=True),
     Scenario("smollm2-arith-20-partial-tail", "the 20-step a + b check with partial rollouts whose budget cuts only "
              "the tail (96 of the 128 new tokens per sample per step; responses average ~55), three seeds",
-             "nvidia-h200", "smollm2_defaults/partial_rollout", (MAKE_ADD, *partial_arith_runs(96, "96"))),
+             "nvidia-h200", "smollm2_defaults/partial_rollout", (MAKE_ADD, *partial_arith_runs(96, "96")),
+             parallel=True),
     Scenario("smollm2-arith-20-algorithms", "the 20-step a + b check, three seeds each, with verl's bypass mode "
              "(ppo_clip, and reinforce with token IS), the optimal token baseline, and PF-PPO on GAE beside GAE alone",
              "nvidia-h200", "smollm2_defaults/algorithms", (
@@ -481,7 +485,7 @@ SMOLLM2 = [
                  *arith_seed_runs("otb", "algorithm.adv_estimator=optimal_token_baseline",
                                   "actor_rollout_ref.actor.calculate_sum_pi_squared=true"),
                  *arith_seed_runs("pf_ppo", "algorithm.adv_estimator=gae", "algorithm.use_pf_ppo=true"),
-                 *arith_seed_runs("gae", "algorithm.adv_estimator=gae"))),   # PF-PPO's own baseline
+                 *arith_seed_runs("gae", "algorithm.adv_estimator=gae")), parallel=True),   # PF-PPO's own baseline
 ]
 
 

@@ -80,6 +80,10 @@ def _run(args) -> int:
         print(f"hybridrl bench run: no scenario {args.name!r}; `hybridrl bench list` names them", file=sys.stderr)
         return 2
     s = known[args.name]
+    if args.parallel > 1 and not s.parallel:
+        print(f"hybridrl bench run: scenario {s.name!r} runs its commands one at a time (they read each other's "
+              "outputs or each plan for the whole GPU); --parallel is for scenarios marked parallel", file=sys.stderr)
+        return 2
     out = Path(args.out or f"runs/bench/{s.name}").resolve()
     out.mkdir(parents=True, exist_ok=True)
     places = {"out": str(out), "work": str(Path(args.work).resolve()), "smollm2": args.smollm2}
@@ -90,7 +94,8 @@ def _run(args) -> int:
         argv = [sys.executable if a == "python" else _expand(a, places) for a in cmd.argv]
         script = Path(next((a for a in cmd.argv[1:] if not a.startswith("-")), cmd.argv[0])).stem
         commands.append({"argv": argv, "env": {k: _expand(v, places) for k, v in cmd.env},
-                         "log": cmd.log or f"{i:02d}_{script}.log", "overrides": bench_manifest.overrides(argv)})
+                         "log": cmd.log or f"{i:02d}_{script}.log", "overrides": bench_manifest.overrides(argv),
+                         "setup": cmd.setup})
     manifest = {"scenario": s.name, "what": s.what, "record": s.record, "device_kind": s.device,
                 "command": f"hybridrl bench run {s.name} --out {out} --work {places['work']} --smollm2 {args.smollm2}"
                            + (" --dry-run" if args.dry_run else ""), "dry_run": args.dry_run,
@@ -112,8 +117,12 @@ def _run(args) -> int:
         if args.parallel > 1:
             print(f"[bench run] rc {rc} after {c['wall_s']} s: {c['log']}", flush=True)
 
+    todo = [] if args.dry_run else commands
+    for c in todo:   # setup commands (data, models the others read) alone, first
+        if c["setup"]:
+            run_one(c)
     with ThreadPoolExecutor(max_workers=args.parallel) as pool:
-        list(pool.map(run_one, [] if args.dry_run else commands))
+        list(pool.map(run_one, [c for c in todo if not c["setup"]]))
     failed = sum(c.get("rc", 0) != 0 for c in commands)
     print(f"[bench run] {s.name}: {len(commands)} commands, {failed} failed; {path}")
     return 1 if failed else 0

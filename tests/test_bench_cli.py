@@ -75,20 +75,33 @@ def _waiting_for_each_other(n: int) -> Scenario:
             "while len([f for f in os.listdir(d) if f.startswith('start')]) < n:\n"
             "    time.sleep(0.05)\n"
             "    if time.time() - t > 20: sys.exit(1)")
-    return Scenario("meet", "commands that meet", "cpu", None, tuple(
-        Cmd(("python", "-c", code, "{out}", str(i), str(n)), (), f"meet{i}.log") for i in range(n)))
+    setup = Cmd(("python", "-c", "import sys, time; time.sleep(0.5); open(sys.argv[1], 'w').close()",
+                 "{out}/ready"), (), "setup.log", setup=True)
+    check = "assert os.path.exists(os.path.join(d, 'ready')), 'ran before the setup command ended'\n"
+    return Scenario("meet", "commands that meet", "cpu", None, (setup, *(
+        Cmd(("python", "-c", code.replace("t = time.time()\n", "t = time.time()\n" + check), "{out}", str(i),
+             str(n)), (), f"meet{i}.log") for i in range(n))), parallel=True)
 
 
-def test_parallel_runs_the_commands_at_once_each_into_its_log(tmp_path, monkeypatch):
+def test_parallel_runs_the_setup_first_then_the_commands_at_once_each_into_its_log(tmp_path, monkeypatch):
     monkeypatch.setattr(benchmarks_cli, "load_scenarios", lambda: {"meet": _waiting_for_each_other(3)})
     assert cli.main(["bench", "run", "meet", "--out", str(tmp_path), "--parallel", "3"]) == 0
     m = json.loads((tmp_path / "manifest.json").read_text())
-    assert m["parallel"] == 3 and [c["rc"] for c in m["commands"]] == [0, 0, 0]
+    assert m["parallel"] == 3 and [c["rc"] for c in m["commands"]] == [0, 0, 0, 0]
     assert all((tmp_path / f"meet{i}.log").exists() for i in range(3))
 
 
-def test_parallel_must_be_positive(tmp_path):
+def test_parallel_is_refused_for_scenarios_not_marked_parallel_and_must_be_positive(tmp_path, capsys):
     import pytest
 
+    assert cli.main(["bench", "run", "long-tail-1.5b", "--out", str(tmp_path), "--parallel", "2"]) == 2
+    assert "runs its commands one at a time" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         cli.main(["bench", "run", "long-tail-1.5b", "--out", str(tmp_path), "--dry-run", "--parallel", "0"])
+
+
+def test_parallel_scenarios_plan_each_run_for_a_share_of_the_gpu():
+    for s in benchmarks_cli.load_scenarios().values():
+        if s.parallel:
+            runs = [c for c in s.commands if not c.setup]
+            assert runs and all(any(a.startswith("trainer.gpu_memory_gb=") for a in c.argv) for c in runs), s.name
