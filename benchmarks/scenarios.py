@@ -185,6 +185,9 @@ SMALL = [
                     "4096", "--mean-len", "1000", "--eos-scale", "4.33313453443048", "--workdir", "{work}/long_tail",
                     "--defaults", "--gpus", "1", "--prompts", "32", "--n", "8", "--steps", "3", "--variants", "hybrid",
                     "--repeat", "1", "--out", f"{{out}}/long_tail_prompt2048_cascade{c}.json", HYBRIDRL_CASCADE=c) for c in ("0", "1"))),
+    Scenario("host-step", "the engine's host work per decode step (scheduling, input staging, appending samples) "
+             "with the model and sampler stubbed, 64-512 rows, async scheduling on / off", "cpu", "host_step",
+             (py("benchmarks/host_step.py", "--out", "{out}/after.json"),)),
     Scenario("decode-floor-1.5b", "decode steps against the bandwidth floor: single-pass vs split kernels vs async",
              "nvidia-h200", "long_tail", (
                  py("benchmarks/decode_floor.py", "--out", "{out}/decode_floor.json"),

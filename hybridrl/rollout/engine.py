@@ -326,7 +326,7 @@ class LLMEngine:
         call.ahead = self._launch_ahead(call, batch, handle)
         tokens, logprobs = self.runner.read(handle)
         self._postprocess(call, batch, tokens, logprobs)
-        call.tail.step(batch, t0, handle.shared_tokens)
+        call.tail.step(batch, t0, handle.kv_tokens)
 
     def _schedule(self, call: _Call) -> _Launched | None:
         """The next step, scheduled and launched; None when nothing can run until a turn outcome is known."""
@@ -527,9 +527,8 @@ class _TailClock:
         self.steps = self.seq_steps = 0
         self.floor_s = 0.0 if step_floor_s is not None else None
 
-    def step(self, batch, t0: float, shared_tokens: int = 0) -> None:
-        """`shared_tokens`: context tokens whose K/V another sequence of the step holds too (read once by the
-        floor)."""
+    def step(self, batch, t0: float, kv_tokens: int) -> None:
+        """`kv_tokens`: the context tokens whose K/V a decode step must read (the runner's StepHandle.kv_tokens)."""
         if batch.is_prefill:
             return
         dt = time.perf_counter() - t0
@@ -540,7 +539,7 @@ class _TailClock:
         if running < self.cut:
             self.tail_s += dt
         if self.floor_s is not None:
-            self.floor_s += self.step_floor_s(sum(len(s) for s in batch.seqs) - shared_tokens)
+            self.floor_s += self.step_floor_s(kv_tokens)
 
     def stats(self) -> dict:
         wall = time.perf_counter() - self.start

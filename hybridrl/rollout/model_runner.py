@@ -103,8 +103,8 @@ class StepHandle:
     host: _HostStepBuffers | None   # where the samples are copied to (CUDA), else None
     event: object            # CUDA event after that copy, else None
     n: int
-    shared_tokens: int = 0   # a decode step's context tokens whose K/V another row of the step holds too (a shared
-                             # prompt's blocks beyond their first row): its floor reads them once
+    kv_tokens: int = 0       # a decode step's context tokens whose K/V it must read (its bandwidth floor): every
+                             # sequence's, a block that several share (a prompt's, for its samples) once
 
 
 GRAPH_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 160, 192, 224, 256, 320, 384, 448, 512)
@@ -155,14 +155,14 @@ class ModelRunner:
                                        "num_cascade_steps"), 0.0)
         # cascade decode: rows a prefix group's program attends together (0: off — no Triton path, one q head
         # per group, or HYBRIDRL_CASCADE=0), and the groups of the last batch seen (rollout/shared_prefix.py),
-        # which also give a step's floor the K/V its rows share (`StepHandle.shared_tokens`)
+        # which also give a step's floor the K/V its rows share (`StepHandle.kv_tokens`)
         self._group_members = prefix_members(hf_config.num_attention_heads // hf_config.num_key_value_heads)
         cascade = self.use_triton and os.environ.get("HYBRIDRL_CASCADE", "1") != "0" and self._group_members >= 2
         self.cascade_members = self._group_members if cascade else 0
         self._prefix_tables, self._prefix = [], None
         self._kv_token_layer_bytes = 2 * self.num_kv_heads * self.head_dim * config.dtype.itemsize
         self._l2_bytes = torch.cuda.get_device_properties(self.device).L2_cache_size if self.is_cuda else 0
-        self._step_shared_tokens = 0
+        self._step_kv_tokens = 0
         self.last_capture_s = 0.0
         self.activation_reserve = None
         self.weights_awake = False
@@ -227,7 +227,7 @@ class ModelRunner:
     def _decode_floor_fn(self):
         """(context tokens whose K/V a decode step must read) -> the seconds it cannot beat on this GPU: its weights
         read once plus those tokens' K/V, over the datasheet HBM bandwidth; None off the GPU or for unknown GPUs. The
-        caller counts a block that several sequences share once (StepHandle.shared_tokens)."""
+        caller counts a block that several sequences share once (StepHandle.kv_tokens)."""
         from hybridrl.device_peaks import peaks_of
 
         peaks = peaks_of(torch.cuda.get_device_name(self.device)) if self.is_cuda else None
@@ -461,7 +461,7 @@ class ModelRunner:
         bs = self.config.block_size
         if batch.drafts is None:
             seqs = batch.seqs
-            lens = [len(s) for s in seqs]
+            lens = [len(s.token_ids) for s in seqs]
             toks = None if feed is not None else [s.token_ids[-1] for s in seqs]
         else:
             seqs, toks, lens = self._verify_rows(batch)
@@ -488,7 +488,8 @@ class ModelRunner:
                 tab[i, row_lens[i]:len(bt)] = bt[row_lens[i]:]
                 row_lens[i] = len(bt)
         found = self._prefix_groups(batch, seqs, lens)
-        self._step_shared_tokens = found.repeated_tokens if found is not None else 0
+        self._step_kv_tokens = (sum(lens) if batch.drafts is None else sum(len(s.token_ids) for s in batch.seqs)) \
+            - (found.repeated_tokens if found is not None else 0)
         cascade = self._cascade(found, B, meta, rows)
         if rows > B:  # padded graph rows: read and write the scratch block only
             blk, slot = self._scratch()
@@ -553,9 +554,10 @@ class ModelRunner:
         else:
             h = self._decode_hidden(batch, hs, feed)
         logits = self.model.compute_logits(h)
-        counts = [len(g) for g in batch.sample_groups]
-        if any(c != 1 for c in counts):
-            logits = logits.repeat_interleave(torch.tensor(counts, device=self.device), dim=0)
+        if batch.is_prefill:  # a prompt's logits row, sampled once for each of its samples (decode rows: one each)
+            counts = [len(g) for g in batch.sample_groups]
+            if any(c != 1 for c in counts):
+                logits = logits.repeat_interleave(torch.tensor(counts, device=self.device), dim=0)
         if params is not None:
             flat = range(logits.shape[0])
         elif batch.drafts is not None:
@@ -580,8 +582,8 @@ class ModelRunner:
             event.record()
         kind = "prefill" if batch.is_prefill else "decode"
         self.counters[f"{kind}_launch_s"] += time.perf_counter() - t0
-        shared = self._step_shared_tokens if kind == "decode" else 0
-        return StepHandle(kind, tokens, logprobs, hs if event is not None else None, event, n, shared)
+        kv_tokens = self._step_kv_tokens if kind == "decode" else 0
+        return StepHandle(kind, tokens, logprobs, hs if event is not None else None, event, n, kv_tokens)
 
     def read(self, handle: StepHandle) -> tuple[list[int], list[float]]:
         """Wait for a launched step's samples: (token ids, log-probs), one per sampled sequence."""

@@ -292,22 +292,23 @@ class Scheduler:
         if prev.is_prefill or self.waiting or self._wants_drafts():
             return None
         keep, rows, new_blocks = [], [], 0
-        for i, seq in enumerate(prev.seqs):
-            n = len(seq) + 1  # its length once prev's sample is in
-            if seq.status is not SeqStatus.RUNNING or n - seq.num_prompt_tokens >= seq.params.max_tokens \
-                    or n >= self.config.max_model_len or seq.out_of_budget(n):
+        running, max_len, block_size = SeqStatus.RUNNING, self.config.max_model_len, self.bm.block_size
+        for i, seq in enumerate(prev.seqs):   # (the hot loop of a decode step: locals, no per-token calls)
+            n = len(seq.token_ids) + 1  # its length once prev's sample is in
+            if seq.status is not running or n - seq.num_prompt_tokens >= seq.params.max_tokens or n >= max_len \
+                    or (seq.budget_end is not None and seq.out_of_budget(n)):
                 continue
             keep.append(seq)
             rows.append(i)
-            new_blocks += (n - 1) // self.bm.block_size == len(seq.block_table)
+            new_blocks += (n - 1) // block_size == len(seq.block_table)
         if not keep or not self.bm.can_allocate(new_blocks):
             return None
         for seq in keep:
             seq.token_ids.append(PLACEHOLDER)
             seq.pending = True
-            seq.num_cached_tokens = len(seq) - 1
-            if self.bm.append_slot(seq) is not None:  # prev was a decode: every shared block was copied already
-                raise RuntimeError(f"lookahead step needs copy-on-write for {seq}")
+            seq.num_cached_tokens = len(seq.token_ids) - 1
+        if self.bm.append_slots(keep):  # prev was a decode: every shared block was copied already
+            raise RuntimeError(f"lookahead step needed copy-on-write: {keep}")
         self.stats["num_decode_steps"] += 1
         self.stats["num_lookahead_steps"] += 1
         self._update_peaks()
@@ -324,11 +325,12 @@ class Scheduler:
         per sequence (its accepted drafts and one more, padded with -1). Returns the finished sequences."""
         if batch.drafts is not None:
             return self._postprocess_verify(batch, token_ids, logprobs)
-        finished, ended = [], False
+        finished, ended, discarded = [], False, 0
         flat = [s for group in batch.sample_groups for s in group]
+        running, end_if_done = SeqStatus.RUNNING, self._end_if_done
         for seq, tok, lp in zip(flat, token_ids, logprobs, strict=True):
-            if seq.status is not SeqStatus.RUNNING:  # ended or paused while this (lookahead) step was in flight
-                self.stats["num_lookahead_discarded"] += 1
+            if seq.status is not running:  # ended or paused while this (lookahead) step was in flight
+                discarded += 1
                 continue
             if seq.pending:  # a lookahead step already holds this token's place (and its KV slot)
                 seq.token_ids[-1] = tok
@@ -337,7 +339,8 @@ class Scheduler:
                 seq.token_ids.append(tok)
                 seq.num_cached_tokens = len(seq.token_ids) - 1
             seq.logprobs.append(lp)
-            ended |= self._end_if_done(seq, tok, finished)
+            ended |= end_if_done(seq, tok, finished)
+        self.stats["num_lookahead_discarded"] += discarded
         if ended:  # one pass instead of a deque.remove (O(running)) per sequence
             self.running = deque(s for s in self.running if s.status is SeqStatus.RUNNING)
         return finished
@@ -376,7 +379,7 @@ class Scheduler:
             seq.finish_reason = "stop"
         elif n - seq.num_prompt_tokens >= p.max_tokens or n >= self.config.max_model_len:
             seq.finish_reason = "length"
-        elif seq.out_of_budget(n):  # unfinished: the caller may continue it (partial rollouts)
+        elif seq.budget_end is not None and seq.out_of_budget(n):  # unfinished: the caller may continue it
             seq.finish_reason = BUDGET
         if seq.finish_reason is None:
             return False

@@ -191,15 +191,12 @@ def test_stats_describe_each_call_and_the_tail():
     clock = _TailClock(20, step_floor_s=lambda context: context * 1e-6)
     clock.start -= 0.06  # the call's wall time: the six 10 ms steps below
     for running in (20, 20, 1, 1, 1, 1):
-        clock.step(Batch(running), time.perf_counter() - 0.01)  # each step took 10 ms
+        clock.step(Batch(running), time.perf_counter() - 0.01, kv_tokens=100 * running)  # each step took 10 ms
     stats = clock.stats()
     assert 1 < 20 * TAIL_FRACTION
     assert stats["tail_time_frac"] == pytest.approx(4 / 6, rel=0.1)
     assert stats["running_seqs_mean"] == pytest.approx(44 / 6)
     assert stats["decode_floor_s"] == pytest.approx((2 * 20 + 4) * 100 * 1e-6)
-    shared = _TailClock(4, step_floor_s=lambda context: context * 1e-6)
-    shared.step(Batch(4), time.perf_counter(), shared_tokens=150)   # 150 of the 400 tokens' K/V held by another row
-    assert shared.stats()["decode_floor_s"] == pytest.approx(250 * 1e-6)
 
 
 def test_triton_decode_kernels_only_take_head_dims_they_tile():

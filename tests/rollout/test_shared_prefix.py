@@ -248,3 +248,24 @@ def test_runner_recomputes_the_groups_only_when_a_table_is_replaced_or_blocks_ar
     runner.decode_step_floor_s = lambda context: context * 1e-9   # a GPU with known peaks: found for the floor
     found = runner._prefix_groups(batch, seqs, lens)
     assert found.repeated_tokens == 64 and not runner._cascade(found, len(seqs), meta, rows=8)
+
+
+def test_the_decode_floor_reads_a_shared_prompt_once_per_step(monkeypatch):
+    """With the runner's floor on (a GPU's, stubbed here as one second per token), a step counts each prompt's
+    shared full blocks once: 2 prompts x 4 samples of 37 tokens (9 full blocks of 4 shared, the partial one copied
+    on write) save 2 x 3 x 36 tokens a step against the same run without prompt sharing, over its 11 decode steps."""
+    from rollout_helpers import make_engine, tiny_hf_model
+
+    from hybridrl.rollout import model_runner
+    from hybridrl.rollout.sampling_params import SamplingParams
+
+    monkeypatch.setattr(model_runner.ModelRunner, "_decode_floor_fn", lambda self: (lambda tokens: float(tokens)))
+    model = tiny_hf_model("qwen2")
+    floors = {}
+    for sharing in (True, False):
+        engine = make_engine(model, block_size=4, enable_prefix_sharing=sharing)
+        engine.generate([list(range(3, 40)), list(range(50, 87))],
+                        SamplingParams(n=4, temperature=0, max_tokens=12, ignore_eos=True))
+        assert engine.stats["num_decode_steps"] == 11
+        floors[sharing] = engine.stats["decode_floor_s"]
+    assert floors[False] - floors[True] == 11 * 2 * 3 * 36
