@@ -31,6 +31,11 @@ Choices:
   waits for the device (the sampler path is chosen from host-side SamplingParams flags), so the engine
   can launch step t+1 — its input tokens gathered on the device from step t's samples — before it reads
   step t (async scheduling, engine.py). `step` = launch + read.
+- Cascade decode (rollout/shared_prefix.py): each decode step's rows that share leading blocks are found from their
+  block tables (recomputed only when a row's table list is replaced or blocks were copied); where the cascade pays
+  (its rule reads the GPU's L2 size) the step runs the graph variant of its bucket with the shared-prefix kernels,
+  whose groups travel in three more rows of the step's int64 input buffer. The same groups give the step's floor its
+  K/V tokens, a shared block once (`StepHandle.kv_tokens`).
 - Copy-on-write block copies from the scheduler run as one indexed copy over all layers.
 - A verify step (speculative decoding, a batch with `drafts`) is a decode step with one row per query token: a
   sequence with k drafts takes k + 1 rows (its last token, then each draft) at consecutive positions, each with
