@@ -101,10 +101,9 @@ def _run(args) -> int:
                            + (" --dry-run" if args.dry_run else ""), "dry_run": args.dry_run,
                 "placeholders": places, "env": RUN_ENV, "git": bench_manifest.git_state(ROOT),
                 "device": bench_manifest.device_facts(), "versions": bench_manifest.versions(),
-                "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "commands": commands}
+                "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "parallel": args.parallel, "commands": commands}
     path = out / "manifest.json"
     path.write_text(json.dumps(manifest, indent=1))
-    manifest["parallel"] = args.parallel
     lock = threading.Lock()
 
     def run_one(c: dict) -> None:

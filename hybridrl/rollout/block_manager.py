@@ -109,31 +109,24 @@ class BlockManager:
         return index == len(seq.block_table) or self.ref_counts[seq.block_table[index]] > 1
 
     def append_slot(self, seq: Sequence) -> tuple[int, int] | None:
-        """Make position len-1 writable; returns (src, dst) when a shared block was copied."""
+        """Make position len-1 writable: a fresh block where the position starts one, a copy where its block is
+        shared; returns (src, dst) when a block was copied."""
+        table = seq.block_table
         index = (len(seq.token_ids) - 1) // self.block_size
-        if index == len(seq.block_table):
-            seq.block_table.append(self._take())
+        if index == len(table):
+            table.append(self._take())
             return None
-        src = seq.block_table[index]
+        src = table[index]
         if self.ref_counts[src] == 1:
             return None
         dst = self._take()
         self._decref(src)
-        seq.block_table[index] = dst
+        table[index] = dst
         return src, dst
 
-    def append_slots(self, seqs: list[Sequence]) -> list[tuple[int, int]]:
-        """append_slot for each of `seqs` (a decode step's rows, in one call: it runs every step); the copies made."""
-        copies = []
-        block_size, refs = self.block_size, self.ref_counts
-        for seq in seqs:
-            table = seq.block_table
-            index = (len(seq.token_ids) - 1) // block_size
-            if index == len(table):
-                table.append(self._take())
-            elif refs[table[index]] != 1:
-                copies.append(self.append_slot(seq))
-        return copies
+    def append_slots(self, seqs) -> list[tuple[int, int]]:
+        """append_slot for each of `seqs` (a decode step's rows); the copies made."""
+        return [copy for copy in map(self.append_slot, seqs) if copy is not None]
 
     def grow(self, seq: Sequence, extra: int) -> int:
         """Room for `extra` positions after len-1 (which append_slot made writable): fresh blocks as needed, as many

@@ -167,7 +167,6 @@ class ModelRunner:
         self._prefix_tables, self._prefix = [], None
         self._kv_token_layer_bytes = 2 * self.num_kv_heads * self.head_dim * config.dtype.itemsize
         self._l2_bytes = torch.cuda.get_device_properties(self.device).L2_cache_size if self.is_cuda else 0
-        self._step_kv_tokens = 0
         self.last_capture_s = 0.0
         self.activation_reserve = None
         self.weights_awake = False
@@ -463,6 +462,7 @@ class ModelRunner:
         return seqs, toks, lens
 
     def _decode_hidden(self, batch: ScheduledBatch, hs: _HostStepBuffers, feed):
+        """The decode step's hidden states, and the context tokens whose K/V it must read (its floor's input)."""
         bs = self.config.block_size
         if batch.drafts is None:
             seqs = batch.seqs
@@ -493,7 +493,7 @@ class ModelRunner:
                 tab[i, row_lens[i]:len(bt)] = bt[row_lens[i]:]
                 row_lens[i] = len(bt)
         found = self._prefix_groups(batch, seqs, lens)
-        self._step_kv_tokens = (sum(lens) if batch.drafts is None else sum(len(s.token_ids) for s in batch.seqs)) \
+        kv_tokens = (sum(lens) if batch.drafts is None else sum(len(s.token_ids) for s in batch.seqs)) \
             - (found.repeated_tokens if found is not None else 0)
         cascade = self._cascade(found, B, meta, rows)
         if rows > B:  # padded graph rows: read and write the scratch block only
@@ -509,11 +509,11 @@ class ModelRunner:
         if graph_bs is None:  # eager: only the batch's block-table width (the CPU reference gathers all of it),
             ids, pos, ctx = self._decode_args(B, cascade)   # made contiguous once here, not by every layer's kernel
             ctx.block_tables = ctx.block_tables[:, :max(row_lens[:B])].contiguous()
-            return self.model(ids, pos, ctx)
+            return self.model(ids, pos, ctx), kv_tokens
         if (graph_bs, cascade) not in self.graphs:
             self._capture(graph_bs, cascade)
         self.graphs[graph_bs, cascade].replay()
-        return self.graph_out[:B]
+        return self.graph_out[:B], kv_tokens
 
     def _sampling_tensors(self, flat, params):
         """Per-row temperature/top-k/top-p and host-side flags (no device sync). With one SamplingParams
@@ -555,9 +555,9 @@ class ModelRunner:
             if feed is not None:
                 raise ValueError("a prefill step takes its tokens from the host, not from a TokenFeed")
             ids, pos, ctx, last = self._prefill_inputs(batch)
-            h = self.model(ids, pos, ctx)[last]
+            h, kv_tokens = self.model(ids, pos, ctx)[last], 0
         else:
-            h = self._decode_hidden(batch, hs, feed)
+            h, kv_tokens = self._decode_hidden(batch, hs, feed)
         logits = self.model.compute_logits(h)
         if batch.is_prefill:  # a prompt's logits row, sampled once for each of its samples (decode rows: one each)
             counts = [len(g) for g in batch.sample_groups]
@@ -587,7 +587,6 @@ class ModelRunner:
             event.record()
         kind = "prefill" if batch.is_prefill else "decode"
         self.counters[f"{kind}_launch_s"] += time.perf_counter() - t0
-        kv_tokens = self._step_kv_tokens if kind == "decode" else 0
         return StepHandle(kind, tokens, logprobs, hs if event is not None else None, event, n, kv_tokens)
 
     def read(self, handle: StepHandle) -> tuple[list[int], list[float]]:
