@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from hybridrl.config.errors import ConfigError
 from hybridrl.config.sections.rollout import RolloutConfig, SpeculativeDecodingConfig
+from hybridrl.plan.cascade import CascadeForecast, forecast_cascade
 from hybridrl.plan.memory import GiB, MemoryModel, Residency
 from hybridrl.plan.partial_rollout import PartialRolloutPlan, cohorts_in_flight, plan_partial_rollout
 from hybridrl.plan.sizing import ACTOR_FSDP, SAFETY, DeviceSpec, Sizing, is_auto
@@ -57,6 +58,7 @@ class RolloutPlan:
     expert_lora: str | None = None      # LoRA on MoE experts in the engine: 'unmerged' (base borrowed, the engine
                                         # adds the low-rank term), 'merged' (its own merged copies); None: none
     engine_adapter_params: int = 0      # 'unmerged': the engine's per-expert factors (rank padded to 16 bytes)
+    cascade: CascadeForecast | None = None  # cascade decode at the step's longest prompts (plan/cascade.py)
 
     @property
     def borrow_weights(self) -> bool:
@@ -84,6 +86,7 @@ class RolloutPlan:
                 + ("launched ahead (async scheduling)" if self.async_scheduling else "one at a time")
                 + "; per step it logs the tail's share of its time and its bandwidth floor",
                 f"speculative     {_describe_speculative(self.speculative)}",
+                *([str(self.cascade)] if self.cascade is not None else []),
                 *([f"engine weights  {self.borrowed_params / 1e9:.3f}B parameters used in place from the actor's "
                    "own tensors (no engine copy): the engine holds only the rest"] if self.borrow_weights else []),
                 *([_describe_expert_lora(self.expert_lora, self.engine_adapter_params)] if self.expert_lora else []),
@@ -260,7 +263,9 @@ def plan_rollout(sizing: Sizing, kv_cache: KvCachePlan, dtype: str) -> RolloutPl
         borrowed_params=sizing.residency.engine_borrowed_params,
         expert_lora=None if not sizing.residency.lora_expert_bytes or get(f"{ROLLOUT}.name") != "native"
         else "unmerged" if sizing.residency.engine_borrowed_params else "merged",
-        engine_adapter_params=sizing.residency.engine_adapter_params)
+        engine_adapter_params=sizing.residency.engine_adapter_params,
+        cascade=forecast_cascade(sizing, kv_cache.max_num_seqs, 4 if dtype == "fp32" else 2)
+        if get(f"{ROLLOUT}.name") == "native" else None)
 
 
 def resolve_speculative(section: SpeculativeDecodingConfig, device: DeviceSpec, choices: list[str],

@@ -99,6 +99,12 @@ def use_cascade(found: PrefixGroups, kv_bytes_per_token: int, l2_bytes: int, min
     """Whether the step's shared prefixes are worth reading once per group: while their K/V (a layer, each group's
     once) fit in `min_l2_fraction` (MIN_L2_FRACTION when None) of the GPU's L2 cache, a group's rows read them
     together from L2 and the per-row kernel is as fast."""
-    fraction = MIN_L2_FRACTION if min_l2_fraction is None else min_l2_fraction
     prefix_bytes = sum(found.lens[first] for first, _ in found.groups) * kv_bytes_per_token
-    return bool(found.groups) and prefix_bytes >= fraction * l2_bytes
+    return bool(found.groups) and cascade_pays(prefix_bytes, l2_bytes, min_l2_fraction)
+
+
+def cascade_pays(prefix_bytes: int, l2_bytes: int, min_l2_fraction: float | None = None) -> bool:
+    """The rule of `use_cascade` on a layer's shared-prefix K/V bytes (each group's once); the plan's forecast
+    (plan/rollout_plan.py) asks it too."""
+    fraction = MIN_L2_FRACTION if min_l2_fraction is None else min_l2_fraction
+    return prefix_bytes >= fraction * l2_bytes
