@@ -1,7 +1,9 @@
-"""The update's packed causal attention, forward + backward, on long-tailed GRPO micro-batches: FlashAttention-2 with
-the grouped K/V heads as they are (`HYBRIDRL_GQA=native`, the default, models/varlen_attention.py) against torch's
-public varlen_attn (`HYBRIDRL_GQA=varlen_attn`, which before torch 2.13 takes no grouped heads, so K/V are repeated
-to the query heads; the record says which the installed torch did).
+"""The update's packed causal attention, forward + backward, on long-tailed GRPO micro-batches, in the variants
+models/varlen_attention.py can run (--variants; the first is the reference the others are checked against):
+- `fa2`: FlashAttention-2 with the grouped K/V heads as they are (`HYBRIDRL_FLASH=fa2 HYBRIDRL_GQA=native`);
+- `fa2_varlen_attn`: torch's public varlen_attn (`HYBRIDRL_GQA=varlen_attn`, which before torch 2.13 takes no grouped
+  heads, so K/V are repeated to the query heads; the record says which the installed torch did);
+- `fa4`: FlashAttention-4's CuTe kernels (`HYBRIDRL_FLASH=fa4`; the `fa4` extra installed, a Hopper / Blackwell GPU).
 
 Workload: P prompts x n samples, prompt length fixed, response lengths long-tailed (exponential with the given mean,
 a share forced to the limit), packed as the trainer packs them with shared prompts (each prompt once per
@@ -23,6 +25,7 @@ import json
 import os
 import statistics
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -34,7 +37,9 @@ from hybridrl.training.flash_segments import flash_segments, flash_varlen_attent
 
 SHAPES = {"1.5B": dict(heads=12, kv_heads=2, head_dim=128, layers=28),
           "7B": dict(heads=28, kv_heads=4, head_dim=128, layers=28)}
-VARIANTS = ("native", "varlen_attn")   # HYBRIDRL_GQA values
+VARIANTS = {"fa2": {"HYBRIDRL_FLASH": "fa2", "HYBRIDRL_GQA": "native"},
+            "fa2_varlen_attn": {"HYBRIDRL_FLASH": "fa2", "HYBRIDRL_GQA": "varlen_attn"},
+            "fa4": {"HYBRIDRL_FLASH": "fa4"}}
 TOLERANCE = 2e-2
 
 
@@ -72,9 +77,12 @@ def segments_of(prompt_len: int, groups: list[list[int]], device):
     return seg.to(device), len(seg_ids)
 
 
-def run_variant(mode: str, q, k, v, dout, seg, scale, reps: int):
-    """One HYBRIDRL_GQA mode: its first replay's (out, dq, dk, dv) and the median time of `reps` more."""
-    os.environ["HYBRIDRL_GQA"] = mode
+def run_variant(name: str, q, k, v, dout, seg, scale, reps: int):
+    """One variant: its first replay's (out, dq, dk, dv), that replay's seconds (compilation included) and the
+    median time of `reps` more."""
+    for key in ("HYBRIDRL_FLASH", "HYBRIDRL_GQA"):
+        os.environ.pop(key, None)
+    os.environ.update(VARIANTS[name])
     q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
 
     def once():
@@ -82,7 +90,10 @@ def run_variant(mode: str, q, k, v, dout, seg, scale, reps: int):
         out.backward(dout)
         return out
 
+    t0 = time.perf_counter()
     out = once()
+    torch.cuda.synchronize()
+    first_s = time.perf_counter() - t0
     result = (out.detach().float(), q.grad.float(), k.grad.float(), v.grad.float())
     times = []
     for _ in range(reps):
@@ -93,7 +104,7 @@ def run_variant(mode: str, q, k, v, dout, seg, scale, reps: int):
         end.record()
         torch.cuda.synchronize()
         times.append(start.elapsed_time(end) / 1e3)
-    return result, statistics.median(times)
+    return result, first_s, statistics.median(times)
 
 
 def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -112,10 +123,16 @@ def main():
     ap.add_argument("--micro-tokens", type=int, default=32768)
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--variants", default="fa2,fa2_varlen_attn",
+                    help=f"comma-separated, the first the reference; of {', '.join(VARIANTS)}")
     ap.add_argument("--out", default="varlen_attention.json")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("varlen_attention.py times CUDA kernels; no GPU here")
+    names = args.variants.split(",")
+    unknown = [n for n in names if n not in VARIANTS]
+    if unknown or len(names) < 2:
+        raise SystemExit(f"--variants {args.variants!r}: name two or more of {', '.join(VARIANTS)}")
     shape, dev = SHAPES[args.shape], torch.device("cuda")
     gen = torch.Generator().manual_seed(args.seed)
     lens = long_tailed_lengths(args.prompts * args.n, args.mean_len, args.limit, args.at_limit, gen)
@@ -129,18 +146,20 @@ def main():
         g = torch.Generator(device=dev).manual_seed(args.seed + i)
         q, k, v = (torch.randn(1, h, tokens, D, device=dev, dtype=torch.bfloat16, generator=g) for h in (H, K, K))
         dout = torch.randn(1, H, tokens, D, device=dev, dtype=torch.bfloat16, generator=g)
-        results, secs = {}, {}
-        for mode in VARIANTS:
-            results[mode], secs[mode] = run_variant(mode, q, k, v, dout, seg, scale, args.reps)
-        errs = {f"{part}_rel_err": rel_err(a, b) for part, a, b in
-                zip(("out", "dq", "dk", "dv"), results["native"], results["varlen_attn"])}
-        checks.append(errs)
-        per_batch.append({"tokens": tokens, "samples": sum(len(x) for x in mb), **{f"{n}_s": s for n, s in secs.items()}})
+        results, secs, first = {}, {}, {}
+        for name in names:
+            results[name], first[name], secs[name] = run_variant(name, q, k, v, dout, seg, scale, args.reps)
+        for name in names[1:]:
+            checks.append({f"{name}_{part}_rel_err": rel_err(a, b) for part, a, b in
+                           zip(("out", "dq", "dk", "dv"), results[name], results[names[0]])})
+        per_batch.append({"tokens": tokens, "samples": sum(len(x) for x in mb), **{f"{n}_s": s for n, s in secs.items()},
+                          **{f"{n}_first_s": s for n, s in first.items()}})
         del q, k, v, dout, results
-    os.environ.pop("HYBRIDRL_GQA", None)
-    worst = {key: max(c[key] for c in checks) for key in checks[0]}
+    for key in ("HYBRIDRL_FLASH", "HYBRIDRL_GQA"):
+        os.environ.pop(key, None)
+    worst = {key: max(c[key] for c in checks if key in c) for key in {k for c in checks for k in c}}
     ok = all(v < TOLERANCE for v in worst.values())
-    totals = {name: shape["layers"] * sum(b[f"{name}_s"] for b in per_batch) for name in VARIANTS}
+    totals = {name: shape["layers"] * sum(b[f"{name}_s"] for b in per_batch) for name in names}
     report = {
         "benchmark": "varlen_attention",
         "command": "python " + " ".join(sys.argv),
@@ -152,15 +171,15 @@ def main():
         "check": {"worst_rel_err": worst, "passed": ok, "tolerance": TOLERANCE},
         "varlen_attn_path": "with enable_gqa" if "enable_gqa" in _varlen()[1] else "K/V repeated to the query heads",
         "update_attention_s": totals,
-        "native_vs_varlen_attn": totals["native"] / totals["varlen_attn"],
+        "vs_reference": {name: totals[name] / totals[names[0]] for name in names[1:]},
         "note": "forward + backward of one layer's attention per micro-batch (K/V gather for shared prompts "
                 "included), median of reps, times the layers; the update's other work is not in it",
     }
     Path(args.out).write_text(json.dumps(report, indent=1))
     print(json.dumps({k: report[k] for k in ("lengths", "check", "varlen_attn_path", "update_attention_s",
-                                             "native_vs_varlen_attn")}, indent=1))
+                                             "vs_reference")}, indent=1))
     if not ok:
-        raise SystemExit(f"the two variants disagree: {worst}")
+        raise SystemExit(f"the variants disagree with {names[0]}: {worst}")
 
 
 if __name__ == "__main__":

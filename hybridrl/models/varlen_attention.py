@@ -12,6 +12,12 @@ Choices:
   there: a copy of K and V per layer and micro-batch and a sum of their gradients over each group. On one H200
   the native path measured 4% less attention time at the 1.5B's heads, 2% at the 7B's, and 5.6 GB less peak in the
   long-tail 1.5B step (benchmarks/results/long_tail/s53).
+- Which FlashAttention (`HYBRIDRL_FLASH`): `fa2` (the default) as above; `fa4` runs FlashAttention-4's CuTe
+  kernels (`flash_attn.cute`, the `fa4` extra; on Hopper they are FlashAttention-3's design: warp-specialised,
+  TMA-fed, wgmma) and refuses, naming why, where they cannot run; `auto` takes fa4 where it can run and fa2
+  elsewhere. Both take grouped K/V heads as they are and align the causal mask at each key segment's end. fa4 is
+  opt-in until it has been checked and timed on a GPU against fa2 (tests/training/test_flash_segments.py,
+  benchmarks/varlen_attention.py --variants fa2,fa4).
 """
 
 from __future__ import annotations
@@ -22,10 +28,12 @@ import os
 
 import torch
 
-__all__ = ["MAX_HEAD_DIM", "flash_available", "varlen_causal_attention"]
+__all__ = ["MAX_HEAD_DIM", "flash_available", "flash_impl", "varlen_causal_attention"]
 
 MAX_HEAD_DIM = 256
 GQA_MODES = ("native", "varlen_attn")
+FLASH_IMPLS = ("fa2", "fa4", "auto")
+FA4_ARCHS = (9, 10)   # compute capability majors FlashAttention-4's CuTe kernels build for here (Hopper, Blackwell)
 
 
 @functools.cache
@@ -41,6 +49,47 @@ def flash_available(device, dtype: torch.dtype, head_dim: int) -> bool:
     return (torch.device(device).type == "cuda" and dtype in (torch.bfloat16, torch.float16)
             and head_dim <= MAX_HEAD_DIM and os.environ.get("HYBRIDRL_PACKED_ATTENTION", "flash") != "flex"
             and _varlen() is not None)
+
+
+@functools.cache
+def _fa4():
+    """FlashAttention-4's varlen entry point, or the reason it cannot be imported."""
+    try:
+        from flash_attn.cute import flash_attn_varlen_func
+    except Exception as e:  # absent, or its CuTe DSL runtime does not load here
+        return None, f"flash_attn.cute does not import ({type(e).__name__}: {e})"
+    return flash_attn_varlen_func, None
+
+
+@functools.cache
+def _fa4_unfit(device, head_dim: int) -> str | None:
+    """Why FlashAttention-4 cannot run this call here, or None."""
+    if device.type != "cuda":
+        return f"{device.type} is not a CUDA device"
+    fn, why = _fa4()
+    if fn is None:
+        return why
+    major = torch.cuda.get_device_capability(device)[0]
+    if major not in FA4_ARCHS:
+        return f"compute capability {major}.x (its kernels here: {', '.join(f'{a}.x' for a in FA4_ARCHS)})"
+    if head_dim % 8 or not 8 <= head_dim <= MAX_HEAD_DIM:
+        return f"head_dim {head_dim} (it takes multiples of 8 from 8 to {MAX_HEAD_DIM})"
+    return None
+
+
+def flash_impl(device, head_dim: int) -> str:
+    """`HYBRIDRL_FLASH`: which FlashAttention runs a varlen call on this device, fa2 or fa4 (see the module notes)."""
+    mode = os.environ.get("HYBRIDRL_FLASH", "fa2")
+    if mode not in FLASH_IMPLS:
+        raise ValueError(f"HYBRIDRL_FLASH={mode!r}: expected one of {', '.join(FLASH_IMPLS)}")
+    if mode == "fa2":
+        return "fa2"
+    why = _fa4_unfit(torch.device(device), head_dim)
+    if why is None:
+        return "fa4"
+    if mode == "fa4":
+        raise RuntimeError(f"HYBRIDRL_FLASH=fa4: FlashAttention-4 cannot run here: {why}")
+    return "fa2"
 
 
 def gqa_mode() -> str:
@@ -83,8 +132,12 @@ def varlen_causal_attention(q_TND, k_SKD, v_SKD, cu_q, cu_k, max_q: int, max_k: 
     N, K = q_TND.shape[1], k_SKD.shape[1]
     if N % K:
         raise ValueError(f"varlen_causal_attention: {N} query heads are not a multiple of {K} key/value heads")
+    scale = q_TND.shape[-1] ** -0.5 if scale is None else float(scale)
+    if flash_impl(q_TND.device, q_TND.shape[-1]) == "fa4":
+        fn = _fa4()[0]
+        return fn(q_TND, k_SKD, v_SKD, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=int(max_q),
+                  max_seqlen_k=int(max_k), softmax_scale=scale, causal=True)[0]
     if gqa_mode() == "native":
-        scale = q_TND.shape[-1] ** -0.5 if scale is None else float(scale)
         return FlashVarlenCausal.apply(_dense_last(q_TND), _dense_last(k_SKD), _dense_last(v_SKD), cu_q, cu_k,
                                        int(max_q), int(max_k), scale)
     fn, params = _varlen()
