@@ -36,6 +36,8 @@ def long_tail_update(configs: str, out: str, repeat: int = 1, **env: str):
 
 MAKE_ADD = py("examples/smollm2_arith/make_data.py", "--out", ADD, "--train", "3000", "--test", "200", "--seed", "0",
               log="make_data.log", setup=True)
+VARLEN_7B = ("--shape", "7B", "--prompts", "16", "--limit", "16384", "--mean-len", "3500", "--at-limit", "0.023",
+             "--micro-tokens", "16640")   # the 7B / 16k long tail's micro-batches
 SHARE_GPU = "trainer.gpu_memory_gb=16"   # a seed run's plan (13.2 GiB predicted): four share an 80 GB GPU
 
 
@@ -207,12 +209,24 @@ SMALL = [
              "against torch's varlen_attn (K/V repeated before torch 2.13), 1.5B and 7B heads; then the long-tail "
              "1.5B update with each", "nvidia-h200", "long_tail", (
                  py("benchmarks/varlen_attention.py", "--shape", "1.5B", "--out", "{out}/varlen_attention_1.5b.json"),
-                 py("benchmarks/varlen_attention.py", "--shape", "7B", "--prompts", "16", "--limit", "16384",
-                    "--mean-len", "3500", "--at-limit", "0.023", "--micro-tokens", "16640",
-                    "--out", "{out}/varlen_attention_7b.json"),
+                 py("benchmarks/varlen_attention.py", *VARLEN_7B, "--out", "{out}/varlen_attention_7b.json"),
                  long_tail_update("full:nockpt:tok32768", "update_gqa_native.json", repeat=3, HYBRIDRL_GQA="native"),
                  long_tail_update("full:nockpt:tok32768", "update_gqa_varlen_attn.json", repeat=3,
                                   HYBRIDRL_GQA="varlen_attn"))),
+    Scenario("varlen-attention-fa4", "FlashAttention-4's CuTe kernels (HYBRIDRL_FLASH=fa4, the fa4 extra; Hopper / "
+             "Blackwell) against FlashAttention-2 on the update's packed attention, 1.5B and 7B heads, checked against "
+             "each other first; then the long-tail 1.5B update with each, and the long-tail step with fa4 (compare "
+             "with long-tail-1.5b on the same machine)", "nvidia-h200", "long_tail", (
+                 py("benchmarks/varlen_attention.py", "--shape", "1.5B", "--variants", "fa2,fa4",
+                    "--out", "{out}/varlen_fa4_1.5b.json"),
+                 py("benchmarks/varlen_attention.py", *VARLEN_7B, "--variants", "fa2,fa4",
+                    "--out", "{out}/varlen_fa4_7b.json"),
+                 long_tail_update("full:nockpt:tok32768:once", "update_fa4.json", repeat=3, HYBRIDRL_FLASH="fa4"),
+                 long_tail_update("full:nockpt:tok32768:once", "update_fa2.json", repeat=3, HYBRIDRL_FLASH="fa2"),
+                 py("benchmarks/long_tail.py", "--preset", "qwen2.5-1.5b", "--response-len", "4096", "--mean-len",
+                    "1000", "--workdir", "{work}/long_tail", "--defaults", "--gpus", "1", "--prompts", "32", "--n",
+                    "8", "--steps", "3", "--variants", "hybrid", "--repeat", "3", "--out", "{out}/defaults_fa4.json",
+                    HYBRIDRL_FLASH="fa4"))),
     Scenario("update-unshard-once-1.5b", "the long-tail 1.5B update (256 rows, mean 1,000 of 4,096, 16k-token "
              "micro-batches): weights gathered per micro-batch vs once per mini-batch, with 14 or 13 kept layers",
              "nvidia-h200", "long_tail", (
