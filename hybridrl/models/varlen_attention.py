@@ -46,9 +46,10 @@ def _varlen():
 
 
 def flash_available(device, dtype: torch.dtype, head_dim: int) -> bool:
+    """Whether varlen_causal_attention runs here (FlashAttention-2 through torch, or FlashAttention-4 where chosen)."""
     return (torch.device(device).type == "cuda" and dtype in (torch.bfloat16, torch.float16)
             and head_dim <= MAX_HEAD_DIM and os.environ.get("HYBRIDRL_PACKED_ATTENTION", "flash") != "flex"
-            and _varlen() is not None)
+            and (_varlen() is not None or flash_impl(device, head_dim) == "fa4"))
 
 
 @functools.cache

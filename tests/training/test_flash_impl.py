@@ -84,3 +84,13 @@ def test_fa4_gets_grouped_heads_as_they_are_causal_with_the_segments(fake_fa4, m
     assert got_q is q and got_k is k and got_v is k
     assert kwargs == dict(cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=3, max_seqlen_k=4,
                           softmax_scale=8 ** -0.5, causal=True)
+
+
+def test_fa4_makes_the_packed_path_available_without_torchs_varlen_op(fake_fa4, monkeypatch):
+    fake_fa4(9)
+    monkeypatch.setattr(va, "_varlen", lambda: None)   # a torch without torch.nn.attention.varlen
+    monkeypatch.setenv("HYBRIDRL_FLASH", "fa2")
+    assert not va.flash_available(CUDA, torch.bfloat16, 128)
+    monkeypatch.setenv("HYBRIDRL_FLASH", "fa4")
+    assert va.flash_available(CUDA, torch.bfloat16, 128)
+    assert not va.flash_available(CUDA, torch.float32, 128)
