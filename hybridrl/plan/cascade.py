@@ -10,14 +10,19 @@ max_num_seqs // n), each shared in full blocks by its samples, cut into parts of
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
+from hybridrl.config.sections.rollout import ROLLOUT
 from hybridrl.device_peaks import peaks_of
+from hybridrl.models.fused import head_dim_fits
 from hybridrl.plan.sizing import Sizing
-from hybridrl.rollout.shared_prefix import MIN_L2_FRACTION, MIN_PREFIX_TOKENS, cascade_pays, prefix_members
-
-ROLLOUT = "actor_rollout_ref.rollout"
+from hybridrl.rollout.shared_prefix import (
+    MIN_L2_FRACTION,
+    MIN_PREFIX_TOKENS,
+    cascade_pays,
+    cascade_switched_off,
+    prefix_members,
+)
 
 
 @dataclass(frozen=True)
@@ -60,13 +65,13 @@ def forecast_cascade(sizing: Sizing, max_num_seqs: int, dtype_bytes: int) -> Cas
     shared = sizing.prompt_len // block * block
     reasons = [why for why, bad in (
         ("no GPU", sizing.device.type != "cuda"),
-        ("HYBRIDRL_CASCADE=0", os.environ.get("HYBRIDRL_CASCADE", "1") == "0"),
+        ("HYBRIDRL_CASCADE=0", cascade_switched_off()),
         (f"'{ROLLOUT}.enable_prefix_sharing' is false", not get(f"{ROLLOUT}.enable_prefix_sharing")),
         ("one sample per prompt (n = 1)", layout.n < 2),
         (f"{shape.heads // shape.kv_heads} query heads per K/V head (its kernel stacks a group's rows x heads into "
          "64-row tiles: at most 32)", members < 2),
         (f"head_dim {shape.head_dim} is not a power of two (the Triton decode kernel's)",
-         shape.head_dim & (shape.head_dim - 1) != 0),
+         not head_dim_fits(shape.head_dim)),
         (f"prompts of at most {sizing.prompt_len} tokens share fewer than {MIN_PREFIX_TOKENS} in full blocks",
          shared < MIN_PREFIX_TOKENS)) if bad]
     if reasons:

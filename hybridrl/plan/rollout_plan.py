@@ -264,7 +264,7 @@ def plan_rollout(sizing: Sizing, kv_cache: KvCachePlan, dtype: str) -> RolloutPl
         expert_lora=None if not sizing.residency.lora_expert_bytes or get(f"{ROLLOUT}.name") != "native"
         else "unmerged" if sizing.residency.engine_borrowed_params else "merged",
         engine_adapter_params=sizing.residency.engine_adapter_params,
-        cascade=forecast_cascade(sizing, kv_cache.max_num_seqs, 4 if dtype == "fp32" else 2)
+        cascade=forecast_cascade(sizing, kv_cache.max_num_seqs, resolve_dtype(dtype, "plan.rollout.dtype").itemsize)
         if get(f"{ROLLOUT}.name") == "native" else None)
 
 

@@ -52,7 +52,6 @@ Choices:
 from __future__ import annotations
 
 import operator
-import os
 import time
 from dataclasses import dataclass
 
@@ -74,6 +73,7 @@ from hybridrl.rollout.scheduler import ScheduledBatch
 from hybridrl.rollout.shared_prefix import (
     PrefixGroups,
     SharedPrefix,
+    cascade_switched_off,
     find_prefix_groups,
     prefix_members,
     use_cascade,
@@ -158,11 +158,11 @@ class ModelRunner:
         # host seconds launching / waiting for steps, and decode steps run with cascade attention (engine stats)
         self.counters = dict.fromkeys(("prefill_launch_s", "prefill_wait_s", "decode_launch_s", "decode_wait_s",
                                        "num_cascade_steps"), 0.0)
-        # cascade decode: rows a prefix group's program attends together (0: off — no Triton path, one q head
-        # per group, or HYBRIDRL_CASCADE=0), and the groups of the last batch seen (rollout/shared_prefix.py),
+        # cascade decode: rows a prefix group's program attends together (0: off — no Triton path, more than 32 q
+        # heads per kv head, or HYBRIDRL_CASCADE=0), and the groups of the last batch seen (rollout/shared_prefix.py),
         # which also give a step's floor the K/V its rows share (`StepHandle.kv_tokens`)
         self._group_members = prefix_members(hf_config.num_attention_heads // hf_config.num_key_value_heads)
-        cascade = self.use_triton and os.environ.get("HYBRIDRL_CASCADE", "1") != "0" and self._group_members >= 2
+        cascade = self.use_triton and not cascade_switched_off() and self._group_members >= 2
         self.cascade_members = self._group_members if cascade else 0
         self._prefix_tables, self._prefix = [], None
         self._kv_token_layer_bytes = 2 * self.num_kv_heads * self.head_dim * config.dtype.itemsize

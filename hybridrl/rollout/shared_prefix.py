@@ -22,12 +22,18 @@ Choices:
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
 
 MIN_PREFIX_TOKENS = 64        # a shorter shared prefix is left to the per-row kernel
 MIN_L2_FRACTION = 1.0        # the prefixes' K/V a layer must reach this share of L2 (see use_cascade)
+
+
+def cascade_switched_off() -> bool:
+    """`HYBRIDRL_CASCADE=0`: the engine never runs cascade decode (A/B runs, debugging)."""
+    return os.environ.get("HYBRIDRL_CASCADE", "1") == "0"
 
 
 def prefix_members(group: int) -> int:
@@ -105,6 +111,6 @@ def use_cascade(found: PrefixGroups, kv_bytes_per_token: int, l2_bytes: int, min
 
 def cascade_pays(prefix_bytes: int, l2_bytes: int, min_l2_fraction: float | None = None) -> bool:
     """The rule of `use_cascade` on a layer's shared-prefix K/V bytes (each group's once); the plan's forecast
-    (plan/rollout_plan.py) asks it too."""
+    (plan/cascade.py) asks it too."""
     fraction = MIN_L2_FRACTION if min_l2_fraction is None else min_l2_fraction
     return prefix_bytes >= fraction * l2_bytes
