@@ -24,9 +24,11 @@ cat > .fa4a/install.sh <<'SH'
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 ls /tmp/stash/libs.part01 >/dev/null || { echo "no stash from call 1 here (the machine was released)"; return 3; }
 mkdir -p /tmp/site
-cat "$here"/libs.part00 /tmp/stash/libs.part0[1-9] | tar xJf - -C /tmp/site
+# the wheels first: pip --target --upgrade replaces a top-level folder it finds, and the libraries share theirs
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site /tmp/stash/*.whl
-export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+cat "$here"/libs.part00 /tmp/stash/libs.part0[1-9] | tar xJf - -C /tmp/site
+# nvidia_cutlass_dsl_packages.pth puts dsl_packages (the `cutlass` package) on sys.path; PYTHONPATH runs no .pth
+export PYTHONPATH=/tmp/site/nvidia_cutlass_dsl/dsl_packages:/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 SH
 rm -rf "$tmp"
 du -sh .fa4a .fa4b

@@ -213,20 +213,20 @@ SMALL = [
                  long_tail_update("full:nockpt:tok32768", "update_gqa_native.json", repeat=3, HYBRIDRL_GQA="native"),
                  long_tail_update("full:nockpt:tok32768", "update_gqa_varlen_attn.json", repeat=3,
                                   HYBRIDRL_GQA="varlen_attn"))),
-    Scenario("varlen-attention-fa4", "FlashAttention-4's CuTe kernels (HYBRIDRL_FLASH=fa4, the fa4 extra; Hopper / "
-             "Blackwell) against FlashAttention-2 on the update's packed attention, 1.5B and 7B heads, checked against "
-             "each other first; then the long-tail 1.5B update with each, and the long-tail step with fa4 (compare "
-             "with long-tail-1.5b on the same machine)", "nvidia-h200", "long_tail", (
+    Scenario("varlen-attention-fa4", "FlashAttention-4's CuTe kernels (the fa4 extra; Hopper / Blackwell; taken by "
+             "default where installed) against FlashAttention-2 on the update's packed attention, 1.5B and 7B heads, "
+             "checked against each other first; then the long-tail 1.5B update with each, and the long-tail step "
+             "with each", "nvidia-h200", "long_tail", (
                  py("benchmarks/varlen_attention.py", "--shape", "1.5B", "--variants", "fa2,fa4",
                     "--out", "{out}/varlen_fa4_1.5b.json"),
                  py("benchmarks/varlen_attention.py", *VARLEN_7B, "--variants", "fa2,fa4",
                     "--out", "{out}/varlen_fa4_7b.json"),
                  long_tail_update("full:nockpt:tok32768:once", "update_fa4.json", repeat=3, HYBRIDRL_FLASH="fa4"),
                  long_tail_update("full:nockpt:tok32768:once", "update_fa2.json", repeat=3, HYBRIDRL_FLASH="fa2"),
-                 py("benchmarks/long_tail.py", "--preset", "qwen2.5-1.5b", "--response-len", "4096", "--mean-len",
-                    "1000", "--workdir", "{work}/long_tail", "--defaults", "--gpus", "1", "--prompts", "32", "--n",
-                    "8", "--steps", "3", "--variants", "hybrid", "--repeat", "3", "--out", "{out}/defaults_fa4.json",
-                    HYBRIDRL_FLASH="fa4"))),
+                 *(py("benchmarks/long_tail.py", "--preset", "qwen2.5-1.5b", "--response-len", "4096", "--mean-len",
+                      "1000", "--workdir", "{work}/long_tail", "--defaults", "--gpus", "1", "--prompts", "32", "--n",
+                      "8", "--steps", "3", "--variants", "hybrid", "--repeat", "3",
+                      "--out", f"{{out}}/defaults_{impl}.json", HYBRIDRL_FLASH=impl) for impl in ("fa4", "fa2")))),
     Scenario("update-unshard-once-1.5b", "the long-tail 1.5B update (256 rows, mean 1,000 of 4,096, 16k-token "
              "micro-batches): weights gathered per micro-batch vs once per mini-batch, with 14 or 13 kept layers",
              "nvidia-h200", "long_tail", (

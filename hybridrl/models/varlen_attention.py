@@ -12,12 +12,14 @@ Choices:
   there: a copy of K and V per layer and micro-batch and a sum of their gradients over each group. On one H200
   the native path measured 4% less attention time at the 1.5B's heads, 2% at the 7B's, and 5.6 GB less peak in the
   long-tail 1.5B step (benchmarks/results/long_tail/s53).
-- Which FlashAttention (`HYBRIDRL_FLASH`): `fa2` (the default) as above; `fa4` runs FlashAttention-4's CuTe
-  kernels (`flash_attn.cute`, the `fa4` extra; on Hopper they are FlashAttention-3's design: warp-specialised,
-  TMA-fed, wgmma) and refuses, naming why, where they cannot run; `auto` takes fa4 where it can run and fa2
-  elsewhere. Both take grouped K/V heads as they are and align the causal mask at each key segment's end. fa4 is
-  opt-in until it has been checked and timed on a GPU against fa2 (tests/training/test_flash_segments.py,
-  benchmarks/varlen_attention.py --variants fa2,fa4).
+- Which FlashAttention (`HYBRIDRL_FLASH`): `auto` (the default) runs FlashAttention-4's CuTe kernels
+  (`flash_attn.cute`, the `fa4` extra; on Hopper they are FlashAttention-3's design: warp-specialised, TMA-fed,
+  wgmma) where they can run (importable, compute capability 9.x / 10.x, head_dim a multiple of 8 up to 256) and
+  FlashAttention-2 as above elsewhere; `fa2` forces FlashAttention-2; `fa4` forces FlashAttention-4 and refuses,
+  naming why, where it cannot run. Both take grouped K/V heads as they are and align the causal mask at each key
+  segment's end. On one H100, FlashAttention-4 took 0.63x FA2's time for the 1.5B update's attention (forward +
+  backward) and 0.55x at the 7B's heads and 16k lengths; the long-tail 1.5B update 6.01 against 6.45 s; its
+  kernels compile on a process's first call (~7 s; benchmarks/results/long_tail/fa4).
 """
 
 from __future__ import annotations
@@ -80,7 +82,7 @@ def _fa4_unfit(device, head_dim: int) -> str | None:
 
 def flash_impl(device, head_dim: int) -> str:
     """`HYBRIDRL_FLASH`: which FlashAttention runs a varlen call on this device, fa2 or fa4 (see the module notes)."""
-    mode = os.environ.get("HYBRIDRL_FLASH", "fa2")
+    mode = os.environ.get("HYBRIDRL_FLASH", "auto")
     if mode not in FLASH_IMPLS:
         raise ValueError(f"HYBRIDRL_FLASH={mode!r}: expected one of {', '.join(FLASH_IMPLS)}")
     if mode == "fa2":

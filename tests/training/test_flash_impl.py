@@ -39,10 +39,11 @@ def test_auto_runs_fa4_only_where_it_can(fake_fa4, monkeypatch, major, head_dim,
     assert va.flash_impl(CUDA, head_dim) == want
 
 
-def test_the_default_is_fa2_even_where_fa4_could_run(fake_fa4, monkeypatch):
-    fake_fa4(9)
+@pytest.mark.parametrize("major,importable,want", [(9, True, "fa4"), (9, False, "fa2"), (8, True, "fa2")])
+def test_the_default_takes_fa4_where_it_can_run_else_fa2(fake_fa4, monkeypatch, major, importable, want):
+    fake_fa4(major, importable)
     monkeypatch.delenv("HYBRIDRL_FLASH", raising=False)
-    assert va.flash_impl(CUDA, 128) == "fa2"
+    assert va.flash_impl(CUDA, 128) == want
 
 
 def test_fa2_forced_never_asks_for_fa4(fake_fa4, monkeypatch):
