@@ -1,8 +1,8 @@
 """The Triton kernels' CPU tests, run under the Triton interpreter in a child pytest (TRITON_INTERPRET must be set
 before triton decorates the kernels, i.e. before their modules are imported, which this session may already have
-done): the cascade / paged decode attention (tests/rollout/test_shared_prefix.py, the engine with it included) and
-the fused log-prob head (tests/training/test_triton_logprob.py). Skipped where triton is not installed (.ci/run
-installs it for this)."""
+done): the cascade / paged decode attention (tests/rollout/test_shared_prefix.py, the engine with it included),
+the fused log-prob head (tests/training/test_triton_logprob.py) and benchmarks/decode_fused_mlp.py's kernels
+(tests/rollout/test_fused_mlp_kernel.py). Skipped where triton is not installed (.ci/run installs it for this)."""
 
 import os
 import re
@@ -14,7 +14,8 @@ import pytest
 
 pytest.importorskip("triton", reason="triton is not installed: its kernels' interpreted tests cannot run")
 ROOT = Path(__file__).resolve().parent.parent
-FILES = ("tests/rollout/test_shared_prefix.py", "tests/training/test_triton_logprob.py")
+FILES = ("tests/rollout/test_shared_prefix.py", "tests/training/test_triton_logprob.py",
+         "tests/rollout/test_fused_mlp_kernel.py")
 
 
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") == "1", reason="this session already runs them interpreted")
