@@ -16,6 +16,8 @@ Choices:
 - LoRA on the experts at TP = 1 can stay unmerged: `add_expert_adapter` gives an experts tensor its factors
   (`<hf name>_lora_A` / `_lora_B`), which the block adds beside the (borrowed) base tensor (moe.py).
 - MoE blocks record each token's experts in the step's context when it holds a routing record (moe.py).
+- On the fused path a dense MLP of at most fused_mlp.ENGINE_MAX_ROWS rows (a decode step's batch) runs as one
+  kernel plus a reduce (fused_mlp.py), its down projection's all-reduce and bias as RowParallelLinear's.
 - CUDA graphs: a model whose MoE blocks would take the host-synchronising fallback on the device (moe.py) says so
   through `cuda_graph_safe(device, dtype)`, and the runner then decodes eagerly.
 
@@ -30,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hybridrl.models import fused
+from hybridrl.models import fused, fused_mlp
 from hybridrl.models.moe import Experts, SparseMoeBlock
 from hybridrl.models.moe_config import moe_config
 from hybridrl.models.rope import apply_rope, inv_frequencies
@@ -162,6 +164,9 @@ class MLP(nn.Module):
 
     def forward(self, x, use_fused=False, ctx=None):  # ctx: read by MoE blocks only (their routing record)
         if use_fused:
+            w_gate_up, w_down = self.gate_up_proj.weight, self.down_proj.weight
+            if fused_mlp.serves(x, w_gate_up, w_down):  # decode-sized batches: one kernel + a reduce
+                return self.down_proj.reduce(fused_mlp.fused_mlp(x, w_gate_up, w_down, tile=fused_mlp.DECODE_TILE))
             return self.down_proj(fused.silu_mul(self.gate_up_proj(x)))
         gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
         return self.down_proj(F.silu(gate) * up)

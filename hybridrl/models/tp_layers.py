@@ -136,10 +136,13 @@ class RowParallelLinear(nn.Module):
         copy_shard(param.data, tensor, self.shard_spec(param_name, shard_id), f"row-parallel {param_name}")
 
     def forward(self, x):
-        y = F.linear(x, self.weight)
+        return self.reduce(F.linear(x, self.weight))
+
+    def reduce(self, y_local):
+        """This rank's x_local W_local^T (computed here or by a fused kernel) -> the layer's output."""
         if self.tp_group is not None:
-            dist.all_reduce(y, group=self.tp_group)
-        return y if self.bias is None else y + self.bias
+            dist.all_reduce(y_local, group=self.tp_group)
+        return y_local if self.bias is None else y_local + self.bias
 
 
 class VocabParallelEmbedding(nn.Module):
