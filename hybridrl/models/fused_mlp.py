@@ -21,6 +21,7 @@ Shape legend: R rows, H hidden, I intermediate (this rank's), P partial slabs.
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass
 
@@ -49,17 +50,29 @@ class Tile:
     num_stages: int = 3
 
 
-
 DECODE_TILE = Tile(block_i=128, block_k=128, block_h=128, num_warps=4, num_stages=3)
+
+
+@functools.cache
+def _sm_count(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def serves(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor) -> bool:
     """Whether the engine's MLP runs fused here: switched on (HYBRIDRL_FUSED_MLP), 1..ENGINE_MAX_ROWS rows, 16-bit
-    activations and weights of x's dtype, contiguous along their last dim."""
+    activations and weights of x's dtype, contiguous along their last dim, and on a GPU its slices one wave of
+    programs: a second, partial wave would add a whole slice's time (measured where they fit: the 1.5B's 70
+    slices; a 7B's 148 at TP = 1 exceed an H100's 132 SMs and keep the unfused path)."""
     return (os.environ.get("HYBRIDRL_FUSED_MLP", "1") != "0" and triton is not None
             and 0 < x.shape[0] <= ENGINE_MAX_ROWS and x.dtype in (torch.bfloat16, torch.float16)
             and w_gate_up.dtype == x.dtype == w_down.dtype
-            and x.stride(-1) == 1 and w_gate_up.stride(-1) == 1 and w_down.stride(-1) == 1)
+            and x.stride(-1) == 1 and w_gate_up.stride(-1) == 1 and w_down.stride(-1) == 1
+            and (not x.is_cuda or one_wave(w_down.shape[1], _sm_count(x.device))))
+
+
+def one_wave(intermediate: int, sms: int, tile: Tile = DECODE_TILE) -> bool:
+    """Whether the MLP's slices of `intermediate` columns (this rank's) run as one wave of programs on `sms` SMs."""
+    return -(-intermediate // tile.block_i) <= sms
 
 
 @_jit

@@ -203,3 +203,10 @@ def test_serves_only_16_bit_contiguous_decode_batches():
     assert not M.serves(x.float(), w_gu.float(), w_d.float())
     assert not M.serves(x, w_gu, w_d.float())
     assert not M.serves(torch.zeros(64, 8, dtype=torch.bfloat16).T, w_gu, w_d)
+
+
+@pytest.mark.parametrize("intermediate,sms,want", [(8960, 132, True), (18944, 132, False), (18944 // 2, 132, True),
+                                                   (8960, 66, False), (128 * 132, 132, True), (128 * 132 + 1, 132, False)])
+def test_the_engine_takes_the_fused_mlp_where_its_slices_fit_one_wave(intermediate, sms, want):
+    """1.5B: 70 slices of 128 columns on 132 SMs; a 7B at TP = 1: 148, more than one wave; at TP = 2: 74."""
+    assert M.one_wave(intermediate, sms) == want
