@@ -204,6 +204,20 @@ SMALL = [
                  py("benchmarks/decode_pdl.py", "--model", "1.5B", "--rows", "1,8,64",
                     "--out", "{out}/decode_pdl_1.5b.json"),
                  py("benchmarks/decode_pdl.py", "--model", "7B", "--rows", "8,64", "--out", "{out}/decode_pdl_7b.json"))),
+    Scenario("decode-fused-mlp", "a decode layer's dense MLP (28 layers) at 1-32 rows: cuBLAS gate|up, silu_mul and "
+             "cuBLAS down against one Triton kernel plus a reduce (models/fused_mlp.py), tiles swept and checked "
+             "first; 1.5B and 7B shapes", "nvidia-h200", "long_tail", (
+                 py("benchmarks/decode_fused_mlp.py", "--model", "1.5B", "--rows", "1,4,8,16,32",
+                    "--out", "{out}/decode_fused_mlp_1.5b.json"),
+                 py("benchmarks/decode_fused_mlp.py", "--model", "7B", "--rows", "1,8,16",
+                    "--out", "{out}/decode_fused_mlp_7b.json"))),
+    Scenario("long-tail-1.5b-fused-mlp", "the long-tail 1.5B at the defaults (the decode MLP fused at <= 16 rows) "
+             "beside HYBRIDRL_FUSED_MLP=0, two runs of each, alternating on one machine", "nvidia-h200", "long_tail",
+             tuple(py("benchmarks/long_tail.py", "--preset", "qwen2.5-1.5b", "--response-len", "4096", "--mean-len",
+                      "1000", "--workdir", "{work}/long_tail", "--defaults", "--gpus", "1", "--prompts", "32", "--n",
+                      "8", "--steps", "3", "--variants", "hybrid", "--repeat", "1",
+                      "--out", f"{{out}}/fused_mlp_{mode}_{run}.json", HYBRIDRL_FUSED_MLP=flag)
+                   for run in (1, 2) for mode, flag in (("on", "1"), ("off", "0")))),
     Scenario("varlen-attention", "the update's packed causal attention (forward + backward, shared prompts) on "
              "long-tailed micro-batches: FlashAttention-2 with grouped K/V heads (HYBRIDRL_GQA=native, the default) "
              "against torch's varlen_attn (K/V repeated before torch 2.13), 1.5B and 7B heads; then the long-tail "
