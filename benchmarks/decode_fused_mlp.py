@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import sys
 import time
 from dataclasses import asdict
@@ -42,7 +41,7 @@ except ImportError:  # the benchmark needs a GPU and Triton; on a CPU it only li
     triton = None
 
 sys.path.insert(0, str(Path(__file__).parent))
-from decode_gemm import copy_bandwidth, gemm_shapes, graph_replay_us  # noqa: E402
+from decode_gemm import copy_bandwidth, gemm_shapes, graph_replay_us, report_failed_tiles, write_rows  # noqa: E402
 from rollout import SHAPES  # noqa: E402
 
 from hybridrl.bench_manifest import device_facts  # noqa: E402
@@ -176,13 +175,8 @@ def main(argv=None) -> None:
                 rec["fused_no_residual_us_per_layer"] = us / args.layers
             except Exception as e:
                 rec["fused_no_residual_error"] = _error(e)
-        result["rows"][str(m)] = rec | {"tiles": entries}
-        result["wall_s"] = time.time() - t0
-        out_path.write_text(json.dumps(result, indent=1))
-        print(json.dumps({"rows": m} | {k: (round(v, 2) if isinstance(v, float) else v) for k, v in rec.items()
-                                        if k.endswith(("us_per_layer", "best_tile"))}), flush=True)
-    failed = sum("error" in e for r in result["rows"].values() for e in r["tiles"])
-    print(f"wrote {out_path} ({failed} tile runs failed: see their 'error')", flush=True)
+        write_rows(out_path, result, m, rec | {"tiles": entries}, t0)
+    report_failed_tiles(out_path, result)
 
 
 if __name__ == "__main__":

@@ -143,6 +143,21 @@ def graph_time_us(fn, copies: list[torch.Tensor], calls: int = 40, reps: int = 1
     return us / calls
 
 
+def write_rows(out_path: Path, result: dict, m: int, rec: dict, t0: float) -> None:
+    """A tile sweep's progress: `rec` stored under result["rows"][m], the JSON rewritten (a cut-off run keeps what it
+    measured) and the row's per-layer times printed."""
+    result["rows"][str(m)] = rec
+    result["wall_s"] = time.time() - t0
+    out_path.write_text(json.dumps(result, indent=1))
+    print(json.dumps({"rows": m} | {k: (round(v, 2) if isinstance(v, float) else v) for k, v in rec.items()
+                                    if k.endswith(("us_per_layer", "best_tile"))}), flush=True)
+
+
+def report_failed_tiles(out_path: Path, result: dict) -> None:
+    failed = sum("error" in e for r in result["rows"].values() for e in r["tiles"])
+    print(f"wrote {out_path} ({failed} tile runs failed: see their 'error')", flush=True)
+
+
 def copy_bandwidth() -> float:
     x = torch.empty(2 << 30, dtype=torch.uint8, device="cuda")
     y = torch.empty_like(x)

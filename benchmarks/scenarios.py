@@ -211,6 +211,14 @@ SMALL = [
                     "--out", "{out}/decode_fused_mlp_1.5b.json"),
                  py("benchmarks/decode_fused_mlp.py", "--model", "7B", "--rows", "1,8,16",
                     "--out", "{out}/decode_fused_mlp_7b.json"))),
+    Scenario("decode-fused-qkv", "a decode layer's attention input side (28 layers) at 1-16 rows: add_rmsnorm, "
+             "cuBLAS qkv and rope_store_kv against two Triton kernels (norm + qkv partials; reduce + bias + RoPE + "
+             "K/V store), tiles swept and checked first; 1.5B and 7B shapes (an experiment: not in the engine)",
+             "nvidia-h200", "long_tail", (
+                 py("benchmarks/decode_fused_qkv.py", "--model", "1.5B", "--rows", "1,4,8,16",
+                    "--out", "{out}/decode_fused_qkv_1.5b.json"),
+                 py("benchmarks/decode_fused_qkv.py", "--model", "7B", "--rows", "1,8,16",
+                    "--out", "{out}/decode_fused_qkv_7b.json"))),
     Scenario("long-tail-1.5b-fused-mlp", "the long-tail 1.5B at the defaults (the decode MLP fused at <= 16 rows) "
              "beside HYBRIDRL_FUSED_MLP=0, two runs of each, alternating on one machine", "nvidia-h200", "long_tail",
              tuple(py("benchmarks/long_tail.py", "--preset", "qwen2.5-1.5b", "--response-len", "4096", "--mean-len",
