@@ -3,7 +3,8 @@
   python benchmarks/plot_results.py   → docs/img/memory_{7b,1.5b,llama3-8b}_scheme_a_vs_hybrid.png,
                                         docs/img/stability_7b_util07.png (from the stability run's console log),
                                         docs/img/smollm2_algorithms.png (the real model's curves per algorithm),
-                                        docs/img/cascade_decode.png (cascade decode attention against prefix size)
+                                        docs/img/cascade_decode.png (cascade decode attention against prefix size),
+                                        docs/img/decode_fused_mlp.png (the decode MLP, fused and not, against rows)
 """
 
 from __future__ import annotations
@@ -142,6 +143,33 @@ def plot_cascade_decode(out: Path) -> None:
     plt.close(fig)
 
 
+def plot_decode_fused_mlp(out: Path) -> None:
+    """A 1.5B layer's decode MLP (µs, 28 layers in a CUDA graph) against the rows of the step: cuBLAS gate|up,
+    silu_mul and cuBLAS down, against the one-kernel MLP with its reduce, and the weight bytes' floor."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = {}
+    for name in ("decode_fused_mlp_1.5b.json", "decode_fused_mlp_1.5b_rows_16_32_4.json"):
+        data = json.loads((RESULTS / "long_tail" / name).read_text())
+        rows.update({int(m): r for m, r in data["rows"].items()})
+    ms = sorted(rows)
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    ax.plot(ms, [rows[m]["current_no_residual_us_per_layer"] for m in ms], "o-", label="cuBLAS + silu_mul + cuBLAS")
+    ax.plot(ms, [rows[m]["fused_no_residual_us_per_layer"] for m in ms], "s-", label="one Triton kernel + reduce")
+    ax.plot(ms, [rows[m]["floor_us_per_layer"] for m in ms], "--", color="grey", label="weight bytes / copy bandwidth")
+    ax.axvline(16.5, color="grey", lw=0.8, ls=":")
+    ax.text(15.5, ax.get_ylim()[1] - 2.5, "the engine fuses\nup to 16 rows", color="grey", fontsize=8, ha="right")
+    ax.set(xscale="log", xticks=ms, xticklabels=[str(m) for m in ms], xlabel="rows (running sequences)",
+           ylabel="µs per layer", title=f"Qwen2.5-1.5B decode MLP, one layer ({data['device']['gpus'][0]['name']})")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+
+
 def main():
     IMG.mkdir(parents=True, exist_ok=True)
     for name, file in (("7b", "grpo_qwen2.5-7b"), ("1.5b", "grpo_qwen2.5-1.5b"), ("llama3-8b", "grpo_llama3-8b")):
@@ -161,6 +189,9 @@ def main():
     print(out)
     out = IMG / "cascade_decode.png"
     plot_cascade_decode(out)
+    print(out)
+    out = IMG / "decode_fused_mlp.png"
+    plot_decode_fused_mlp(out)
     print(out)
 
 
