@@ -14,9 +14,9 @@ Choices:
   long-tail 1.5B step (benchmarks/results/long_tail/s53).
 - Which FlashAttention (`HYBRIDRL_FLASH`): `auto` (the default) runs FlashAttention-4's CuTe kernels
   (`flash_attn.cute`, the `fa4` extra; on Hopper they are FlashAttention-3's design: warp-specialised, TMA-fed,
-  wgmma) where they can run (importable, compute capability 9.x / 10.x, head_dim a multiple of 8 up to 256) and
-  FlashAttention-2 as above elsewhere; `fa2` forces FlashAttention-2; `fa4` forces FlashAttention-4 and refuses,
-  naming why, where it cannot run. Both take grouped K/V heads as they are and align the causal mask at each key
+  wgmma) where they can run (importable; compute capability 9.x with head_dim a multiple of 8 up to 256, or 10.x
+  with one up to 128 or 256, as its own checks take them) and FlashAttention-2 as above elsewhere; `fa2` forces
+  FlashAttention-2; `fa4` forces FlashAttention-4 and refuses, naming why, where it cannot run. Both take grouped K/V heads as they are and align the causal mask at each key
   segment's end. On one H100, FlashAttention-4 took 0.63x FA2's time for the 1.5B update's attention (forward +
   backward) and 0.55x at the 7B's heads and 16k lengths; the long-tail 1.5B update 6.01 against 6.45 s; its
   kernels compile on a process's first call (~7 s; benchmarks/results/long_tail/fa4).
@@ -75,8 +75,10 @@ def _fa4_unfit(device, head_dim: int) -> str | None:
     major = torch.cuda.get_device_capability(device)[0]
     if major not in FA4_ARCHS:
         return f"compute capability {major}.x (its kernels here: {', '.join(f'{a}.x' for a in FA4_ARCHS)})"
-    if head_dim % 8 or not 8 <= head_dim <= MAX_HEAD_DIM:
-        return f"head_dim {head_dim} (it takes multiples of 8 from 8 to {MAX_HEAD_DIM})"
+    if major == 9 and (head_dim % 8 or not 8 <= head_dim <= MAX_HEAD_DIM):
+        return f"head_dim {head_dim} (on 9.x it takes multiples of 8 from 8 to {MAX_HEAD_DIM})"
+    if major == 10 and (head_dim % 8 or not (8 <= head_dim <= 128 or head_dim == 256)):
+        return f"head_dim {head_dim} (on 10.x it takes multiples of 8 from 8 to 128, and 256)"
     return None
 
 

@@ -32,7 +32,8 @@ CUDA = torch.device("cuda")
 
 @pytest.mark.parametrize("major,head_dim,importable,want", [
     (9, 128, True, "fa4"), (10, 64, True, "fa4"), (8, 128, True, "fa2"), (12, 128, True, "fa2"),
-    (9, 100, True, "fa2"), (9, 512, True, "fa2"), (9, 128, False, "fa2")])
+    (9, 100, True, "fa2"), (9, 512, True, "fa2"), (9, 128, False, "fa2"), (9, 192, True, "fa4"),
+    (10, 192, True, "fa2"), (10, 256, True, "fa4"), (10, 136, True, "fa2")])
 def test_auto_runs_fa4_only_where_it_can(fake_fa4, monkeypatch, major, head_dim, importable, want):
     fake_fa4(major, importable)
     monkeypatch.setenv("HYBRIDRL_FLASH", "auto")
