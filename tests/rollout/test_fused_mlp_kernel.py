@@ -141,18 +141,18 @@ def test_main_without_a_gpu_lists_the_tiles(capsys):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-@pytest.mark.parametrize("rows", [1, 8, 32])
+@pytest.mark.parametrize("rows", [1, 8, 16])
 def test_fused_mlp_on_a_gpu_at_the_1_5b_shape(rows):
-    """The compiled kernels (bf16 tensor-core dots) at Qwen2.5-1.5B's MLP shape, every swept tile, against the
-    current path's torch numerics (the benchmark's own check) and bit for bit against themselves."""
+    """The compiled kernels (bf16 tensor-core dots) at Qwen2.5-1.5B's MLP shape, the engine's tile and the sweep's
+    first and last (the benchmark compiles them all), against the current path's torch numerics (the benchmark's own
+    check) and bit for bit against themselves."""
     h, i = 1536, 8960
     g = torch.Generator(device="cuda").manual_seed(rows)
     x = torch.randn(rows, h, device="cuda", generator=g).bfloat16()
     w_gate_up = (torch.randn(2 * i, h, device="cuda", generator=g) * (D.WEIGHT_SCALE / h ** 0.5)).bfloat16()
     w_down = (torch.randn(h, i, device="cuda", generator=g) * (D.WEIGHT_SCALE / i ** 0.5)).bfloat16()
     residual = torch.randn(rows, h, device="cuda", generator=g).bfloat16()
-    for t in D.TILES:
-        tile = M.Tile(**t)
+    for tile in (M.DECODE_TILE, M.Tile(**D.TILES[0]), M.Tile(**D.TILES[-1])):
         assert D.check(x, w_gate_up, w_down, residual, tile) <= D.TOL
         assert torch.equal(M.fused_mlp(x, w_gate_up, w_down, residual, tile),
                            M.fused_mlp(x, w_gate_up, w_down, residual, tile))
