@@ -63,8 +63,9 @@ def serves(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor) -> bo
     activations and weights of x's dtype, contiguous along their last dim, and on a GPU its slices one wave of
     programs: a second, partial wave would add a whole slice's time (measured where they fit: the 1.5B's 70
     slices; a 7B's 148 at TP = 1 exceed an H100's 132 SMs and keep the unfused path)."""
-    return (os.environ.get("HYBRIDRL_FUSED_MLP", "1") != "0" and triton is not None
-            and 0 < x.shape[0] <= ENGINE_MAX_ROWS and x.dtype in (torch.bfloat16, torch.float16)
+    # the row count first: at larger batches (eager steps, where this runs every layer) it is the one check made
+    return (0 < x.shape[0] <= ENGINE_MAX_ROWS and os.environ.get("HYBRIDRL_FUSED_MLP", "1") != "0"
+            and triton is not None and x.dtype in (torch.bfloat16, torch.float16)
             and w_gate_up.dtype == x.dtype == w_down.dtype
             and x.stride(-1) == 1 and w_gate_up.stride(-1) == 1 and w_down.stride(-1) == 1
             and (not x.is_cuda or one_wave(w_down.shape[1], _sm_count(x.device))))
