@@ -41,7 +41,15 @@ except ImportError:  # the benchmark needs a GPU and Triton; on a CPU it only li
     triton = None
 
 sys.path.insert(0, str(Path(__file__).parent))
-from decode_gemm import copy_bandwidth, gemm_shapes, graph_replay_us, report_failed_tiles, write_rows  # noqa: E402
+from decode_gemm import (  # noqa: E402
+    copy_bandwidth,
+    gemm_shapes,
+    graph_replay_us,
+    rel_err,
+    report_failed_tiles,
+    tile_error,
+    write_rows,
+)
 from rollout import SHAPES  # noqa: E402
 
 from hybridrl.bench_manifest import device_facts  # noqa: E402
@@ -74,7 +82,7 @@ def check(x, w_gate_up, w_down, residual, tile: Tile) -> float:
     for res in (None, residual):
         ref = reference_mlp(x, w_gate_up, w_down, res).float()
         got = fused_mlp(x, w_gate_up, w_down, res, tile).float()
-        errs.append(((got - ref).abs().max() / ref.abs().max().clamp_min(1e-30)).item())
+        errs.append(rel_err(got, ref))
     if not max(errs) <= TOL:  # NaN fails too
         raise AssertionError(f"fused_mlp {tuple(x.shape)} {asdict(tile)}: relative error {errs} over {TOL}")
     return max(errs)
@@ -98,15 +106,6 @@ def fused_chain(x, ws, tile: Tile, residual: bool):
     for w_gate_up, w_down in ws:
         x = fused_mlp(x, w_gate_up, w_down, x if residual else None, tile)
     return x
-
-
-def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    a, b = a.float(), b.float()
-    return ((a - b).abs().max() / b.abs().max().clamp_min(1e-30)).item()
-
-
-def _error(e: Exception) -> str:
-    return f"{type(e).__name__}: {str(e)[:300]}"
 
 
 def main(argv=None) -> None:
@@ -161,11 +160,11 @@ def main(argv=None) -> None:
                 us, out = graph_replay_us(partial(fused_chain, x, ws, tile, True), reps=20)
                 entry["us_per_layer"] = us / args.layers
                 entry["chain_finite"] = bool(torch.isfinite(out).all())
-                entry["chain_rel_err_vs_current"] = _rel(out, ref_chain)  # 28 layers of 1-ulp differences
+                entry["chain_rel_err_vs_current"] = rel_err(out, ref_chain)  # 28 layers of 1-ulp differences
                 if entry["chain_finite"] and (best is None or us < best[0]):
                     best = (us, tile)
             except Exception as e:  # a tile the compiler refuses (shared memory, registers), or a failed check
-                entry["error"] = _error(e)
+                entry["error"] = tile_error(e)
             entries.append(entry)
         if best is not None:
             rec["best_tile"] = asdict(best[1])
@@ -174,7 +173,7 @@ def main(argv=None) -> None:
                 us, _ = graph_replay_us(partial(fused_chain, x, ws, best[1], False), reps=20)
                 rec["fused_no_residual_us_per_layer"] = us / args.layers
             except Exception as e:
-                rec["fused_no_residual_error"] = _error(e)
+                rec["fused_no_residual_error"] = tile_error(e)
         write_rows(out_path, result, m, rec | {"tiles": entries}, t0)
     report_failed_tiles(out_path, result)
 

@@ -66,7 +66,15 @@ except ImportError:  # the benchmark needs a GPU and Triton; on a CPU it only li
     triton = tl = None
 
 sys.path.insert(0, str(Path(__file__).parent))
-from decode_gemm import copy_bandwidth, gemm_shapes, graph_replay_us, report_failed_tiles, write_rows  # noqa: E402
+from decode_gemm import (  # noqa: E402
+    copy_bandwidth,
+    gemm_shapes,
+    graph_replay_us,
+    rel_err,
+    report_failed_tiles,
+    tile_error,
+    write_rows,
+)
 from rollout import SHAPES  # noqa: E402
 
 from hybridrl.bench_manifest import device_facts  # noqa: E402
@@ -376,11 +384,6 @@ def layer_inputs(h: int, n: int, k: int, d: int, rows: int, layers: int, device=
     return out, slots
 
 
-def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    a, b = a.float(), b.float()
-    return ((a - b).abs().max() / b.abs().max().clamp_min(1e-30)).item()
-
-
 def check(h, residual, layer, eps, cos, sin, slots, tile: Tile) -> float:
     """max over q, the new residual and both caches of |fused - current| / max |current|; raises over TOL. The two
     round at the same points and differ in fp32 summation order (the variance, the GEMV), which moves a bf16
@@ -391,7 +394,7 @@ def check(h, residual, layer, eps, cos, sin, slots, tile: Tile) -> float:
     fus = [t.clone() for t in (residual, kc, vc)]
     q_ref, _ = current_qkv(h, cur[0], norm_w, eps, w, b, cos, sin, cur[1], cur[2], slots)
     q, _ = fused_qkv(h, fus[0], norm_w, eps, w, b, cos, sin, fus[1], fus[2], slots, tile)
-    errs = [_rel(q, q_ref)] + [_rel(a, c) for a, c in zip(fus, cur)]
+    errs = [rel_err(q, q_ref)] + [rel_err(a, c) for a, c in zip(fus, cur)]
     if not max(errs) <= TOL:  # NaN fails too
         raise AssertionError(f"fused_qkv {tuple(h.shape)} {asdict(tile)}: relative errors (q, residual, k, v) "
                              f"{errs} over {TOL}")
@@ -406,8 +409,15 @@ def chain(fn, h, residual, layers, eps, cos, sin, slots):
     return q
 
 
-def _error(e: Exception) -> str:
-    return f"{type(e).__name__}: {str(e)[:300]}"
+def time_parts(parts: dict, n_layers: int) -> dict:
+    """Each kernel of a path alone over every layer in one CUDA graph: µs per layer, or the error that stopped it."""
+    out = {}
+    for name, fn in parts.items():
+        try:
+            out[name] = graph_replay_us(fn, reps=20)[0] / n_layers
+        except Exception as e:
+            out[name] = tile_error(e)
+    return out
 
 
 def measure_rows(m: int, H: int, N: int, K: int, D: int, tiles: list[Tile], n_layers: int, eps: float,
@@ -432,12 +442,7 @@ def measure_rows(m: int, H: int, N: int, K: int, D: int, tiles: list[Tile], n_la
              "qkv_linear": lambda: [F.linear(h, w[1], w[2]) for w in layers],
              "rope_store_kv": lambda: [rope_store_kv(*_split_heads(qkv, w[3]), cos, sin, w[3], w[4], slots)
                                        for qkv, w in zip(qkvs, layers)]}
-    rec["current_parts_us_per_layer"] = {}
-    for name, fn in parts.items():
-        try:
-            rec["current_parts_us_per_layer"][name] = graph_replay_us(fn, reps=20)[0] / n_layers
-        except Exception as e:
-            rec["current_parts_us_per_layer"][name] = _error(e)
+    rec["current_parts_us_per_layer"] = time_parts(parts, n_layers)
     best = None
     for tile in tiles:
         programs = triton.cdiv(nqkv, tile.block_n) * tile.split_k
@@ -452,7 +457,7 @@ def measure_rows(m: int, H: int, N: int, K: int, D: int, tiles: list[Tile], n_la
             if entry["q_finite"] and (best is None or us < best[0]):
                 best = (us, tile)
         except Exception as e:  # a tile the compiler refuses (shared memory, registers), or a failed check
-            entry["error"] = _error(e)
+            entry["error"] = tile_error(e)
         entries.append(entry)
     if best is not None:
         tile = best[1]
@@ -463,12 +468,7 @@ def measure_rows(m: int, H: int, N: int, K: int, D: int, tiles: list[Tile], n_la
             "norm_qkv_partials": lambda: [qkv_partials(h, residual, w[0], eps, w[1], tile) for w in layers],
             "qkv_reduce_rope_store": lambda: [reduce_rope_store(pt, w[2], h, res_c, cos, sin, w[3], w[4], slots)
                                               for pt, w in zip(parts_, layers)]}
-        rec["fused_parts_us_per_layer"] = {}
-        for name, fn in fused_parts.items():
-            try:
-                rec["fused_parts_us_per_layer"][name] = graph_replay_us(fn, reps=20)[0] / n_layers
-            except Exception as e:
-                rec["fused_parts_us_per_layer"][name] = _error(e)
+        rec["fused_parts_us_per_layer"] = time_parts(fused_parts, n_layers)
     return rec | {"tiles": entries}
 
 

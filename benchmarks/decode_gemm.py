@@ -143,6 +143,17 @@ def graph_time_us(fn, copies: list[torch.Tensor], calls: int = 40, reps: int = 1
     return us / calls
 
 
+def rel_err(got: torch.Tensor, ref: torch.Tensor) -> float:
+    """max |got - ref| / max |ref|, in fp32 (a zero reference counts as 1e-30)."""
+    got, ref = got.float(), ref.float()
+    return ((got - ref).abs().max() / ref.abs().max().clamp_min(1e-30)).item()
+
+
+def tile_error(e: Exception) -> str:
+    """A failed tile's record: the exception's type and the start of its message."""
+    return f"{type(e).__name__}: {str(e)[:300]}"
+
+
 def write_rows(out_path: Path, result: dict, m: int, rec: dict, t0: float) -> None:
     """A tile sweep's progress: `rec` stored under result["rows"][m], the JSON rewritten (a cut-off run keeps what it
     measured) and the row's per-layer times printed."""

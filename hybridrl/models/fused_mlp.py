@@ -219,5 +219,3 @@ def reference_mlp(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor
     h = (F.silu(g).to(dt).float() * u).to(dt)
     y = F.linear(h, w_down)
     return y if residual is None else (residual.float() + y.float()).to(dt)
-
-

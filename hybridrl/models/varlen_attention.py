@@ -16,10 +16,11 @@ Choices:
   (`flash_attn.cute`, the `fa4` extra; on Hopper they are FlashAttention-3's design: warp-specialised, TMA-fed,
   wgmma) where they can run (importable; compute capability 9.x with head_dim a multiple of 8 up to 256, or 10.x
   with one up to 128 or 256, as its own checks take them) and FlashAttention-2 as above elsewhere; `fa2` forces
-  FlashAttention-2; `fa4` forces FlashAttention-4 and refuses, naming why, where it cannot run. Both take grouped K/V heads as they are and align the causal mask at each key
-  segment's end. On one H100, FlashAttention-4 took 0.63x FA2's time for the 1.5B update's attention (forward +
-  backward) and 0.55x at the 7B's heads and 16k lengths; the long-tail 1.5B update 6.01 against 6.45 s; its
-  kernels compile on a process's first call (~7 s; benchmarks/results/long_tail/fa4).
+  FlashAttention-2; `fa4` forces FlashAttention-4 and refuses, naming why, where it cannot run. Both take grouped
+  K/V heads as they are and align the causal mask at each key segment's end. On one H100, FlashAttention-4 took
+  0.63x FA2's time for the 1.5B update's attention (forward + backward) and 0.55x at the 7B's heads and 16k
+  lengths; the long-tail 1.5B update 6.01 against 6.45 s; its kernels compile on a process's first call (~7 s;
+  benchmarks/results/long_tail/fa4).
 """
 
 from __future__ import annotations
