@@ -14,9 +14,12 @@ Choices:
   long-tail 1.5B step (benchmarks/results/long_tail/s53).
 - Which FlashAttention (`HYBRIDRL_FLASH`): `auto` (the default) runs FlashAttention-4's CuTe kernels
   (`flash_attn.cute`, the `fa4` extra; on Hopper they are FlashAttention-3's design: warp-specialised, TMA-fed,
-  wgmma) where they can run (importable; compute capability 9.x with head_dim a multiple of 8 up to 256, or 10.x
-  with one up to 128 or 256, as its own checks take them) and FlashAttention-2 as above elsewhere; `fa2` forces
-  FlashAttention-2; `fa4` forces FlashAttention-4 and refuses, naming why, where it cannot run. Both take grouped
+  wgmma) where they are known to be right: importable, compute capability 9.x and a head dim whose forward and
+  gradients matched the dense reference on an H100 (FA4_CHECKED_HEAD_DIMS; at head dims 8, 16, 48 and 80
+  flash-attn-4 4.0.0b40's dq was 72-100% off while its forward was right), and FlashAttention-2 as above
+  elsewhere. `fa2` forces FlashAttention-2; `fa4` forces FlashAttention-4 and refuses, naming why, where it cannot
+  run or gave wrong gradients; on 10.x (Blackwell, not checked here) only forced, at the head dims its own checks
+  take (multiples of 8 up to 128, and 256). Both take grouped
   K/V heads as they are and align the causal mask at each key segment's end. On one H100, FlashAttention-4 took
   0.63x FA2's time for the 1.5B update's attention (forward + backward) and 0.55x at the 7B's heads and 16k
   lengths; the long-tail 1.5B update 6.01 against 6.45 s; its kernels compile on a process's first call (~7 s;
@@ -37,6 +40,10 @@ MAX_HEAD_DIM = 256
 GQA_MODES = ("native", "varlen_attn")
 FLASH_IMPLS = ("fa2", "fa4", "auto")
 FA4_ARCHS = (9, 10)   # compute capability majors FlashAttention-4's CuTe kernels build for here (Hopper, Blackwell)
+# Head dims whose FlashAttention-4 forward and q/k/v gradients matched the dense reference per compute capability
+# major (tests/training/test_flash_segments.py's GPU sweep over 8..256, one H100, flash-attn-4 4.0.0b40); `auto`
+# takes FlashAttention-4 only at these.
+FA4_CHECKED_HEAD_DIMS = {9: (24, 32, 64, 96, 128, 192, 256)}
 
 
 @functools.cache
@@ -76,8 +83,9 @@ def _fa4_unfit(device, head_dim: int) -> str | None:
     major = torch.cuda.get_device_capability(device)[0]
     if major not in FA4_ARCHS:
         return f"compute capability {major}.x (its kernels here: {', '.join(f'{a}.x' for a in FA4_ARCHS)})"
-    if major == 9 and (head_dim % 8 or not 8 <= head_dim <= MAX_HEAD_DIM):
-        return f"head_dim {head_dim} (on 9.x it takes multiples of 8 from 8 to {MAX_HEAD_DIM})"
+    if major == 9 and head_dim not in FA4_CHECKED_HEAD_DIMS[9]:
+        return (f"head_dim {head_dim} (on 9.x taken only at the head dims whose gradients were checked: "
+                f"{', '.join(map(str, FA4_CHECKED_HEAD_DIMS[9]))}; at 8, 16, 48 and 80 its dq was wrong)")
     if major == 10 and (head_dim % 8 or not (8 <= head_dim <= 128 or head_dim == 256)):
         return f"head_dim {head_dim} (on 10.x it takes multiples of 8 from 8 to 128, and 256)"
     return None
@@ -90,7 +98,10 @@ def flash_impl(device, head_dim: int) -> str:
         raise ValueError(f"HYBRIDRL_FLASH={mode!r}: expected one of {', '.join(FLASH_IMPLS)}")
     if mode == "fa2":
         return "fa2"
-    why = _fa4_unfit(torch.device(device), head_dim)
+    device = torch.device(device)
+    why = _fa4_unfit(device, head_dim)
+    if why is None and mode == "auto" and torch.cuda.get_device_capability(device)[0] not in FA4_CHECKED_HEAD_DIMS:
+        return "fa2"   # an architecture where FlashAttention-4's gradients were never checked: only when forced
     if why is None:
         return "fa4"
     if mode == "fa4":

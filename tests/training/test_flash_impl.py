@@ -31,13 +31,35 @@ CUDA = torch.device("cuda")
 
 
 @pytest.mark.parametrize("major,head_dim,importable,want", [
-    (9, 128, True, "fa4"), (10, 64, True, "fa4"), (8, 128, True, "fa2"), (12, 128, True, "fa2"),
-    (9, 100, True, "fa2"), (9, 512, True, "fa2"), (9, 128, False, "fa2"), (9, 192, True, "fa4"),
-    (10, 192, True, "fa2"), (10, 256, True, "fa4"), (10, 136, True, "fa2")])
-def test_auto_runs_fa4_only_where_it_can(fake_fa4, monkeypatch, major, head_dim, importable, want):
+    (9, 128, True, "fa4"), (9, 64, True, "fa4"), (9, 256, True, "fa4"), (9, 192, True, "fa4"),
+    (8, 128, True, "fa2"), (12, 128, True, "fa2"), (9, 100, True, "fa2"), (9, 512, True, "fa2"),
+    (9, 128, False, "fa2"),
+    # head dims where its dq came out wrong on an H100
+    (9, 8, True, "fa2"), (9, 16, True, "fa2"), (9, 48, True, "fa2"), (9, 80, True, "fa2"),
+    # Blackwell: gradients never checked here, so auto keeps FlashAttention-2
+    (10, 64, True, "fa2"), (10, 256, True, "fa2")])
+def test_auto_runs_fa4_only_where_its_gradients_were_checked(fake_fa4, monkeypatch, major, head_dim, importable,
+                                                            want):
     fake_fa4(major, importable)
     monkeypatch.setenv("HYBRIDRL_FLASH", "auto")
     assert va.flash_impl(CUDA, head_dim) == want
+
+
+@pytest.mark.parametrize("major,head_dim,want", [(10, 64, "fa4"), (10, 256, "fa4"), (9, 128, "fa4")])
+def test_fa4_forced_runs_where_its_own_checks_take_the_head_dim(fake_fa4, monkeypatch, major, head_dim, want):
+    fake_fa4(major)
+    monkeypatch.setenv("HYBRIDRL_FLASH", "fa4")
+    assert va.flash_impl(CUDA, head_dim) == want
+
+
+@pytest.mark.parametrize("major,head_dim,reason", [(9, 16, "head_dim 16 .*its dq was wrong"),
+                                                   (10, 192, "head_dim 192 .*10.x"), (10, 136, "head_dim 136")])
+def test_fa4_forced_at_a_head_dim_it_gets_wrong_or_refuses_is_refused(fake_fa4, monkeypatch, major, head_dim,
+                                                                     reason):
+    fake_fa4(major)
+    monkeypatch.setenv("HYBRIDRL_FLASH", "fa4")
+    with pytest.raises(RuntimeError, match=f"HYBRIDRL_FLASH=fa4: FlashAttention-4 cannot run here: {reason}"):
+        va.flash_impl(CUDA, head_dim)
 
 
 @pytest.mark.parametrize("major,importable,want", [(9, True, "fa4"), (9, False, "fa2"), (8, True, "fa2")])

@@ -96,6 +96,32 @@ def test_flash_kernel_equals_dense_reference_forward_and_backward(share, kv_head
         assert ((got.grad.float() - want.grad).abs().max() / scale) < 3e-2
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("dim", [8, 16, 24, 32, 48, 64, 80, 96, 128, 192, 256])
+def test_fa4_head_dims_equal_dense_reference_forward_and_backward(dim, monkeypatch):
+    """Every head dim FlashAttention-4 is taken for here, shared prompts and grouped K/V heads (the hard case)."""
+    from hybridrl.models.varlen_attention import _fa4_unfit
+
+    if why := _fa4_unfit(torch.device("cuda"), dim):
+        pytest.skip(f"FlashAttention-4: {why}")
+    monkeypatch.setenv("HYBRIDRL_FLASH", "fa4")
+    b = grouped_batch(prompt_rows=(0, 1, 0, 2, 1, 0, 3, 3) * 3, prompt_len=150, resp_len=90).batch
+    packed = pack_inputs(b["input_ids"], b["attention_mask"], b["position_ids"], 150)
+    q, k, v = (t.cuda().requires_grad_() for t in packed_qkv(packed, heads=4, kv_heads=2, dim=dim,
+                                                              dtype=torch.bfloat16))
+    gpu = packed.to("cuda")
+    out = flash_varlen_attention(q, k, v, gpu.flash, dim ** -0.5)
+    ref_in = [t.detach().float().requires_grad_() for t in (q, k, v)]
+    ref = _sdpa_block_diagonal(*ref_in, gpu.cu_seqlens, dim ** -0.5, gpu.shared)
+    torch.testing.assert_close(out.float(), ref, atol=2e-2, rtol=2e-2)
+    grad = torch.randn_like(ref)
+    out.backward(grad.to(out.dtype))
+    ref.backward(grad)
+    for name, got, want in zip("qkv", (q, k, v), ref_in):
+        err = (got.grad.float() - want.grad).abs().max() / want.grad.abs().max().clamp(min=1e-6)
+        assert err < 3e-2, f"d{name} at head_dim {dim}: relative error {float(err):.3g}"
+
+
 def test_unknown_gqa_mode_is_refused_naming_the_variable_and_the_choices(monkeypatch):
     from hybridrl.models.varlen_attention import varlen_causal_attention
 
