@@ -151,8 +151,14 @@ def main():
     ap.add_argument("--new-tokens", type=int, default=256)
     ap.add_argument("--skip-steps", type=int, default=100)
     ap.add_argument("--profile-steps", type=int, default=20)
+    ap.add_argument("--fused-mlp-max-rows", type=int, default=None,
+                    help="the most rows the engine's fused decode MLP takes (models/fused_mlp.ENGINE_MAX_ROWS; "
+                         "HYBRIDRL_FUSED_MLP=0 turns it off)")
     ap.add_argument("--out", default="benchmarks/results/profile_decode.json")
     args = ap.parse_args()
+    if args.fused_mlp_max_rows is not None:
+        from hybridrl.models import fused_mlp
+        fused_mlp.ENGINE_MAX_ROWS = args.fused_mlp_max_rows
     import transformers
 
     cfg = qwen_config(args.model)

@@ -213,12 +213,20 @@ SMALL = [
                     "--out", "{out}/decode_fused_mlp_7b.json"))),
     Scenario("decode-fused-qkv", "a decode layer's attention input side (28 layers) at 1-16 rows: add_rmsnorm, "
              "cuBLAS qkv and rope_store_kv against two Triton kernels (norm + qkv partials; reduce + bias + RoPE + "
-             "K/V store), tiles swept and checked first; 1.5B and 7B shapes (an experiment: not in the engine)",
+             "K/V store), tiles swept and checked first; 1.5B and 7B shapes (an experiment, not in the engine: 1.08-1.23x "
+             "the unfused time on an H100)",
              "nvidia-h200", "long_tail", (
                  py("benchmarks/decode_fused_qkv.py", "--model", "1.5B", "--rows", "1,4,8,16",
                     "--out", "{out}/decode_fused_qkv_1.5b.json"),
                  py("benchmarks/decode_fused_qkv.py", "--model", "7B", "--rows", "1,8,16",
                     "--out", "{out}/decode_fused_qkv_7b.json"))),
+    Scenario("decode-fused-mlp-engine", "the engine's CUDA-graph decode step (1.5B, 1,024-token contexts) at 8-32 rows "
+             "with the decode MLP fused (taken up to 32 rows here) and not, with each step's kernels profiled",
+             "nvidia-h200", "long_tail",
+             tuple(py("benchmarks/profile_decode.py", "--model", "1.5B", "--batch", str(rows), "--prompt-len", "1024",
+                      "--new-tokens", "256", "--fused-mlp-max-rows", "32",
+                      "--out", f"{{out}}/fused_mlp_e2e/pd_b{rows}_mlp{flag}.json", HYBRIDRL_FUSED_MLP=flag)
+                   for rows in (8, 16, 24, 32) for flag in ("1", "0"))),
     Scenario("long-tail-1.5b-fused-mlp", "the long-tail 1.5B at the defaults (the decode MLP fused at <= 16 rows) "
              "beside HYBRIDRL_FUSED_MLP=0, two runs of each, alternating on one machine", "nvidia-h200", "long_tail",
              tuple(py("benchmarks/long_tail.py", "--preset", "qwen2.5-1.5b", "--response-len", "4096", "--mean-len",
