@@ -5,6 +5,8 @@
 #   call 1, carry [".fa4b"]:                 mkdir -p /tmp/stash && cp .fa4b/* /tmp/stash/
 #   call 2 (within the machine's idle window), carry [".gpu", ".fa4a"]:
 #     source .gpu/setup.sh && source .fa4a/install.sh          # FA4 into /tmp/site beside the bundle's wheels
+#   where .gpu + .fa4a + the repository exceed a call's 64 MiB, stash .fa4a too in a call of its own
+#   (cp .fa4a/* /tmp/stash/) and source /tmp/stash/install.sh in the call that carries .gpu
 set -euo pipefail
 cd "$(git rev-parse --show-toplevel)"
 grep -qx '/.fa4a/' .git/info/exclude || printf '/.fa4a/\n/.fa4b/\n' >> .git/info/exclude
@@ -26,7 +28,7 @@ ls /tmp/stash/libs.part01 >/dev/null || { echo "no stash from call 1 here (the m
 mkdir -p /tmp/site
 # the wheels first: pip --target --upgrade replaces a top-level folder it finds, and the libraries share theirs
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site /tmp/stash/*.whl
-cat "$here"/libs.part00 /tmp/stash/libs.part0[1-9] | tar xJf - -C /tmp/site
+cat "$here"/libs.part00 /tmp/stash/libs.part0[1-9] | tar xJf - -C /tmp/site   # part00 beside this script
 # nvidia_cutlass_dsl_packages.pth puts dsl_packages (the `cutlass` package) on sys.path; PYTHONPATH runs no .pth
 export PYTHONPATH=/tmp/site/nvidia_cutlass_dsl/dsl_packages:/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 SH
