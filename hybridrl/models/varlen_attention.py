@@ -73,8 +73,9 @@ def _fa4():
 
 
 @functools.cache
-def _fa4_unfit(device, head_dim: int) -> str | None:
-    """Why FlashAttention-4 cannot run this call here, or None."""
+def _fa4_unfit(device, head_dim: int, forced: bool = False) -> str | None:
+    """Why FlashAttention-4 cannot run this call here (`forced`: also where its gradients were never checked), or
+    None."""
     if device.type != "cuda":
         return f"{device.type} is not a CUDA device"
     fn, why = _fa4()
@@ -88,6 +89,8 @@ def _fa4_unfit(device, head_dim: int) -> str | None:
                 f"{', '.join(map(str, FA4_CHECKED_HEAD_DIMS[9]))}; at 8, 16, 48 and 80 its dq was wrong)")
     if major == 10 and (head_dim % 8 or not (8 <= head_dim <= 128 or head_dim == 256)):
         return f"head_dim {head_dim} (on 10.x it takes multiples of 8 from 8 to 128, and 256)"
+    if major not in FA4_CHECKED_HEAD_DIMS and not forced:
+        return f"compute capability {major}.x: its gradients were never checked there (HYBRIDRL_FLASH=fa4 forces it)"
     return None
 
 
@@ -98,10 +101,7 @@ def flash_impl(device, head_dim: int) -> str:
         raise ValueError(f"HYBRIDRL_FLASH={mode!r}: expected one of {', '.join(FLASH_IMPLS)}")
     if mode == "fa2":
         return "fa2"
-    device = torch.device(device)
-    why = _fa4_unfit(device, head_dim)
-    if why is None and mode == "auto" and torch.cuda.get_device_capability(device)[0] not in FA4_CHECKED_HEAD_DIMS:
-        return "fa2"   # an architecture where FlashAttention-4's gradients were never checked: only when forced
+    why = _fa4_unfit(torch.device(device), head_dim, mode == "fa4")
     if why is None:
         return "fa4"
     if mode == "fa4":
