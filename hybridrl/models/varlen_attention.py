@@ -18,8 +18,9 @@ Choices:
   gradients matched the dense reference on an H100 (FA4_CHECKED_HEAD_DIMS; at head dims 8, 16, 48 and 80
   flash-attn-4 4.0.0b40's dq was 72-100% off while its forward was right), and FlashAttention-2 as above
   elsewhere. `fa2` forces FlashAttention-2; `fa4` forces FlashAttention-4 and refuses, naming why, where it cannot
-  run or gave wrong gradients; on 10.x (Blackwell, not checked here) only forced, at the head dims its own checks
-  take (multiples of 8 up to 128, and 256). Both take grouped
+  run or gave wrong gradients; on 10.x (Blackwell, not checked here) and with other flash-attn-4 releases than the
+  one checked (FA4_CHECKED_VERSIONS) only forced, at the head dims its own checks take (on 10.x multiples of 8 up
+  to 128, and 256). Both take grouped
   K/V heads as they are and align the causal mask at each key segment's end. On one H100, FlashAttention-4 took
   0.63x FA2's time for the 1.5B update's attention (forward + backward) and 0.55x at the 7B's heads and 16k
   lengths; the long-tail 1.5B update 6.01 against 6.45 s; its kernels compile on a process's first call (~7 s;
@@ -29,6 +30,7 @@ Choices:
 from __future__ import annotations
 
 import functools
+import importlib.metadata
 import inspect
 import os
 
@@ -44,6 +46,7 @@ FA4_ARCHS = (9, 10)   # compute capability majors FlashAttention-4's CuTe kernel
 # major (tests/training/test_flash_segments.py's GPU sweep over 8..256, one H100, flash-attn-4 4.0.0b40); `auto`
 # takes FlashAttention-4 only at these.
 FA4_CHECKED_HEAD_DIMS = {9: (24, 32, 64, 96, 128, 192, 256)}
+FA4_CHECKED_VERSIONS = ("4.0.0b40",)   # flash-attn-4 releases that sweep ran on (a beta: its kernels change)
 
 
 @functools.cache
@@ -72,6 +75,13 @@ def _fa4():
     return flash_attn_varlen_func, None
 
 
+def _fa4_version() -> str:
+    try:
+        return importlib.metadata.version("flash-attn-4")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
 @functools.cache
 def _fa4_unfit(device, head_dim: int, forced: bool = False) -> str | None:
     """Why FlashAttention-4 cannot run this call here (`forced`: also where its gradients were never checked), or
@@ -89,8 +99,13 @@ def _fa4_unfit(device, head_dim: int, forced: bool = False) -> str | None:
                 f"{', '.join(map(str, FA4_CHECKED_HEAD_DIMS[9]))}; at 8, 16, 48 and 80 its dq was wrong)")
     if major == 10 and (head_dim % 8 or not (8 <= head_dim <= 128 or head_dim == 256)):
         return f"head_dim {head_dim} (on 10.x it takes multiples of 8 from 8 to 128, and 256)"
-    if major not in FA4_CHECKED_HEAD_DIMS and not forced:
+    if forced:
+        return None
+    if major not in FA4_CHECKED_HEAD_DIMS:
         return f"compute capability {major}.x: its gradients were never checked there (HYBRIDRL_FLASH=fa4 forces it)"
+    if (version := _fa4_version()) not in FA4_CHECKED_VERSIONS:
+        return (f"flash-attn-4 {version}: its gradients were checked with {', '.join(FA4_CHECKED_VERSIONS)} only "
+                f"(HYBRIDRL_FLASH=fa4 forces it)")
     return None
 
 

@@ -16,10 +16,11 @@ def fake_fa4(monkeypatch):
         calls.append((q, k, v, kwargs))
         return q * 2, None
 
-    def install(major=9, importable=True):
+    def install(major=9, importable=True, version=va.FA4_CHECKED_VERSIONS[0]):
         va._fa4.cache_clear()
         va._fa4_unfit.cache_clear()
         monkeypatch.setattr(va, "_fa4", lambda: (fn, None) if importable else (None, "flash_attn.cute does not import"))
+        monkeypatch.setattr(va, "_fa4_version", lambda: version)
         monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (major, 0))
         return calls
 
@@ -43,6 +44,15 @@ def test_auto_runs_fa4_only_where_its_gradients_were_checked(fake_fa4, monkeypat
     fake_fa4(major, importable)
     monkeypatch.setenv("HYBRIDRL_FLASH", "auto")
     assert va.flash_impl(CUDA, head_dim) == want
+
+
+def test_an_unchecked_fa4_release_runs_only_when_forced(fake_fa4, monkeypatch):
+    fake_fa4(9, version="4.0.1")
+    monkeypatch.setenv("HYBRIDRL_FLASH", "auto")
+    assert va.flash_impl(CUDA, 128) == "fa2"
+    assert "flash-attn-4 4.0.1: its gradients were checked with 4.0.0b40 only" in va._fa4_unfit(CUDA, 128)
+    monkeypatch.setenv("HYBRIDRL_FLASH", "fa4")
+    assert va.flash_impl(CUDA, 128) == "fa4"
 
 
 @pytest.mark.parametrize("major,head_dim,want", [(10, 64, "fa4"), (10, 256, "fa4"), (9, 128, "fa4")])
