@@ -67,6 +67,27 @@ def test_unshared_segments_are_the_documents():
     assert seg.kv_index is None
 
 
+def assert_flash_equals_dense(share: bool, kv_heads: int, dim: int) -> None:
+    """The varlen kernel HYBRIDRL_FLASH picks, on a packed row of grouped samples (shared prompts or not), against the
+    dense document-mask reference in fp32: the output, then the q / k / v gradients of a random upstream gradient."""
+    b = grouped_batch(prompt_rows=(0, 1, 0, 2, 1, 0, 3, 3) * 3, prompt_len=150, resp_len=90).batch
+    packed = pack_inputs(b["input_ids"], b["attention_mask"], b["position_ids"], 150 if share else None)
+    q, k, v = (t.cuda().requires_grad_() for t in packed_qkv(packed, heads=4, kv_heads=kv_heads, dim=dim,
+                                                              dtype=torch.bfloat16))
+    assert flash_usable(q)
+    gpu = packed.to("cuda")
+    out = flash_varlen_attention(q, k, v, gpu.flash, dim ** -0.5)
+    ref_in = [t.detach().float().requires_grad_() for t in (q, k, v)]
+    ref = _sdpa_block_diagonal(*ref_in, gpu.cu_seqlens, dim ** -0.5, gpu.shared)
+    torch.testing.assert_close(out.float(), ref, atol=2e-2, rtol=2e-2)
+    grad = torch.randn_like(ref)
+    out.backward(grad.to(out.dtype))
+    ref.backward(grad)
+    for name, got, want in zip("qkv", (q, k, v), ref_in):
+        err = (got.grad.float() - want.grad).abs().max() / want.grad.abs().max().clamp(min=1e-6)
+        assert err < 3e-2, f"d{name} at head_dim {dim}: relative error {float(err):.3g}"
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("share", [False, True])
 @pytest.mark.parametrize("kv_heads", [2, 4])
@@ -78,22 +99,7 @@ def test_flash_kernel_equals_dense_reference_forward_and_backward(share, kv_head
         pytest.skip(f"FlashAttention-4: {why}")
     monkeypatch.setenv("HYBRIDRL_FLASH", impl)
     monkeypatch.setenv("HYBRIDRL_GQA", gqa)
-    b = grouped_batch(prompt_rows=(0, 1, 0, 2, 1, 0, 3, 3) * 3, prompt_len=150, resp_len=90).batch
-    packed = pack_inputs(b["input_ids"], b["attention_mask"], b["position_ids"], 150 if share else None)
-    q, k, v = (t.cuda().requires_grad_() for t in packed_qkv(packed, heads=4, kv_heads=kv_heads, dim=64,
-                                                              dtype=torch.bfloat16))
-    assert flash_usable(q)
-    gpu = packed.to("cuda")
-    out = flash_varlen_attention(q, k, v, gpu.flash, 0.125)
-    ref_in = [t.detach().float().requires_grad_() for t in (q, k, v)]
-    ref = _sdpa_block_diagonal(*ref_in, gpu.cu_seqlens, 0.125, gpu.shared)
-    torch.testing.assert_close(out.float(), ref, atol=2e-2, rtol=2e-2)
-    grad = torch.randn_like(ref)
-    out.backward(grad.to(out.dtype))
-    ref.backward(grad)
-    for got, want in zip((q, k, v), ref_in):
-        scale = want.grad.abs().max().clamp(min=1e-6)
-        assert ((got.grad.float() - want.grad).abs().max() / scale) < 3e-2
+    assert_flash_equals_dense(share, kv_heads, 64)
 
 
 @pytest.mark.gpu
@@ -106,21 +112,7 @@ def test_fa4_head_dims_equal_dense_reference_forward_and_backward(dim, monkeypat
     if why := _fa4_unfit(torch.device("cuda"), dim, forced=True):
         pytest.skip(f"FlashAttention-4: {why}")
     monkeypatch.setenv("HYBRIDRL_FLASH", "fa4")
-    b = grouped_batch(prompt_rows=(0, 1, 0, 2, 1, 0, 3, 3) * 3, prompt_len=150, resp_len=90).batch
-    packed = pack_inputs(b["input_ids"], b["attention_mask"], b["position_ids"], 150)
-    q, k, v = (t.cuda().requires_grad_() for t in packed_qkv(packed, heads=4, kv_heads=2, dim=dim,
-                                                              dtype=torch.bfloat16))
-    gpu = packed.to("cuda")
-    out = flash_varlen_attention(q, k, v, gpu.flash, dim ** -0.5)
-    ref_in = [t.detach().float().requires_grad_() for t in (q, k, v)]
-    ref = _sdpa_block_diagonal(*ref_in, gpu.cu_seqlens, dim ** -0.5, gpu.shared)
-    torch.testing.assert_close(out.float(), ref, atol=2e-2, rtol=2e-2)
-    grad = torch.randn_like(ref)
-    out.backward(grad.to(out.dtype))
-    ref.backward(grad)
-    for name, got, want in zip("qkv", (q, k, v), ref_in):
-        err = (got.grad.float() - want.grad).abs().max() / want.grad.abs().max().clamp(min=1e-6)
-        assert err < 3e-2, f"d{name} at head_dim {dim}: relative error {float(err):.3g}"
+    assert_flash_equals_dense(True, 2, dim)
 
 
 def test_unknown_gqa_mode_is_refused_naming_the_variable_and_the_choices(monkeypatch):
