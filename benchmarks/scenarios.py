@@ -243,8 +243,8 @@ SMALL = [
                  long_tail_update("full:nockpt:tok32768", "update_gqa_native.json", repeat=3, HYBRIDRL_GQA="native"),
                  long_tail_update("full:nockpt:tok32768", "update_gqa_varlen_attn.json", repeat=3,
                                   HYBRIDRL_GQA="varlen_attn"))),
-    Scenario("varlen-attention-fa4", "FlashAttention-4's CuTe kernels (the fa4 extra; Hopper / Blackwell; taken by "
-             "default where installed) against FlashAttention-2 on the update's packed attention, 1.5B and 7B heads, "
+    Scenario("varlen-attention-fa4", "FlashAttention-4's CuTe kernels (the fa4 extra; Hopper / Blackwell; opt-in: "
+             "HYBRIDRL_FLASH=auto or fa4) against FlashAttention-2 on the update's packed attention, 1.5B and 7B heads, "
              "checked against each other first; then the long-tail 1.5B update with each, and the long-tail step "
              "with each", "nvidia-h200", "long_tail", (
                  py("benchmarks/varlen_attention.py", "--shape", "1.5B", "--variants", "fa2,fa4",

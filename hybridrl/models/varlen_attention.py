@@ -12,19 +12,22 @@ Choices:
   there: a copy of K and V per layer and micro-batch and a sum of their gradients over each group. On one H200
   the native path measured 4% less attention time at the 1.5B's heads, 2% at the 7B's, and 5.6 GB less peak in the
   long-tail 1.5B step (benchmarks/results/long_tail/s53).
-- Which FlashAttention (`HYBRIDRL_FLASH`): `auto` (the default) runs FlashAttention-4's CuTe kernels
-  (`flash_attn.cute`, the `fa4` extra; on Hopper they are FlashAttention-3's design: warp-specialised, TMA-fed,
-  wgmma) where they are known to be right: importable, compute capability 9.x and a head dim whose forward and
+- Which FlashAttention (`HYBRIDRL_FLASH`): `fa2` (the default) runs FlashAttention-2 as above. `auto` runs
+  FlashAttention-4's CuTe kernels (`flash_attn.cute`, the `fa4` extra; on Hopper they are FlashAttention-3's design:
+  warp-specialised, TMA-fed, wgmma) where they are known to be right: importable, compute capability 9.x, the
+  flash-attn-4 release whose gradients were checked (FA4_CHECKED_VERSIONS) and a head dim whose forward and
   gradients matched the dense reference on an H100 (FA4_CHECKED_HEAD_DIMS; at head dims 8, 16, 48 and 80
-  flash-attn-4 4.0.0b40's dq was 72-100% off while its forward was right), and FlashAttention-2 as above
-  elsewhere. `fa2` forces FlashAttention-2; `fa4` forces FlashAttention-4 and refuses, naming why, where it cannot
-  run or gave wrong gradients; on 10.x (Blackwell, not checked here) and with other flash-attn-4 releases than the
-  one checked (FA4_CHECKED_VERSIONS) only forced, at the head dims its own checks take (on 10.x multiples of 8 up
-  to 128, and 256). Both take grouped
-  K/V heads as they are and align the causal mask at each key segment's end. On one H100, FlashAttention-4 took
-  0.63x FA2's time for the 1.5B update's attention (forward + backward) and 0.55x at the 7B's heads and 16k
-  lengths; the long-tail 1.5B update 6.01 against 6.45 s; its kernels compile on a process's first call (~7 s;
-  benchmarks/results/long_tail/fa4).
+  flash-attn-4 4.0.0b40's dq was 72-100% off while its forward was right), and FlashAttention-2 elsewhere. `fa4`
+  forces FlashAttention-4 and refuses, naming why, where it cannot run or gave wrong gradients; on 10.x (Blackwell,
+  not checked here) and with other releases only forced, at the head dims its own checks take (on 10.x multiples
+  of 8 up to 128, and 256). Both take grouped K/V heads as they are and align the causal mask at each key
+  segment's end.
+  Why FlashAttention-2 by default: on one H100 FlashAttention-4 took 0.63x FA2's time for the 1.5B update's
+  attention (forward + backward), 0.55x at the 7B's heads and 16k lengths, and the long-tail 1.5B update alone
+  6.01 against 6.45 s; but inside the GRPO step no run showed it: on one machine the step's update took the same
+  time with either kernel (9.24 / 8.55 against 9.32 / 8.21 s, steps 2 / 3), every run with the fa4 extra installed
+  took 7.1-9.8 s for updates that took 5.4-6.4 s without it (H100s and an H200, benchmarks/results/long_tail/
+  fa4_in_step), and its kernels compile in the run's first step (+7-25 s).
 """
 
 from __future__ import annotations
@@ -110,8 +113,9 @@ def _fa4_unfit(device, head_dim: int, forced: bool = False) -> str | None:
 
 
 def flash_impl(device, head_dim: int) -> str:
-    """`HYBRIDRL_FLASH`: which FlashAttention runs a varlen call on this device, fa2 or fa4 (see the module notes)."""
-    mode = os.environ.get("HYBRIDRL_FLASH", "auto")
+    """`HYBRIDRL_FLASH` (fa2 unless set): which FlashAttention runs a varlen call on this device, fa2 or fa4 (see the
+    module notes)."""
+    mode = os.environ.get("HYBRIDRL_FLASH", "fa2")
     if mode not in FLASH_IMPLS:
         raise ValueError(f"HYBRIDRL_FLASH={mode!r}: expected one of {', '.join(FLASH_IMPLS)}")
     if mode == "fa2":

@@ -72,11 +72,12 @@ def test_fa4_forced_at_a_head_dim_it_gets_wrong_or_refuses_is_refused(fake_fa4, 
         va.flash_impl(CUDA, head_dim)
 
 
-@pytest.mark.parametrize("major,importable,want", [(9, True, "fa4"), (9, False, "fa2"), (8, True, "fa2")])
-def test_the_default_takes_fa4_where_it_can_run_else_fa2(fake_fa4, monkeypatch, major, importable, want):
+@pytest.mark.parametrize("major,importable", [(9, True), (9, False), (8, True), (10, True)])
+def test_the_default_is_fa2_even_where_fa4_could_run(fake_fa4, monkeypatch, major, importable):
+    """FlashAttention-4 is opt-in: inside the GRPO step no run measured it faster (module notes)."""
     fake_fa4(major, importable)
     monkeypatch.delenv("HYBRIDRL_FLASH", raising=False)
-    assert va.flash_impl(CUDA, 128) == want
+    assert va.flash_impl(CUDA, 128) == "fa2"
 
 
 def test_fa2_forced_never_asks_for_fa4(fake_fa4, monkeypatch):
