@@ -25,7 +25,9 @@ Choices (gathering the paged cache then SDPA costs ~10x the K/V read):
   One launch, so the prefix programs overlap the rows'. Chunks: at most PREFIX_SPLITS, each >= MIN_PREFIX_CHUNK
   tokens; programs past a short prefix's chunks exit.
 - Trip counts come from `context_lens` read on the device and the split count is fixed per batch size, so the
-  kernels are CUDA-graph safe (a graph bucket is captured at one batch size).
+  kernels are CUDA-graph safe (a graph bucket is captured at one batch size). The split count is a runtime argument
+  that Triton does not specialise on: one compiled kernel serves every batch size (as a constexpr it compiled once
+  per distinct count, about nine across the graph buckets, each compile in the first rollout's time).
 - Imported lazily: CPU machines without triton never import this module.
 
 Shape legend: B sequences, N q heads, K kv heads, D head_dim, M blocks per sequence, P context splits.
@@ -83,11 +85,11 @@ def _prefix_chunk(plen, PSPLITS: tl.constexpr, BLOCK_N: tl.constexpr, MIN_CHUNK:
     return tl.maximum(tl.cdiv(tl.cdiv(plen, PSPLITS), BLOCK_N) * BLOCK_N, MIN_CHUNK)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["SPLITS", "DIRECT"])
 def _paged_decode_kernel(Q, KC, VC, Out, Mx, Sm, BT, CL, PL, GS, GN, NG, scale_log2e,
-                         s_qb, s_qh, s_cb, s_ct, s_ch, s_btb, s_ob, s_oh, s_op, s_mb, s_mh,
+                         s_qb, s_qh, s_cb, s_ct, s_ch, s_btb, s_ob, s_oh, s_op, s_mb, s_mh, SPLITS, DIRECT,
                          GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, D: tl.constexpr,
-                         PAGE: tl.constexpr, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr,
+                         PAGE: tl.constexpr, BLOCK_N: tl.constexpr,
                          CASCADE: tl.constexpr, MEMBERS: tl.constexpr, ROWS_PAD: tl.constexpr,
                          PSPLITS: tl.constexpr, MIN_CHUNK: tl.constexpr, PRECISION: tl.constexpr):
     """Grid (NG + B, K, max(SPLITS, PSPLITS)). Programs [NG, NG + B) of axis 0: row b = pid - NG, context split
@@ -115,7 +117,7 @@ def _paged_decode_kernel(Q, KC, VC, Out, Mx, Sm, BT, CL, PL, GS, GN, NG, scale_l
             q = tl.load(Q + b * s_qb + head[:, None] * s_qh + d[None, :], mask=gmask[:, None], other=0.0)
             acc, m_i, l_i = _attend_span(q, KC, VC, BT + b * s_btb, lo, hi, kvh, scale_log2e, s_cb, s_ct, s_ch,
                                          GROUP_PAD, D, PAGE, BLOCK_N, PRECISION)
-            if SPLITS == 1 and not CASCADE:
+            if DIRECT:  # one slot (no split, no cascade): the normalised output
                 out = acc / l_i[:, None]
                 tl.store(Out + b * s_ob + head[:, None] * s_oh + d[None, :], out.to(Out.dtype.element_ty),
                          mask=gmask[:, None])
@@ -146,9 +148,9 @@ def _paged_decode_kernel(Q, KC, VC, Out, Mx, Sm, BT, CL, PL, GS, GN, NG, scale_l
                 tl.store(Sm + row * s_mb + head * s_mh + slot, l_i, mask=rmask)
 
 
-@triton.jit
-def _merge_splits_kernel(Part, Mx, Sm, Out, PL, s_pb, s_ph, s_pp, s_mb, s_mh, s_ob, s_oh,
-                         D: tl.constexpr, SPLITS: tl.constexpr, PSPLITS: tl.constexpr, SLOTS_PAD: tl.constexpr,
+@triton.jit(do_not_specialize=["SPLITS"])
+def _merge_splits_kernel(Part, Mx, Sm, Out, PL, s_pb, s_ph, s_pp, s_mb, s_mh, s_ob, s_oh, SPLITS,
+                         D: tl.constexpr, PSPLITS: tl.constexpr, SLOTS_PAD: tl.constexpr,
                          BLOCK_N: tl.constexpr, MIN_CHUNK: tl.constexpr):
     """Slots [0, SPLITS) are the context splits; SPLITS + c the shared prefix's chunk c, for the chunks PL[b] has."""
     b = tl.program_id(0)
@@ -223,15 +225,15 @@ def paged_decode_triton(q_BND, k_cache, v_cache, block_tables_BM, context_lens_B
     _paged_decode_kernel[(ng + B, K, max(num_splits, psplits))](
         q_BND, k_cache, v_cache, dst, mx, sm, bt, context_lens_B, pl, gs, gn, ng, scale * 1.4426950408889634,
         q_BND.stride(0), q_BND.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        bt.stride(0), dst.stride(0), dst.stride(1), s_op, s_mb, s_mh,
+        bt.stride(0), dst.stride(0), dst.stride(1), s_op, s_mb, s_mh, num_splits, int(slots == 1),
         GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), D=D, PAGE=page, BLOCK_N=block_n,
-        SPLITS=num_splits, CASCADE=prefix is not None, MEMBERS=members,
+        CASCADE=prefix is not None, MEMBERS=members,
         ROWS_PAD=max(16, triton.next_power_of_2(members * group)), PSPLITS=psplits, MIN_CHUNK=MIN_PREFIX_CHUNK,
         PRECISION="ieee" if q_BND.dtype == torch.float32 else "tf32", num_warps=num_warps, num_stages=num_stages,
     )
     if slots > 1:
         _merge_splits_kernel[(B, N)](part, mx, sm, out, pl, part.stride(0), part.stride(1), part.stride(2),
-                                     mx.stride(0), mx.stride(1), out.stride(0), out.stride(1),
-                                     D=D, SPLITS=num_splits, PSPLITS=psplits, SLOTS_PAD=triton.next_power_of_2(slots),
+                                     mx.stride(0), mx.stride(1), out.stride(0), out.stride(1), num_splits,
+                                     D=D, PSPLITS=psplits, SLOTS_PAD=triton.next_power_of_2(slots),
                                      BLOCK_N=block_n, MIN_CHUNK=MIN_PREFIX_CHUNK, num_warps=4)
     return out

@@ -14,7 +14,8 @@ divide by the noise, two argmaxes — about 1 ms a step at B=256, V=152k):
 - With few rows (the tail of a rollout) one program per row would stream 152k logits alone while the other SMs
   idle: the vocabulary is then split into `vocab_splits` chunks, one program each, which store their chunk's
   max, rescaled sum and best race key; a second kernel merges them per row (logsumexp of the parts; the first
-  chunk holding the largest key wins ties, as torch.argmax's first index does).
+  chunk holding the largest key wins ties, as torch.argmax's first index does). The chunk and split counts are
+  runtime arguments Triton does not specialise on, so one compiled kernel serves every batch size.
 
 Shape legend: B rows, V vocab.
 """
@@ -26,9 +27,9 @@ import triton
 import triton.language as tl
 
 
-@triton.jit
-def _sample_kernel(L, E, T, TOK, LP, PM, PS, PB, PI, s_l, s_e, V: tl.constexpr, CHUNK: tl.constexpr,
-                   SPLITS: tl.constexpr, BLOCK: tl.constexpr, HAS_NOISE: tl.constexpr):
+@triton.jit(do_not_specialize=["CHUNK", "SPLITS"])
+def _sample_kernel(L, E, T, TOK, LP, PM, PS, PB, PI, s_l, s_e, CHUNK, SPLITS, V: tl.constexpr,
+                   BLOCK: tl.constexpr, HAS_NOISE: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     part = tl.program_id(1)
     temp = tl.load(T + row).to(tl.float32)
@@ -69,8 +70,8 @@ def _sample_kernel(L, E, T, TOK, LP, PM, PS, PB, PI, s_l, s_e, V: tl.constexpr, 
         tl.store(PI + row * SPLITS + part, best_i)
 
 
-@triton.jit
-def _merge_kernel(L, T, TOK, LP, PM, PS, PB, PI, s_l, SPLITS: tl.constexpr, SPLITS_PAD: tl.constexpr):
+@triton.jit(do_not_specialize=["SPLITS"])
+def _merge_kernel(L, T, TOK, LP, PM, PS, PB, PI, s_l, SPLITS, SPLITS_PAD: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     temp = tl.load(T + row).to(tl.float32)
     t = tl.where(temp <= 0, 1.0, temp)
@@ -120,9 +121,9 @@ def sample_plain(logits_BV, temperature_B, generator=None, all_greedy: bool = Fa
     parts = [torch.empty(B * splits, dtype=dt, device=logits_BV.device)
              for dt in (torch.float32, torch.float32, torch.float32, torch.int64)] if splits > 1 else [tokens] * 4
     _sample_kernel[(B, splits)](logits_BV, noise, temp, tokens, logprobs, *parts, logits_BV.stride(0),
-                                noise.stride(0), V, CHUNK=chunk, SPLITS=splits, BLOCK=block,
-                                HAS_NOISE=not all_greedy, num_warps=8)
+                                noise.stride(0), chunk, splits, V=V, BLOCK=block, HAS_NOISE=not all_greedy,
+                                num_warps=8)
     if splits > 1:
-        _merge_kernel[(B,)](logits_BV, temp, tokens, logprobs, *parts, logits_BV.stride(0), SPLITS=splits,
+        _merge_kernel[(B,)](logits_BV, temp, tokens, logprobs, *parts, logits_BV.stride(0), splits,
                             SPLITS_PAD=triton.next_power_of_2(splits), num_warps=1)
     return tokens, logprobs

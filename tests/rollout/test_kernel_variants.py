@@ -1,0 +1,66 @@
+"""The rollout's Triton kernels compile once for every CUDA-graph batch size: what varies with the batch (the
+context splits of the paged decode attention, the vocabulary chunks of the sampler) reaches them as runtime
+arguments, not as compile-time constants, so a fresh machine's first rollout compiles each kernel once instead of
+once per bucket. Launches are recorded, not run (no GPU or interpreter needed)."""
+
+import pytest
+import torch
+
+pytest.importorskip("triton", reason="triton is not installed")
+
+from hybridrl.rollout import triton_decode, triton_sample  # noqa: E402
+from hybridrl.rollout.model_runner import GRAPH_BATCH_SIZES  # noqa: E402
+
+
+class Recorder:
+    """Stands in for a @triton.jit kernel: records each launch's compile-time arguments (its keywords) and its
+    positional (runtime) arguments by the kernel's parameter names."""
+
+    def __init__(self, kernel):
+        self.names, self.launches = kernel.arg_names, []
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            self.launches.append((tuple(sorted(kwargs.items())), dict(zip(self.names, args))))
+        return launch
+
+    def compile_keys(self):
+        return {k for k, _ in self.launches}
+
+    def values(self, name):
+        return {v[name] for _, v in self.launches}
+
+
+def test_paged_decode_attention_compiles_once_across_the_graph_buckets(monkeypatch):
+    decode = Recorder(triton_decode._paged_decode_kernel)
+    merge = Recorder(triton_decode._merge_splits_kernel)
+    monkeypatch.setattr(triton_decode, "_paged_decode_kernel", decode)
+    monkeypatch.setattr(triton_decode, "_merge_splits_kernel", merge)
+    monkeypatch.setattr(triton_decode, "num_sms", lambda index: 132)
+    N, K, D, page, blocks = 12, 2, 128, 16, 272        # Qwen2.5-1.5B's heads; 4,352-token block tables
+    k_cache = torch.zeros(1, page, K, D, dtype=torch.bfloat16)
+    for B in GRAPH_BATCH_SIZES:
+        q = torch.zeros(B, N, D, dtype=torch.bfloat16)
+        bt = torch.zeros(B, blocks, dtype=torch.int32)
+        triton_decode.paged_decode_triton(q, k_cache, k_cache, bt, torch.zeros(B, dtype=torch.int32), D ** -0.5,
+                                          num_splits=triton_decode.decode_splits(B, K, blocks * page, 132))
+    assert len(decode.values("SPLITS")) >= 5              # the buckets do ask for different split counts ...
+    assert len(decode.compile_keys()) == 1                # ... and the decode kernel compiles once for all of them
+    pads = {dict(k)["SLOTS_PAD"] for k in merge.compile_keys()}
+    assert len(merge.compile_keys()) == len(pads)         # the merge once per power-of-two slot tile, not per count
+    assert len(pads) < len(merge.values("SPLITS"))
+
+
+def test_sampler_compiles_once_across_the_graph_buckets(monkeypatch):
+    sample, merge = Recorder(triton_sample._sample_kernel), Recorder(triton_sample._merge_kernel)
+    monkeypatch.setattr(triton_sample, "_sample_kernel", sample)
+    monkeypatch.setattr(triton_sample, "_merge_kernel", merge)
+    monkeypatch.setattr(triton_decode, "num_sms", lambda index: 132)
+    V = 151936
+    for B in GRAPH_BATCH_SIZES[:12]:
+        logits = torch.zeros(B, V, dtype=torch.bfloat16)
+        triton_sample.sample_plain(logits, torch.zeros(B), all_greedy=True)
+    assert len(sample.values("SPLITS")) >= 5 and len(sample.values("CHUNK")) >= 5
+    assert len(sample.compile_keys()) == 1
+    pads = {dict(k)["SPLITS_PAD"] for k in merge.compile_keys()}
+    assert len(merge.compile_keys()) == len(pads) < len(merge.values("SPLITS"))
