@@ -24,10 +24,11 @@ Choices:
   segment's end.
   Why FlashAttention-2 by default: on one H100 FlashAttention-4 took 0.63x FA2's time for the 1.5B update's
   attention (forward + backward), 0.55x at the 7B's heads and 16k lengths, and the long-tail 1.5B update alone
-  6.01 against 6.45 s; but inside the GRPO step no run showed it: on one machine the step's update took the same
-  time with either kernel (9.24 / 8.55 against 9.32 / 8.21 s, steps 2 / 3), every run with the fa4 extra installed
-  took 7.1-9.8 s for updates that took 5.4-6.4 s without it (H100s and an H200, benchmarks/results/long_tail/
-  fa4_in_step), and its kernels compile in the run's first step (+7-25 s).
+  6.01 against 6.45 s; inside the GRPO step no run has shown a gain yet (one machine: 9.24 / 8.55 against 9.32 /
+  8.21 s, steps 2 / 3), its kernels compile in the run's first step (+7-10 s), and every in-step run with the
+  extra installed was slowed by Liger's RoPE, which the extra's `cutlass` package turned into a CuTe kernel that
+  recompiles for every packed length (training/liger.py now keeps Liger's Triton RoPE;
+  benchmarks/results/long_tail/fa4_in_step).
 """
 
 from __future__ import annotations

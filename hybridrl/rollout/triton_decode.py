@@ -26,8 +26,9 @@ Choices (gathering the paged cache then SDPA costs ~10x the K/V read):
   tokens; programs past a short prefix's chunks exit.
 - Trip counts come from `context_lens` read on the device and the split count is fixed per batch size, so the
   kernels are CUDA-graph safe (a graph bucket is captured at one batch size). The split count is a runtime argument
-  that Triton does not specialise on: one compiled kernel serves every batch size (as a constexpr it compiled once
-  per distinct count, about nine across the graph buckets, each compile in the first rollout's time).
+  that Triton does not specialise on: two compiled kernels serve every batch size, the single-pass one (DIRECT: one
+  slot, the normalised output stored directly) and the partials one (as a constexpr the count compiled once per
+  distinct value, about nine across the graph buckets, each compile in the first rollout's time).
 - Imported lazily: CPU machines without triton never import this module.
 
 Shape legend: B sequences, N q heads, K kv heads, D head_dim, M blocks per sequence, P context splits.
@@ -85,10 +86,10 @@ def _prefix_chunk(plen, PSPLITS: tl.constexpr, BLOCK_N: tl.constexpr, MIN_CHUNK:
     return tl.maximum(tl.cdiv(tl.cdiv(plen, PSPLITS), BLOCK_N) * BLOCK_N, MIN_CHUNK)
 
 
-@triton.jit(do_not_specialize=["SPLITS", "DIRECT"])
+@triton.jit(do_not_specialize=["SPLITS"])
 def _paged_decode_kernel(Q, KC, VC, Out, Mx, Sm, BT, CL, PL, GS, GN, NG, scale_log2e,
-                         s_qb, s_qh, s_cb, s_ct, s_ch, s_btb, s_ob, s_oh, s_op, s_mb, s_mh, SPLITS, DIRECT,
-                         GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, D: tl.constexpr,
+                         s_qb, s_qh, s_cb, s_ct, s_ch, s_btb, s_ob, s_oh, s_op, s_mb, s_mh, SPLITS,
+                         DIRECT: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, D: tl.constexpr,
                          PAGE: tl.constexpr, BLOCK_N: tl.constexpr,
                          CASCADE: tl.constexpr, MEMBERS: tl.constexpr, ROWS_PAD: tl.constexpr,
                          PSPLITS: tl.constexpr, MIN_CHUNK: tl.constexpr, PRECISION: tl.constexpr):
@@ -108,9 +109,13 @@ def _paged_decode_kernel(Q, KC, VC, Out, Mx, Sm, BT, CL, PL, GS, GN, NG, scale_l
             base = 0
             if CASCADE:
                 base = tl.load(PL + b)
-            chunk = tl.cdiv(tl.cdiv(ctx - base, SPLITS), BLOCK_N) * BLOCK_N
-            lo = base + split * chunk
-            hi = tl.minimum(lo + chunk, ctx)
+            if DIRECT:  # the whole context in one program
+                lo = base
+                hi = ctx
+            else:
+                chunk = tl.cdiv(tl.cdiv(ctx - base, SPLITS), BLOCK_N) * BLOCK_N
+                lo = base + split * chunk
+                hi = tl.minimum(lo + chunk, ctx)
             g = tl.arange(0, GROUP_PAD)
             gmask = g < GROUP
             head = kvh * GROUP + g
@@ -225,8 +230,8 @@ def paged_decode_triton(q_BND, k_cache, v_cache, block_tables_BM, context_lens_B
     _paged_decode_kernel[(ng + B, K, max(num_splits, psplits))](
         q_BND, k_cache, v_cache, dst, mx, sm, bt, context_lens_B, pl, gs, gn, ng, scale * 1.4426950408889634,
         q_BND.stride(0), q_BND.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        bt.stride(0), dst.stride(0), dst.stride(1), s_op, s_mb, s_mh, num_splits, int(slots == 1),
-        GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), D=D, PAGE=page, BLOCK_N=block_n,
+        bt.stride(0), dst.stride(0), dst.stride(1), s_op, s_mb, s_mh, num_splits, DIRECT=slots == 1, GROUP=group,
+        GROUP_PAD=max(16, triton.next_power_of_2(group)), D=D, PAGE=page, BLOCK_N=block_n,
         CASCADE=prefix is not None, MEMBERS=members,
         ROWS_PAD=max(16, triton.next_power_of_2(members * group)), PSPLITS=psplits, MIN_CHUNK=MIN_PREFIX_CHUNK,
         PRECISION="ieee" if q_BND.dtype == torch.float32 else "tf32", num_warps=num_warps, num_stages=num_stages,

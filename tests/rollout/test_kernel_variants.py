@@ -1,7 +1,8 @@
-"""The rollout's Triton kernels compile once for every CUDA-graph batch size: what varies with the batch (the
-context splits of the paged decode attention, the vocabulary chunks of the sampler) reaches them as runtime
-arguments, not as compile-time constants, so a fresh machine's first rollout compiles each kernel once instead of
-once per bucket. Launches are recorded, not run (no GPU or interpreter needed)."""
+"""The rollout's Triton kernels compile once (the decode attention twice: single pass and split) for every CUDA-graph
+batch size: what varies with the batch (the context splits of the paged decode attention, the vocabulary chunks of
+the sampler) reaches them as runtime arguments, not as compile-time constants, so a fresh machine's first rollout
+compiles each kernel once instead of once per bucket. Launches are recorded, not run (no GPU or interpreter
+needed)."""
 
 import pytest
 import torch
@@ -45,7 +46,9 @@ def test_paged_decode_attention_compiles_once_across_the_graph_buckets(monkeypat
         triton_decode.paged_decode_triton(q, k_cache, k_cache, bt, torch.zeros(B, dtype=torch.int32), D ** -0.5,
                                           num_splits=triton_decode.decode_splits(B, K, blocks * page, 132))
     assert len(decode.values("SPLITS")) >= 5              # the buckets do ask for different split counts ...
-    assert len(decode.compile_keys()) == 1                # ... and the decode kernel compiles once for all of them
+    keys = decode.compile_keys()                          # ... and the decode kernel compiles twice for all of them:
+    assert {dict(k)["DIRECT"] for k in keys} == {True, False}  # single pass (big batches) and partials (split)
+    assert len(keys) == 2
     pads = {dict(k)["SLOTS_PAD"] for k in merge.compile_keys()}
     assert len(merge.compile_keys()) == len(pads)         # the merge once per power-of-two slot tile, not per count
     assert len(pads) < len(merge.values("SPLITS"))

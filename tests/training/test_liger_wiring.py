@@ -70,3 +70,57 @@ def test_a_worker_that_cannot_import_liger_says_which_key_to_change(monkeypatch)
     model.config.model_type = "gpt2"
     with pytest.raises(ValueError, match="no Liger kernels for model_type 'gpt2'"):
         apply_liger(model)
+
+
+def _fake_registry(monkeypatch, impls):
+    """liger_kernel.backends.registry with RoPE implementations `impls` registered (liger-kernel >= 0.8)."""
+    pkg, backends, registry = (types.ModuleType(n) for n in ("liger_kernel", "liger_kernel.backends",
+                                                             "liger_kernel.backends.registry"))
+    registry.get_registered = lambda op, impl: object() if op == "rope" and impl in impls else None
+    pkg.backends, backends.registry = backends, registry
+    for name, mod in (("liger_kernel", pkg), ("liger_kernel.backends", backends),
+                      ("liger_kernel.backends.registry", registry)):
+        monkeypatch.setitem(sys.modules, name, mod)
+
+
+@pytest.fixture
+def rope_env(monkeypatch):
+    from hybridrl.training import liger
+
+    monkeypatch.delenv(liger.ROPE_ENV, raising=False)
+    monkeypatch.delenv("LIGER_KERNEL_BACKEND_ROPE", raising=False)
+    return liger
+
+
+def test_rope_is_pinned_to_liger_triton_kernel(monkeypatch, rope_env):
+    """Where Liger chooses RoPE's implementation per call, the Triton one is named (a CuTe DSL one, taken where the
+    cutlass DSL imports, recompiles for every packed micro-batch's token count)."""
+    _fake_registry(monkeypatch, {"nvidia-triton", "nvidia-cutedsl"})
+    assert rope_env.pin_triton_rope() == "nvidia-triton"
+    assert rope_env.os.environ[rope_env.ROPE_ENV] == "nvidia-triton"
+
+
+@pytest.mark.parametrize("var", ["LIGER_KERNEL_IMPL_ROPE", "LIGER_KERNEL_BACKEND_ROPE"])
+def test_a_users_rope_choice_is_kept(monkeypatch, rope_env, var):
+    _fake_registry(monkeypatch, {"nvidia-triton", "nvidia-cutedsl"})
+    monkeypatch.setenv(var, "nvidia-cutedsl")
+    assert rope_env.pin_triton_rope() == "nvidia-cutedsl"
+    assert rope_env.os.environ.get(rope_env.ROPE_ENV) == ("nvidia-cutedsl" if var == rope_env.ROPE_ENV else None)
+
+
+def test_a_liger_without_per_op_implementations_is_left_alone(monkeypatch, fake_liger, rope_env):
+    assert rope_env.pin_triton_rope() is None                      # the stand-in has no liger_kernel.backends
+    _fake_registry(monkeypatch, {"nvidia-cutedsl"})                  # or no Triton RoPE registered by that name
+    assert rope_env.pin_triton_rope() is None
+    assert rope_env.ROPE_ENV not in rope_env.os.environ
+
+
+def test_apply_liger_pins_rope_before_patching(monkeypatch, fake_liger, rope_env):
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    seen = []
+    monkeypatch.setattr(rope_env, "pin_triton_rope", lambda: seen.append(len(fake_liger)))
+    cfg = AutoConfig.for_model("qwen2", vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                               num_attention_heads=2, num_key_value_heads=1)
+    rope_env.apply_liger(AutoModelForCausalLM.from_config(cfg))
+    assert seen == [0] and len(fake_liger) == 1

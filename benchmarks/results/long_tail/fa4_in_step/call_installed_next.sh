@@ -1,18 +1,16 @@
-# session 60: does having FlashAttention-4's packages installed slow the in-step update with FlashAttention-2?
-# after two stash calls (.fa4b, .fa4a). A: no FA4 packages; B: FA4 installed, HYBRIDRL_FLASH=fa2. Same machine.
+# Next GPU call (not run yet), after two stash calls (.fa4b, .fa4a; .gpu/fa4_bundle.sh): on one machine,
+# 1. Liger's RoPE across packed lengths without the fa4 extra, with it, and with it pinned to Triton (rope_check.py);
+# 2. the long-tail 1.5B at the defaults without the extra, with it (FA2, RoPE pinned by training/liger.py), and with
+#    it under HYBRIDRL_FLASH=auto (FlashAttention-4), one run each: is the update back to 5.2-6.9 s, and what does
+#    FlashAttention-4 do inside the step once RoPE no longer recompiles?
 source .gpu/setup.sh
-nvidia-smi --query-gpu=name,memory.total,driver_version,power.limit,clocks.max.sm --format=csv > $OUT/device.csv; cat $OUT/device.csv
+nvidia-smi --query-gpu=name,memory.total,driver_version,power.limit,clocks.max.sm --format=csv > $OUT/device.csv
 start=$(date +%s); el() { echo $(( $(date +%s) - start )); }
+R=benchmarks/results/long_tail/fa4_in_step/rope_check.py
 LT="python benchmarks/long_tail.py --preset qwen2.5-1.5b --response-len 4096 --mean-len 1000 --eos-scale 4.33313453443048 --workdir /tmp/lt --defaults --gpus 1 --prompts 32 --n 8 --steps 3 --variants hybrid --repeat 1"
-show() { python - "$1" <<'PY'
-import json, sys
-d = json.load(open(sys.argv[1]))
-for v in d["variants"].values():
-    for s in v["per_step"]:
-        print({k: round(s.get(k, -1), 2) for k in ("timing_s/step", "timing_s/gen", "timing_s/update_actor",
-               "memory/update_actor/alloc_retries", "memory/update_actor/peak_reserved_gb")})
-PY
-}
-timeout 140 $LT --out $OUT/lt_no_fa4.json > $OUT/lt_no_fa4.log 2>&1; echo "A rc $? after $(el) s"; show $OUT/lt_no_fa4.json
-source /tmp/stash/install.sh || echo "no FA4 (no stash)"
-left=$(( 285 - $(el) )); HYBRIDRL_FLASH=fa2 timeout $left $LT --out $OUT/lt_fa4_installed_fa2.json > $OUT/lt_fa4_installed_fa2.log 2>&1; echo "B rc $? after $(el) s"; show $OUT/lt_fa4_installed_fa2.json
+echo "== rope, no extra"; python $R
+timeout 170 $LT --out $OUT/lt_no_extra.json > $OUT/lt_no_extra.log 2>&1; echo "no extra rc $? after $(el) s"
+source /tmp/stash/install.sh || { echo "no stash"; exit 3; }
+echo "== rope, extra"; python $R; echo "== rope, extra, pinned"; LIGER_KERNEL_IMPL_ROPE=nvidia-triton python $R
+left=$(( 420 - $(el) )); timeout $left $LT --out $OUT/lt_extra_fa2.json > $OUT/lt_extra_fa2.log 2>&1; echo "extra fa2 rc $? after $(el) s"
+left=$(( 585 - $(el) )); HYBRIDRL_FLASH=auto timeout $left $LT --out $OUT/lt_extra_fa4.json > $OUT/lt_extra_fa4.log 2>&1; echo "extra fa4 rc $? after $(el) s"
