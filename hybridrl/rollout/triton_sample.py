@@ -15,7 +15,8 @@ divide by the noise, two argmaxes — about 1 ms a step at B=256, V=152k):
   idle: the vocabulary is then split into `vocab_splits` chunks, one program each, which store their chunk's
   max, rescaled sum and best race key; a second kernel merges them per row (logsumexp of the parts; the first
   chunk holding the largest key wins ties, as torch.argmax's first index does). The chunk and split counts are
-  runtime arguments Triton does not specialise on, so one compiled kernel serves every batch size.
+  runtime arguments Triton does not specialise on, so two compiled kernels (one chunk or several: SPLIT) serve
+  every batch size.
 
 Shape legend: B rows, V vocab.
 """
@@ -28,7 +29,7 @@ import triton.language as tl
 
 
 @triton.jit(do_not_specialize=["CHUNK", "SPLITS"])
-def _sample_kernel(L, E, T, TOK, LP, PM, PS, PB, PI, s_l, s_e, CHUNK, SPLITS, V: tl.constexpr,
+def _sample_kernel(L, E, T, TOK, LP, PM, PS, PB, PI, s_l, s_e, CHUNK, SPLITS, SPLIT: tl.constexpr, V: tl.constexpr,
                    BLOCK: tl.constexpr, HAS_NOISE: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     part = tl.program_id(1)
@@ -59,7 +60,7 @@ def _sample_kernel(L, E, T, TOK, LP, PM, PS, PB, PI, s_l, s_e, CHUNK, SPLITS, V:
         take = cb > best
         best_i = tl.where(take, start + ci, best_i)
         best = tl.maximum(best, cb)
-    if SPLITS == 1:
+    if not SPLIT:  # one chunk: this program's token and log-prob are the row's
         zt = tl.load(L + row * s_l + best_i).to(tl.float32) / t
         tl.store(TOK + row, best_i)
         tl.store(LP + row, zt - (m + tl.log(s)))
@@ -121,8 +122,8 @@ def sample_plain(logits_BV, temperature_B, generator=None, all_greedy: bool = Fa
     parts = [torch.empty(B * splits, dtype=dt, device=logits_BV.device)
              for dt in (torch.float32, torch.float32, torch.float32, torch.int64)] if splits > 1 else [tokens] * 4
     _sample_kernel[(B, splits)](logits_BV, noise, temp, tokens, logprobs, *parts, logits_BV.stride(0),
-                                noise.stride(0), chunk, splits, V=V, BLOCK=block, HAS_NOISE=not all_greedy,
-                                num_warps=8)
+                                noise.stride(0), chunk, splits, SPLIT=splits > 1, V=V, BLOCK=block,
+                                HAS_NOISE=not all_greedy, num_warps=8)
     if splits > 1:
         _merge_kernel[(B,)](logits_BV, temp, tokens, logprobs, *parts, logits_BV.stride(0), splits,
                             SPLITS_PAD=triton.next_power_of_2(splits), num_warps=1)

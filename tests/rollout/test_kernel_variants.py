@@ -1,8 +1,8 @@
-"""The rollout's Triton kernels compile once (the decode attention twice: single pass and split) for every CUDA-graph
-batch size: what varies with the batch (the context splits of the paged decode attention, the vocabulary chunks of
-the sampler) reaches them as runtime arguments, not as compile-time constants, so a fresh machine's first rollout
-compiles each kernel once instead of once per bucket. Launches are recorded, not run (no GPU or interpreter
-needed)."""
+"""The rollout's Triton kernels compile at most twice (a single pass, or split with a merge) for all CUDA-graph
+batch sizes together: what varies with the batch (the context splits of the paged decode attention, the vocabulary
+chunks of the sampler) reaches them as runtime arguments, not as compile-time constants, so a fresh machine's first
+rollout compiles each kernel once or twice instead of once per bucket. Launches are recorded, not run (no GPU or
+interpreter needed)."""
 
 import pytest
 import torch
@@ -60,10 +60,11 @@ def test_sampler_compiles_once_across_the_graph_buckets(monkeypatch):
     monkeypatch.setattr(triton_sample, "_merge_kernel", merge)
     monkeypatch.setattr(triton_decode, "num_sms", lambda index: 132)
     V = 151936
-    for B in GRAPH_BATCH_SIZES[:12]:
+    for B in GRAPH_BATCH_SIZES:
         logits = torch.zeros(B, V, dtype=torch.bfloat16)
         triton_sample.sample_plain(logits, torch.zeros(B), all_greedy=True)
     assert len(sample.values("SPLITS")) >= 5 and len(sample.values("CHUNK")) >= 5
-    assert len(sample.compile_keys()) == 1
+    assert {dict(k)["SPLIT"] for k in sample.compile_keys()} == {True, False}
+    assert len(sample.compile_keys()) == 2                # one chunk, or several
     pads = {dict(k)["SPLITS_PAD"] for k in merge.compile_keys()}
     assert len(merge.compile_keys()) == len(pads) < len(merge.values("SPLITS"))
