@@ -34,6 +34,10 @@ if triton is not None:
     import triton.language as tl
 
 _jit = triton.jit if triton is not None else (lambda f: f)
+# the row count R is a runtime argument Triton does not specialise on (by default it would compile R == 1 and
+# R % 16 == 0 apart): one partials kernel for every graph bucket of <= ENGINE_MAX_ROWS rows, and one reduce per
+# column block (reduce_block_h: two across those buckets at the 1.5B's width)
+_jit_rows = triton.jit(do_not_specialize=["R"]) if triton is not None else (lambda f: f)
 
 MAX_ROWS = 64          # acc_gate and acc_up are [BLOCK_M, BLOCK_I] fp32 in registers: more rows would spill
 ENGINE_MAX_ROWS = 16   # where the engine takes it: 0.87-0.96x the unfused path at 1-16 rows, 1.11x at 32
@@ -88,7 +92,7 @@ def _dot(a, b, acc, UPCAST: tl.constexpr):
     return acc
 
 
-@_jit
+@_jit_rows
 def fused_mlp_partials(X, WGU, WD, PART, HOUT, R, s_x, s_wgu, s_wd,
                        H: tl.constexpr, I: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_I: tl.constexpr,
                        BLOCK_K: tl.constexpr, BLOCK_H: tl.constexpr, STORE_H: tl.constexpr, UPCAST: tl.constexpr):
@@ -123,7 +127,7 @@ def fused_mlp_partials(X, WGU, WD, PART, HOUT, R, s_x, s_wgu, s_wd,
         tl.store(PART + p * R * H + offs_m[:, None] * H + offs_h[None, :], part, mask=m_ok[:, None] & h_ok[None, :])
 
 
-@_jit
+@_jit_rows
 def reduce_partials(PART, RES, OUT, R, P, s_res, s_out, H: tl.constexpr, BLOCK_P: tl.constexpr,
                     BLOCK_H: tl.constexpr, HAS_RES: tl.constexpr):
     r = tl.program_id(0)

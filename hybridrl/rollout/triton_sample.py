@@ -28,6 +28,10 @@ import triton
 import triton.language as tl
 
 
+MERGE_PAD = 32   # the merge's tile of parts: one warp's lanes, as many as vocab_splits gives a 152k vocabulary (18);
+#                  fixed, so one compiled merge serves every batch size
+
+
 @triton.jit(do_not_specialize=["CHUNK", "SPLITS"])
 def _sample_kernel(L, E, T, TOK, LP, PM, PS, PB, PI, s_l, s_e, CHUNK, SPLITS, SPLIT: tl.constexpr, V: tl.constexpr,
                    BLOCK: tl.constexpr, HAS_NOISE: tl.constexpr):
@@ -126,5 +130,5 @@ def sample_plain(logits_BV, temperature_B, generator=None, all_greedy: bool = Fa
                                 HAS_NOISE=not all_greedy, num_warps=8)
     if splits > 1:
         _merge_kernel[(B,)](logits_BV, temp, tokens, logprobs, *parts, logits_BV.stride(0), splits,
-                            SPLITS_PAD=triton.next_power_of_2(splits), num_warps=1)
+                            SPLITS_PAD=max(MERGE_PAD, triton.next_power_of_2(splits)), num_warps=1)
     return tokens, logprobs

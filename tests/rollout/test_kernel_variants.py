@@ -19,6 +19,8 @@ class Recorder:
 
     def __init__(self, kernel):
         self.names, self.launches = kernel.arg_names, []
+        # runtime arguments Triton compiles no separate kernel for (it would for a value of 1 or a multiple of 16)
+        self.unspecialised = {self.names[a] if isinstance(a, int) else a for a in kernel.do_not_specialize}
 
     def __getitem__(self, grid):
         def launch(*args, **kwargs):
@@ -46,6 +48,7 @@ def test_paged_decode_attention_compiles_once_across_the_graph_buckets(monkeypat
         triton_decode.paged_decode_triton(q, k_cache, k_cache, bt, torch.zeros(B, dtype=torch.int32), D ** -0.5,
                                           num_splits=triton_decode.decode_splits(B, K, blocks * page, 132))
     assert len(decode.values("SPLITS")) >= 5              # the buckets do ask for different split counts ...
+    assert "SPLITS" in decode.unspecialised and "SPLITS" in merge.unspecialised
     keys = decode.compile_keys()                          # ... and the decode kernel compiles twice for all of them:
     assert {dict(k)["DIRECT"] for k in keys} == {True, False}  # single pass (big batches) and partials (split)
     assert len(keys) == 2
@@ -64,7 +67,26 @@ def test_sampler_compiles_once_across_the_graph_buckets(monkeypatch):
         logits = torch.zeros(B, V, dtype=torch.bfloat16)
         triton_sample.sample_plain(logits, torch.zeros(B), all_greedy=True)
     assert len(sample.values("SPLITS")) >= 5 and len(sample.values("CHUNK")) >= 5
+    assert {"SPLITS", "CHUNK"} <= sample.unspecialised and "SPLITS" in merge.unspecialised
     assert {dict(k)["SPLIT"] for k in sample.compile_keys()} == {True, False}
     assert len(sample.compile_keys()) == 2                # one chunk, or several
-    pads = {dict(k)["SPLITS_PAD"] for k in merge.compile_keys()}
-    assert len(merge.compile_keys()) == len(pads) < len(merge.values("SPLITS"))
+    assert len(merge.compile_keys()) == 1 < len(merge.values("SPLITS"))
+
+
+def test_fused_mlp_compiles_once_across_its_row_buckets(monkeypatch):
+    from hybridrl.models import fused_mlp
+
+    partials, reduce = Recorder(fused_mlp.fused_mlp_partials), Recorder(fused_mlp.reduce_partials)
+    monkeypatch.setattr(fused_mlp, "fused_mlp_partials", partials)
+    monkeypatch.setattr(fused_mlp, "reduce_partials", reduce)
+    monkeypatch.setattr(fused_mlp.torch.Tensor, "is_cuda", property(lambda t: True))   # the GPU's launch options
+    H, I = 1536, 8960
+    w_gate_up, w_down = torch.zeros(2 * I, H, dtype=torch.bfloat16), torch.zeros(H, I, dtype=torch.bfloat16)
+    buckets = [b for b in GRAPH_BATCH_SIZES if b <= fused_mlp.ENGINE_MAX_ROWS]
+    for R in buckets:
+        fused_mlp.fused_mlp(torch.zeros(R, H, dtype=torch.bfloat16), w_gate_up, w_down,
+                            tile=fused_mlp.DECODE_TILE)
+    assert partials.values("R") == set(buckets)
+    assert "R" in partials.unspecialised and "R" in reduce.unspecialised
+    assert len(partials.compile_keys()) == 1
+    assert len(reduce.compile_keys()) == len({fused_mlp.reduce_block_h(R, H) for R in buckets}) <= 2

@@ -1,5 +1,6 @@
 """The rollout's Triton kernels compile for Hopper (sm_90) as they are launched, without a GPU: each launch of the
-paged decode attention (single pass, split, cascade), its merge and the sampler (one chunk, several) is recorded and
+paged decode attention (single pass, split, cascade), its merge, the sampler (one chunk, several) and the fused decode
+MLP is recorded and
 its exact signature and compile-time constants go through Triton's whole pipeline to a cubin (ptxas ships with
 triton). The interpreter tests check what the kernels compute; this checks what the interpreter never does: the
 GPU compile of every specialisation, branches a launch never takes included."""
@@ -12,6 +13,7 @@ triton = pytest.importorskip("triton", reason="triton is not installed")
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
+from hybridrl.models import fused_mlp  # noqa: E402
 from hybridrl.rollout import triton_decode, triton_sample  # noqa: E402
 from hybridrl.rollout.shared_prefix import SharedPrefix  # noqa: E402
 
@@ -54,7 +56,8 @@ class Compiles:
 def compiled(monkeypatch):
     kernels = {}
     for module, name in ((triton_decode, "_paged_decode_kernel"), (triton_decode, "_merge_splits_kernel"),
-                         (triton_sample, "_sample_kernel"), (triton_sample, "_merge_kernel")):
+                         (triton_sample, "_sample_kernel"), (triton_sample, "_merge_kernel"),
+                         (fused_mlp, "fused_mlp_partials"), (fused_mlp, "reduce_partials")):
         kernels[name] = Compiles(getattr(module, name))
         monkeypatch.setattr(module, name, kernels[name])
     monkeypatch.setattr(triton_decode, "num_sms", lambda index: 132)
@@ -84,3 +87,14 @@ def test_sampler_compiles_for_sm90_one_chunk_and_several(compiled):
     triton_sample.sample_plain(torch.zeros(2, V, dtype=torch.bfloat16), torch.ones(2), torch.Generator())
     assert len(compiled["_sample_kernel"].built) == 3              # several chunks (greedy, sampled), one chunk
     assert len(compiled["_merge_kernel"].built) == 1
+
+
+def test_fused_decode_mlp_compiles_for_sm90(compiled, monkeypatch):
+    monkeypatch.setattr(fused_mlp.torch.Tensor, "is_cuda", property(lambda t: True))   # the GPU's launch options
+    H, I = 1536, 8960
+    w_gate_up, w_down = torch.zeros(2 * I, H, dtype=torch.bfloat16), torch.zeros(H, I, dtype=torch.bfloat16)
+    for R in (1, 16):
+        fused_mlp.fused_mlp(torch.zeros(R, H, dtype=torch.bfloat16), w_gate_up, w_down,
+                            residual=torch.zeros(R, H, dtype=torch.bfloat16), tile=fused_mlp.DECODE_TILE)
+    assert len(compiled["fused_mlp_partials"].built) == 1
+    assert len(compiled["reduce_partials"].built) == 2            # the reduce's column block: 32 at 1 row, 64 at 16
