@@ -27,9 +27,9 @@ import torch
 import triton
 import triton.language as tl
 
-
-MERGE_PAD = 32   # the merge's tile of parts: one warp's lanes, as many as vocab_splits gives a 152k vocabulary (18);
-#                  fixed, so one compiled merge serves every batch size
+# the merge's tile of parts: one warp's lanes, more than vocab_splits gives a 152k vocabulary (18); fixed, so one
+# compiled merge serves every batch size
+MERGE_PAD = 32
 
 
 @triton.jit(do_not_specialize=["CHUNK", "SPLITS"])
