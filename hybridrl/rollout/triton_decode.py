@@ -86,7 +86,7 @@ def _prefix_chunk(plen, PSPLITS: tl.constexpr, BLOCK_N: tl.constexpr, MIN_CHUNK:
     return tl.maximum(tl.cdiv(tl.cdiv(plen, PSPLITS), BLOCK_N) * BLOCK_N, MIN_CHUNK)
 
 
-@triton.jit(do_not_specialize=["SPLITS"])
+@triton.jit(do_not_specialize=["SPLITS", "s_mb", "s_mh"])   # (the partials' strides follow the split count)
 def _paged_decode_kernel(Q, KC, VC, Out, Mx, Sm, BT, CL, PL, GS, GN, NG, scale_log2e,
                          s_qb, s_qh, s_cb, s_ct, s_ch, s_btb, s_ob, s_oh, s_op, s_mb, s_mh, SPLITS,
                          DIRECT: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, D: tl.constexpr,
@@ -153,7 +153,7 @@ def _paged_decode_kernel(Q, KC, VC, Out, Mx, Sm, BT, CL, PL, GS, GN, NG, scale_l
                 tl.store(Sm + row * s_mb + head * s_mh + slot, l_i, mask=rmask)
 
 
-@triton.jit(do_not_specialize=["SPLITS"])
+@triton.jit(do_not_specialize=["SPLITS", "s_mb", "s_mh"])
 def _merge_splits_kernel(Part, Mx, Sm, Out, PL, s_pb, s_ph, s_pp, s_mb, s_mh, s_ob, s_oh, SPLITS,
                          D: tl.constexpr, PSPLITS: tl.constexpr, SLOTS_PAD: tl.constexpr,
                          BLOCK_N: tl.constexpr, MIN_CHUNK: tl.constexpr):

@@ -28,7 +28,15 @@ class Recorder:
         return launch
 
     def compile_keys(self):
-        return {k for k, _ in self.launches}
+        """One per kernel Triton would compile: the constexprs, how each specialised integer argument is
+        specialised (equal to 1, a multiple of 16) and the tensors' dtypes."""
+        keys = set()
+        for constexprs, args in self.launches:
+            ints = tuple((n, v == 1, v % 16 == 0) for n, v in args.items()
+                         if isinstance(v, int) and not isinstance(v, bool) and n not in self.unspecialised)
+            dtypes = tuple(str(v.dtype) for v in args.values() if isinstance(v, torch.Tensor))
+            keys.add((constexprs, ints, dtypes))
+        return keys
 
     def values(self, name):
         return {v[name] for _, v in self.launches}
@@ -50,9 +58,9 @@ def test_paged_decode_attention_compiles_once_across_the_graph_buckets(monkeypat
     assert len(decode.values("SPLITS")) >= 5              # the buckets do ask for different split counts ...
     assert "SPLITS" in decode.unspecialised and "SPLITS" in merge.unspecialised
     keys = decode.compile_keys()                          # ... and the decode kernel compiles twice for all of them:
-    assert {dict(k)["DIRECT"] for k in keys} == {True, False}  # single pass (big batches) and partials (split)
+    assert {dict(k[0])["DIRECT"] for k in keys} == {True, False}  # single pass (big batches), partials (split)
     assert len(keys) == 2
-    pads = {dict(k)["SLOTS_PAD"] for k in merge.compile_keys()}
+    pads = {dict(k[0])["SLOTS_PAD"] for k in merge.compile_keys()}
     assert len(merge.compile_keys()) == len(pads)         # the merge once per power-of-two slot tile, not per count
     assert len(pads) < len(merge.values("SPLITS"))
 
@@ -68,7 +76,7 @@ def test_sampler_compiles_once_across_the_graph_buckets(monkeypatch):
         triton_sample.sample_plain(logits, torch.zeros(B), all_greedy=True)
     assert len(sample.values("SPLITS")) >= 5 and len(sample.values("CHUNK")) >= 5
     assert {"SPLITS", "CHUNK"} <= sample.unspecialised and "SPLITS" in merge.unspecialised
-    assert {dict(k)["SPLIT"] for k in sample.compile_keys()} == {True, False}
+    assert {dict(k[0])["SPLIT"] for k in sample.compile_keys()} == {True, False}
     assert len(sample.compile_keys()) == 2                # one chunk, or several
     assert len(merge.compile_keys()) == 1 < len(merge.values("SPLITS"))
 
