@@ -2,7 +2,9 @@
 # 1. Liger's RoPE across packed lengths without the fa4 extra, with it, and with it pinned to Triton (rope_check.py);
 # 2. the long-tail 1.5B at the defaults without the extra, with it (FA2, RoPE pinned by training/liger.py), and with
 #    it under HYBRIDRL_FLASH=auto (FlashAttention-4), one run each: is the update back to 5.2-6.9 s, and what does
-#    FlashAttention-4 do inside the step once RoPE no longer recompiles?
+#    FlashAttention-4 do inside the step once RoPE no longer recompiles? The first run is the machine's first, on an
+#    empty Triton cache: its step 1 generation against 24.0-25.5 s before the rollout kernels compiled 13 variants
+#    instead of 35 (../fa4/lt_head_second_machine.json, ../defaults_h100_s55.json, on H100s).
 source .gpu/setup.sh
 nvidia-smi --query-gpu=name,memory.total,driver_version,power.limit,clocks.max.sm --format=csv > $OUT/device.csv
 start=$(date +%s); el() { echo $(( $(date +%s) - start )); }
