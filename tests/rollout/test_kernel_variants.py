@@ -42,7 +42,7 @@ class Recorder:
         return {v[name] for _, v in self.launches}
 
 
-def test_paged_decode_attention_compiles_once_across_the_graph_buckets(monkeypatch):
+def test_paged_decode_attention_compiles_two_kernels_for_all_graph_buckets(monkeypatch):
     decode = Recorder(triton_decode._paged_decode_kernel)
     merge = Recorder(triton_decode._merge_splits_kernel)
     monkeypatch.setattr(triton_decode, "_paged_decode_kernel", decode)
@@ -65,7 +65,7 @@ def test_paged_decode_attention_compiles_once_across_the_graph_buckets(monkeypat
     assert len(pads) < len(merge.values("SPLITS"))
 
 
-def test_sampler_compiles_once_across_the_graph_buckets(monkeypatch):
+def test_sampler_compiles_two_kernels_and_one_merge_for_all_graph_buckets(monkeypatch):
     sample, merge = Recorder(triton_sample._sample_kernel), Recorder(triton_sample._merge_kernel)
     monkeypatch.setattr(triton_sample, "_sample_kernel", sample)
     monkeypatch.setattr(triton_sample, "_merge_kernel", merge)
